@@ -1,0 +1,62 @@
+#include "src/common/block_hash.h"
+
+#include <bit>
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+
+// The state struct is only declared in full under XXH_STATIC_LINKING_ONLY;
+// keeping it on the stack avoids a heap allocation per block.
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+namespace tandem {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "block hashes are defined over little-endian bytes; add byte swapping for big-endian hosts");
+
+}  // namespace
+
+BlockHash chainBlockHash(BlockHash parent, std::span<const TokenId> tokens) {
+  // Hash parent and tokens as one contiguous buffer without copying:
+  // the streaming API gives the same result as the one-shot call.
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  uint64_t p = parent.value();
+  XXH64_update(&state, &p, sizeof(p));
+  XXH64_update(&state, tokens.data(), tokens.size_bytes());
+  uint64_t h = XXH64_digest(&state);
+  return BlockHash(h == 0 ? 1 : h);
+}
+
+std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int block_size, BlockHash parent) {
+  assert(block_size > 0);
+  std::vector<BlockHash> out;
+  const size_t b = static_cast<size_t>(block_size);
+  out.reserve(tokens.size() / b);
+  for (size_t start = 0; start + b <= tokens.size(); start += b) {
+    parent = chainBlockHash(parent, tokens.subspan(start, b));
+    out.push_back(parent);
+  }
+  return out;
+}
+
+BlockHashChain::BlockHashChain(int block_size) : block_size_(block_size) {
+  assert(block_size > 0);
+  pending_.reserve(static_cast<size_t>(block_size));
+}
+
+void BlockHashChain::append(std::span<const TokenId> tokens) {
+  const size_t b = static_cast<size_t>(block_size_);
+  for (TokenId t : tokens) {
+    pending_.push_back(t);
+    if (pending_.size() == b) {
+      BlockHash parent = hashes_.empty() ? kBlockHashRoot : hashes_.back();
+      hashes_.push_back(chainBlockHash(parent, pending_));
+      pending_.clear();
+    }
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,54 @@
+#pragma once
+// The block-hash chain: the identity of a prompt prefix, shared by the engine
+// (prefix cache), the router (KV-aware scoring) and the simulator. All three
+// must compute bit-identical values, so the definition is fixed here:
+//
+//   h[-1] = kBlockHashRoot (0x74616e64656d2e31, "tandem.1")
+//   h[i]  = XXH64(le64(h[i-1]) || le32(t[i*B]) || ... || le32(t[i*B+B-1]), seed = 0)
+//
+// where B is the block size in tokens, le64/le32 are little-endian encodings
+// and t are token ids. Only full blocks get a hash; a trailing partial block
+// has none (it cannot be shared). Two prompts share their first k hashes iff
+// they share their first k*B tokens (up to 64-bit collisions). A hash value of
+// 0 is never produced (remapped to 1) so 0 can mean "no block" on the wire.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "src/common/ids.h"
+
+namespace tandem {
+
+inline constexpr BlockHash kBlockHashRoot{0x74616e64656d2e31ULL};
+
+// Hash of one full block given its parent's hash. `tokens.size()` is the block size.
+BlockHash chainBlockHash(BlockHash parent, std::span<const TokenId> tokens);
+
+// Hashes of every full block of `tokens` (tokens.size() / block_size of them).
+// `block_size` must be > 0.
+std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int block_size,
+                                          BlockHash parent = kBlockHashRoot);
+
+// Incremental form for a growing sequence (a request that decodes, a session
+// that appends): feed tokens as they arrive, read the hashes of completed
+// blocks. Not thread-safe; one owner.
+class BlockHashChain {
+ public:
+  explicit BlockHashChain(int block_size);
+
+  // Appends tokens; every block that fills gets its hash appended to hashes().
+  void append(std::span<const TokenId> tokens);
+
+  const std::vector<BlockHash>& hashes() const { return hashes_; }
+  int blockSize() const { return block_size_; }
+  // Tokens received so far that do not yet fill a block.
+  size_t numPendingTokens() const { return pending_.size(); }
+
+ private:
+  int block_size_;
+  std::vector<BlockHash> hashes_;
+  std::vector<TokenId> pending_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,49 @@
+#include <gtest/gtest.h>
+
+#include <type_traits>
+#include <unordered_set>
+
+#include "absl/container/flat_hash_set.h"
+#include "src/common/clock.h"
+#include "src/common/ids.h"
+
+namespace tandem {
+namespace {
+
+TEST(FakeClockTest, MovesOnlyWhenAdvanced) {
+  FakeClock clock;
+  MonoTime t0 = clock.now();
+  WallTime w0 = clock.wallNow();
+  EXPECT_EQ(clock.now(), t0);
+  clock.advance(std::chrono::milliseconds(1500));
+  EXPECT_EQ(clock.now() - t0, std::chrono::milliseconds(1500));
+  EXPECT_EQ(clock.wallNow() - w0, std::chrono::milliseconds(1500));
+}
+
+TEST(SystemClockTest, IsMonotonic) {
+  Clock& clock = SystemClock::instance();
+  MonoTime a = clock.now();
+  MonoTime b = clock.now();
+  EXPECT_LE(a, b);
+}
+
+TEST(StrongIdTest, DistinctTypesDoNotMix) {
+  static_assert(!std::is_convertible_v<RequestId, BlockHash>);
+  static_assert(!std::is_convertible_v<uint64_t, RequestId>);  // explicit construction only
+  static_assert(!std::is_same_v<RequestId, BlockHash>);
+  RequestId a(7), b(7), c(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_LT(a, c);
+}
+
+TEST(StrongIdTest, HashableInStdAndAbslContainers) {
+  std::unordered_set<SessionId> s{SessionId("x"), SessionId("y"), SessionId("x")};
+  EXPECT_EQ(s.size(), 2u);
+  absl::flat_hash_set<BlockHash> h{BlockHash(1), BlockHash(2), BlockHash(1)};
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_TRUE(h.contains(BlockHash(2)));
+}
+
+}  // namespace
+}  // namespace tandem
