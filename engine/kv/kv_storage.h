@@ -1,0 +1,85 @@
+#pragma once
+// The KV cache memory of one engine: one allocation, layer-major.
+//
+//   [num_layers][num_blocks][2 (K, V)][block_size][num_kv_heads][head_dim]  fp32
+//
+// so one *layer block* (K and V of block_size tokens of one layer, DualPath's
+// term) is contiguous: the transport pulls it with one get, layer by layer as
+// prefill finishes each layer. A *full block* is the num_layers layer blocks
+// of one block id. The whole region is one span so it can be registered with
+// UCX once at start.
+//
+// Holds bytes only; which block belongs to whom is the BlockManager's business.
+// Not thread-safe: the engine thread owns it (the transport reads through
+// registered memory, coordinated by the engine).
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "src/common/ids.h"
+
+namespace tandem::engine {
+
+struct KvLayout {
+  int num_layers = 0;
+  int num_blocks = 0;
+  int block_size = 0;  // tokens per block
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  // Floats in one layer block: K and V for block_size tokens.
+  size_t floatsPerLayerBlock() const {
+    return 2 * static_cast<size_t>(block_size) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
+  }
+  size_t bytesPerLayerBlock() const { return floatsPerLayerBlock() * sizeof(float); }
+  size_t floatsPerToken() const { return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim); }
+  size_t totalFloats() const {
+    return floatsPerLayerBlock() * static_cast<size_t>(num_blocks) * static_cast<size_t>(num_layers);
+  }
+};
+
+class KvStorage {
+ public:
+  // Allocates and zero-fills the whole region (64-byte aligned).
+  explicit KvStorage(const KvLayout& layout);
+
+  const KvLayout& layout() const { return layout_; }
+
+  // [2][block_size][num_kv_heads][head_dim]
+  float* layerBlock(int layer, BlockId block) { return data_.get() + layerBlockOffset(layer, block); }
+  const float* layerBlock(int layer, BlockId block) const { return data_.get() + layerBlockOffset(layer, block); }
+  // [num_kv_heads][head_dim] of token `slot` (0 <= slot < block_size) in the block.
+  float* key(int layer, BlockId block, int slot) { return layerBlock(layer, block) + slotOffset(slot); }
+  float* value(int layer, BlockId block, int slot) {
+    return layerBlock(layer, block) + valueOffset() + slotOffset(slot);
+  }
+  const float* key(int layer, BlockId block, int slot) const { return layerBlock(layer, block) + slotOffset(slot); }
+  const float* value(int layer, BlockId block, int slot) const {
+    return layerBlock(layer, block) + valueOffset() + slotOffset(slot);
+  }
+
+  // Copies every layer of `src` into `dst` (copy-on-write of a shared partial block).
+  void copyBlock(BlockId src, BlockId dst);
+
+  // The whole region, for memory registration.
+  std::span<std::byte> bytes() {
+    return {reinterpret_cast<std::byte*>(data_.get()), layout_.totalFloats() * sizeof(float)};
+  }
+
+ private:
+  size_t layerBlockOffset(int layer, BlockId block) const {
+    return (static_cast<size_t>(layer) * static_cast<size_t>(layout_.num_blocks) + static_cast<size_t>(block.value())) *
+           layout_.floatsPerLayerBlock();
+  }
+  size_t valueOffset() const { return static_cast<size_t>(layout_.block_size) * layout_.floatsPerToken(); }
+  size_t slotOffset(int slot) const { return static_cast<size_t>(slot) * layout_.floatsPerToken(); }
+
+  struct FreeDeleter {
+    void operator()(float* p) const;
+  };
+  KvLayout layout_;
+  std::unique_ptr<float[], FreeDeleter> data_;
+};
+
+}  // namespace tandem::engine

@@ -1,0 +1,218 @@
+#include "engine/model/llama.h"
+
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "engine/backend/kernel_math.h"
+#include "src/common/strings.h"
+
+namespace tandem::engine {
+namespace {
+
+template <typename T>
+void growTo(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+size_t product(int64_t a, int64_t b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
+
+absl::Status checkSize(const std::vector<float>& t, size_t want, std::string_view name) {
+  if (t.size() == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      strCat("model weights: ", name, " has ", t.size(), " floats, config implies ", want));
+}
+
+}  // namespace
+
+KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size) {
+  KvLayout layout;
+  layout.num_layers = config.num_layers;
+  layout.num_blocks = num_blocks;
+  layout.block_size = block_size;
+  layout.num_kv_heads = config.num_kv_heads;
+  layout.head_dim = config.head_dim;
+  return layout;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelWeights> weights,
+                                                               Backend& backend) {
+  if (weights == nullptr) return absl::InvalidArgumentError("model weights: null");
+  const ModelConfig& c = weights->config;
+  if (c.num_layers <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.vocab_size <= 0 || c.num_heads <= 0 ||
+      c.num_kv_heads <= 0 || c.head_dim <= 0) {
+    return absl::InvalidArgumentError("model config: layer count, widths, heads and vocab must all be positive");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(strCat("model config: num_key_value_heads (", c.num_kv_heads,
+                                             ") must divide num_attention_heads (", c.num_heads, ")"));
+  }
+  if (c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(strCat("model config: head_dim must be even for RoPE, got ", c.head_dim));
+  }
+  const size_t hidden = static_cast<size_t>(c.hidden_size);
+  TANDEM_RETURN_IF_ERROR(checkSize(weights->embed, product(c.vocab_size, c.hidden_size), "embed_tokens"));
+  TANDEM_RETURN_IF_ERROR(checkSize(weights->final_norm, hidden, "norm"));
+  TANDEM_RETURN_IF_ERROR(checkSize(weights->outputProjection(), product(c.vocab_size, c.hidden_size), "lm_head"));
+  if (weights->layers.size() != static_cast<size_t>(c.num_layers)) {
+    return absl::InvalidArgumentError(
+        strCat("model weights: ", weights->layers.size(), " layers, config has ", c.num_layers));
+  }
+  for (size_t i = 0; i < weights->layers.size(); ++i) {
+    const LayerWeights& l = weights->layers[i];
+    const std::string p = strCat("layers.", i, ".");
+    TANDEM_RETURN_IF_ERROR(checkSize(l.attn_norm, hidden, p + "input_layernorm"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.wq, product(c.qDim(), c.hidden_size), p + "q_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.wk, product(c.kvDim(), c.hidden_size), p + "k_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.wv, product(c.kvDim(), c.hidden_size), p + "v_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.wo, product(c.hidden_size, c.qDim()), p + "o_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.ffn_norm, hidden, p + "post_attention_layernorm"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.w_gate, product(c.intermediate_size, c.hidden_size), p + "gate_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.w_up, product(c.intermediate_size, c.hidden_size), p + "up_proj"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.w_down, product(c.hidden_size, c.intermediate_size), p + "down_proj"));
+  }
+  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), backend));
+}
+
+LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend)
+    : weights_(std::move(weights)), backend_(backend) {}
+
+absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
+                                  const std::vector<float>* logits) const {
+  const ModelConfig& c = config();
+  const KvLayout& layout = kv.layout();
+  if (layout.num_layers != c.num_layers || layout.num_kv_heads != c.num_kv_heads || layout.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(strCat("kv cache layout (", layout.num_layers, " layers, ", layout.num_kv_heads,
+                                             " kv heads, head_dim ", layout.head_dim, ") does not match the model (",
+                                             c.num_layers, ", ", c.num_kv_heads, ", ", c.head_dim, ")"));
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceChunk& chunk = batch[i];
+    const std::string where = strCat("chunk ", i, ": ");
+    if (chunk.tokens.empty()) return absl::InvalidArgumentError(where + "no tokens");
+    if (chunk.start_pos < 0) return absl::InvalidArgumentError(strCat(where, "negative start_pos ", chunk.start_pos));
+    const int64_t end = static_cast<int64_t>(chunk.start_pos) + static_cast<int64_t>(chunk.tokens.size());
+    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          strCat(where, "position ", end - 1, " is beyond max_position_embeddings (", c.max_position_embeddings, ")"));
+    }
+    for (size_t t = 0; t < chunk.tokens.size(); ++t) {
+      if (chunk.tokens[t] < 0 || chunk.tokens[t] >= c.vocab_size) {
+        return absl::InvalidArgumentError(strCat(where, "token ", t, " has id ", chunk.tokens[t],
+                                                 ", outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+    const int64_t blocks_needed = (end + layout.block_size - 1) / layout.block_size;
+    if (static_cast<int64_t>(chunk.block_table.size()) < blocks_needed) {
+      return absl::InvalidArgumentError(strCat(where, "block table has ", chunk.block_table.size(),
+                                               " blocks, positions [0, ", end, ") need ", blocks_needed,
+                                               " of block_size ", layout.block_size));
+    }
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      const int32_t id = chunk.block_table[static_cast<size_t>(b)].value();
+      if (id < 0 || id >= layout.num_blocks) {
+        return absl::InvalidArgumentError(strCat(where, "block table entry ", b, " is block ", id,
+                                                 ", outside the cache's [0, ", layout.num_blocks, ")"));
+      }
+    }
+    if (chunk.want_logits && logits == nullptr) {
+      return absl::InvalidArgumentError(where + "wants logits but no logits output was given");
+    }
+  }
+  return absl::OkStatus();
+}
+
+int32_t LlamaModel::prepareBatch(std::span<const SequenceChunk> batch) {
+  chunks_.clear();
+  tail_chunks_.clear();
+  positions_.clear();
+  tokens_.clear();
+  logit_rows_.clear();
+  int32_t rows = 0;
+  for (const SequenceChunk& chunk : batch) {
+    const auto n = static_cast<int32_t>(chunk.tokens.size());
+    chunks_.push_back(
+        ChunkDesc{.row_begin = rows, .num_rows = n, .start_pos = chunk.start_pos, .block_table = chunk.block_table});
+    for (int32_t t = 0; t < n; ++t) {
+      positions_.push_back(chunk.start_pos + t);
+      tokens_.push_back(chunk.tokens[static_cast<size_t>(t)]);
+    }
+    if (chunk.want_logits) {
+      const auto tail = static_cast<int32_t>(logit_rows_.size());
+      logit_rows_.push_back(rows + n - 1);
+      tail_chunks_.push_back(ChunkDesc{
+          .row_begin = tail, .num_rows = 1, .start_pos = chunk.start_pos + n - 1, .block_table = chunk.block_table});
+    }
+    rows += n;
+  }
+  return rows;
+}
+
+void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<const ChunkDesc> chunks, int32_t rows,
+                             const KvStorage& kv) {
+  const ModelConfig& c = config();
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const AttentionShape shape{.num_heads = c.num_heads, .num_kv_heads = c.num_kv_heads, .head_dim = c.head_dim};
+  backend_.attention(layer, q, chunks, kv, shape, attn_.data());
+  // Residual adds are folded into the GEMMs (accumulate): x += attn · Woᵀ.
+  backend_.gemm(attn_.data(), w.wo.data(), x, rows, c.hidden_size, c.qDim(), /*accumulate=*/true);
+  backend_.rmsNorm(x, w.ffn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
+  backend_.gemm(h_.data(), w.w_gate.data(), gate_.data(), rows, c.intermediate_size, c.hidden_size, false);
+  backend_.gemm(h_.data(), w.w_up.data(), up_.data(), rows, c.intermediate_size, c.hidden_size, false);
+  backend_.swiglu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(rows) * c.intermediate_size);
+  backend_.gemm(gate_.data(), w.w_down.data(), x, rows, c.hidden_size, c.intermediate_size, /*accumulate=*/true);
+}
+
+absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
+                                 const LayerObserver* on_layer) {
+  TANDEM_RETURN_IF_ERROR(validate(batch, kv, logits));
+  if (logits != nullptr) logits->clear();
+  if (batch.empty()) return absl::OkStatus();
+
+  const ModelConfig& c = config();
+  const int32_t rows = prepareBatch(batch);
+  const auto num_logits = static_cast<int32_t>(logit_rows_.size());
+  growTo(x_, product(rows, c.hidden_size));
+  growTo(h_, product(rows, c.hidden_size));
+  growTo(q_, product(rows, c.qDim()));
+  growTo(k_, product(rows, c.kvDim()));
+  growTo(v_, product(rows, c.kvDim()));
+  growTo(attn_, product(rows, c.qDim()));
+  growTo(gate_, product(rows, c.intermediate_size));
+  growTo(up_, product(rows, c.intermediate_size));
+  growTo(tail_x_, product(num_logits, c.hidden_size));
+  growTo(tail_q_, product(num_logits, c.qDim()));
+
+  backend_.gatherRows(weights_->embed.data(), tokens_.data(), rows, c.hidden_size, x_.data());
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+    backend_.rmsNorm(x_.data(), w.attn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
+    backend_.gemm(h_.data(), w.wq.data(), q_.data(), rows, c.qDim(), c.hidden_size, false);
+    backend_.gemm(h_.data(), w.wk.data(), k_.data(), rows, c.kvDim(), c.hidden_size, false);
+    backend_.gemm(h_.data(), w.wv.data(), v_.data(), rows, c.kvDim(), c.hidden_size, false);
+    backend_.rope(q_.data(), rows, c.num_heads, c.head_dim, positions_.data(), c.rope_theta);
+    backend_.rope(k_.data(), rows, c.num_kv_heads, c.head_dim, positions_.data(), c.rope_theta);
+    backend_.writeKv(layer, k_.data(), v_.data(), chunks_, kv);
+    if (on_layer != nullptr && *on_layer) (*on_layer)(layer);
+
+    if (layer + 1 < c.num_layers) {
+      finishLayer(layer, q_.data(), x_.data(), chunks_, rows, kv);
+    } else if (num_logits > 0) {
+      // After the last layer only the rows that produce logits are read, so
+      // the last layer's attention and MLP run for those rows alone. Each row
+      // is computed exactly as it would be in the full batch (backend.h).
+      backend_.gatherRows(x_.data(), logit_rows_.data(), num_logits, c.hidden_size, tail_x_.data());
+      backend_.gatherRows(q_.data(), logit_rows_.data(), num_logits, c.qDim(), tail_q_.data());
+      finishLayer(layer, tail_q_.data(), tail_x_.data(), tail_chunks_, num_logits, kv);
+    }
+  }
+  if (num_logits == 0) return absl::OkStatus();
+
+  backend_.rmsNorm(tail_x_.data(), weights_->final_norm.data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
+  logits->resize(product(num_logits, c.vocab_size));
+  backend_.logits(h_.data(), weights_->outputProjection().data(), logits->data(), num_logits, c.vocab_size,
+                  c.hidden_size);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

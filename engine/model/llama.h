@@ -1,0 +1,105 @@
+#pragma once
+// The Llama decoder forward pass over a batch of sequence chunks, on a Backend,
+// reading and writing a paged KV cache.
+//
+// One forward() is one engine step: any mix of prefill chunks and single-token
+// decodes. All the step's tokens go through each projection together as one
+// [total_tokens, hidden] GEMM (that is where CPU throughput comes from);
+// attention is per chunk against the paged cache.
+//
+// Determinism: a token's hidden states and logits are bitwise the same however
+// the step is composed (chunk sizes, other sequences in the batch, which
+// physical blocks hold its KV), because every Backend call computes each row
+// independently of the others (backend.h). Tests hold the engine to it.
+//
+// Not thread-safe: the engine thread owns the model (it keeps scratch buffers).
+// The weights are shared read-only and may back several models.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_storage.h"
+#include "engine/model/weights.h"
+#include "src/common/ids.h"
+#include "src/common/status.h"
+
+namespace tandem::engine {
+
+// The KV cache layout that `config`'s model reads and writes.
+KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size);
+
+// Called with layer l (0, 1, ..., num_layers - 1, in order) once layer l's K/V
+// of the whole batch is in the cache; the P/D transport announces layers as
+// they finish. Runs on the engine thread, inside forward(): keep it short.
+using LayerObserver = std::function<void(int layer)>;
+
+struct SequenceChunk {
+  std::span<const TokenId> tokens;       // tokens computed this step (non-empty)
+  int32_t start_pos = 0;                 // position of tokens[0]; KV for [0, start_pos) is already in the cache
+  std::span<const BlockId> block_table;  // covers positions [0, start_pos + tokens.size())
+  bool want_logits = false;              // return logits for the chunk's last token
+};
+
+class LlamaModel {
+ public:
+  // Checks that every weight tensor has the size `weights->config` implies.
+  // The backend must outlive the model.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> create(std::shared_ptr<const ModelWeights> weights,
+                                                                          Backend& backend);
+
+  const ModelConfig& config() const { return weights_->config; }
+
+  // Runs one step. Writes the K/V of every token of `batch` into `kv` (at the
+  // slots its block table maps its positions to) and, for each chunk with
+  // want_logits, appends that chunk's last-token logits to *logits, which is
+  // resized to [num_want_logits, vocab] in batch order.
+  // Returns InvalidArgument, before touching `kv`, for: an empty chunk, a
+  // negative start_pos, a position >= max_position_embeddings, a token id
+  // outside [0, vocab), a block table too short or naming a block outside the
+  // cache, a cache whose layout does not match the model, or logits == nullptr
+  // while some chunk wants logits.
+  // Precondition (not checked): no two chunks of one batch write the same slot.
+  // An empty batch is OK and does nothing.
+  [[nodiscard]] absl::Status forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
+                                     const LayerObserver* on_layer = nullptr);
+
+ private:
+  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend);
+
+  absl::Status validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
+                        const std::vector<float>* logits) const;
+  // Fills chunks_, positions_, tokens_ and logit_rows_ for the batch; returns the total token count.
+  int32_t prepareBatch(std::span<const SequenceChunk> batch);
+  // Attention (reading the cache), output projection and MLP of one layer for
+  // `rows` rows: q [rows, num_heads * head_dim] rotated queries, x [rows, hidden]
+  // residual stream, updated in place.
+  void finishLayer(int layer, const float* q, float* x, std::span<const ChunkDesc> chunks, int32_t rows,
+                   const KvStorage& kv);
+
+  std::shared_ptr<const ModelWeights> weights_;
+  Backend& backend_;
+
+  // Per-step metadata (host) and activations, grown on demand and reused so a
+  // warmed-up model does not allocate per step.
+  std::vector<ChunkDesc> chunks_;       // [batch] rows of each chunk in the step's buffers
+  std::vector<ChunkDesc> tail_chunks_;  // [num_want_logits] the last row of each chunk wanting logits
+  std::vector<int32_t> positions_;      // [total_tokens] absolute position of each row
+  std::vector<int32_t> tokens_;         // [total_tokens] token id of each row
+  std::vector<int32_t> logit_rows_;     // [num_want_logits] row of each chunk's last token
+  std::vector<float> x_;                // [total_tokens, hidden] residual stream
+  std::vector<float> h_;                // [total_tokens, hidden] normed input of a block
+  std::vector<float> q_;                // [total_tokens, num_heads * head_dim]
+  std::vector<float> k_;                // [total_tokens, num_kv_heads * head_dim]
+  std::vector<float> v_;                // [total_tokens, num_kv_heads * head_dim]
+  std::vector<float> attn_;             // [total_tokens, num_heads * head_dim]
+  std::vector<float> gate_;             // [total_tokens, intermediate]
+  std::vector<float> up_;               // [total_tokens, intermediate]
+  std::vector<float> tail_x_;           // [num_want_logits, hidden] residual rows the last layer still needs
+  std::vector<float> tail_q_;           // [num_want_logits, num_heads * head_dim] their queries
+};
+
+}  // namespace tandem::engine

@@ -1,0 +1,91 @@
+#include "engine/model/weights.h"
+
+#include <cmath>
+
+namespace tandem::engine {
+namespace {
+
+// splitmix64 + Box-Muller written out by hand: std::normal_distribution is
+// implementation-defined, and the tiny model must be bit-identical everywhere.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in (0, 1].
+  double uniform() { return (static_cast<double>(next() >> 11) + 1.0) * (1.0 / 9007199254740992.0); }
+  double normal() {
+    double u1 = uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+std::vector<float> randomMatrix(Rng& rng, int rows, int cols, double stddev) {
+  std::vector<float> m(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  for (float& x : m) x = static_cast<float>(rng.normal() * stddev);
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<ModelWeights> makeRandomWeights(const ModelConfig& c, uint64_t seed) {
+  auto w = std::make_unique<ModelWeights>();
+  w->config = c;
+  Rng rng(seed);
+  const double in_hidden = 1.0 / std::sqrt(static_cast<double>(c.hidden_size));
+  // A random model with textbook init attends almost uniformly, so its output
+  // hardly depends on anything but the last token, and tests comparing
+  // outputs (chunked vs whole, cached vs recomputed) would pass even with
+  // corrupted KV. Queries are scaled up so attention is peaked (score std
+  // ~3), and residual branches are not scaled down, so that every token of
+  // the context can move the output.
+  const double query_gain = 3.0;
+  const double depth = 1.0;
+  w->embed = randomMatrix(rng, c.vocab_size, c.hidden_size, 1.0);
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights l;
+    l.attn_norm.assign(static_cast<size_t>(c.hidden_size), 1.0f);
+    l.wq = randomMatrix(rng, c.qDim(), c.hidden_size, query_gain * in_hidden);
+    l.wk = randomMatrix(rng, c.kvDim(), c.hidden_size, in_hidden);
+    l.wv = randomMatrix(rng, c.kvDim(), c.hidden_size, in_hidden);
+    l.wo = randomMatrix(rng, c.hidden_size, c.qDim(), depth / std::sqrt(static_cast<double>(c.qDim())));
+    l.ffn_norm.assign(static_cast<size_t>(c.hidden_size), 1.0f);
+    l.w_gate = randomMatrix(rng, c.intermediate_size, c.hidden_size, in_hidden);
+    l.w_up = randomMatrix(rng, c.intermediate_size, c.hidden_size, in_hidden);
+    l.w_down = randomMatrix(rng, c.hidden_size, c.intermediate_size,
+                            depth / std::sqrt(static_cast<double>(c.intermediate_size)));
+    w->layers.push_back(std::move(l));
+  }
+  w->final_norm.assign(static_cast<size_t>(c.hidden_size), 1.0f);
+  if (!c.tie_word_embeddings) w->lm_head = randomMatrix(rng, c.vocab_size, c.hidden_size, in_hidden);
+  return w;
+}
+
+ModelConfig tinyModelConfig() {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 100;  // the byte tokenizer: <unk> <s> </s> \n \t and printable ASCII 0x20..0x7E
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_layers = 4;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.max_position_embeddings = 16384;
+  c.tie_word_embeddings = false;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  c.torch_dtype = "float32";
+  return c;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,246 @@
+#include "engine/model/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/model/weights.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+// meta-llama/Llama-2-7b-hf's config.json, verbatim.
+constexpr std::string_view kLlama2_7b = R"({
+  "_name_or_path": "meta-llama/Llama-2-7b-hf",
+  "architectures": [
+    "LlamaForCausalLM"
+  ],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 11008,
+  "max_position_embeddings": 4096,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "transformers_version": "4.31.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+}
+)";
+
+constexpr std::string_view kMinimal = R"({
+  "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+  "num_hidden_layers": 2, "num_attention_heads": 4
+})";
+
+// kMinimal with `extra` fields spliced in (a JSON fragment, no braces).
+std::string minimalWith(std::string_view extra) {
+  std::string text(kMinimal);
+  text.insert(text.rfind('}'), std::string(", ") + std::string(extra));
+  return text;
+}
+
+std::string errorOf(std::string_view json) {
+  auto config = parseModelConfig(json);
+  if (config.ok()) return "(parsed without error)";
+  return std::string(config.status().message());
+}
+
+TEST(ModelConfigTest, ParsesLlama2_7b) {
+  auto config = parseModelConfig(kLlama2_7b);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(config->vocab_size, 32000);
+  EXPECT_EQ(config->hidden_size, 4096);
+  EXPECT_EQ(config->intermediate_size, 11008);
+  EXPECT_EQ(config->num_layers, 32);
+  EXPECT_EQ(config->num_heads, 32);
+  EXPECT_EQ(config->num_kv_heads, 32);
+  EXPECT_EQ(config->head_dim, 128);
+  EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(config->rope_theta, 10000.0f);
+  EXPECT_EQ(config->max_position_embeddings, 4096);
+  EXPECT_FALSE(config->tie_word_embeddings);
+  EXPECT_EQ(config->bos_token_id, 1);
+  EXPECT_EQ(config->eos_token_id, 2);
+  EXPECT_EQ(config->torch_dtype, "float16");
+  EXPECT_EQ(config->qDim(), 4096);
+  EXPECT_EQ(config->kvDim(), 4096);
+}
+
+TEST(ModelConfigTest, DefaultsForAbsentOptionalFields) {
+  auto config = parseModelConfig(kMinimal);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(config->num_kv_heads, 4);  // = num_attention_heads
+  EXPECT_EQ(config->head_dim, 16);     // = hidden_size / num_attention_heads
+  EXPECT_EQ(config->max_position_embeddings, kDefaultMaxPositionEmbeddings);
+  EXPECT_EQ(config->max_position_embeddings, 2048);
+  EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(config->rope_theta, 10000.0f);
+  EXPECT_FALSE(config->tie_word_embeddings);
+  EXPECT_EQ(config->bos_token_id, 1);
+  EXPECT_EQ(config->eos_token_id, 2);
+  EXPECT_EQ(config->torch_dtype, "float32");
+}
+
+TEST(ModelConfigTest, OptionalFieldsOverrideDefaults) {
+  auto config = parseModelConfig(minimalWith(
+      R"("architectures": ["MistralForCausalLM"], "num_key_value_heads": 2, "head_dim": 32,
+         "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+         "bos_token_id": 128000, "eos_token_id": [128001, 128008], "torch_dtype": "bfloat16",
+         "max_position_embeddings": 8192, "vocab_size_padded": 7, "quantization": null)"));
+  ASSERT_FALSE(config.ok());  // bos_token_id 128000 is outside vocab_size 1000
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("bos_token_id"));
+
+  config = parseModelConfig(minimalWith(
+      R"("architectures": ["MistralForCausalLM"], "num_key_value_heads": 2, "head_dim": 32,
+         "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+         "bos_token_id": 100, "eos_token_id": [101, 108], "torch_dtype": "bfloat16",
+         "max_position_embeddings": 8192, "unknown_field": {"x": 1})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "MistralForCausalLM");
+  EXPECT_EQ(config->num_kv_heads, 2);
+  EXPECT_EQ(config->head_dim, 32);  // explicit: qDim 128 need not equal hidden_size 64
+  EXPECT_EQ(config->qDim(), 128);
+  EXPECT_EQ(config->kvDim(), 64);
+  EXPECT_FLOAT_EQ(config->rope_theta, 500000.0f);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->bos_token_id, 100);
+  EXPECT_EQ(config->eos_token_id, 101);  // first of the list
+  EXPECT_EQ(config->torch_dtype, "bfloat16");
+  EXPECT_EQ(config->max_position_embeddings, 8192);
+}
+
+TEST(ModelConfigTest, SlidingWindowCapsContext) {
+  auto config = parseModelConfig(minimalWith(R"("max_position_embeddings": 32768, "sliding_window": 4096)"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_position_embeddings, 4096);
+  config = parseModelConfig(minimalWith(R"("max_position_embeddings": 4096, "sliding_window": null)"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_position_embeddings, 4096);
+}
+
+TEST(ModelConfigTest, NewerDtypeKeyIsAccepted) {
+  auto config = parseModelConfig(minimalWith(R"("dtype": "bfloat16")"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfigTest, JsonRoundTrips) {
+  ModelConfig tiny = tinyModelConfig();
+  ModelConfig odd = tiny;
+  odd.architecture = "MistralForCausalLM";
+  odd.tie_word_embeddings = true;
+  odd.rms_norm_eps = 1e-5f;
+  odd.rope_theta = 1e6f;
+  odd.head_dim = 64;
+  odd.torch_dtype = "bfloat16";
+  odd.eos_token_id = 7;
+  for (const ModelConfig& original : {tiny, odd}) {
+    std::string json = modelConfigToJson(original);
+    EXPECT_THAT(json, HasSubstr("\"rms_norm_eps\": 1e-05"));  // written as people write it
+    auto back = parseModelConfig(json);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+    EXPECT_EQ(back->architecture, original.architecture);
+    EXPECT_EQ(back->vocab_size, original.vocab_size);
+    EXPECT_EQ(back->hidden_size, original.hidden_size);
+    EXPECT_EQ(back->intermediate_size, original.intermediate_size);
+    EXPECT_EQ(back->num_layers, original.num_layers);
+    EXPECT_EQ(back->num_heads, original.num_heads);
+    EXPECT_EQ(back->num_kv_heads, original.num_kv_heads);
+    EXPECT_EQ(back->head_dim, original.head_dim);
+    EXPECT_EQ(back->rms_norm_eps, original.rms_norm_eps);  // bit-exact
+    EXPECT_EQ(back->rope_theta, original.rope_theta);
+    EXPECT_EQ(back->max_position_embeddings, original.max_position_embeddings);
+    EXPECT_EQ(back->tie_word_embeddings, original.tie_word_embeddings);
+    EXPECT_EQ(back->bos_token_id, original.bos_token_id);
+    EXPECT_EQ(back->eos_token_id, original.eos_token_id);
+    EXPECT_EQ(back->torch_dtype, original.torch_dtype);
+    EXPECT_EQ(modelConfigToJson(*back), json);
+  }
+}
+
+TEST(ModelConfigTest, SourceNamesTheFile) {
+  auto config = parseModelConfig("{", "/models/x/config.json");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("/models/x/config.json: invalid JSON"));
+}
+
+struct BadCase {
+  const char* name;
+  std::string json;
+  std::string expected;  // a substring of the error
+};
+
+class ModelConfigErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ModelConfigErrorTest, NamesTheProblem) {
+  const BadCase& c = GetParam();
+  std::string error = errorOf(c.json);
+  EXPECT_THAT(error, HasSubstr(c.expected)) << c.json;
+  EXPECT_THAT(error, HasSubstr("config.json")) << "errors name the file";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ModelConfigErrorTest,
+    ::testing::Values(
+        BadCase{"BadJson", R"({"vocab_size": 10,)", "config.json: invalid JSON: [json.exception.parse_error"},
+        BadCase{"NotAnObject", "[1, 2]", "expected a JSON object at the top level"},
+        BadCase{"WrongTypeString",
+                R"({"vocab_size": 1000, "hidden_size": "4096", "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4})",
+                "config.json: hidden_size: expected integer, got string \"4096\""},
+        BadCase{"WrongTypeFloat", minimalWith(R"("num_key_value_heads": 2.5)"),
+                "num_key_value_heads: expected integer, got floating-point number 2.5"},
+        BadCase{"WrongTypeBool", minimalWith(R"("tie_word_embeddings": "yes")"),
+                "tie_word_embeddings: expected boolean, got string"},
+        BadCase{"WrongTypeNumber", minimalWith(R"("rope_theta": "1e4")"), "rope_theta: expected number, got string"},
+        BadCase{"MissingVocab",
+                R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})",
+                "config.json: vocab_size: required field is missing"},
+        BadCase{"MissingLayers",
+                R"({"vocab_size": 10, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4})",
+                "num_hidden_layers: required field is missing"},
+        BadCase{"ZeroHidden",
+                R"({"vocab_size": 1000, "hidden_size": 0, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4})",
+                "hidden_size: must be positive, got 0"},
+        BadCase{"NegativeEps", minimalWith(R"("rms_norm_eps": -1)"), "rms_norm_eps: must be a positive number"},
+        BadCase{"KvHeadsDoNotDivide", minimalWith(R"("num_key_value_heads": 3)"),
+                "config.json: num_key_value_heads: must divide num_attention_heads (4), got 3"},
+        BadCase{"HeadsDoNotDivideHidden",
+                R"({"vocab_size": 1000, "hidden_size": 66, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4})",
+                "num_attention_heads: must divide hidden_size (66)"},
+        BadCase{"OddHeadDim", minimalWith(R"("head_dim": 15)"), "head_dim: must be even"},
+        BadCase{"UnsupportedArchitecture", minimalWith(R"("architectures": ["GPT2LMHeadModel"])"),
+                "architectures: unsupported architecture [GPT2LMHeadModel]"},
+        BadCase{"ArchitecturesNotAList", minimalWith(R"("architectures": "LlamaForCausalLM")"),
+                "architectures: expected list of strings"},
+        BadCase{"UnsupportedDtype", minimalWith(R"("torch_dtype": "int8")"),
+                "torch_dtype: unsupported dtype \"int8\" (supported: float32, bfloat16, float16)"},
+        BadCase{"EosOutOfVocab", minimalWith(R"("eos_token_id": [5000])"), "eos_token_id: must be < vocab_size (1000)"},
+        BadCase{"EmptyEosList", minimalWith(R"("eos_token_id": [])"),
+                "eos_token_id: expected an integer or a non-empty list"},
+        BadCase{"RopeScaling", minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
+                "rope_scaling: not supported"},
+        BadCase{"AttentionBias", minimalWith(R"("attention_bias": true)"), "attention_bias: biases"},
+        BadCase{"HiddenAct", minimalWith(R"("hidden_act": "gelu")"), "hidden_act: only \"silu\""},
+        BadCase{"HugeInteger", minimalWith(R"("intermediate_size": 99999999999)"), "intermediate_size: out of range"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tandem::engine
