@@ -1,0 +1,108 @@
+#pragma once
+// The compute a Llama forward pass needs, as one interface the model calls.
+//
+// The CPU backend (cpu/cpu_backend.h) is the reference and what tests run; a
+// CUDA backend implements the same calls later. So the interface passes raw
+// pointers and sizes (pointer + length spans), never containers: every float*
+// is *backend memory* (host memory for the CPU backend, device memory for a
+// GPU one), except where a parameter says "host". Small per-step metadata
+// (chunk descriptors, positions, row indices) is always host memory; a device
+// backend uploads it.
+//
+// Matrices are row-major. Weights use Hugging Face's layout [out, in], so a
+// projection is y = x · Wᵀ.
+//
+// Determinism contract: every output row of every call is a function of that
+// row's inputs only (and, for attention, of the KV it reads), computed with the
+// same operation order however many other rows share the call. The engine
+// relies on it: chunked prefill, one-shot prefill and any batch composition
+// give bitwise-identical hidden states and logits.
+//
+// Not thread-safe: one engine thread owns a backend and calls it serially.
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+
+#include "engine/kv/kv_storage.h"
+#include "src/common/ids.h"
+
+namespace tandem::engine {
+
+// One sequence's slice of a batched step, as kernels see it. Rows of the
+// step's activation buffers are grouped by chunk: this chunk owns rows
+// [row_begin, row_begin + num_rows), holding positions start_pos, start_pos+1, ...
+struct ChunkDesc {
+  int32_t row_begin = 0;
+  int32_t num_rows = 0;
+  int32_t start_pos = 0;                 // position of row row_begin; KV of [0, start_pos) is already cached
+  std::span<const BlockId> block_table;  // host; covers positions [0, start_pos + num_rows)
+};
+
+// Cumulative counters since construction or the last resetStats().
+struct BackendStats {
+  int64_t gemm_calls = 0;
+  std::chrono::nanoseconds gemm_time{0};  // wall time inside gemm(), steady_clock
+  double gemm_flops = 0;                  // 2·m·n·k summed over calls (requested shapes, not padding)
+};
+
+// Shape of multi-head attention with grouped-query KV heads.
+struct AttentionShape {
+  int32_t num_heads = 0;     // query heads
+  int32_t num_kv_heads = 0;  // divides num_heads
+  int32_t head_dim = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // y[m, n] = x[m, k] · w[n, k]ᵀ, or y += x · wᵀ when `accumulate`.
+  // x, w and y must not overlap. m, n, k > 0.
+  virtual void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) = 0;
+
+  // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight, for each of `rows` rows of width `dim`.
+  // out may equal x.
+  virtual void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) = 0;
+
+  // Rotates x [rows, num_heads * head_dim] in place, row r at position positions[r] (host, [rows]).
+  // See kernel_math.h for the convention (HF rotate_half). head_dim is even.
+  virtual void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+                    float theta) = 0;
+
+  // out[i] = silu(gate[i]) * up[i] for i < n. out may equal gate or up.
+  virtual void swiglu(const float* gate, const float* up, float* out, int64_t n) = 0;
+
+  // dst[r, :] = src[rows[r], :] for r < num_rows; rows (host) index src's rows, width `dim`.
+  // The embedding lookup (rows = token ids) and picking the rows that need logits.
+  virtual void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) = 0;
+
+  // Scatters K and V of layer `layer` into the paged cache: row r of chunk c
+  // (position p = start_pos + r) goes to block block_table[p / block_size],
+  // slot p % block_size. k, v: [num_rows_total, num_kv_heads * head_dim].
+  // Precondition: the block tables cover every written position, and no slot is
+  // written twice in one call.
+  virtual void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
+                       KvStorage& kv) = 0;
+
+  // Paged causal attention for a batch of chunks (prefill chunks and
+  // single-token decodes mixed). q: [num_rows_total, num_heads * head_dim],
+  // already rotated; out: same shape. Row r of chunk c attends to positions
+  // [0, start_pos + r] of its own sequence, read from the cache (so writeKv of
+  // this layer must have run for the chunk's own rows). Query head h reads KV
+  // head h / (num_heads / num_kv_heads); scores are scaled by 1/sqrt(head_dim)
+  // and softmax is computed with the max subtracted. q and out must not overlap.
+  virtual void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                         const AttentionShape& shape, float* out) = 0;
+
+  // The final projection to the vocabulary: logits (host) [m, vocab] =
+  // hidden [m, dim] · lm_head[vocab, dim]ᵀ. Same arithmetic as gemm (and
+  // counted in its stats); separate because its output goes to host memory.
+  virtual void logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,
+                      int32_t dim) = 0;
+
+  virtual BackendStats stats() const = 0;
+  virtual void resetStats() = 0;
+};
+
+}  // namespace tandem::engine

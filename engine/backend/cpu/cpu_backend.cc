@@ -1,0 +1,215 @@
+#include "engine/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "engine/backend/kernel_math.h"
+
+namespace tandem::engine {
+namespace {
+
+// ---- Why gemm pads small calls -------------------------------------------
+// The engine needs every output row of a GEMM to be bitwise the same whether
+// the row is computed alone (a decode step, the last piece of a chunked
+// prefill) or among many (a batch, one-shot prefill). Measured on this
+// machine with Debian's OpenBLAS 0.3.21 (openblas-pthread, DYNAMIC_ARCH,
+// SkylakeX core), y = x·Wᵀ via cblas_sgemm(RowMajor, NoTrans, Trans):
+//   - NOT bitwise stable as is: for n×k = 256×256, rows of calls with
+//     m = 1..4 differed (last bits) from the same rows computed with m ≥ 5;
+//     for 64×256 the same held up to m = 18, for 100×256 up to m = 12, for
+//     688×256 at m = 1.
+//   - Above that, rows were bitwise identical for every m tried (up to 300),
+//     at any row offset, with 1 or 2 OpenBLAS threads, for all of those shapes
+//     and for 1024×1024, 4096×4096, 11008×512 and 512×11008 (K is split into
+//     blocks by K alone, and threads split M/N, never K).
+// The cause is OpenBLAS's "small matrix" kernel (SMALL_MATRIX_OPT): our call
+// is its column-major TN case with M = n, N = m, and
+// sgemm_small_kernel_permit_skylakex takes it when M·N·K ≤ 10⁶, M·N ≤ 1200
+// and K ≥ 32; it sums in a different order than the blocked kernel. (The
+// thresholds match every boundary measured above.)
+// So gemm never lets m·n be ≤ 1200: a call with fewer rows runs on a copy
+// padded with zero rows up to minRowsFor(n), and the real rows are copied
+// out. This only pads narrow outputs (n ≤ 1200, e.g. the built-in tiny model:
+// its decode GEMMs cost a few microseconds more); real models' projections
+// have n > 1200 and run unpadded. m is also kept ≥ 2 because later OpenBLAS
+// releases can forward m == 1 (GEMM_GEMV_FORWARD) to sgemv, yet another order.
+// cpu_backend_test's CpuBackendGemm.BatchCompositionIsBitwiseStable pins this
+// down, so an OpenBLAS that behaves differently fails a test, not the engine.
+constexpr int64_t kSmallKernelMaxMn = 1200;
+
+int32_t minRowsFor(int32_t n) {
+  return static_cast<int32_t>(std::max<int64_t>(2, kSmallKernelMaxMn / static_cast<int64_t>(n) + 1));
+}
+
+void sgemmRowMajorNt(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, accumulate ? 1.0f : 0.0f, y, n);
+}
+
+// Dot product with a fixed association (8 partial sums, combined pairwise),
+// so every caller gets the same bits for the same inputs.
+float dot(const float* a, const float* b, int32_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+}
+
+template <typename T>
+void growTo(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t min_rows = minRowsFor(n);
+  if (m >= min_rows) {
+    sgemmRowMajorNt(x, w, y, m, n, k, accumulate);
+  } else {
+    const size_t x_floats = static_cast<size_t>(m) * static_cast<size_t>(k);
+    const size_t y_floats = static_cast<size_t>(m) * static_cast<size_t>(n);
+    growTo(pad_x_, static_cast<size_t>(min_rows) * static_cast<size_t>(k));
+    growTo(pad_y_, static_cast<size_t>(min_rows) * static_cast<size_t>(n));
+    std::memcpy(pad_x_.data(), x, x_floats * sizeof(float));
+    std::fill(pad_x_.begin() + static_cast<ptrdiff_t>(x_floats),
+              pad_x_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(min_rows) * static_cast<size_t>(k)), 0.0f);
+    if (accumulate) std::memcpy(pad_y_.data(), y, y_floats * sizeof(float));
+    sgemmRowMajorNt(pad_x_.data(), w, pad_y_.data(), min_rows, n, k, accumulate);
+    std::memcpy(y, pad_y_.data(), y_floats * sizeof(float));
+  }
+  stats_.gemm_time += std::chrono::steady_clock::now() - start;
+  stats_.gemm_calls += 1;
+  stats_.gemm_flops += 2.0 * m * n * k;
+}
+
+void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * static_cast<size_t>(dim);
+    float* outr = out + static_cast<size_t>(r) * static_cast<size_t>(dim);
+    const float mean_sq = dot(xr, xr, dim) / static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(mean_sq + eps);
+    // HF order: (x * rsqrt(var + eps)) * weight.
+    for (int32_t i = 0; i < dim; ++i) outr[i] = (xr[i] * inv) * weight[i];
+  }
+}
+
+void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+                      float theta) {
+  const int32_t half = head_dim / 2;
+  growTo(cos_, static_cast<size_t>(half));
+  growTo(sin_, static_cast<size_t>(half));
+  const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(positions[r], i, head_dim, theta, &cos_[i], &sin_[i]);
+    float* xr = x + static_cast<size_t>(r) * row_width;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_.data(), sin_.data(),
+                            head_dim);
+    }
+  }
+}
+
+void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kmath::swiglu(gate[i], up[i]);
+}
+
+void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
+  for (int32_t r = 0; r < num_rows; ++r) {
+    std::memcpy(dst + static_cast<size_t>(r) * static_cast<size_t>(dim),
+                src + static_cast<size_t>(rows[r]) * static_cast<size_t>(dim),
+                static_cast<size_t>(dim) * sizeof(float));
+  }
+}
+
+void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
+                         KvStorage& kv) {
+  const int32_t block_size = kv.layout().block_size;
+  const size_t width = kv.layout().floatsPerToken();  // [num_kv_heads * head_dim]
+  for (const ChunkDesc& c : chunks) {
+    for (int32_t r = 0; r < c.num_rows; ++r) {
+      const int32_t pos = c.start_pos + r;
+      const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(pos, block_size))];
+      const int32_t slot = kmath::slotOf(pos, block_size);
+      const size_t row = static_cast<size_t>(c.row_begin + r);
+      std::memcpy(kv.key(layer, block, slot), k + row * width, width * sizeof(float));
+      std::memcpy(kv.value(layer, block, slot), v + row * width, width * sizeof(float));
+    }
+  }
+}
+
+// One (row, query head) at a time, keys in position order: the arithmetic for
+// an output row depends only on its query, its position and the cached KV,
+// never on which other rows or chunks share the call.
+void CpuBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                           const AttentionShape& shape, float* out) {
+  const int32_t block_size = kv.layout().block_size;
+  const int32_t head_dim = shape.head_dim;
+  const size_t token_stride = kv.layout().floatsPerToken();  // between consecutive slots of a block
+  const size_t q_width = static_cast<size_t>(shape.num_heads) * static_cast<size_t>(head_dim);
+  const float scale = kmath::attentionScale(head_dim);
+  for (const ChunkDesc& c : chunks) {
+    for (int32_t r = 0; r < c.num_rows; ++r) {
+      const int32_t num_keys = kmath::visibleKeys(c.start_pos, r);
+      growTo(scores_, static_cast<size_t>(num_keys));
+      const size_t row = static_cast<size_t>(c.row_begin + r);
+      for (int32_t h = 0; h < shape.num_heads; ++h) {
+        const float* qh = q + row * q_width + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
+        float* oh = out + row * q_width + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
+        const size_t head_offset = static_cast<size_t>(kmath::kvHeadFor(h, shape.num_heads, shape.num_kv_heads)) *
+                                   static_cast<size_t>(head_dim);
+
+        // Scores, walking the block table block by block.
+        float max_score = -INFINITY;
+        for (int32_t j0 = 0; j0 < num_keys; j0 += block_size) {
+          const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(j0, block_size))];
+          const float* keys = kv.key(layer, block, 0) + head_offset;
+          const int32_t n = std::min(block_size, num_keys - j0);
+          for (int32_t s = 0; s < n; ++s) {
+            const float score = dot(qh, keys + static_cast<size_t>(s) * token_stride, head_dim) * scale;
+            scores_[static_cast<size_t>(j0 + s)] = score;
+            max_score = std::max(max_score, score);
+          }
+        }
+        double sum = 0.0;
+        for (int32_t j = 0; j < num_keys; ++j) {
+          const float e = std::exp(scores_[static_cast<size_t>(j)] - max_score);
+          scores_[static_cast<size_t>(j)] = e;
+          sum += e;
+        }
+
+        // Weighted sum of values, normalised once at the end.
+        std::fill(oh, oh + head_dim, 0.0f);
+        for (int32_t j0 = 0; j0 < num_keys; j0 += block_size) {
+          const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(j0, block_size))];
+          const float* values = kv.value(layer, block, 0) + head_offset;
+          const int32_t n = std::min(block_size, num_keys - j0);
+          for (int32_t s = 0; s < n; ++s) {
+            const float p = scores_[static_cast<size_t>(j0 + s)];
+            const float* vs = values + static_cast<size_t>(s) * token_stride;
+            for (int32_t d = 0; d < head_dim; ++d) oh[d] += p * vs[d];
+          }
+        }
+        const float inv_sum = static_cast<float>(1.0 / sum);
+        for (int32_t d = 0; d < head_dim; ++d) oh[d] *= inv_sum;
+      }
+    }
+  }
+}
+
+void CpuBackend::logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,
+                        int32_t dim) {
+  gemm(hidden, lm_head, logits_host, m, vocab, dim, /*accumulate=*/false);
+}
+
+std::unique_ptr<Backend> makeCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace tandem::engine

@@ -1,0 +1,211 @@
+#include "engine/backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace tandem::engine {
+namespace {
+
+std::vector<float> randomVector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// y[m, n] = x[m, k] · w[n, k]ᵀ in double, the textbook triple loop.
+std::vector<double> naiveGemm(const std::vector<float>& x, const std::vector<float>& w, int m, int n, int k) {
+  std::vector<double> y(static_cast<size_t>(m) * static_cast<size_t>(n), 0.0);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int l = 0; l < k; ++l) {
+        acc += static_cast<double>(x[static_cast<size_t>(i * k + l)]) * w[static_cast<size_t>(j * k + l)];
+      }
+      y[static_cast<size_t>(i * n + j)] = acc;
+    }
+  }
+  return y;
+}
+
+TEST(CpuBackendGemm, MatchesNaiveTripleLoop) {
+  CpuBackend backend;
+  struct Shape {
+    int m, n, k;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{1, 256, 256}, Shape{3, 64, 256}, Shape{37, 100, 256}, Shape{5, 7, 300},
+                  Shape{64, 688, 256}, Shape{2, 1500, 33}}) {
+    const auto x = randomVector(static_cast<size_t>(s.m * s.k), 1);
+    const auto w = randomVector(static_cast<size_t>(s.n * s.k), 2);
+    const auto want = naiveGemm(x, w, s.m, s.n, s.k);
+    std::vector<float> y(static_cast<size_t>(s.m * s.n), 123.0f);
+    backend.gemm(x.data(), w.data(), y.data(), s.m, s.n, s.k, /*accumulate=*/false);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], want[i], 2e-6 * s.k) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " i=" << i;
+    }
+    // Accumulate adds onto what is there.
+    const auto base = randomVector(y.size(), 3);
+    std::vector<float> acc = base;
+    backend.gemm(x.data(), w.data(), acc.data(), s.m, s.n, s.k, /*accumulate=*/true);
+    for (size_t i = 0; i < acc.size(); ++i) {
+      ASSERT_NEAR(acc[i], want[i] + base[i], 2e-6 * s.k) << "accumulate, m=" << s.m << " i=" << i;
+    }
+  }
+}
+
+// The determinism the engine depends on (see cpu_backend.cc): a row's result
+// is bitwise the same whether computed alone, in a small group or in a big
+// batch, at any offset. Shapes are the tiny model's projections (where
+// OpenBLAS's small-matrix kernel would otherwise kick in) and a few others.
+TEST(CpuBackendGemm, BatchCompositionIsBitwiseStable) {
+  CpuBackend backend;
+  struct Shape {
+    int n, k;
+  };
+  const int kRows = 48;
+  for (Shape s : {Shape{256, 256}, Shape{64, 256}, Shape{688, 256}, Shape{256, 688}, Shape{100, 256}, Shape{32, 64},
+                  Shape{8, 300}, Shape{1201, 40}, Shape{2048, 512}}) {
+    const auto x = randomVector(static_cast<size_t>(kRows * s.k), 11);
+    const auto w = randomVector(static_cast<size_t>(s.n * s.k), 12);
+    const auto base = randomVector(static_cast<size_t>(kRows * s.n), 13);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> all = base;
+      backend.gemm(x.data(), w.data(), all.data(), kRows, s.n, s.k, accumulate);
+      for (int m : {1, 2, 3, 4, 7, 13, 19, 37}) {
+        for (int offset : {0, 5, kRows - m}) {
+          std::vector<float> part(base.begin() + offset * s.n, base.begin() + (offset + m) * s.n);
+          backend.gemm(x.data() + offset * s.k, w.data(), part.data(), m, s.n, s.k, accumulate);
+          ASSERT_EQ(std::memcmp(part.data(), all.data() + offset * s.n, part.size() * sizeof(float)), 0)
+              << "n=" << s.n << " k=" << s.k << " m=" << m << " offset=" << offset << " accumulate=" << accumulate;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackendGemm, StatsCountCallsFlopsAndTime) {
+  CpuBackend backend;
+  EXPECT_EQ(backend.stats().gemm_calls, 0);
+  const auto x = randomVector(4 * 64, 1), w = randomVector(32 * 64, 2);
+  std::vector<float> y(4 * 32);
+  backend.gemm(x.data(), w.data(), y.data(), 4, 32, 64, false);
+  backend.gemm(x.data(), w.data(), y.data(), 1, 32, 64, true);
+  std::vector<float> logits(2 * 32);
+  backend.logits(x.data(), w.data(), logits.data(), 2, 32, 64);
+  const BackendStats stats = backend.stats();
+  EXPECT_EQ(stats.gemm_calls, 3);
+  // Requested shapes only: the padding of small calls is not counted.
+  EXPECT_DOUBLE_EQ(stats.gemm_flops, 2.0 * 64 * 32 * (4 + 1 + 2));
+  EXPECT_GT(stats.gemm_time.count(), 0);
+  backend.resetStats();
+  EXPECT_EQ(backend.stats().gemm_calls, 0);
+  EXPECT_EQ(backend.stats().gemm_time.count(), 0);
+  EXPECT_EQ(backend.stats().gemm_flops, 0.0);
+}
+
+TEST(CpuBackend, RmsNormMatchesFormula) {
+  CpuBackend backend;
+  const int rows = 3, dim = 37;
+  const auto x = randomVector(rows * dim, 5, 3.0f);
+  const auto weight = randomVector(dim, 6);
+  std::vector<float> out(rows * dim);
+  backend.rmsNorm(x.data(), weight.data(), out.data(), rows, dim, 1e-5f);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int i = 0; i < dim; ++i) {
+      const double want = x[r * dim + i] * inv * weight[i];
+      EXPECT_NEAR(out[r * dim + i], want, 1e-5 * (1 + std::abs(want))) << r << "," << i;
+    }
+  }
+  // In place gives the same bits.
+  std::vector<float> in_place = x;
+  backend.rmsNorm(in_place.data(), weight.data(), in_place.data(), rows, dim, 1e-5f);
+  EXPECT_EQ(in_place, out);
+}
+
+TEST(CpuBackend, RopeMatchesFormulaPerRowPosition) {
+  CpuBackend backend;
+  const int rows = 4, heads = 3, head_dim = 16;
+  const float theta = 10000.0f;
+  const auto x = randomVector(rows * heads * head_dim, 7);
+  const std::vector<int32_t> positions = {0, 1, 17, 250};
+  std::vector<float> y = x;
+  backend.rope(y.data(), rows, heads, head_dim, positions.data(), theta);
+  const int half = head_dim / 2;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const float* in = x.data() + (r * heads + h) * head_dim;
+      const float* out = y.data() + (r * heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const double angle = positions[r] * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+        const double a = in[i], b = in[i + half];
+        EXPECT_NEAR(out[i], a * std::cos(angle) - b * std::sin(angle), 1e-4) << r << " " << h << " " << i;
+        EXPECT_NEAR(out[i + half], b * std::cos(angle) + a * std::sin(angle), 1e-4) << r << " " << h << " " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, SwigluMatchesFormula) {
+  CpuBackend backend;
+  const auto gate = randomVector(100, 8, 6.0f), up = randomVector(100, 9, 2.0f);
+  std::vector<float> out(100);
+  backend.swiglu(gate.data(), up.data(), out.data(), 100);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double g = gate[i];
+    const double want = g / (1 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(out[i], want, 1e-6 * (1 + std::abs(want))) << i;
+  }
+}
+
+TEST(CpuBackend, GatherRows) {
+  CpuBackend backend;
+  const std::vector<float> src = {0, 1, 10, 11, 20, 21, 30, 31};  // [4, 2]
+  const std::vector<int32_t> rows = {3, 0, 3};
+  std::vector<float> dst(6);
+  backend.gatherRows(src.data(), rows.data(), 3, 2, dst.data());
+  EXPECT_EQ(dst, (std::vector<float>{30, 31, 0, 1, 30, 31}));
+}
+
+TEST(CpuBackend, WriteKvScattersRowsThroughBlockTables) {
+  CpuBackend backend;
+  KvLayout layout{.num_layers = 2, .num_blocks = 6, .block_size = 3, .num_kv_heads = 2, .head_dim = 2};
+  KvStorage kv(layout);
+  const int width = 4;
+  // Two chunks: sequence A positions 2..5 (4 rows), sequence B position 0 (1 row).
+  const std::vector<BlockId> table_a = {BlockId(5), BlockId(1)};
+  const std::vector<BlockId> table_b = {BlockId(3)};
+  const std::vector<ChunkDesc> chunks = {{.row_begin = 0, .num_rows = 4, .start_pos = 2, .block_table = table_a},
+                                         {.row_begin = 4, .num_rows = 1, .start_pos = 0, .block_table = table_b}};
+  std::vector<float> k(5 * width), v(5 * width);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i + 1);
+    v[i] = -static_cast<float>(i + 1);
+  }
+  backend.writeKv(1, k.data(), v.data(), chunks, kv);
+  struct Where {
+    int row;
+    BlockId block;
+    int slot;
+  };
+  // A: pos 2 -> block 5 slot 2; pos 3,4,5 -> block 1 slots 0,1,2. B: pos 0 -> block 3 slot 0.
+  for (Where w : {Where{0, BlockId(5), 2}, Where{1, BlockId(1), 0}, Where{2, BlockId(1), 1}, Where{3, BlockId(1), 2},
+                  Where{4, BlockId(3), 0}}) {
+    EXPECT_EQ(std::memcmp(kv.key(1, w.block, w.slot), k.data() + w.row * width, width * sizeof(float)), 0) << w.row;
+    EXPECT_EQ(std::memcmp(kv.value(1, w.block, w.slot), v.data() + w.row * width, width * sizeof(float)), 0) << w.row;
+  }
+  // Layer 0 untouched.
+  for (int b = 0; b < layout.num_blocks; ++b) {
+    for (int s = 0; s < layout.block_size; ++s) EXPECT_EQ(kv.key(0, BlockId(b), s)[0], 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine
