@@ -1,0 +1,414 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <random>
+
+#include "engine/backend/backend.h"
+#include "engine/model/llama.h"
+#include "engine/model/tokenizer.h"
+#include "engine/model/weights.h"
+#include "src/common/strings.h"
+
+namespace tandem::engine {
+namespace {
+
+int ceilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop
+// string: that much text must be held back, it may become a stop match.
+size_t heldBackForStops(std::string_view text, const std::vector<std::string>& stops) {
+  size_t held = 0;
+  for (const auto& s : stops) {
+    for (size_t len = std::min(s.size() - 1, text.size()); len > held; --len) {
+      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
+        held = len;
+        break;
+      }
+    }
+  }
+  return held;
+}
+
+}  // namespace
+
+std::string_view finishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kTimeout: return "timeout";
+    case FinishReason::kPreempted: return "preempted";
+    case FinishReason::kRejected: return "rejected";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+std::string_view rejectReasonName(RejectReason r) {
+  switch (r) {
+    case RejectReason::kNone: return "none";
+    case RejectReason::kInvalid: return "invalid";
+    case RejectReason::kPromptTooLong: return "prompt_too_long";
+    case RejectReason::kCapacity: return "capacity";
+    case RejectReason::kQueueFull: return "queue_full";
+    case RejectReason::kDraining: return "draining";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
+                                                       std::shared_ptr<const ModelWeights> weights,
+                                                       std::unique_ptr<Backend> backend,
+                                                       std::shared_ptr<const Tokenizer> tokenizer, Clock& clock) {
+  if (!weights) return absl::InvalidArgumentError("engine: no model weights");
+  if (!backend) return absl::InvalidArgumentError("engine: no backend");
+  const ModelConfig& mc = weights->config;
+  EngineOptions o = options;
+  if (o.max_model_len == 0) o.max_model_len = mc.max_position_embeddings;
+  auto bad = [](std::string_view field, std::string_view why) {
+    return absl::InvalidArgumentError(strCat("engine options: ", field, ": ", why));
+  };
+  if (o.num_blocks < 1) return bad("num_blocks", "must be at least 1");
+  if (o.block_size < 1 || o.block_size > 1024) return bad("block_size", "must be between 1 and 1024");
+  if (o.max_num_seqs < 1) return bad("max_num_seqs", "must be at least 1");
+  if (o.max_num_batched_tokens < o.max_num_seqs) {
+    return bad("max_num_batched_tokens", strCat("must be at least max_num_seqs (", o.max_num_seqs,
+                                                "): every running sequence decodes one token per step"));
+  }
+  if (o.max_waiting < 0) return bad("max_waiting", "must not be negative");
+  if (o.max_model_len < 2 || o.max_model_len > mc.max_position_embeddings) {
+    return bad("max_model_len", strCat("must be between 2 and the model's max_position_embeddings (",
+                                       mc.max_position_embeddings, "), got ", o.max_model_len));
+  }
+  if (o.expected_output_tokens < 0) return bad("expected_output_tokens", "must not be negative");
+  if (o.max_preemptions < 0) return bad("max_preemptions", "must not be negative");
+  if (tokenizer && tokenizer->vocabSize() > mc.vocab_size) {
+    return absl::InvalidArgumentError(strCat("engine: tokenizer vocabulary (", tokenizer->vocabSize(),
+                                             ") is larger than the model's vocab_size (", mc.vocab_size, ")"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(weights, *backend));
+  return std::unique_ptr<Engine>(
+      new Engine(o, std::move(weights), std::move(backend), std::move(model), std::move(tokenizer), clock));
+}
+
+Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights,
+               std::unique_ptr<Backend> backend, std::unique_ptr<LlamaModel> model,
+               std::shared_ptr<const Tokenizer> tokenizer, Clock& clock)
+    : options_(options),
+      weights_(std::move(weights)),
+      backend_(std::move(backend)),
+      model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      clock_(clock),
+      kv_(std::make_unique<KvStorage>(kvLayoutFor(weights_->config, options.num_blocks, options.block_size))),
+      blocks_(options.num_blocks),
+      sessions_(blocks_),
+      scheduler_(SchedulerOptions{.block_size = options.block_size,
+                                  .max_num_batched_tokens = options.max_num_batched_tokens,
+                                  .max_num_seqs = options.max_num_seqs,
+                                  .max_model_len = options.max_model_len,
+                                  .enable_prefix_cache = options.enable_prefix_cache,
+                                  .session_low_watermark_blocks = options.session_low_watermark_blocks,
+                                  .max_session_evictions_per_step = options.max_session_evictions_per_step},
+                 blocks_, sessions_),
+      seed_rng_(options.seed != 0 ? options.seed
+                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
+
+Engine::~Engine() {
+  // Resident sessions release into blocks_, which outlives sessions_ by declaration order.
+  sessions_.clear();
+}
+
+RejectReason Engine::validate(const RequestSpec& spec, std::string* message) const {
+  const SamplingParams& p = spec.sampling;
+  const int vocab = weights_->config.vocab_size;
+  if (spec.prompt.empty()) {
+    *message = "prompt is empty: at least one token is needed";
+    return RejectReason::kInvalid;
+  }
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      *message = strCat("prompt token ", i, " is ", spec.prompt[i], ", outside the vocabulary [0, ", vocab, ")");
+      return RejectReason::kInvalid;
+    }
+  }
+  if (p.max_tokens < 1) {
+    *message = strCat("max_tokens must be at least 1, got ", p.max_tokens);
+    return RejectReason::kInvalid;
+  }
+  if (!(p.temperature >= 0.0f) || p.temperature > 100.0f) {
+    *message = strCat("temperature must be between 0 and 100, got ", p.temperature);
+    return RejectReason::kInvalid;
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    *message = strCat("top_p must be in (0, 1], got ", p.top_p);
+    return RejectReason::kInvalid;
+  }
+  if (p.top_k < 0) {
+    *message = strCat("top_k must not be negative, got ", p.top_k);
+    return RejectReason::kInvalid;
+  }
+  for (const auto& s : p.stop) {
+    if (s.empty()) {
+      *message = "stop strings must not be empty";
+      return RejectReason::kInvalid;
+    }
+  }
+  if (!p.stop.empty() && !tokenizer_) {
+    *message = "stop strings need a tokenizer, and this engine has none";
+    return RejectReason::kInvalid;
+  }
+  const int prompt = static_cast<int>(spec.prompt.size());
+  if (prompt + 1 > options_.max_model_len) {
+    *message = strCat("prompt has ", prompt, " tokens; this model's context is ", options_.max_model_len,
+                      " tokens including at least one generated token");
+    return RejectReason::kPromptTooLong;
+  }
+  if (static_cast<int>(live_.size()) - scheduler_.running().size() >= static_cast<size_t>(options_.max_waiting)) {
+    *message = strCat("waiting queue is full (", options_.max_waiting, " requests)");
+    return RejectReason::kQueueFull;
+  }
+  return RejectReason::kNone;
+}
+
+RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
+  RequestId id(next_id_++);
+  auto owned = std::make_unique<Sequence>(id, std::move(spec), options_.block_size);
+  Sequence* seq = owned.get();
+  seq->on_update = std::move(on_update);
+  seq->arrival = clock_.now();
+  seq->num_prompt_tokens = static_cast<int>(seq->spec.prompt.size());
+  live_.emplace(id, std::move(owned));
+
+  std::string message;
+  RejectReason reject = validate(seq->spec, &message);
+  seq->tokens = std::move(seq->spec.prompt);
+  seq->spec.prompt.clear();
+  const SamplingParams& p = seq->spec.sampling;
+  const int expected_output =
+      options_.expected_output_tokens > 0 ? std::min(p.max_tokens, options_.expected_output_tokens) : p.max_tokens;
+  seq->reserved_tokens = std::min(options_.max_model_len, seq->num_prompt_tokens + std::max(1, expected_output));
+  if (reject == RejectReason::kNone && scheduler_.reservationBlocks(seq->reserved_tokens) > options_.num_blocks) {
+    reject = RejectReason::kCapacity;
+    message = strCat("request needs ", scheduler_.reservationBlocks(seq->reserved_tokens), " KV blocks (prompt ",
+                     seq->num_prompt_tokens, " + expected output ", expected_output,
+                     " tokens) but the pool has only ", options_.num_blocks);
+  }
+  if (reject != RejectReason::kNone) {
+    finish(seq, FinishReason::kRejected, reject, std::move(message));
+    return id;
+  }
+  seq->rng = SamplerRng(p.seed ? *p.seed : seed_rng_.next());
+  seq->chain.append(seq->tokens);
+  for (const auto& s : p.stop) max_stop_len_ = std::max(max_stop_len_, s.size());
+  scheduler_.addWaiting(seq);
+  return id;
+}
+
+bool Engine::cancel(RequestId id, FinishReason reason) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return false;
+  finish(it->second.get(), reason);
+  return true;
+}
+
+StepStats Engine::step() {
+  StepStats st;
+  MonoTime t0 = clock_.now();
+
+  // Deadlines first, so expired work does not take a slot this step.
+  std::vector<Sequence*> expired;
+  for (auto& [id, seq] : live_) {
+    if (seq->spec.deadline && *seq->spec.deadline <= t0) expired.push_back(seq.get());
+  }
+  for (Sequence* s : expired) finish(s, FinishReason::kTimeout);
+
+  ScheduleResult plan = scheduler_.schedule();
+  for (Sequence* s : plan.preempted) {
+    if (s->num_preemptions > options_.max_preemptions) {
+      finish(s, FinishReason::kPreempted, RejectReason::kNone,
+             strCat("preempted ", s->num_preemptions, " times (limit ", options_.max_preemptions, ")"));
+    }
+  }
+  std::erase_if(plan.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });
+  for (auto [src, dst] : plan.block_copies) kv_->copyBlock(src, dst);
+  MonoTime t1 = clock_.now();
+
+  std::vector<SequenceChunk> batch;
+  batch.reserve(plan.chunks.size());
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence* s = c.seq;
+    if (!s->first_scheduled) s->first_scheduled = t1;
+    bool last = s->num_computed + c.num_tokens == static_cast<int>(s->tokens.size());
+    batch.push_back({.tokens = std::span<const TokenId>(s->tokens).subspan(static_cast<size_t>(s->num_computed),
+                                                                            static_cast<size_t>(c.num_tokens)),
+                     .start_pos = s->num_computed,
+                     .block_table = s->blocks,
+                     .want_logits = last});
+    if (c.num_tokens == 1 && s->num_computed >= s->num_prompt_tokens) st.num_decode_tokens += 1;
+    else st.num_prefill_tokens += c.num_tokens;
+  }
+  st.num_scheduled_tokens = st.num_prefill_tokens + st.num_decode_tokens;
+
+  absl::Status status = batch.empty() ? absl::OkStatus() : model_->forward(batch, *kv_, &logits_);
+  MonoTime t2 = clock_.now();
+
+  if (!status.ok()) {
+    // A failed step fails the requests in it; the engine stays usable for others.
+    for (const ScheduledChunk& c : plan.chunks) {
+      finish(c.seq, FinishReason::kError, RejectReason::kNone, strCat("model step failed: ", toStd(status.message())));
+    }
+  } else {
+    const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+    size_t row = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      Sequence* s = plan.chunks[i].seq;
+      s->num_computed += plan.chunks[i].num_tokens;
+      scheduler_.commitComputedBlocks(s);
+      if (batch[i].want_logits) {
+        postprocess(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
+        ++row;
+      }
+    }
+  }
+  MonoTime t3 = clock_.now();
+
+  st.num_running = static_cast<int>(scheduler_.running().size());
+  st.num_waiting = static_cast<int>(scheduler_.waiting().size());
+  for (const Sequence* s : scheduler_.waiting()) st.queue_tokens += s->numUncomputed();
+  for (const Sequence* s : scheduler_.running()) {
+    if (s->numUncomputed() > 1) st.queue_tokens += s->numUncomputed();
+  }
+  st.num_free_blocks = blocks_.numAvailable();
+  st.num_total_blocks = blocks_.numTotal();
+  st.num_sessions_resident = sessions_.numResident();
+  st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
+  st.prefix_query_tokens = plan.num_prefix_query_tokens;
+  st.num_preemptions = static_cast<int>(plan.preempted.size());
+  st.schedule_time = t1 - t0;
+  st.model_time = t2 - t1;
+  st.postprocess_time = t3 - t2;
+  return st;
+}
+
+void Engine::postprocess(Sequence* seq, std::span<const float> logits) {
+  const SamplingParams& p = seq->spec.sampling;
+  TokenId tok = sampleToken(logits, p, seq->rng, &sample_scratch_);
+  if (!seq->first_token) seq->first_token = clock_.now();
+  seq->tokens.push_back(tok);
+  seq->chain.append(std::span<const TokenId>(&seq->tokens.back(), 1));
+  seq->pending_tokens.push_back(tok);
+
+  const bool eos = !p.ignore_eos && tok == weights_->config.eos_token_id;
+  if (!eos) appendText(seq);
+  if (seq->state == SeqState::kFinished) return;  // a stop string matched
+  if (eos) {
+    finish(seq, FinishReason::kEos);
+  } else if (seq->numOutputTokens() >= p.max_tokens || static_cast<int>(seq->tokens.size()) >= options_.max_model_len) {
+    finish(seq, FinishReason::kLength);
+  } else {
+    flushUpdate(seq);
+  }
+}
+
+void Engine::appendText(Sequence* seq) {
+  if (!tokenizer_) return;
+  if (!seq->decoder) {
+    // A few prompt tokens of context so the first output token decodes with
+    // the leading space it has after the prompt.
+    const size_t ctx = std::min<size_t>(6, static_cast<size_t>(seq->num_prompt_tokens));
+    seq->decoder = std::make_unique<IncrementalDecoder>(
+        *tokenizer_, std::span<const TokenId>(seq->tokens).subspan(static_cast<size_t>(seq->num_prompt_tokens) - ctx, ctx));
+  }
+  const size_t old_size = seq->text.size();
+  seq->text += seq->decoder->push(seq->tokens.back());
+  if (seq->text.size() == old_size) return;
+  size_t first = std::string::npos;
+  for (const auto& stop : seq->spec.sampling.stop) {
+    // Only a match that includes new text can be new.
+    size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
+    first = std::min(first, seq->text.find(stop, from));
+  }
+  if (first != std::string::npos) {
+    seq->text.resize(first);
+    finish(seq, FinishReason::kStop);
+  }
+}
+
+void Engine::flushUpdate(Sequence* seq) {
+  RequestUpdate u;
+  u.id = seq->id;
+  u.new_tokens.swap(seq->pending_tokens);
+  // Emit text that can no longer change: hold back what may be the start of
+  // a stop string (the decoder already holds back incomplete UTF-8).
+  std::string_view text = seq->text;
+  const size_t end = text.size() - heldBackForStops(text, seq->spec.sampling.stop);
+  if (end > seq->text_emitted) {
+    u.text_delta.assign(text.substr(seq->text_emitted, end - seq->text_emitted));
+    seq->text_emitted = end;
+  }
+  if (u.new_tokens.empty() && u.text_delta.empty()) return;
+  if (seq->on_update) seq->on_update(u);
+}
+
+void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std::string message) {
+  if (seq->state == SeqState::kFinished) return;
+  const bool normal = reason == FinishReason::kEos || reason == FinishReason::kLength || reason == FinishReason::kStop;
+  if (normal && seq->spec.session && seq->num_computed > 0) {
+    // Keep the computed KV resident for the next turn.
+    std::vector<BlockId> blocks = scheduler_.detachBlocks(seq);
+    const size_t keep = static_cast<size_t>(ceilDiv(seq->num_computed, options_.block_size));
+    blocks_.releaseAll(std::span<const BlockId>(blocks).subspan(std::min(keep, blocks.size())));
+    blocks.resize(std::min(keep, blocks.size()));
+    ResidentSession state;
+    state.tokens.assign(seq->tokens.begin(), seq->tokens.begin() + seq->num_computed);
+    state.blocks = std::move(blocks);
+    state.priority = seq->spec.session_priority;
+    sessions_.put(*seq->spec.session, std::move(state));
+  } else {
+    scheduler_.remove(seq);
+  }
+  seq->state = SeqState::kFinished;
+
+  RequestUpdate u;
+  u.id = seq->id;
+  u.new_tokens.swap(seq->pending_tokens);
+  if (seq->decoder && reason != FinishReason::kStop) seq->text += seq->decoder->finish();
+  if (seq->text.size() > seq->text_emitted) u.text_delta = seq->text.substr(seq->text_emitted);
+  u.finished = true;
+  u.finish_reason = reason;
+  u.reject_reason = reject;
+  u.message = std::move(message);
+  u.num_prompt_tokens = seq->num_prompt_tokens;
+  u.num_cached_tokens = seq->num_cached_tokens;
+  u.num_output_tokens = std::max(0, seq->numOutputTokens());
+  u.num_reserved_tokens = seq->reserved_tokens;
+  u.kv_blocks_peak = seq->kv_blocks_peak;
+  u.num_preemptions = seq->num_preemptions;
+  u.arrival = seq->arrival;
+  u.first_scheduled = seq->first_scheduled;
+  u.first_token = seq->first_token;
+  u.finished_at = clock_.now();
+  UpdateCallback cb = std::move(seq->on_update);
+  live_.erase(seq->id);  // seq is gone from here on
+  if (cb) cb(u);
+}
+
+absl::Status Engine::checkInvariants() const {
+  TANDEM_RETURN_IF_ERROR(blocks_.checkInvariants());
+  std::vector<int> refs(static_cast<size_t>(blocks_.numTotal()), 0);
+  for (const auto& [id, seq] : live_) {
+    for (BlockId b : seq->blocks) ++refs[static_cast<size_t>(b.value())];
+  }
+  sessions_.forEachBlock([&](BlockId b) { ++refs[static_cast<size_t>(b.value())]; });
+  for (int i = 0; i < blocks_.numTotal(); ++i) {
+    if (refs[static_cast<size_t>(i)] != blocks_.refCount(BlockId(i))) {
+      return absl::InternalError(strCat("block ", i, " has ref count ", blocks_.refCount(BlockId(i)), " but ",
+                                        refs[static_cast<size_t>(i)], " holders (sequences + sessions)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,141 @@
+#pragma once
+// The inference engine: one model, one paged KV pool, one scheduler, stepped
+// by one owning thread (nano-vllm's shape: step() = schedule, run, postprocess).
+//
+//   auto engine = Engine::create(options, weights, std::make_unique<CpuBackend>(), tokenizer, clock);
+//   RequestId id = (*engine)->addRequest(spec, [](const RequestUpdate& u) { ... });
+//   while ((*engine)->hasWork()) (*engine)->step();
+//
+// Every way a request ends (eos, length, stop, cancel, timeout, preemption
+// limit, rejection, error) goes through one private finish() that leaves the
+// scheduler, releases the KV (or keeps it resident under the session id), and
+// delivers the single final update.
+//
+// Thread-safety: none. All calls, and all update callbacks, happen on the
+// engine's owning thread; other threads talk to it through a queue (the
+// agent's job). Callbacks must not call back into the engine.
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "engine/kv/block_manager.h"
+#include "engine/kv/kv_storage.h"
+#include "engine/kv/session_store.h"
+#include "engine/sched/request.h"
+#include "engine/sched/scheduler.h"
+#include "src/common/clock.h"
+#include "src/common/status.h"
+
+namespace tandem::engine {
+
+class Backend;
+class LlamaModel;
+class Tokenizer;
+struct ModelWeights;
+
+struct EngineOptions {
+  int num_blocks = 512;
+  int block_size = 16;
+  int max_num_batched_tokens = 512;  // token budget of one step (decodes count 1 each)
+  int max_num_seqs = 64;             // running at once; must not exceed the token budget
+  int max_waiting = 1024;            // waiting-queue bound; beyond it requests are rejected kQueueFull
+  int max_model_len = 0;             // 0 = the model's max_position_embeddings
+  bool enable_prefix_cache = true;
+  // Expected output for the admission reservation: 0 reserves max_tokens
+  // (never runs out); N > 0 reserves min(max_tokens, N), e.g. a p95 of
+  // observed output lengths, and relies on preemption when it is exceeded.
+  int expected_output_tokens = 0;
+  int max_preemptions = 8;  // beyond this a request finishes kPreempted
+  int session_low_watermark_blocks = 0;
+  int max_session_evictions_per_step = 4;
+  uint64_t seed = 0;  // seeds unseeded requests' sampling; 0 = from std::random_device
+};
+
+// What one step did, for the agent's metrics. Hit rates are derived by the
+// reader: prefix hit rate = prefix_hit_tokens / prefix_query_tokens.
+struct StepStats {
+  int num_scheduled_tokens = 0;
+  int num_prefill_tokens = 0;   // tokens of chunks that were not single-token decodes
+  int num_decode_tokens = 0;
+  int num_running = 0;          // after the step
+  int num_waiting = 0;
+  int queue_tokens = 0;         // uncomputed prompt tokens of waiting and prefilling sequences
+  int num_free_blocks = 0;      // available: free + cached-unreferenced
+  int num_total_blocks = 0;
+  int num_sessions_resident = 0;
+  int prefix_hit_tokens = 0;    // of sequences admitted this step
+  int prefix_query_tokens = 0;
+  int num_preemptions = 0;
+  int num_finished = 0;
+  Duration schedule_time{0};
+  Duration model_time{0};
+  Duration postprocess_time{0};
+};
+
+class Engine {
+ public:
+  // Validates options against the model and allocates the KV pool.
+  // `tokenizer` may be null: then updates carry tokens only and stop strings are refused.
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const EngineOptions& options,
+                                                        std::shared_ptr<const ModelWeights> weights,
+                                                        std::unique_ptr<Backend> backend,
+                                                        std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
+  ~Engine();
+
+  // Queues a request. A request refused at the door gets its final update
+  // (kRejected with a RejectReason and message) before this returns.
+  RequestId addRequest(RequestSpec spec, UpdateCallback on_update);
+  // Ends a live request through the cleanup path with `reason` (kCancelled,
+  // kTimeout, kError). Unknown or finished ids are ignored. Returns whether it was live.
+  bool cancel(RequestId id, FinishReason reason = FinishReason::kCancelled);
+  // One iteration: schedule, run the model, sample, finish what is done.
+  StepStats step();
+  bool hasWork() const { return !live_.empty(); }
+
+  bool dropSession(const SessionId& id) { return sessions_.drop(id); }
+  // Prefix-cache "stored"/"removed" events since the last call (for the router).
+  std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
+
+  // Pool invariants plus ownership: every block's reference count equals the
+  // number of live sequences and resident sessions that hold it.
+  absl::Status checkInvariants() const;
+
+  const EngineOptions& options() const { return options_; }
+  int numAvailableBlocks() const { return blocks_.numAvailable(); }
+  int numFreeBlocks() const { return blocks_.numFree(); }
+  int numSessionsResident() const { return sessions_.numResident(); }
+  int numLive() const { return static_cast<int>(live_.size()); }
+  const KvStorage& kv() const { return *kv_; }
+
+ private:
+  Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
+         std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
+  RejectReason validate(const RequestSpec& spec, std::string* message) const;
+  void postprocess(Sequence* seq, std::span<const float> logits);
+  // Decodes new output tokens into seq->text; finishes the request on a stop string.
+  void appendText(Sequence* seq);
+  // The single cleanup path.
+  void finish(Sequence* seq, FinishReason reason, RejectReason reject = RejectReason::kNone, std::string message = {});
+  void flushUpdate(Sequence* seq);
+
+  EngineOptions options_;
+  std::shared_ptr<const ModelWeights> weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  Clock& clock_;
+  std::unique_ptr<KvStorage> kv_;
+  BlockManager blocks_;
+  SessionStore sessions_;
+  Scheduler scheduler_;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Sequence>> live_;
+  uint64_t next_id_ = 1;
+  SamplerRng seed_rng_;
+  size_t max_stop_len_ = 0;
+  std::vector<float> logits_;
+  std::vector<std::pair<float, TokenId>> sample_scratch_;
+};
+
+}  // namespace tandem::engine

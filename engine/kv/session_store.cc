@@ -1,0 +1,50 @@
+#include "engine/kv/session_store.h"
+
+namespace tandem::engine {
+
+void SessionStore::put(const SessionId& id, ResidentSession state) {
+  if (auto it = sessions_.find(id); it != sessions_.end()) {
+    blocks_.releaseAll(it->second.state.blocks);
+    erase(it);
+  }
+  uint64_t tick = ++tick_;
+  num_blocks_held_ += static_cast<int>(state.blocks.size());
+  order_.insert({state.priority, tick, id});
+  sessions_.emplace(id, Entry{std::move(state), tick});
+}
+
+std::optional<ResidentSession> SessionStore::take(const SessionId& id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return std::nullopt;
+  ResidentSession out = std::move(it->second.state);
+  num_blocks_held_ -= static_cast<int>(out.blocks.size());
+  order_.erase({out.priority, it->second.tick, it->first});
+  sessions_.erase(it);
+  return out;
+}
+
+bool SessionStore::evictOne() {
+  if (order_.empty()) return false;
+  return drop(std::get<2>(*order_.begin()));
+}
+
+bool SessionStore::drop(const SessionId& id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return false;
+  blocks_.releaseAll(it->second.state.blocks);
+  erase(it);
+  return true;
+}
+
+void SessionStore::clear() {
+  while (evictOne()) {
+  }
+}
+
+void SessionStore::erase(absl::flat_hash_map<SessionId, Entry>::iterator it) {
+  num_blocks_held_ -= static_cast<int>(it->second.state.blocks.size());
+  order_.erase({it->second.state.priority, it->second.tick, it->first});
+  sessions_.erase(it);
+}
+
+}  // namespace tandem::engine

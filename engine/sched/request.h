@@ -1,0 +1,81 @@
+#pragma once
+// What a caller hands the engine, and the typed outcomes it gets back.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/common/clock.h"
+#include "src/common/ids.h"
+
+namespace tandem::engine {
+
+// Why a request ended. Callers switch on this, never on message text.
+enum class FinishReason : uint8_t {
+  kEos,        // the model produced end-of-sequence
+  kLength,     // max_tokens reached, or the model's context is full
+  kStop,       // a stop string appeared (it is cut from the text)
+  kCancelled,  // the caller cancelled (e.g. client disconnect)
+  kTimeout,    // the request's deadline passed
+  kPreempted,  // preempted more often than max_preemptions allows
+  kRejected,   // never admitted; see RejectReason
+  kError,      // a bug or backend failure; see the message
+};
+std::string_view finishReasonName(FinishReason r);
+
+// Why a request was refused at the door.
+enum class RejectReason : uint8_t {
+  kNone,
+  kInvalid,        // bad parameters or token ids (a 400)
+  kPromptTooLong,  // prompt + 1 exceeds the model's context (a 400)
+  kCapacity,       // its reservation can never fit in this engine's KV pool
+  kQueueFull,      // the waiting queue is full: back off and retry (a 429)
+  kDraining,       // the engine is shutting down (a 503)
+};
+std::string_view rejectReasonName(RejectReason r);
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  std::optional<uint64_t> seed;  // same seed + same prompt + same params => same output
+  int max_tokens = 16;
+  std::vector<std::string> stop;  // stop strings; the text is cut before the first match
+  bool ignore_eos = false;
+};
+
+struct RequestSpec {
+  std::vector<TokenId> prompt;
+  SamplingParams sampling;
+  std::optional<SessionId> session;  // keep KV resident under this id when done
+  int session_priority = 0;          // higher survives eviction longer
+  std::optional<MonoTime> deadline;  // finish with kTimeout after this
+};
+
+// Progress of one request, delivered on the engine thread. `finished`
+// updates come exactly once per request, last.
+struct RequestUpdate {
+  RequestId id;
+  std::vector<TokenId> new_tokens;  // tokens sampled since the previous update
+  std::string text_delta;           // complete UTF-8 text since the previous update
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kEos;
+  RejectReason reject_reason = RejectReason::kNone;
+  std::string message;  // human-readable detail for rejected / error
+
+  // Filled on the finished update (the per-request trace).
+  int num_prompt_tokens = 0;
+  int num_cached_tokens = 0;   // prompt tokens served from the prefix cache or a resident session
+  int num_output_tokens = 0;
+  int num_reserved_tokens = 0; // the admission reservation: prompt + expected output
+  int kv_blocks_peak = 0;
+  int num_preemptions = 0;
+  std::optional<MonoTime> arrival, first_scheduled, first_token, finished_at;
+};
+
+using UpdateCallback = std::function<void(const RequestUpdate&)>;
+
+}  // namespace tandem::engine

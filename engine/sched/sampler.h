@@ -1,0 +1,33 @@
+#pragma once
+// Token sampling: greedy, temperature, top-k, top-p, with a per-request
+// random stream so a seeded request is reproducible regardless of what else
+// is in the batch.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/sched/request.h"
+#include "src/common/ids.h"
+
+namespace tandem::engine {
+
+// xoshiro256** seeded through splitmix64; fully specified so seeded outputs
+// are identical on every machine.
+class SamplerRng {
+ public:
+  explicit SamplerRng(uint64_t seed = 0);
+  uint64_t next();
+  // Uniform in [0, 1).
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+
+ private:
+  uint64_t s_[4];
+};
+
+// Picks the next token from `logits` ([vocab]). `scratch` is reused between calls.
+// Greedy (temperature 0) takes the lowest id among equal maxima.
+TokenId sampleToken(std::span<const float> logits, const SamplingParams& params, SamplerRng& rng,
+                    std::vector<std::pair<float, TokenId>>* scratch);
+
+}  // namespace tandem::engine
