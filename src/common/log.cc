@@ -18,11 +18,13 @@ struct ComponentLevel {
   LogLevel level;
 };
 
+void writeStderr(std::string_view line);
+
 struct LogState {
   LogLevel default_level = LogLevel::kInfo;
   std::vector<ComponentLevel> overrides;
   LogFormat format = LogFormat::kText;
-  std::function<void(std::string_view)> sink;
+  std::function<void(std::string_view)> sink = writeStderr;
   const Clock* clock = nullptr;
 };
 
