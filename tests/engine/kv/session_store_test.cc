@@ -1,0 +1,59 @@
+#include "engine/kv/session_store.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::engine {
+namespace {
+
+TEST(SessionStoreTest, EvictsLowestPriorityThenLeastRecentlyUsed) {
+  BlockManager m(8);
+  SessionStore s(m);
+  auto put = [&](const char* id, int prio) {
+    ResidentSession r;
+    r.tokens = {1, 2};
+    r.blocks = {m.allocate()};
+    r.priority = prio;
+    s.put(SessionId(id), std::move(r));
+  };
+  put("a", 1);
+  put("b", 0);
+  put("c", 0);
+  put("d", 1);
+  EXPECT_EQ(s.numBlocksHeld(), 4);
+  EXPECT_EQ(m.numAvailable(), 4);
+  ASSERT_TRUE(s.evictOne());
+  EXPECT_FALSE(s.contains(SessionId("b")));  // priority 0, oldest
+  ASSERT_TRUE(s.evictOne());
+  EXPECT_FALSE(s.contains(SessionId("c")));
+  ASSERT_TRUE(s.evictOne());
+  EXPECT_FALSE(s.contains(SessionId("a")));
+  EXPECT_EQ(m.numAvailable(), 7);
+  auto taken = s.take(SessionId("d"));
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(s.numBlocksHeld(), 0);
+  EXPECT_EQ(m.numAvailable(), 7);  // taking hands the reference over, it does not release
+  m.releaseAll(taken->blocks);
+  EXPECT_EQ(m.numAvailable(), 8);
+  EXPECT_FALSE(s.evictOne());
+  EXPECT_TRUE(m.checkInvariants().ok());
+}
+
+TEST(SessionStoreTest, PutReplacesAndReleasesPreviousState) {
+  BlockManager m(4);
+  SessionStore s(m);
+  ResidentSession r1;
+  r1.blocks = {m.allocate(), m.allocate()};
+  s.put(SessionId("x"), std::move(r1));
+  ResidentSession r2;
+  r2.blocks = {m.allocate()};
+  s.put(SessionId("x"), std::move(r2));
+  EXPECT_EQ(s.numResident(), 1);
+  EXPECT_EQ(s.numBlocksHeld(), 1);
+  EXPECT_EQ(m.numAvailable(), 3);
+  EXPECT_TRUE(s.drop(SessionId("x")));
+  EXPECT_FALSE(s.drop(SessionId("x")));
+  EXPECT_EQ(m.numAvailable(), 4);
+}
+
+}  // namespace
+}  // namespace tandem::engine
