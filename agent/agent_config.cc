@@ -1,0 +1,236 @@
+#include "agent/agent_config.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <functional>
+#include <vector>
+
+#include "src/common/config.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+namespace {
+
+// One option: its flag, its YAML path (section.key), help, and how to set it
+// from a flag string or a YAML map. The same table drives --help, the YAML
+// reader and the flag parser.
+struct Option {
+  const char* flag;
+  const char* section;  // "" for top level
+  const char* key;
+  const char* help;
+  std::function<std::string(const AgentConfig&)> show;
+  std::function<absl::Status(AgentConfig&, std::string_view)> fromFlag;
+  std::function<void(AgentConfig&, ConfigMap&)> fromYaml;
+};
+
+template <typename T>
+absl::Status parseNumber(std::string_view flag, std::string_view text, T* out, double min, double max) {
+  T v{};
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (res.ec != std::errc() || res.ptr != text.data() + text.size()) {
+    return absl::InvalidArgumentError(strCat("--", flag, ": expected a number, got \"", text, "\""));
+  }
+  if (static_cast<double>(v) < min || static_cast<double>(v) > max) {
+    return absl::InvalidArgumentError(strCat("--", flag, ": ", text, " is out of range [", min, ", ", max, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+template <typename T>
+Option numberOption(const char* flag, const char* section, const char* key, const char* help, T AgentConfig::*member,
+                    double min, double max) {
+  return {flag, section, key, help, [member](const AgentConfig& c) { return strCat(c.*member); },
+          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.*member), min, max); },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = min, .max = max}); }};
+}
+
+template <typename T>
+Option engineNumber(const char* flag, const char* key, const char* help, T engine::EngineOptions::*member, double min,
+                    double max) {
+  return {flag, "engine", key, help, [member](const AgentConfig& c) { return strCat(c.engine.*member); },
+          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
+}
+
+Option stringOption(const char* flag, const char* section, const char* key, const char* help,
+                    std::string AgentConfig::*member, std::vector<std::string> one_of = {}) {
+  return {flag, section, key, help, [member](const AgentConfig& c) { return c.*member; },
+          [=](AgentConfig& c, std::string_view v) -> absl::Status {
+            if (!one_of.empty() && std::find(one_of.begin(), one_of.end(), v) == one_of.end()) {
+              std::string allowed;
+              for (const auto& a : one_of) allowed += (allowed.empty() ? "" : ", ") + a;
+              return absl::InvalidArgumentError(strCat("--", flag, ": \"", v, "\" is not one of: ", allowed));
+            }
+            c.*member = std::string(v);
+            return absl::OkStatus();
+          },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.one_of = one_of}); }};
+}
+
+Option durationOption(const char* flag, const char* section, const char* key, const char* help,
+                      std::chrono::nanoseconds AgentConfig::*member) {
+  return {flag, section, key, help,
+          [member](const AgentConfig& c) { return strCat(std::chrono::duration<double>(c.*member).count(), "s"); },
+          [=](AgentConfig& c, std::string_view v) -> absl::Status {
+            auto d = parseDuration(v);
+            if (!d.ok()) return absl::InvalidArgumentError(strCat("--", flag, ": ", toStd(d.status().message())));
+            c.*member = *d;
+            return absl::OkStatus();
+          },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = 0}); }};
+}
+
+absl::Status parseListen(AgentConfig& c, std::string_view v) {
+  size_t colon = v.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(strCat("--listen: expected HOST:PORT, got \"", v, "\""));
+  }
+  int port = 0;
+  TANDEM_RETURN_IF_ERROR(parseNumber("listen", v.substr(colon + 1), &port, 0, 65535));
+  c.host = std::string(v.substr(0, colon));
+  c.port = port;
+  return absl::OkStatus();
+}
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> opts = [] {
+    std::vector<Option> o;
+    o.push_back(stringOption("role", "", "role", "data-plane role (this build serves: both)", &AgentConfig::role,
+                             {"both", "prefill", "decode", "router"}));
+    o.push_back(stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
+    o.push_back(stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
+    o.push_back({"listen", "", "listen", "HTTP address HOST:PORT (OpenAI API, /metrics, health); port 0 picks one",
+                 [](const AgentConfig& c) { return strCat(c.host, ":", c.port); }, parseListen,
+                 [](AgentConfig& c, ConfigMap& m) {
+                   std::string v;
+                   if (m.field("listen", &v)) {
+                     absl::Status s = parseListen(c, v);
+                     if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
+                   }
+                 }});
+    o.push_back(stringOption("port-file", "", "port_file", "write the bound port to this file once serving", &AgentConfig::port_file));
+    o.push_back(stringOption("model-dir", "model", "dir", "model directory (config.json, model.safetensors, tokenizer) [required]", &AgentConfig::model_dir));
+    o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)", &AgentConfig::model_name));
+    o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1, 1 << 24));
+    o.push_back(engineNumber("block-size", "block_size", "tokens per KV block", &engine::EngineOptions::block_size, 1, 1024));
+    o.push_back(engineNumber("max-batched-tokens", "max_batched_tokens", "token budget of one engine step", &engine::EngineOptions::max_num_batched_tokens, 1, 1 << 20));
+    o.push_back(engineNumber("max-num-seqs", "max_num_seqs", "sequences running at once", &engine::EngineOptions::max_num_seqs, 1, 1 << 16));
+    o.push_back(engineNumber("max-waiting", "max_waiting", "waiting-queue bound; beyond it requests get 429", &engine::EngineOptions::max_waiting, 0, 1 << 24));
+    o.push_back(engineNumber("max-model-len", "max_model_len", "context length in tokens (0: the model's)", &engine::EngineOptions::max_model_len, 0, 1 << 24));
+    o.push_back(engineNumber("expected-output-tokens", "expected_output_tokens", "output tokens reserved at admission (0: max_tokens)", &engine::EngineOptions::expected_output_tokens, 0, 1 << 24));
+    o.push_back(engineNumber("session-low-watermark-blocks", "session_low_watermark_blocks", "evict resident sessions to keep this many blocks available", &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
+    o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed, 0, 1.8e19));
+    o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
+                 [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
+                 [](AgentConfig& c, std::string_view v) -> absl::Status {
+                   if (v == "true") c.engine.enable_prefix_cache = true;
+                   else if (v == "false") c.engine.enable_prefix_cache = false;
+                   else return absl::InvalidArgumentError(strCat("--prefix-cache: expected true or false, got \"", v, "\""));
+                   return absl::OkStatus();
+                 },
+                 [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
+    o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens", "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1, 1 << 24));
+    o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)", &AgentConfig::max_body_bytes, 1024, 1 << 30));
+    o.push_back(durationOption("request-timeout", "limits", "request_timeout", "deadline of one request, queueing included", &AgentConfig::request_timeout));
+    o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish", &AgentConfig::drain_grace));
+    o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
+    o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)", &AgentConfig::log_level));
+    o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
+    return o;
+  }();
+  return opts;
+}
+
+std::string hostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+std::string agentHelp() {
+  AgentConfig defaults;
+  std::string out =
+      "tandem-agent: the Tandem data-plane process (OpenAI-compatible API, metrics, engine).\n\n"
+      "usage: tandem-agent [--config FILE] [--flag VALUE | --flag=VALUE]...\n\n"
+      "  --config FILE                         YAML file with the keys below; flags override it\n"
+      "  --help                                this text\n";
+  for (const Option& o : options()) {
+    std::string yaml = o.section[0] ? strCat(o.section, ".", o.key) : std::string(o.key);
+    std::string line = strCat("  --", o.flag, " VALUE");
+    line.resize(std::max<size_t>(line.size() + 1, 40), ' ');
+    std::string def = o.show(defaults);
+    out += strCat(line, o.help, "\n", std::string(40, ' '), "yaml: ", yaml, def.empty() ? "" : strCat("  default: ", def),
+                  "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help) {
+  *help = false;
+  AgentConfig c;
+  // Split argv into (flag, value) pairs first; --config is applied before the others.
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config_file;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      *help = true;
+      return c;
+    }
+    if (!a.starts_with("--")) return absl::InvalidArgumentError(strCat("unexpected argument \"", a, "\" (flags start with --; see --help)"));
+    a.remove_prefix(2);
+    std::string name, value;
+    if (size_t eq = a.find('='); eq != std::string_view::npos) {
+      name = std::string(a.substr(0, eq));
+      value = std::string(a.substr(eq + 1));
+    } else {
+      name = std::string(a);
+      if (i + 1 >= argc) return absl::InvalidArgumentError(strCat("--", name, ": missing value"));
+      value = argv[++i];
+    }
+    if (name == "config") config_file = value;
+    else flags.emplace_back(std::move(name), std::move(value));
+  }
+  if (!config_file.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(ConfigDoc doc, ConfigDoc::fromFile(config_file));
+    ConfigMap root = doc.root();
+    std::vector<std::pair<std::string, ConfigMap>> sections;
+    for (const Option& o : options()) {
+      ConfigMap* m = &root;
+      if (o.section[0]) {
+        auto it = std::find_if(sections.begin(), sections.end(), [&](const auto& s) { return s.first == o.section; });
+        if (it == sections.end()) {
+          sections.emplace_back(o.section, root.section(o.section));
+          it = sections.end() - 1;
+        }
+        m = &it->second;
+      }
+      o.fromYaml(c, *m);
+    }
+    TANDEM_RETURN_IF_ERROR(doc.finish());
+  }
+  for (const auto& [name, value] : flags) {
+    auto it = std::find_if(options().begin(), options().end(), [&](const Option& o) { return name == o.flag; });
+    if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
+    TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
+  }
+  if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
+  if (c.role != "both") {
+    return absl::UnimplementedError(strCat("role \"", c.role, "\" is not served by this build yet; use --role both"));
+  }
+  if (c.model_name.empty()) {
+    std::string d = c.model_dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    size_t slash = d.rfind('/');
+    c.model_name = slash == std::string::npos ? d : d.substr(slash + 1);
+  }
+  if (c.worker.empty()) c.worker = hostName();
+  return c;
+}
+
+}  // namespace tandem::agent

@@ -1,0 +1,42 @@
+#pragma once
+// tandem-agent's configuration: a YAML file (--config) and command-line
+// flags; a flag wins over the file. `tandem-agent --help` lists every flag
+// with its YAML key and default (the table in agent_config.cc is the one
+// source for both). docs/agent.md shows a complete file.
+
+#include <chrono>
+#include <string>
+
+#include "engine/engine.h"
+#include "src/common/status.h"
+
+namespace tandem::agent {
+
+struct AgentConfig {
+  std::string role = "both";  // both | prefill | decode | router (only "both" is served by this build)
+  std::string pool = "default";
+  std::string worker;         // this agent's name in traces; default: the host name
+  std::string host = "127.0.0.1";
+  int port = 8100;            // 0: pick a free port (see port_file)
+  std::string port_file;      // write the bound port here once serving (for tests and scripts)
+  std::string model_dir;      // Hugging Face-style directory (config.json, model.safetensors, tokenizer)
+  std::string model_name;     // served model id; default: the directory's base name
+  engine::EngineOptions engine;
+  int default_max_tokens = 256;                       // chat requests without max_tokens
+  size_t max_body_bytes = 8u << 20;                   // larger request bodies get 413
+  std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
+  std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
+  std::string trace_file;     // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  std::string log_level = "info";   // or a spec "info,engine=debug"
+  std::string log_format = "text";  // text | json
+};
+
+// Parses argv (flags, and the file named by --config). Returns the config,
+// or an error naming the flag or the file:line:col and key. `*help` is set
+// (and the config meaningless) when --help was given.
+absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help);
+
+// The --help text.
+std::string agentHelp();
+
+}  // namespace tandem::agent

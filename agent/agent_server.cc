@@ -1,0 +1,239 @@
+#include "agent/agent_server.h"
+
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/agent_metrics.h"
+#include "agent/openai_api.h"
+#include "agent/trace.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/engine_loop.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/tokenizer.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+#include "src/http/server.h"
+
+namespace tandem::agent {
+namespace {
+
+using nlohmann::json;
+
+http::Response apiError(const ApiError& e) {
+  http::Response r = http::Response::json(e.status, e.toJson());
+  for (const auto& [k, v] : e.headers) r.setHeader(k, v);
+  return r;
+}
+
+std::string newId(std::string_view prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(rng()));
+  return strCat(prefix, buf);
+}
+
+int64_t unixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool normalFinish(engine::FinishReason r) {
+  return r == engine::FinishReason::kEos || r == engine::FinishReason::kLength || r == engine::FinishReason::kStop;
+}
+
+}  // namespace
+
+struct AgentServer::Impl {
+  AgentConfig config;
+  Logger log{"agent"};
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  ApiLimits limits;
+  metrics::Registry registry;
+  std::unique_ptr<AgentMetrics> metrics;
+  std::unique_ptr<TraceWriter> trace;
+  std::unique_ptr<engine::EngineLoop> loop;
+  std::unique_ptr<http::Server> server;
+  std::atomic<bool> draining{false};
+  int max_live = 0;
+
+  // One request's progress, shared by the engine callback and the HTTP side.
+  struct Call {
+    Endpoint endpoint;
+    std::string id;
+    int64_t created;
+    std::string session;
+    bool include_usage = false;
+    std::string text;
+    bool role_sent = false;
+  };
+
+  void finished(const Call& call, const engine::RequestUpdate& u) {
+    metrics->onFinish(u);
+    if (trace) {
+      trace->write(traceRecord({.request_id = call.id, .model = limits.model_name, .role = config.role,
+                                .worker = config.worker},
+                               u, call.session));
+    }
+    log.debug("request finished", {{"request_id", call.id},
+                                   {"finish_reason", engine::finishReasonName(u.finish_reason)},
+                                   {"prompt_tokens", u.num_prompt_tokens},
+                                   {"output_tokens", u.num_output_tokens}});
+  }
+
+  http::Response generate(Endpoint endpoint, http::Request& req) {
+    if (draining.load()) {
+      return apiError({.status = 503, .type = "service_unavailable_error", .message = "this agent is draining", .code = "draining"});
+    }
+    auto body = req.json();
+    if (!body.ok()) return apiError({.status = 400, .message = std::string(toStd(body.status().message()))});
+    auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"));
+    if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
+    ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
+    if (loop->numLive() >= max_live) {
+      return apiError({.status = 429, .type = "rate_limit_error",
+                       .message = strCat("too many requests in flight (", max_live, "); retry later"),
+                       .code = "queue_full", .headers = {{"Retry-After", "1"}}});
+    }
+    p.spec.deadline = SystemClock::instance().now() + config.request_timeout;
+    auto call = std::make_shared<Call>();
+    call->endpoint = endpoint;
+    call->id = newId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+    call->created = unixNow();
+    call->session = p.spec.session ? p.spec.session->value() : "";
+    call->include_usage = p.include_usage;
+    return p.stream ? stream(call, std::move(p)) : unary(call, std::move(p));
+  }
+
+  http::Response unary(std::shared_ptr<Call> call, ParsedRequest p) {
+    return http::Response::deferred([this, call, spec = std::move(p.spec)](std::shared_ptr<http::Responder> r) mutable {
+      uint64_t handle = loop->submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u) {
+        call->text += u.text_delta;
+        if (!u.finished) return;
+        finished(*call, u);
+        if (!normalFinish(u.finish_reason)) {
+          r->respond(apiError(errorForFinish(u)));
+          return;
+        }
+        r->respond(http::Response::json(
+            200, completionBody(call->endpoint, call->id, call->created, limits.model_name, call->text,
+                                openAiFinishReason(u.finish_reason), {u.num_prompt_tokens, u.num_output_tokens})));
+      });
+      // Deadline or disconnect: end the request in the engine, freeing its blocks.
+      r->context().onCancel([this, handle] { loop->cancel(handle); });
+    });
+  }
+
+  http::Response stream(std::shared_ptr<Call> call, ParsedRequest p) {
+    return http::Response::sse([this, call, spec = std::move(p.spec)](std::shared_ptr<http::SseWriter> w) mutable {
+      uint64_t handle = loop->submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u) {
+        const std::string& model = limits.model_name;
+        if (!u.text_delta.empty() || (u.finished && normalFinish(u.finish_reason) && !call->role_sent)) {
+          bool role = call->endpoint == Endpoint::kChat && !call->role_sent;
+          if (role) {
+            w->send(chunkBody(call->endpoint, call->id, call->created, model, "", "", true, call->include_usage).dump());
+            call->role_sent = true;
+          }
+          if (!u.text_delta.empty()) {
+            w->send(chunkBody(call->endpoint, call->id, call->created, model, u.text_delta, "", false, call->include_usage).dump());
+          }
+        }
+        if (!u.finished) return;
+        finished(*call, u);
+        if (normalFinish(u.finish_reason)) {
+          w->send(chunkBody(call->endpoint, call->id, call->created, model, "", openAiFinishReason(u.finish_reason),
+                            false, call->include_usage).dump());
+          if (call->include_usage) {
+            w->send(usageChunkBody(call->endpoint, call->id, call->created, model,
+                                   {u.num_prompt_tokens, u.num_output_tokens}).dump());
+          }
+        } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
+          // The status line is already sent; the error travels as an event, as OpenAI's API does.
+          w->send(errorForFinish(u).toJson().dump());
+        }
+        w->send("[DONE]");
+        w->close();
+      });
+      w->context().onCancel([this, handle] { loop->cancel(handle); });
+    });
+  }
+
+  http::Routes routes() {
+    http::Routes r;
+    r.handle("GET", "/healthz", [](http::Request&) { return http::Response::json(200, json{{"status", "ok"}}); });
+    r.handle("GET", "/readyz", [this](http::Request&) {
+      if (draining.load()) return http::Response::json(503, json{{"status", "draining"}});
+      if (!loop->alive()) return http::Response::json(503, json{{"status", "starting"}});
+      return http::Response::json(200, json{{"status", "ready"}});
+    });
+    r.handle("GET", "/metrics", [this](http::Request&) {
+      return http::Response::text(200, metrics::serializeText(registry), std::string(metrics::kContentType));
+    });
+    r.handle("GET", "/v1/models", [this](http::Request&) {
+      json model = {{"id", limits.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
+                    {"max_model_len", limits.max_model_len}};
+      return http::Response::json(200, json{{"object", "list"}, {"data", json::array({model})}});
+    });
+    r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
+    r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
+    return r;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tokenizer,
+                          engine::loadTokenizer(config.model_dir, weights->config));
+  impl->tokenizer = std::move(tokenizer);
+  std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                          engine::Engine::create(config.engine, shared_weights, engine::makeCpuBackend(),
+                                                 impl->tokenizer, SystemClock::instance()));
+  impl->limits = {.model_name = config.model_name,
+                  .max_model_len = engine->options().max_model_len,
+                  .default_max_tokens = config.default_max_tokens};
+  impl->max_live = engine->options().max_num_seqs + engine->options().max_waiting;
+  impl->metrics = std::make_unique<AgentMetrics>(impl->registry, config.pool, config.role);
+  if (!config.trace_file.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(impl->trace, TraceWriter::open(config.trace_file));
+  }
+  engine::StepStats initial;
+  initial.num_total_blocks = engine->options().num_blocks;
+  initial.num_free_blocks = engine->numAvailableBlocks();
+  impl->metrics->onStep(initial);
+  Impl* raw = impl.get();
+  impl->loop = std::make_unique<engine::EngineLoop>(
+      std::move(engine), [raw](const engine::StepStats& s, const engine::Engine&) { raw->metrics->onStep(s); });
+  TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
+                                                             .port = config.port,
+                                                             .maxBodyBytes = config.max_body_bytes,
+                                                             .requestTimeout = config.request_timeout},
+                                                            impl->routes()));
+  impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
+                             {"model", config.model_name},
+                             {"role", config.role},
+                             {"pool", config.pool},
+                             {"kv_blocks", config.engine.num_blocks}});
+  return std::unique_ptr<AgentServer>(new AgentServer(std::move(impl)));
+}
+
+AgentServer::AgentServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+AgentServer::~AgentServer() {
+  // The server first (no more callbacks into the loop), then the loop.
+  if (impl_->server) impl_->server->shutdown(Duration(0));
+  impl_->loop.reset();
+}
+
+int AgentServer::port() const { return impl_->server->port(); }
+
+void AgentServer::drain() {
+  impl_->draining.store(true);
+  impl_->log.info("draining", {{"grace_s", std::chrono::duration<double>(impl_->config.drain_grace).count()},
+                               {"in_flight", impl_->loop->numLive()}});
+  impl_->server->shutdown(impl_->config.drain_grace);
+  impl_->log.info("drained", {{"cancelled", impl_->loop->numLive()}});
+}
+
+}  // namespace tandem::agent

@@ -1,0 +1,41 @@
+#pragma once
+// The agent in role `both`: loads the model, runs the engine on its own
+// thread (EngineLoop) and serves the OpenAI-compatible API, health and
+// metrics over HTTP (DESIGN.md §5: port 8100).
+//
+//   GET  /healthz               200 while the process runs
+//   GET  /readyz                200 when the model is loaded, the engine steps and we are not draining; else 503
+//   GET  /metrics               Prometheus text format
+//   GET  /v1/models             the one served model
+//   POST /v1/completions        OpenAI completions, stream or not
+//   POST /v1/chat/completions   OpenAI chat completions, stream or not
+//
+// A client that disconnects cancels its request through the engine's one
+// cleanup path, so its KV blocks return to the pool. Thread-safe: handlers run
+// on the HTTP thread pool and talk to the engine only through EngineLoop.
+
+#include <atomic>
+#include <memory>
+
+#include "agent/agent_config.h"
+#include "src/common/status.h"
+
+namespace tandem::agent {
+
+class AgentServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<AgentServer>> start(const AgentConfig& config);
+  ~AgentServer();
+
+  int port() const;
+  // Graceful drain: readiness goes false, new requests get 503, in-flight
+  // requests may finish for config.drain_grace; then the rest are cancelled.
+  void drain();
+
+ private:
+  struct Impl;
+  explicit AgentServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::agent

@@ -1,0 +1,206 @@
+// ./tandem bench engine — the tiny built-in model on the CPU backend.
+//
+// Yardsticks, measured in the same run:
+//  * prefill/decode tokens/s are set against "bare GEMM" tokens/s: the same
+//    projection GEMMs (QKV, O, gate/up, down, lm_head) for the same number of
+//    rows, called directly on the backend with nothing else. ratio = how
+//    close the whole forward pass gets to its GEMMs alone.
+//  * the prefill GEMM share is GEMM time inside the prefill steps of one
+//    prompt (chunks of 512 tokens, the engine's default budget) against the
+//    time of those steps (target: >= 0.70).
+//  * engine overhead is time per decode step outside the model (schedule +
+//    postprocess: sampling, bookkeeping) against the whole step (target at
+//    batch 32: <= 0.05).
+// Prefill at 8K context is measured at batch 1 and 8 only: prefill runs in
+// token-budget chunks, so batch 32 at 8K (256K tokens, minutes of CPU) adds
+// no information beyond batch 8. Decode uses LlamaModel directly with a KV
+// cache of the given context (its values do not change the work).
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "bench/bench_report.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/model/llama.h"
+#include "engine/model/weights.h"
+#include "src/common/clock.h"
+
+using namespace tandem;
+using namespace tandem::engine;
+
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kChunk = 512;  // prefill token budget per step (the engine default)
+
+struct Setup {
+  std::shared_ptr<const ModelWeights> weights = makeRandomWeights(tinyModelConfig(), 1234);
+  std::unique_ptr<Backend> backend = makeCpuBackend();
+  std::unique_ptr<LlamaModel> model;
+  Setup() { model = std::move(*LlamaModel::create(weights, *backend)); }
+};
+
+std::vector<TokenId> tokensOf(int n, std::mt19937& rng) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<TokenId>(5 + rng() % 95);
+  return t;
+}
+
+// Seconds to run the model's projection GEMMs alone for `rows` rows.
+double bareGemmSeconds(Setup& s, int rows) {
+  const ModelConfig& c = s.weights->config;
+  std::vector<float> x(static_cast<size_t>(rows) * std::max(c.hidden_size, c.intermediate_size), 0.01f);
+  std::vector<float> y(static_cast<size_t>(rows) * std::max({c.qDim(), c.intermediate_size, c.vocab_size}), 0.0f);
+  return bench::medianSeconds(
+      [&] {
+        for (const LayerWeights& l : s.weights->layers) {
+          s.backend->gemm(x.data(), l.wq.data(), y.data(), rows, c.qDim(), c.hidden_size, false);
+          s.backend->gemm(x.data(), l.wk.data(), y.data(), rows, c.kvDim(), c.hidden_size, false);
+          s.backend->gemm(x.data(), l.wv.data(), y.data(), rows, c.kvDim(), c.hidden_size, false);
+          s.backend->gemm(x.data(), l.wo.data(), y.data(), rows, c.hidden_size, c.qDim(), false);
+          s.backend->gemm(x.data(), l.w_gate.data(), y.data(), rows, c.intermediate_size, c.hidden_size, false);
+          s.backend->gemm(x.data(), l.w_up.data(), y.data(), rows, c.intermediate_size, c.hidden_size, false);
+          s.backend->gemm(x.data(), l.w_down.data(), y.data(), rows, c.hidden_size, c.intermediate_size, false);
+        }
+      },
+      5);
+}
+
+struct Batch {
+  std::vector<std::vector<TokenId>> tokens;
+  std::vector<std::vector<BlockId>> tables;
+};
+
+Batch makeBatch(int batch, int ctx, std::mt19937& rng) {
+  Batch b;
+  const int blocks_per_seq = (ctx + 1 + kBlockSize - 1) / kBlockSize;
+  int next = 0;
+  for (int i = 0; i < batch; ++i) {
+    b.tokens.push_back(tokensOf(ctx + 1, rng));
+    std::vector<BlockId> t;
+    for (int j = 0; j < blocks_per_seq; ++j) t.push_back(BlockId(next++));
+    b.tables.push_back(std::move(t));
+  }
+  return b;
+}
+
+// Prefill `batch` prompts of `ctx` tokens in chunks of kChunk tokens per step.
+// Returns total seconds, and GEMM seconds and step seconds summed over the
+// steps of the first prompt.
+struct PrefillResult {
+  double seconds = 0;
+  double step_gemm_s = 0, step_s = 0;
+};
+PrefillResult prefill(Setup& s, int batch, int ctx, std::mt19937& rng) {
+  Batch b = makeBatch(batch, ctx, rng);
+  KvStorage kv(kvLayoutFor(s.weights->config, batch * static_cast<int>(b.tables[0].size()), kBlockSize));
+  std::vector<float> logits;
+  PrefillResult r;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int seq = 0; seq < batch; ++seq) {
+    for (int pos = 0; pos < ctx; pos += kChunk) {
+      int n = std::min(kChunk, ctx - pos);
+      SequenceChunk c{.tokens = std::span<const TokenId>(b.tokens[static_cast<size_t>(seq)]).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)),
+                      .start_pos = pos,
+                      .block_table = b.tables[static_cast<size_t>(seq)],
+                      .want_logits = pos + n == ctx};
+      s.backend->resetStats();
+      auto a = std::chrono::steady_clock::now();
+      (void)s.model->forward(std::span<const SequenceChunk>(&c, 1), kv, &logits);
+      double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      if (seq == 0) {  // GEMM share over every prefill step of one prompt
+        r.step_s += step;
+        r.step_gemm_s += std::chrono::duration<double>(s.backend->stats().gemm_time).count();
+      }
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// Decode steps for `batch` sequences at context `ctx`. Returns seconds per step.
+double decodeStep(Setup& s, int batch, int ctx, std::mt19937& rng) {
+  Batch b = makeBatch(batch, ctx, rng);
+  KvStorage kv(kvLayoutFor(s.weights->config, batch * static_cast<int>(b.tables[0].size()), kBlockSize));
+  std::vector<float> logits;
+  std::vector<SequenceChunk> chunks;
+  for (int i = 0; i < batch; ++i) {
+    chunks.push_back({.tokens = std::span<const TokenId>(b.tokens[static_cast<size_t>(i)]).subspan(static_cast<size_t>(ctx), 1),
+                      .start_pos = ctx,
+                      .block_table = b.tables[static_cast<size_t>(i)],
+                      .want_logits = true});
+  }
+  return bench::medianSeconds([&] { (void)s.model->forward(chunks, kv, &logits); }, 7);
+}
+
+// Engine decode steps with `batch` running sequences: {non-model seconds, step seconds} per step.
+std::pair<double, double> engineOverhead(int batch) {
+  EngineOptions o;
+  o.block_size = kBlockSize;
+  o.max_num_seqs = batch;
+  o.max_num_batched_tokens = std::max(batch, 512);
+  o.num_blocks = batch * 8 + 16;
+  o.seed = 1;
+  auto engine = std::move(*Engine::create(o, makeRandomWeights(tinyModelConfig(), 1234), makeCpuBackend(), nullptr,
+                                          SystemClock::instance()));
+  std::mt19937 rng(5);
+  for (int i = 0; i < batch; ++i) {
+    RequestSpec spec;
+    spec.prompt = tokensOf(32, rng);
+    spec.sampling.temperature = 0.8f;
+    spec.sampling.top_p = 0.95f;
+    spec.sampling.max_tokens = 64;
+    spec.sampling.ignore_eos = true;
+    engine->addRequest(std::move(spec), [](const RequestUpdate&) {});
+  }
+  for (int i = 0; i < 3; ++i) engine->step();  // prefill and warm-up
+  double outside = 0, total = 0;
+  for (int i = 0; i < 40; ++i) {
+    StepStats st = engine->step();
+    outside += std::chrono::duration<double>(st.schedule_time + st.postprocess_time).count();
+    total += std::chrono::duration<double>(st.schedule_time + st.model_time + st.postprocess_time).count();
+  }
+  return {outside / 40, total / 40};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Setup s;
+  std::mt19937 rng(1);
+  std::vector<bench::Result> results;
+
+  for (int ctx : {1024, 8192}) {
+    for (int batch : {1, 8, 32}) {
+      if (ctx == 8192 && batch == 32) continue;  // see the header comment
+      PrefillResult p = prefill(s, batch, ctx, rng);
+      double tok_s = batch * ctx / p.seconds;
+      double bare = kChunk / bareGemmSeconds(s, kChunk);
+      results.push_back({.name = "prefill_tok_s_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx),
+                         .value = tok_s, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s"});
+      if (batch == 1) {
+        results.push_back({.name = "prefill_gemm_ms_of_steps_ctx" + std::to_string(ctx),
+                           .value = p.step_gemm_s * 1e3, .unit = "ms", .reference = p.step_s * 1e3,
+                           .reference_name = "prefill steps ms"});
+      }
+      std::fflush(stdout);
+    }
+  }
+  for (int ctx : {1024, 8192}) {
+    for (int batch : {1, 8, 32}) {
+      double step = decodeStep(s, batch, ctx, rng);
+      double bare = batch / bareGemmSeconds(s, batch);
+      results.push_back({.name = "decode_tok_s_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx),
+                         .value = batch / step, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s"});
+    }
+  }
+  for (int batch : {32, 256}) {
+    auto [outside, total] = engineOverhead(batch);
+    results.push_back({.name = "engine_overhead_ms_per_step_b" + std::to_string(batch), .value = outside * 1e3,
+                       .unit = "ms", .reference = total * 1e3, .reference_name = "decode step ms"});
+  }
+  return bench::writeReport("engine", results, argc, argv);
+}
