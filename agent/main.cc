@@ -2,17 +2,42 @@
 // how it is configured. Exits 0 after a graceful drain on SIGTERM or SIGINT,
 // 2 on bad configuration, 1 when start-up fails.
 
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
+
+namespace {
+
+// Signals arrive on whichever thread the kernel picks (OpenBLAS starts its
+// threads before main, so masking cannot cover them all). The handler only
+// writes the signal number into a pipe; the main thread reads it.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void onSignal(int sig) {
+  const int saved = errno;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+int waitForSignal() {
+  char c = 0;
+  while (read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+  }
+  return c;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace tandem;
@@ -34,13 +59,16 @@ int main(int argc, char** argv) {
   }
   Logger log("agent");
 
-  // Signals are taken synchronously by this thread; every thread started
-  // from here on inherits the block.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (pipe(g_signal_pipe) != 0) {
+    log.error("cannot create the signal pipe");
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   auto server = agent::AgentServer::start(*config);
@@ -53,9 +81,16 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << (*server)->port() << "\n";
     std::rename(tmp.c_str(), config->port_file.c_str());
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  int sig = waitForSignal();
   log.info("signal received", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  // Further signals while draining are noted and ignored: the drain is
+  // bounded by drain_grace, and Kubernetes follows up with SIGKILL anyway.
+  std::thread([&log] {
+    for (;;) {
+      waitForSignal();
+      log.warn("already draining; signal ignored");
+    }
+  }).detach();
   (*server)->drain();
   server->reset();
   log.info("exiting");

@@ -35,12 +35,12 @@ std::string typeName(const json& v) {
 std::optional<ApiError> readInt(const json& body, const char* key, std::optional<int64_t>* out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return invalid(key, strCat("'", key, "' is too large"));
+  }
   if (it->is_number_integer()) {
     *out = it->get<int64_t>();
     return std::nullopt;
-  }
-  if (it->is_number_unsigned()) {
-    return invalid(key, strCat("'", key, "' is too large"));
   }
   if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() && std::abs(it->get<double>()) < 9e15) {
     *out = static_cast<int64_t>(it->get<double>());

@@ -274,21 +274,32 @@ StepStats Engine::step() {
   }
   MonoTime t3 = clock_.now();
 
-  st.num_running = static_cast<int>(scheduler_.running().size());
-  st.num_waiting = static_cast<int>(scheduler_.waiting().size());
-  for (const Sequence* s : scheduler_.waiting()) st.queue_tokens += s->numUncomputed();
-  for (const Sequence* s : scheduler_.running()) {
-    if (s->numUncomputed() > 1) st.queue_tokens += s->numUncomputed();
-  }
-  st.num_free_blocks = blocks_.numAvailable();
-  st.num_total_blocks = blocks_.numTotal();
-  st.num_sessions_resident = sessions_.numResident();
+  fillGauges(&st);
   st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
   st.prefix_query_tokens = plan.num_prefix_query_tokens;
   st.num_preemptions = static_cast<int>(plan.preempted.size());
   st.schedule_time = t1 - t0;
   st.model_time = t2 - t1;
   st.postprocess_time = t3 - t2;
+  return st;
+}
+
+void Engine::fillGauges(StepStats* st) const {
+  st->num_running = static_cast<int>(scheduler_.running().size());
+  st->num_waiting = static_cast<int>(scheduler_.waiting().size());
+  st->queue_tokens = 0;
+  for (const Sequence* s : scheduler_.waiting()) st->queue_tokens += s->numUncomputed();
+  for (const Sequence* s : scheduler_.running()) {
+    if (s->numUncomputed() > 1) st->queue_tokens += s->numUncomputed();
+  }
+  st->num_free_blocks = blocks_.numAvailable();
+  st->num_total_blocks = blocks_.numTotal();
+  st->num_sessions_resident = sessions_.numResident();
+}
+
+StepStats Engine::currentStats() const {
+  StepStats st;
+  fillGauges(&st);
   return st;
 }
 

@@ -93,6 +93,10 @@ class Engine {
   // One iteration: schedule, run the model, sample, finish what is done.
   StepStats step();
   bool hasWork() const { return !live_.empty(); }
+  // The gauges of StepStats (running, waiting, queue tokens, blocks, sessions)
+  // as they are now, with the per-step counters zero. For observers that must
+  // see changes made between steps (a cancel when the engine then idles).
+  StepStats currentStats() const;
 
   bool dropSession(const SessionId& id) { return sessions_.drop(id); }
   // Prefix-cache "stored"/"removed" events since the last call (for the router).
@@ -114,6 +118,7 @@ class Engine {
          std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
   void postprocess(Sequence* seq, std::span<const float> logits);
+  void fillGauges(StepStats* st) const;
   // Decodes new output tokens into seq->text; finishes the request on a stop string.
   void appendText(Sequence* seq);
   // The single cleanup path.

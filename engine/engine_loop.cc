@@ -90,6 +90,10 @@ void EngineLoop::run() {
     if (engine_->hasWork()) {
       StepStats st = engine_->step();
       if (on_step_) on_step_(st, *engine_);
+    } else if (on_step_ && !batch.empty()) {
+      // Commands changed state and no step follows (e.g. the last request was
+      // cancelled): let the observer see the idle state.
+      on_step_(engine_->currentStats(), *engine_);
     }
   }
   // Shutdown: queued submissions are cancelled too, so every caller hears back once.

@@ -24,7 +24,8 @@ namespace tandem::engine {
 
 class EngineLoop {
  public:
-  // Called on the loop thread after every step (metrics export).
+  // Called on the loop thread after every step, and with currentStats() when
+  // commands changed the engine and it is idle (metrics export).
   using StepObserver = std::function<void(const StepStats&, const Engine&)>;
 
   // Starts the thread. The engine is owned by the loop from now on.

@@ -1,0 +1,97 @@
+#include "agent/agent_config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace tandem::agent {
+namespace {
+
+absl::StatusOr<AgentConfig> parse(std::vector<std::string> args, bool* help = nullptr) {
+  std::vector<const char*> argv{"tandem-agent"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  bool h = false;
+  return parseAgentConfig(static_cast<int>(argv.size()), argv.data(), help ? help : &h);
+}
+
+std::string writeFile(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(AgentConfigTest, FlagsInBothForms) {
+  auto c = parse({"--model-dir", "/m/tiny/", "--listen=0.0.0.0:9000", "--num-blocks", "64", "--prefix-cache=false",
+                  "--request-timeout", "2s", "--pool", "p1"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_name, "tiny");  // from the directory name
+  EXPECT_EQ(c->host, "0.0.0.0");
+  EXPECT_EQ(c->port, 9000);
+  EXPECT_EQ(c->engine.num_blocks, 64);
+  EXPECT_FALSE(c->engine.enable_prefix_cache);
+  EXPECT_EQ(c->request_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(c->pool, "p1");
+  EXPECT_FALSE(c->worker.empty());
+}
+
+TEST(AgentConfigTest, YamlFileAndFlagsWin) {
+  std::string path = writeFile("agent.yaml", R"(
+pool: from-file
+listen: 127.0.0.1:8100
+model:
+  dir: /models/tiny
+  name: served
+engine:
+  num_blocks: 100
+  block_size: 32
+limits:
+  max_body_bytes: 2048
+trace:
+  file: "-"
+)");
+  auto c = parse({"--config", path, "--num-blocks", "200"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pool, "from-file");
+  EXPECT_EQ(c->model_name, "served");
+  EXPECT_EQ(c->engine.num_blocks, 200);  // the flag wins
+  EXPECT_EQ(c->engine.block_size, 32);
+  EXPECT_EQ(c->max_body_bytes, 2048u);
+  EXPECT_EQ(c->trace_file, "-");
+}
+
+TEST(AgentConfigTest, BadInputNamesTheProblem) {
+  auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "0"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--bogus", "1"})).find("unknown flag --bogus"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir"})).find("--model-dir: missing value"), std::string::npos);
+  EXPECT_NE(msg(parse({})).find("--model-dir (model.dir) is required"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--listen", "nowhere"})).find("expected HOST:PORT"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--log-format", "xml"})).find("not one of: text, json"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("not served by this build"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);
+  EXPECT_NE(msg(parse({"positional"})).find("unexpected argument"), std::string::npos);
+
+  std::string path = writeFile("bad.yaml", "engine:\n  num_blokcs: 3\n  block_size: big\n");
+  std::string m = msg(parse({"--config", path}));
+  EXPECT_NE(m.find("engine.num_blokcs: unknown key"), std::string::npos) << m;
+  EXPECT_NE(m.find("engine.block_size: expected integer"), std::string::npos) << m;
+  EXPECT_NE(msg(parse({"--config", "/nonexistent.yaml"})).find("/nonexistent.yaml"), std::string::npos);
+  std::string broken = writeFile("broken.yaml", "engine: [1,\n");
+  EXPECT_NE(msg(parse({"--config", broken})).find("invalid YAML"), std::string::npos);
+}
+
+TEST(AgentConfigTest, HelpListsEveryFlagWithYamlKey) {
+  bool help = false;
+  auto c = parse({"--help"}, &help);
+  EXPECT_TRUE(help);
+  std::string h = agentHelp();
+  for (const char* flag : {"--model-dir", "--listen", "--num-blocks", "--block-size", "--max-batched-tokens",
+                           "--max-waiting", "--request-timeout", "--drain-grace", "--trace-file", "--log-format"}) {
+    EXPECT_NE(h.find(flag), std::string::npos) << flag;
+  }
+  EXPECT_NE(h.find("yaml: engine.num_blocks"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::agent

@@ -1,0 +1,149 @@
+#pragma once
+// Runs the real tandem-agent binary as a child process on 127.0.0.1 (port 0,
+// reported through --port-file) with the built-in tiny model, for
+// integration tests. Waits for /readyz; stop() sends a signal and returns
+// the exit status.
+
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/model/model_loader.h"
+#include "engine/model/weights.h"
+#include "src/http/client.h"
+
+extern char** environ;
+
+namespace tandem::agent::testing {
+
+// The tiny model, written once per test binary.
+inline const std::string& tinyModelDir() {
+  static const std::string dir = [] {
+    std::string d = std::filesystem::temp_directory_path() / ("tandem-agent-test-" + std::to_string(getpid())) / "tiny";
+    std::filesystem::create_directories(d);
+    absl::Status s = engine::writeModelDir(d, *engine::makeRandomWeights(engine::tinyModelConfig(), 1234), engine::DType::kF32);
+    if (!s.ok()) ADD_FAILURE() << s;
+    return d;
+  }();
+  return dir;
+}
+
+class AgentProcess {
+ public:
+  static std::unique_ptr<AgentProcess> start(std::vector<std::string> extra_args) {
+    auto p = std::unique_ptr<AgentProcess>(new AgentProcess());
+    static int counter = 0;
+    p->dir_ = std::filesystem::path(tinyModelDir()).parent_path() / ("agent-" + std::to_string(counter++));
+    std::filesystem::create_directories(p->dir_);
+    const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
+    std::string bin = std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent";
+    std::vector<std::string> args = {bin, "--model-dir", tinyModelDir(), "--listen", "127.0.0.1:0",
+                                     "--port-file", p->dir_ + "/port", "--trace-file", p->dir_ + "/trace.jsonl",
+                                     "--log-level", "warn"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    std::string log = p->dir_ + "/agent.log";
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int rc = posix_spawn(&p->pid_, bin.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      ADD_FAILURE() << "cannot start " << bin << ": " << strerror(rc);
+      return nullptr;
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
+        p->pid_ = 0;
+        ADD_FAILURE() << "tandem-agent exited during start-up: " << p->log();
+        return nullptr;
+      }
+      std::ifstream pf(p->dir_ + "/port");
+      int port = 0;
+      if (pf >> port && port > 0) {
+        p->base_ = "http://127.0.0.1:" + std::to_string(port);
+        auto r = http::httpGet(p->base_ + "/readyz", std::chrono::seconds(2));
+        if (r.ok() && r->status == 200) return p;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "tandem-agent did not become ready: " << p->log();
+    return nullptr;
+  }
+
+  ~AgentProcess() {
+    if (pid_ > 0) stop(SIGKILL);
+  }
+
+  std::string url(const std::string& path) const { return base_ + path; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return slurp(dir_ + "/agent.log"); }
+  std::string trace() const { return slurp(dir_ + "/trace.jsonl"); }
+
+  // Sends `sig` and waits (up to 60 s); returns the exit code, or 128 + signal.
+  int stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    return waitExit();
+  }
+
+  // Waits for the process to exit on its own (up to 60 s, then SIGKILL).
+  int waitExit() {
+    if (pid_ <= 0) return -1;
+    int status = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid_ = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  AgentProcess() = default;
+  static std::string slurp(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  std::string dir_;
+  std::string base_;
+  pid_t pid_ = 0;
+};
+
+// The value of one sample line "name{labels} value" in a metrics scrape; -1 if absent.
+inline double metricValue(const std::string& scrape, const std::string& series_prefix) {
+  std::istringstream in(scrape);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series_prefix, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+}  // namespace tandem::agent::testing

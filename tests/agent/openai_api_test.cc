@@ -1,0 +1,174 @@
+#include "agent/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::agent {
+namespace {
+
+using nlohmann::json;
+
+class OpenAiApiTest : public ::testing::Test {
+ protected:
+  ApiLimits limits{.model_name = "tiny", .max_model_len = 64, .default_max_tokens = 20};
+  engine::ByteTokenizer tok;
+
+  std::variant<ParsedRequest, ApiError> parse(Endpoint e, const json& body, std::optional<std::string> session = {}) {
+    return parseRequest(e, body, tok, limits, std::move(session));
+  }
+  ParsedRequest ok(Endpoint e, const json& body) {
+    auto r = parse(e, body);
+    if (auto* err = std::get_if<ApiError>(&r)) ADD_FAILURE() << err->message;
+    return std::get<ParsedRequest>(r);
+  }
+  // Expects an error with this status, param, and a message containing `needle`.
+  void bad(Endpoint e, const json& body, int status, const std::string& param, const std::string& needle) {
+    auto r = parse(e, body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << body.dump();
+    const ApiError& err = std::get<ApiError>(r);
+    EXPECT_EQ(err.status, status) << body.dump() << " -> " << err.message;
+    EXPECT_EQ(err.param, param) << body.dump();
+    EXPECT_NE(err.message.find(needle), std::string::npos) << "message: " << err.message;
+    json j = err.toJson();
+    EXPECT_TRUE(j["error"].contains("message") && j["error"].contains("type") && j["error"].contains("param") &&
+                j["error"].contains("code"));
+  }
+};
+
+TEST_F(OpenAiApiTest, CompletionDefaultsAndFields) {
+  ParsedRequest r = ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "hi"}});
+  EXPECT_EQ(r.spec.prompt, (std::vector<TokenId>{1, tok.encode("h")[0], tok.encode("i")[0]}));  // <s> + text
+  EXPECT_EQ(r.spec.sampling.max_tokens, 16);  // OpenAI's completions default
+  EXPECT_FLOAT_EQ(r.spec.sampling.temperature, 1.0f);
+  EXPECT_FALSE(r.stream);
+
+  r = ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", {5, 6, 7}}, {"max_tokens", 3}, {"temperature", 0},
+                                  {"top_p", 0.5}, {"top_k", 4}, {"seed", 9}, {"stop", {"a", "b"}}, {"stream", true},
+                                  {"stream_options", {{"include_usage", true}}}, {"user", "u1"}, {"n", 1}});
+  EXPECT_EQ(r.spec.prompt, (std::vector<TokenId>{5, 6, 7}));
+  EXPECT_EQ(r.spec.sampling.max_tokens, 3);
+  EXPECT_EQ(r.spec.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(r.spec.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.spec.sampling.top_k, 4);
+  EXPECT_EQ(r.spec.sampling.seed, 9u);
+  EXPECT_EQ(r.spec.sampling.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.spec.session, SessionId("u1"));
+}
+
+TEST_F(OpenAiApiTest, SessionHeaderWinsOverUser) {
+  auto r = std::get<ParsedRequest>(parse(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "x"}, {"user", "u"}}, "sess-9"));
+  EXPECT_EQ(r.spec.session, SessionId("sess-9"));
+}
+
+TEST_F(OpenAiApiTest, ChatRendersDocumentedTemplate) {
+  ParsedRequest r = ok(Endpoint::kChat, {{"model", "tiny"},
+                                         {"messages", {{{"role", "system"}, {"content", "be brief"}},
+                                                       {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}},
+                                         {"max_completion_tokens", 5}});
+  std::vector<TokenId> expected{1};
+  auto t = tok.encode("<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
+  expected.insert(expected.end(), t.begin(), t.end());
+  EXPECT_EQ(r.spec.prompt, expected);
+  EXPECT_EQ(r.spec.sampling.max_tokens, 5);
+  // Without max_tokens, chat gets the configured default, capped by the context left.
+  r = ok(Endpoint::kChat, {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(r.spec.sampling.max_tokens, 20);
+}
+
+TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
+  const json base_c = {{"model", "tiny"}, {"prompt", "hello"}};
+  const json base_m = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto with = [](json j, const std::string& k, json v) {
+    j[k] = std::move(v);
+    return j;
+  };
+  bad(Endpoint::kCompletions, json::array({1}), 400, "", "must be a JSON object");
+  bad(Endpoint::kCompletions, {{"prompt", "x"}}, 400, "model", "'model' is required");
+  bad(Endpoint::kCompletions, with(base_c, "model", "gpt-4"), 404, "model", "does not exist");
+  bad(Endpoint::kCompletions, with(base_c, "model", 5), 400, "model", "must be a string");
+  // missing prompt / messages, empty ones
+  bad(Endpoint::kCompletions, {{"model", "tiny"}}, 400, "prompt", "'prompt' is required");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", ""), 400, "prompt", "must not be empty");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", json::array()), 400, "prompt", "must not be empty");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {"a", "b"}), 400, "prompt", "batched prompts");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {5, 1000}), 400, "prompt", "not a token id");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", 7), 400, "prompt", "must be a string");
+  bad(Endpoint::kChat, {{"model", "tiny"}}, 400, "messages", "'messages' is required");
+  bad(Endpoint::kChat, with(base_m, "messages", json::array()), 400, "messages", "at least one message");
+  bad(Endpoint::kChat, with(base_m, "messages", "hi"), 400, "messages", "must be an array");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "wizard"}, {"content", "x"}}}), 400, "messages[0].role", "'wizard'");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"content", "x"}}}), 400, "messages[0].role", "required");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}}}), 400, "messages[0].content", "required");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", 5}}}), 400, "messages[0].content", "must be a string");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}), 400,
+      "messages[0].content", "only text");
+  // wrong types
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", "5"), 400, "max_tokens", "must be an integer");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", 2.5), 400, "max_tokens", "must be an integer");
+  bad(Endpoint::kCompletions, with(base_c, "temperature", "hot"), 400, "temperature", "must be a number");
+  bad(Endpoint::kCompletions, with(base_c, "stream", "yes"), 400, "stream", "must be a boolean");
+  bad(Endpoint::kCompletions, with(base_c, "stop", 3), 400, "stop", "string or an array");
+  bad(Endpoint::kCompletions, with(base_c, "stop", {"a", "b", "c", "d", "e"}), 400, "stop", "at most 4");
+  // ranges
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", -1), 400, "max_tokens", "at least 1");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", 0), 400, "max_tokens", "at least 1");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", 1000000000), 400, "max_tokens", "at most");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", json(18446744073709551615ULL)), 400, "max_tokens", "too large");
+  bad(Endpoint::kChat, with(base_m, "max_completion_tokens", 100), 400, "max_completion_tokens", "at most");
+  bad(Endpoint::kCompletions, with(base_c, "temperature", -0.1), 400, "temperature", "between 0 and 2");
+  bad(Endpoint::kCompletions, with(base_c, "temperature", 2.5), 400, "temperature", "between 0 and 2");
+  bad(Endpoint::kCompletions, with(base_c, "top_p", 0), 400, "top_p", "greater than 0");
+  bad(Endpoint::kCompletions, with(base_c, "top_p", 1.5), 400, "top_p", "at most 1");
+  bad(Endpoint::kCompletions, with(base_c, "top_k", -2), 400, "top_k", "must not be negative");
+  bad(Endpoint::kCompletions, with(base_c, "n", 2), 400, "n", "'n' must be 1");
+  bad(Endpoint::kCompletions, with(base_c, "logprobs", 3), 400, "logprobs", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "stream_options", {{"include_usage", true}}), 400, "stream_options", "only allowed");
+  // prompt longer than the context
+  bad(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')), 400, "prompt", "maximum context length is 64");
+  auto r = parse(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')));
+  EXPECT_EQ(std::get<ApiError>(r).code, "context_length_exceeded");
+}
+
+TEST_F(OpenAiApiTest, FinishErrorsMapToStatuses) {
+  engine::RequestUpdate u;
+  u.finished = true;
+  u.finish_reason = engine::FinishReason::kRejected;
+  u.reject_reason = engine::RejectReason::kQueueFull;
+  ApiError e = errorForFinish(u);
+  EXPECT_EQ(e.status, 429);
+  ASSERT_EQ(e.headers.size(), 1u);
+  EXPECT_EQ(e.headers[0].first, "Retry-After");
+  u.reject_reason = engine::RejectReason::kDraining;
+  EXPECT_EQ(errorForFinish(u).status, 503);
+  u.reject_reason = engine::RejectReason::kCapacity;
+  EXPECT_EQ(errorForFinish(u).status, 400);
+  u.finish_reason = engine::FinishReason::kTimeout;
+  EXPECT_EQ(errorForFinish(u).status, 504);
+  u.finish_reason = engine::FinishReason::kError;
+  EXPECT_EQ(errorForFinish(u).status, 500);
+  EXPECT_EQ(openAiFinishReason(engine::FinishReason::kEos), "stop");
+  EXPECT_EQ(openAiFinishReason(engine::FinishReason::kStop), "stop");
+  EXPECT_EQ(openAiFinishReason(engine::FinishReason::kLength), "length");
+}
+
+TEST_F(OpenAiApiTest, ResponseShapes) {
+  json c = completionBody(Endpoint::kChat, "chatcmpl-1", 5, "tiny", "hey", "stop", {3, 2});
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"]["content"], "hey");
+  EXPECT_EQ(c["usage"]["total_tokens"], 5);
+  json k = chunkBody(Endpoint::kChat, "chatcmpl-1", 5, "tiny", "", "", true, true);
+  EXPECT_EQ(k["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(k.contains("usage") && k["usage"].is_null());
+  json t = chunkBody(Endpoint::kCompletions, "cmpl-1", 5, "tiny", "x", "length", false, false);
+  EXPECT_EQ(t["choices"][0]["text"], "x");
+  EXPECT_EQ(t["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(t.contains("usage"));
+  json u = usageChunkBody(Endpoint::kCompletions, "cmpl-1", 5, "tiny", {3, 4});
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 4);
+}
+
+}  // namespace
+}  // namespace tandem::agent
