@@ -1,0 +1,437 @@
+// ./tandem bench agent — the agent's HTTP path (OpenAI completions, SSE) on
+// the tiny built-in model, CPU backend, loopback, everything in this process.
+//
+// Set-up: the tiny model is written to a temporary directory; an AgentServer
+// (role both, 127.0.0.1 port 0) and, beside it, a bare Engine + EngineLoop
+// built from the same directory with the same EngineOptions serve the
+// benchmark. Both exist for the whole run but are never driven at the same time.
+//
+// Requests: /v1/completions, a distinct ~20-token prompt each ("Note 000123:
+// the sea" + BOS; distinct so nothing comes from the prefix cache), max_tokens
+// 32, temperature 0, ignore_eos, stream. The in-process path submits exactly
+// the RequestSpec the agent would (parseRequest on the same body, before the
+// clock starts).
+//
+// Client-side times (steady clock), the same definitions on both paths:
+//   TTFT  request sent (HTTP: before SseClient::open; in-process: before
+//         submit) -> first event carrying text (HTTP: the client thread has
+//         read the SSE event; in-process: the update callback on the loop thread)
+//   TPOT  (last text event - first text event) / (text events - 1)
+// A token whose text is empty (the byte tokenizer's <unk>, <s>, </s>, which
+// ignore_eos lets through) sends no event; at temperature 0 both paths
+// produce the same tokens, so they count the same events.
+//   req/s requests / wall time of the level
+//
+// Rows and their yardsticks (reference, measured in the same run):
+//  * agent_c{C}_*: a closed loop of C client threads (C = 1, 8, 32), each
+//    sending its next request when the previous one ended, N requests per
+//    level in 4 rounds that alternate with the yardstick's. Reference: the same request sequence at the same
+//    concurrency, with C threads submitting straight to the in-process EngineLoop and waiting. So for req/s the ratio
+//    is the fraction of the engine's own throughput that survives HTTP; for TTFT/TPOT percentiles it is how many times
+//    the engine-only latency the HTTP client sees. On 2 cores the HTTP client's threads compete with the engine for
+//    CPU; that cost is in the value.
+//  * http_ttft_ms_p50_max_tokens1: 200 sequential requests with max_tokens 1
+//    through HTTP (a new connection each, as SseClient does), interleaved with
+//    the same requests in-process; value = median HTTP TTFT, reference =
+//    median in-process TTFT.
+//  * http_overhead_ms_p50: the difference of those medians (target: < 1 ms on
+//    loopback); reference = the in-process median, so ratio = relative cost.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/agent_config.h"
+#include "agent/agent_server.h"
+#include "agent/openai_api.h"
+#include "bench/bench_report.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/engine_loop.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/tokenizer.h"
+#include "engine/model/weights.h"
+#include "src/common/clock.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+#include "src/http/client.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using Steady = std::chrono::steady_clock;
+
+constexpr char kModelName[] = "tiny";
+constexpr char kLogLevel[] = "warn";  // configured in main(); AgentServer leaves logging to its caller
+constexpr int kMaxTokens = 32;
+constexpr int kNumOverheadRequests = 200;
+constexpr int kNumWarmup = 10;
+
+struct Level {
+  int concurrency;
+  int num_requests;
+};
+// At least 200 samples per level (a p99 from the 2 slowest), 60 rounds of
+// the closed loop at 32; under a minute on 2 cores in all.
+constexpr Level kLevels[] = {{1, 200}, {8, 800}, {32, 1920}};
+// Each level runs as rounds alternating the two paths (num_requests / kNumRounds each).
+constexpr int kNumRounds = 4;
+
+double msBetween(Steady::time_point a, Steady::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// One request as the client saw it.
+struct Sample {
+  bool ok = false;  // finished normally; the times need num_text_events >= 1
+  double ttft_ms = 0;
+  double tpot_ms = 0;  // meaningful when num_text_events >= 2
+  int num_text_events = 0;
+  int num_output_tokens = 0;  // from the usage (HTTP) or the final update (in-process)
+};
+
+// Records the text events of one request; turns them into a Sample.
+struct EventTimes {
+  Steady::time_point start, first, last;
+  int num_text_events = 0;
+
+  void onText(Steady::time_point t) {
+    if (num_text_events++ == 0) first = t;
+    last = t;
+  }
+  Sample sample(bool ok, int num_output_tokens) const {
+    Sample s;
+    s.ok = ok;
+    s.num_text_events = num_text_events;
+    s.num_output_tokens = num_output_tokens;
+    if (num_text_events > 0) s.ttft_ms = msBetween(start, first);
+    if (num_text_events > 1) s.tpot_ms = msBetween(first, last) / (num_text_events - 1);
+    return s;
+  }
+};
+
+// The body both paths run; `index` makes the prompt distinct.
+json requestBody(int index, int max_tokens) {
+  char prompt[32];
+  std::snprintf(prompt, sizeof(prompt), "Note %06d: the sea", index);
+  return {{"model", kModelName},
+          {"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"stream", true},
+          {"stream_options", {{"include_usage", true}}}};
+}
+
+// One way to run a request. Thread-safe.
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual Sample run(const json& body) = 0;
+};
+
+// Through the agent's HTTP API, one SseClient (one connection) per request.
+class HttpTarget : public Target {
+ public:
+  explicit HttpTarget(std::string url) : url_(std::move(url)) {}
+
+  Sample run(const json& body) override {
+    http::ClientRequest request{.method = "POST",
+                                .url = url_,
+                                .headers = {{"Content-Type", "application/json"}},
+                                .body = body.dump(),
+                                .timeout = std::chrono::seconds(120)};
+    EventTimes times;
+    times.start = Steady::now();
+    auto stream = http::SseClient::open(request);
+    if (!stream.ok()) {
+      std::fprintf(stderr, "bench_agent: %s\n", std::string(toStd(stream.status().message())).c_str());
+      return {};
+    }
+    if ((*stream)->status() != 200) {
+      auto error = (*stream)->readBody();
+      std::fprintf(stderr, "bench_agent: HTTP %d: %s\n", (*stream)->status(), error.ok() ? error->c_str() : "");
+      return {};
+    }
+    bool done = false;
+    int num_output_tokens = 0;
+    absl::Status status = (*stream)->readEvents([&](const http::SseEvent& e) {
+      Steady::time_point t = Steady::now();
+      if (e.data == "[DONE]") {
+        done = true;
+        return false;
+      }
+      json chunk = json::parse(e.data, nullptr, /*allow_exceptions=*/false);
+      if (chunk.is_discarded() || chunk.contains("error")) {
+        std::fprintf(stderr, "bench_agent: stream event: %s\n", e.data.c_str());
+        return false;
+      }
+      if (const json& usage = chunk["usage"]; usage.is_object()) {
+        num_output_tokens = usage.value("completion_tokens", 0);
+      }
+      const json& choices = chunk["choices"];
+      if (!choices.empty() && !choices[0].value("text", std::string()).empty()) times.onText(t);
+      return true;
+    });
+    return times.sample(status.ok() && done, num_output_tokens);
+  }
+
+ private:
+  std::string url_;
+};
+
+// Straight into an EngineLoop: the same RequestSpec the agent would submit.
+class EngineTarget : public Target {
+ public:
+  EngineTarget(engine::EngineLoop& loop, const engine::Tokenizer& tokenizer, agent::ApiLimits limits)
+      : loop_(loop), tokenizer_(tokenizer), limits_(std::move(limits)) {}
+
+  Sample run(const json& body) override {
+    auto parsed = agent::parseRequest(agent::Endpoint::kCompletions, body, tokenizer_, limits_, std::nullopt);
+    if (auto* e = std::get_if<agent::ApiError>(&parsed)) {
+      std::fprintf(stderr, "bench_agent: %s\n", e->message.c_str());
+      return {};
+    }
+    struct State {
+      std::mutex mu;
+      std::condition_variable cv;
+      EventTimes times;
+      bool done = false;
+      bool ok = false;
+      int num_output_tokens = 0;
+    };
+    auto state = std::make_shared<State>();
+    state->times.start = Steady::now();
+    loop_.submit(std::move(std::get<agent::ParsedRequest>(parsed).spec), [state](const engine::RequestUpdate& u) {
+      Steady::time_point t = Steady::now();
+      std::lock_guard lock(state->mu);
+      if (!u.text_delta.empty()) state->times.onText(t);
+      if (!u.finished) return;
+      state->done = true;
+      state->num_output_tokens = u.num_output_tokens;
+      state->ok = u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos ||
+                  u.finish_reason == engine::FinishReason::kStop;
+      state->cv.notify_one();
+    });
+    std::unique_lock lock(state->mu);
+    state->cv.wait(lock, [&] { return state->done; });
+    return state->times.sample(state->ok, state->num_output_tokens);
+  }
+
+ private:
+  engine::EngineLoop& loop_;
+  const engine::Tokenizer& tokenizer_;
+  const agent::ApiLimits limits_;
+};
+
+// Nearest-rank percentile of `v` (sorted in place); p in (0, 100].
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+// Accumulated over the rounds of one level.
+struct LoadResult {
+  int num_requests = 0;
+  double seconds = 0;
+  std::vector<double> ttft_ms, tpot_ms;
+  int num_failed = 0;
+
+  double reqPerSecond() const { return seconds > 0 ? num_requests / seconds : 0; }
+};
+
+// `concurrency` threads run requests first_index .. first_index + num_requests - 1
+// back to back; adds them to `r`.
+void runLoad(Target& target, int concurrency, int num_requests, int first_index, LoadResult& r) {
+  std::atomic<int> next{0};
+  std::vector<std::vector<Sample>> samples(static_cast<size_t>(concurrency));
+  Steady::time_point start = Steady::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < concurrency; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i; (i = next.fetch_add(1)) < num_requests;) {
+        samples[static_cast<size_t>(t)].push_back(target.run(requestBody(first_index + i, kMaxTokens)));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  r.seconds += msBetween(start, Steady::now()) / 1e3;
+  r.num_requests += num_requests;
+  for (const auto& per_thread : samples) {
+    for (const Sample& s : per_thread) {
+      if (!s.ok || s.num_output_tokens != kMaxTokens || s.num_text_events < 2) {
+        ++r.num_failed;
+        continue;
+      }
+      r.ttft_ms.push_back(s.ttft_ms);
+      r.tpot_ms.push_back(s.tpot_ms);
+    }
+  }
+}
+
+// Prints `status` and returns the process's exit code for a failed set-up.
+int fail(std::string_view what, const absl::Status& status) {
+  std::fprintf(stderr, "bench_agent: %.*s: %.*s\n", static_cast<int>(what.size()), what.data(),
+               static_cast<int>(status.message().size()), status.message().data());
+  return 1;
+}
+
+bool waitReady(const std::string& base_url) {
+  for (int i = 0; i < 200; ++i) {
+    auto r = http::httpGet(base_url + "/readyz", std::chrono::seconds(2));
+    if (r.ok() && r->status == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+int run(int argc, char** argv, const std::string& tmp_dir) {
+  const std::string model_dir = tmp_dir + "/" + kModelName;
+  absl::Status written = engine::writeModelDir(model_dir, *engine::makeRandomWeights(engine::tinyModelConfig(), 1234),
+                                               engine::DType::kF32);
+  if (!written.ok()) return fail("writing the tiny model", written);
+
+  agent::AgentConfig config;
+  config.model_dir = model_dir;
+  config.model_name = kModelName;
+  config.host = "127.0.0.1";
+  config.port = 0;
+  config.log_level = kLogLevel;
+  config.engine.seed = 1;
+  auto server = agent::AgentServer::start(config);
+  if (!server.ok()) return fail("agent start-up", server.status());
+  const std::string base_url = strCat("http://127.0.0.1:", (*server)->port());
+  if (!waitReady(base_url)) {
+    std::fprintf(stderr, "bench_agent: the agent at %s never became ready\n", base_url.c_str());
+    return 1;
+  }
+
+  // The yardstick: the same model directory and options, no HTTP.
+  auto weights = engine::loadModelWeights(model_dir);
+  if (!weights.ok()) return fail("loading the model", weights.status());
+  auto tokenizer = engine::loadTokenizer(model_dir, (*weights)->config);
+  if (!tokenizer.ok()) return fail("loading the tokenizer", tokenizer.status());
+  std::shared_ptr<const engine::Tokenizer> shared_tokenizer = std::move(*tokenizer);
+  auto eng = engine::Engine::create(config.engine, std::shared_ptr<const engine::ModelWeights>(std::move(*weights)),
+                                    engine::makeCpuBackend(), shared_tokenizer, SystemClock::instance());
+  if (!eng.ok()) return fail("creating the in-process engine", eng.status());
+  agent::ApiLimits limits{.model_name = kModelName,
+                          .max_model_len = (*eng)->options().max_model_len,
+                          .default_max_tokens = config.default_max_tokens};
+  auto loop = std::make_unique<engine::EngineLoop>(std::move(*eng));
+
+  HttpTarget http_target(base_url + "/v1/completions");
+  EngineTarget engine_target(*loop, *shared_tokenizer, limits);
+  std::vector<bench::Result> results;
+  int next_index = 0;  // every request everywhere gets its own prompt
+  int num_failed = 0;
+
+  // HTTP-path overhead: max_tokens 1, sequential, the two paths interleaved.
+  {
+    std::vector<double> http_ms, engine_ms;
+    for (int i = 0; i < kNumWarmup + kNumOverheadRequests; ++i) {
+      json body = requestBody(next_index++, 1);
+      Sample e = engine_target.run(body);
+      Sample h = http_target.run(body);
+      if (!e.ok || !h.ok) ++num_failed;
+      // A first token without text has no TTFT on either path.
+      if (i < kNumWarmup || e.num_text_events == 0 || h.num_text_events == 0) continue;
+      engine_ms.push_back(e.ttft_ms);
+      http_ms.push_back(h.ttft_ms);
+    }
+    double http_p50 = percentile(http_ms, 50), engine_p50 = percentile(engine_ms, 50);
+    results.push_back({.name = "http_ttft_ms_p50_max_tokens1",
+                       .value = http_p50,
+                       .unit = "ms",
+                       .reference = engine_p50,
+                       .reference_name = "in-process TTFT p50"});
+    results.push_back({.name = "http_overhead_ms_p50",
+                       .value = http_p50 - engine_p50,
+                       .unit = "ms",
+                       .reference = engine_p50,
+                       .reference_name = "in-process TTFT p50"});
+  }
+
+  for (const Level& level : kLevels) {
+    for (int i = 0; i < kNumWarmup; ++i) {
+      (void)engine_target.run(requestBody(next_index++, kMaxTokens));
+      (void)http_target.run(requestBody(next_index++, kMaxTokens));
+    }
+    // Alternating rounds, so a neighbour's burst of CPU use hits both paths.
+    LoadResult e, h;
+    const int per_round = level.num_requests / kNumRounds;
+    for (int round = 0; round < kNumRounds; ++round) {
+      runLoad(engine_target, level.concurrency, per_round, next_index, e);
+      runLoad(http_target, level.concurrency, per_round, next_index, h);
+      next_index += per_round;
+    }
+    num_failed += e.num_failed + h.num_failed;
+    const std::string prefix = strCat("agent_c", level.concurrency, "_");
+    results.push_back({.name = prefix + "req_s",
+                       .value = h.reqPerSecond(),
+                       .unit = "req/s",
+                       .reference = e.reqPerSecond(),
+                       .reference_name = "in-process req/s"});
+    for (double p : {50.0, 95.0, 99.0}) {
+      const std::string p_name = strCat("p", static_cast<int>(p));
+      results.push_back({.name = prefix + "ttft_ms_" + p_name,
+                         .value = percentile(h.ttft_ms, p),
+                         .unit = "ms",
+                         .reference = percentile(e.ttft_ms, p),
+                         .reference_name = "in-process TTFT " + p_name});
+    }
+    for (double p : {50.0, 95.0, 99.0}) {
+      const std::string p_name = strCat("p", static_cast<int>(p));
+      results.push_back({.name = prefix + "tpot_ms_" + p_name,
+                         .value = percentile(h.tpot_ms, p),
+                         .unit = "ms",
+                         .reference = percentile(e.tpot_ms, p),
+                         .reference_name = "in-process TPOT " + p_name});
+    }
+  }
+
+  loop.reset();
+  server->reset();
+  int rc = bench::writeReport("agent", results, argc, argv);
+  if (num_failed > 0) {
+    std::fprintf(stderr, "bench_agent: %d requests failed or returned fewer tokens than asked\n", num_failed);
+    return 1;
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::Status logging = tandem::configureLogging({.spec = tandem::kLogLevel});
+  if (!logging.ok()) return 1;
+  std::string tmp_template = (std::filesystem::temp_directory_path() / "tandem-bench-agent-XXXXXX").string();
+  if (mkdtemp(tmp_template.data()) == nullptr) {
+    std::perror("bench_agent: mkdtemp");
+    return 1;
+  }
+  int rc = tandem::run(argc, argv, tmp_template);
+  std::error_code ignored;
+  std::filesystem::remove_all(tmp_template, ignored);
+  return rc;
+}
