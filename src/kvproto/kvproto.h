@@ -1,0 +1,149 @@
+#pragma once
+// Wire format of the P/D control messages (UCP active messages between a
+// decode agent D and a prefill agent P). Bulk KV never travels in these
+// messages: D pulls layer blocks from P's registered memory with UCP get.
+//
+// Every message is a 24-byte header followed by a payload. All integers are
+// little-endian; there is no padding.
+//
+//   offset size field
+//   0      4    magic        0x3156_4B54 ("TKV1" in memory order)
+//   4      2    version      kVersion (1). A receiver rejects any other.
+//   6      2    type         MessageType
+//   8      8    transfer_id  chosen by D, unique per D; names one prefill/transfer
+//   16     4    payload_len  bytes after the header; must equal what remains
+//   20     4    reserved     0
+//
+// Payloads (u8/u16/u32/u64 fixed width; "list<T>" = u32 count then count × T;
+// "bytes" = u32 length then the bytes):
+//
+//   kHello            u16 role (1 prefill, 2 decode), u16 num_layers, u32 num_blocks,
+//                     u16 block_size, u16 num_kv_heads, u16 head_dim, u16 dtype (1 = fp32),
+//                     u64 region_base, bytes rkey, bytes peer_name
+//   kPrefillRequest   u32 deadline_ms, u32 lease_ms, list<u32> tokens,
+//                     f32 temperature, f32 top_p, u32 top_k, u64 seed, u8 has_seed
+//   kPrefillAccepted  u32 num_cached_tokens, list<u32> block_ids (P's blocks, in logical order)
+//   kLayerReady       u16 layer, list<u64> checksums (one per block of kPrefillAccepted)
+//   kPrefillDone      u32 first_token
+//   kRelease          (empty) D is done reading; P unpins
+//   kAbort            u16 reason (FailureReason), bytes message
+//   kPing, kPong      (empty) health probe
+//
+// decode() checks everything a peer could get wrong — magic, version, type,
+// lengths (a count can never exceed the bytes that remain, and each is capped
+// by DecodeLimits), and block ids and layers against the receiver's layout —
+// so a corrupt or hostile message is rejected with a Status naming the
+// problem, never read out of bounds.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "src/common/status.h"
+
+namespace tandem::kvproto {
+
+inline constexpr uint32_t kMagic = 0x31564B54;
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 24;
+
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kPrefillRequest = 2,
+  kPrefillAccepted = 3,
+  kLayerReady = 4,
+  kPrefillDone = 5,
+  kRelease = 6,
+  kAbort = 7,
+  kPing = 8,
+  kPong = 9,
+};
+
+// Typed transfer failures (DESIGN.md §3), carried by kAbort and counted in
+// tandem_kv_transfer_failures_total{reason}.
+enum class FailureReason : uint16_t {
+  kPrefillTimeout = 1,
+  kTransferFailed = 2,
+  kPeerUnhealthy = 3,
+  kLeaseExpired = 4,
+  kCapacity = 5,
+  kChecksumMismatch = 6,
+  kCancelled = 7,
+};
+std::string_view failureReasonName(FailureReason r);
+
+struct Hello {
+  uint16_t role = 0;
+  uint16_t num_layers = 0;
+  uint32_t num_blocks = 0;
+  uint16_t block_size = 0;
+  uint16_t num_kv_heads = 0;
+  uint16_t head_dim = 0;
+  uint16_t dtype = 1;
+  uint64_t region_base = 0;
+  std::string rkey;
+  std::string peer_name;
+};
+struct PrefillRequest {
+  uint32_t deadline_ms = 0;
+  uint32_t lease_ms = 0;
+  std::vector<uint32_t> tokens;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  uint32_t top_k = 0;
+  std::optional<uint64_t> seed;
+};
+struct PrefillAccepted {
+  uint32_t num_cached_tokens = 0;
+  std::vector<uint32_t> block_ids;
+};
+struct LayerReady {
+  uint16_t layer = 0;
+  std::vector<uint64_t> checksums;
+};
+struct PrefillDone {
+  uint32_t first_token = 0;
+};
+struct Release {};
+struct Abort {
+  FailureReason reason = FailureReason::kTransferFailed;
+  std::string message;
+};
+struct Ping {};
+struct Pong {};
+
+using Body = std::variant<Hello, PrefillRequest, PrefillAccepted, LayerReady, PrefillDone, Release, Abort, Ping, Pong>;
+
+struct Message {
+  uint64_t transfer_id = 0;
+  Body body;
+};
+
+// What the receiver will accept. Block ids and layers are checked against
+// the receiver's view of the sender's layout (from the sender's Hello).
+struct DecodeLimits {
+  uint32_t max_tokens = 1u << 20;     // prompt tokens in one request
+  uint32_t max_blocks = 1u << 20;     // entries in a block list
+  uint32_t max_string = 4096;         // rkey, names, messages
+  uint32_t num_blocks = UINT32_MAX;   // block ids must be < this
+  uint16_t num_layers = UINT16_MAX;   // layers must be < this
+};
+
+MessageType typeOf(const Body& body);
+
+// Appends the encoding of `m` to `out`.
+void encode(const Message& m, std::vector<uint8_t>* out);
+std::vector<uint8_t> encode(const Message& m);
+
+// Decodes exactly one message occupying all of `data`.
+absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits& limits = {});
+
+// 64-bit checksum of one layer block (XXH64, seed 0), computed by P after the
+// layer is written and verified by D after its get completed.
+uint64_t layerBlockChecksum(std::span<const std::byte> bytes);
+
+}  // namespace tandem::kvproto

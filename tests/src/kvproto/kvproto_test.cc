@@ -1,0 +1,121 @@
+#include "src/kvproto/kvproto.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace tandem::kvproto {
+namespace {
+
+std::vector<Message> samples() {
+  Hello h{.role = 1, .num_layers = 4, .num_blocks = 512, .block_size = 16, .num_kv_heads = 2, .head_dim = 32,
+          .dtype = 1, .region_base = 0x7f0012345000, .rkey = std::string("\x01\x02\x00\x03", 4), .peer_name = "p-0"};
+  PrefillRequest pr{.deadline_ms = 5000, .lease_ms = 30000, .tokens = {1, 50, 60, 70}, .temperature = 0.5f,
+                    .top_p = 0.9f, .top_k = 40, .seed = 7};
+  return {{1, h},
+          {2, pr},
+          {2, PrefillRequest{.tokens = {9}}},
+          {3, PrefillAccepted{.num_cached_tokens = 32, .block_ids = {4, 9, 2}}},
+          {3, LayerReady{.layer = 3, .checksums = {1, 2, 0xffffffffffffffffULL}}},
+          {4, PrefillDone{.first_token = 42}},
+          {5, Release{}},
+          {6, Abort{.reason = FailureReason::kLeaseExpired, .message = "lease expired after 30s"}},
+          {7, Ping{}},
+          {8, Pong{}}};
+}
+
+TEST(KvProtoTest, RoundTripsEveryMessage) {
+  for (const Message& m : samples()) {
+    std::vector<uint8_t> wire = encode(m);
+    auto back = decode(wire);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->transfer_id, m.transfer_id);
+    EXPECT_EQ(back->body.index(), m.body.index());
+    EXPECT_EQ(encode(*back), wire);  // re-encoding is byte-identical
+  }
+  auto pr = std::get<PrefillRequest>(decode(encode(samples()[1]))->body);
+  EXPECT_EQ(pr.tokens, (std::vector<uint32_t>{1, 50, 60, 70}));
+  EXPECT_EQ(pr.seed, 7u);
+  EXPECT_FLOAT_EQ(pr.top_p, 0.9f);
+  EXPECT_FALSE(std::get<PrefillRequest>(decode(encode(samples()[2]))->body).seed.has_value());
+}
+
+TEST(KvProtoTest, HeaderLayoutIsAsDocumented) {
+  std::vector<uint8_t> wire = encode({0x0102030405060708ULL, PrefillDone{.first_token = 5}});
+  ASSERT_EQ(wire.size(), kHeaderSize + 4);
+  EXPECT_EQ(std::string(wire.begin(), wire.begin() + 4), "TKV1");
+  EXPECT_EQ(wire[4], 1);  // version, little-endian
+  EXPECT_EQ(wire[6], static_cast<uint8_t>(MessageType::kPrefillDone));
+  EXPECT_EQ(wire[8], 0x08);  // transfer id, little-endian
+  EXPECT_EQ(wire[16], 4);    // payload length
+}
+
+TEST(KvProtoTest, EveryTruncationIsRejected) {
+  for (const Message& m : samples()) {
+    std::vector<uint8_t> wire = encode(m);
+    for (size_t n = 0; n < wire.size(); ++n) {
+      auto r = decode(std::span<const uint8_t>(wire.data(), n));
+      EXPECT_FALSE(r.ok()) << "accepted a " << n << "-byte prefix of a " << wire.size() << "-byte message";
+    }
+  }
+}
+
+std::string errorOf(std::vector<uint8_t> wire, DecodeLimits limits = {}) {
+  auto r = decode(wire, limits);
+  EXPECT_FALSE(r.ok());
+  return std::string(r.status().message());
+}
+
+TEST(KvProtoTest, BadHeadersAreRejectedWithReason) {
+  std::vector<uint8_t> wire = encode({1, Ping{}});
+  auto bad = wire;
+  bad[0] ^= 0xff;
+  EXPECT_NE(errorOf(bad).find("bad magic"), std::string::npos);
+  bad = wire;
+  bad[4] = 2;
+  EXPECT_NE(errorOf(bad).find("unsupported version 2"), std::string::npos);
+  bad = wire;
+  bad[6] = 99;
+  EXPECT_NE(errorOf(bad).find("unknown message type 99"), std::string::npos);
+  bad = wire;
+  bad.push_back(0);
+  EXPECT_NE(errorOf(bad).find("payload_len 0 but 1 bytes follow"), std::string::npos);
+}
+
+TEST(KvProtoTest, OversizedLengthsAreRejectedBeforeAllocating) {
+  // A block list claiming 2^31 entries in a tiny message.
+  std::vector<uint8_t> wire = encode({3, PrefillAccepted{.num_cached_tokens = 0, .block_ids = {1}}});
+  uint32_t huge = 0x80000000u;
+  std::memcpy(wire.data() + kHeaderSize + 4, &huge, 4);
+  EXPECT_NE(errorOf(wire).find("exceeds the limit"), std::string::npos);
+  EXPECT_NE(errorOf(wire, {.max_blocks = UINT32_MAX}).find("exceeds the bytes left"), std::string::npos);
+  std::vector<uint8_t> s = encode({6, Abort{.reason = FailureReason::kCapacity, .message = std::string(5000, 'x')}});
+  EXPECT_NE(errorOf(s).find("message length 5000 exceeds the limit 4096"), std::string::npos);
+  std::vector<uint8_t> t = encode({2, PrefillRequest{.tokens = std::vector<uint32_t>(100, 5)}});
+  EXPECT_NE(errorOf(t, {.max_tokens = 64}).find("tokens count 100 exceeds the limit 64"), std::string::npos);
+}
+
+TEST(KvProtoTest, OutOfRangeBlocksAndLayersAreRejected) {
+  DecodeLimits peer{.num_blocks = 8, .num_layers = 4};
+  EXPECT_NE(errorOf(encode({3, PrefillAccepted{.block_ids = {1, 8}}}), peer).find("block_ids[1] = 8 is outside the peer's pool of 8"),
+            std::string::npos);
+  EXPECT_TRUE(decode(encode({3, PrefillAccepted{.block_ids = {0, 7}}}), peer).ok());
+  EXPECT_NE(errorOf(encode({3, LayerReady{.layer = 4, .checksums = {1}}}), peer).find("layer 4 is outside"), std::string::npos);
+}
+
+TEST(KvProtoTest, SemanticGarbageIsRejected) {
+  EXPECT_NE(errorOf(encode({1, Abort{.reason = static_cast<FailureReason>(77)}})).find("unknown failure reason 77"), std::string::npos);
+  EXPECT_NE(errorOf(encode({1, PrefillRequest{}})).find("empty prompt"), std::string::npos);
+  EXPECT_NE(errorOf(encode({1, Hello{.role = 9}})).find("unknown role 9"), std::string::npos);
+}
+
+TEST(KvProtoTest, ChecksumSeesEveryByte) {
+  std::vector<std::byte> a(4096, std::byte{1});
+  uint64_t base = layerBlockChecksum(a);
+  a[4095] = std::byte{2};
+  EXPECT_NE(layerBlockChecksum(a), base);
+  EXPECT_EQ(std::string(failureReasonName(FailureReason::kPrefillTimeout)), "prefill_timeout");
+}
+
+}  // namespace
+}  // namespace tandem::kvproto
