@@ -1,0 +1,493 @@
+#include "agent/transport/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ucp/api/ucp.h>
+
+#include "src/common/log.h"
+#include "src/common/strings.h"
+
+namespace tandem::transport {
+namespace {
+
+constexpr unsigned kControlAmId = 1;
+
+absl::Status ucsError(std::string_view what, ucs_status_t s) {
+  return absl::UnavailableError(strCat(what, ": ", ucs_status_string(s)));
+}
+
+}  // namespace
+
+struct UcxTransport::Impl {
+  Logger log{"transport"};
+  TransportCallbacks cb;
+  ucp_context_h ctx = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  ucp_mem_h memh = nullptr;
+  uint64_t region_base = 0;
+  uint64_t region_length = 0;
+  std::string packed_rkey;
+  int port = 0;
+  int ucx_fd = -1, wake_fd = -1, epoll_fd = -1;
+
+  std::mutex mu;
+  std::deque<std::function<void()>> commands;  // guarded by mu
+  bool stop = false;                           // guarded by mu
+  std::thread thread;
+
+  std::atomic<uint64_t> next_conn{1}, next_get{1};
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<int64_t> inflight{0};
+
+  // Progress-thread state.
+  struct Conn {
+    ucp_ep_h ep = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    uint64_t remote_base = 0;
+    uint64_t remote_length = 0;
+    std::unordered_set<GetId> gets;
+  };
+  std::unordered_map<ConnId, Conn> conns;
+  std::unordered_map<ucp_ep_h, ConnId> by_ep;
+  struct Get {
+    ConnId conn;
+    void* request = nullptr;
+    size_t length = 0;
+    bool cancel_requested = false;
+    std::function<void(absl::Status)> done;
+  };
+  std::unordered_map<GetId, Get> gets;
+  std::unordered_set<void*> closing;  // ep close requests in flight
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu);
+      commands.push_back(std::move(fn));
+    }
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof(one));
+  }
+
+  // --- UCX callbacks (progress thread) ---
+  static void onConnRequest(ucp_conn_request_h req, void* arg) { static_cast<Impl*>(arg)->accept(req); }
+  static void onEpError(void* arg, ucp_ep_h ep, ucs_status_t status) { static_cast<Impl*>(arg)->epFailed(ep, status); }
+  static ucs_status_t onAm(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<Impl*>(arg)->received(data, length, param);
+  }
+  static void onGetDone(void* request, ucs_status_t status, void* user_data) {
+    auto* self = static_cast<Impl*>(user_data);
+    self->getFinished(request, status);
+  }
+  static void onSendDone(void* request, ucs_status_t status, void* user_data) {
+    delete static_cast<std::vector<uint8_t>*>(user_data);
+    ucp_request_free(request);
+    (void)status;  // a failed send is followed by the endpoint's error callback
+  }
+  static void onCloseDone(void* request, ucs_status_t, void* user_data) {
+    static_cast<Impl*>(user_data)->closing.erase(request);
+    ucp_request_free(request);
+  }
+
+  ucp_ep_params_t epParams() {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = onEpError;
+    p.err_handler.arg = this;
+    return p;
+  }
+
+  void accept(ucp_conn_request_h req) {
+    ucp_ep_params_t p = epParams();
+    p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    p.conn_request = req;
+    ucp_ep_h ep = nullptr;
+    ucs_status_t s = ucp_ep_create(worker, &p, &ep);
+    if (s != UCS_OK) {
+      log.warn("cannot accept a connection", {{"error", ucs_status_string(s)}});
+      return;
+    }
+    ConnId id = next_conn.fetch_add(1);
+    conns[id].ep = ep;
+    by_ep[ep] = id;
+    if (cb.on_accept) cb.on_accept(id);
+  }
+
+  void epFailed(ucp_ep_h ep, ucs_status_t status) {
+    auto it = by_ep.find(ep);
+    if (it == by_ep.end()) return;
+    ConnId id = it->second;
+    // UCX completes the endpoint's outstanding requests with an error; the
+    // connection itself is done.
+    dropConn(id, absl::UnavailableError(strCat("connection ", id, " failed: ", ucs_status_string(status))));
+  }
+
+  ucs_status_t received(void* data, size_t length, const ucp_am_recv_param_t* param) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      log.warn("dropped a control message sent by rendezvous (peers must send eagerly)");
+      return UCS_OK;
+    }
+    ConnId id = 0;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
+      if (auto it = by_ep.find(param->reply_ep); it != by_ep.end()) id = it->second;
+    }
+    if (id == 0) {
+      log.warn("dropped a control message from an unknown endpoint");
+      return UCS_OK;
+    }
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    if (cb.on_message) cb.on_message(id, std::vector<uint8_t>(bytes, bytes + length));
+    return UCS_OK;
+  }
+
+  void getFinished(void* request, ucs_status_t status) {
+    for (auto it = gets.begin(); it != gets.end(); ++it) {
+      if (it->second.request != request) continue;
+      finishGet(it, status);
+      break;
+    }
+    ucp_request_free(request);
+  }
+
+  void finishGet(std::unordered_map<GetId, Get>::iterator it, ucs_status_t status) {
+    Get g = std::move(it->second);
+    GetId id = it->first;
+    gets.erase(it);
+    if (auto c = conns.find(g.conn); c != conns.end()) c->second.gets.erase(id);
+    inflight.fetch_sub(1);
+    absl::Status result;
+    if (status == UCS_OK) {
+      bytes_read.fetch_add(g.length);
+    } else if (status == UCS_ERR_CANCELED) {
+      result = absl::CancelledError(strCat("get ", id, " cancelled"));
+    } else {
+      result = absl::UnavailableError(strCat("get ", id, " failed: ", ucs_status_string(status)));
+    }
+    if (g.done) g.done(result);
+  }
+
+  // --- commands (progress thread) ---
+  void doConnect(ConnId id, std::string host, int to_port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(to_port));
+    if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+      if (cb.on_disconnect) cb.on_disconnect(id, absl::InvalidArgumentError(strCat("bad peer address \"", host, "\"")));
+      return;
+    }
+    ucp_ep_params_t p = epParams();
+    p.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sizeof(addr);
+    ucp_ep_h ep = nullptr;
+    ucs_status_t s = ucp_ep_create(worker, &p, &ep);
+    if (s != UCS_OK) {
+      if (cb.on_disconnect) cb.on_disconnect(id, ucsError(strCat("connect to ", host, ":", to_port), s));
+      return;
+    }
+    conns[id].ep = ep;
+    by_ep[ep] = id;
+  }
+
+  void doSend(ConnId id, std::vector<uint8_t> bytes) {
+    auto c = conns.find(id);
+    if (c == conns.end()) return;  // closed: the caller learnt through on_disconnect
+    auto* buf = new std::vector<uint8_t>(std::move(bytes));
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    p.cb.send = onSendDone;
+    p.user_data = buf;
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->second.ep, kControlAmId, nullptr, 0, buf->data(), buf->size(), &p);
+    if (r == nullptr) {
+      delete buf;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      delete buf;
+      log.warn("send failed", {{"conn", id}, {"error", ucs_status_string(UCS_PTR_STATUS(r))}});
+    }
+  }
+
+  void doSetRemote(ConnId id, uint64_t base, uint64_t length, std::string rkey) {
+    auto c = conns.find(id);
+    if (c == conns.end()) return;
+    if (c->second.rkey) ucp_rkey_destroy(c->second.rkey);
+    c->second.rkey = nullptr;
+    ucs_status_t s = ucp_ep_rkey_unpack(c->second.ep, rkey.data(), &c->second.rkey);
+    if (s != UCS_OK) {
+      log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
+      c->second.rkey = nullptr;
+      return;
+    }
+    c->second.remote_base = base;
+    c->second.remote_length = length;
+  }
+
+  void doGet(GetId id, ConnId conn_id, void* local, uint64_t offset, size_t length, std::function<void(absl::Status)> done) {
+    auto fail = [&](absl::Status s) {
+      inflight.fetch_sub(1);
+      done(std::move(s));
+    };
+    auto c = conns.find(conn_id);
+    if (c == conns.end()) return fail(absl::UnavailableError(strCat("get on closed connection ", conn_id)));
+    Conn& conn = c->second;
+    if (conn.rkey == nullptr) return fail(absl::FailedPreconditionError(strCat("connection ", conn_id, " has no remote region yet")));
+    if (offset > conn.remote_length || length > conn.remote_length - offset) {
+      return fail(absl::OutOfRangeError(strCat("get of ", length, " bytes at offset ", offset, " is outside the peer's region of ",
+                                               conn.remote_length, " bytes")));
+    }
+    Get& g = gets[id];
+    g.conn = conn_id;
+    g.length = length;
+    g.done = std::move(done);
+    conn.gets.insert(id);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = onGetDone;
+    p.user_data = this;
+    ucs_status_ptr_t r = ucp_get_nbx(conn.ep, local, length, conn.remote_base + offset, conn.rkey, &p);
+    if (r == nullptr) {
+      finishGet(gets.find(id), UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      finishGet(gets.find(id), UCS_PTR_STATUS(r));
+    } else {
+      g.request = r;
+    }
+  }
+
+  void doCancelGet(GetId id) {
+    auto it = gets.find(id);
+    if (it == gets.end() || it->second.request == nullptr || it->second.cancel_requested) return;
+    it->second.cancel_requested = true;
+    ucp_request_cancel(worker, it->second.request);
+  }
+
+  void dropConn(ConnId id, absl::Status why) {
+    auto c = conns.find(id);
+    if (c == conns.end()) return;
+    Conn conn = std::move(c->second);
+    conns.erase(c);
+    by_ep.erase(conn.ep);
+    // Cancel what is still in flight; completions arrive through onGetDone.
+    for (GetId g : conn.gets) {
+      if (auto it = gets.find(g); it != gets.end() && it->second.request) ucp_request_cancel(worker, it->second.request);
+    }
+    if (conn.rkey) ucp_rkey_destroy(conn.rkey);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    p.cb.send = onCloseDone;
+    p.user_data = this;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(conn.ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.insert(r);
+    if (!why.ok() && cb.on_disconnect) cb.on_disconnect(id, why);
+  }
+
+  void run() {
+    epoll_event ev[4];
+    for (;;) {
+      std::deque<std::function<void()>> batch;
+      bool stopping;
+      {
+        std::lock_guard lock(mu);
+        batch.swap(commands);
+        stopping = stop;
+      }
+      for (auto& fn : batch) fn();
+      if (stopping) break;
+      if (ucp_worker_progress(worker) != 0) continue;
+      ucs_status_t s = ucp_worker_arm(worker);
+      if (s == UCS_ERR_BUSY) continue;
+      int n = epoll_wait(epoll_fd, ev, 4, 100);
+      for (int i = 0; i < n; ++i) {
+        if (ev[i].data.fd == wake_fd) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = read(wake_fd, &v, sizeof(v));
+        }
+      }
+    }
+    // Shutdown: close every connection, then progress until all gets and
+    // closes completed (bounded: a peer that vanished cannot hold us forever).
+    std::vector<ConnId> ids;
+    for (const auto& [id, c] : conns) ids.push_back(id);
+    for (ConnId id : ids) dropConn(id, absl::OkStatus());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((!gets.empty() || !closing.empty()) && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker);
+    for (auto it = gets.begin(); it != gets.end();) {
+      auto next = std::next(it);
+      finishGet(it, UCS_ERR_CANCELED);
+      it = next;
+    }
+  }
+
+  ~Impl() {
+    if (listener) ucp_listener_destroy(listener);
+    if (memh) ucp_mem_unmap(ctx, memh);
+    if (worker) ucp_worker_destroy(worker);
+    if (ctx) ucp_cleanup(ctx);
+    if (wake_fd >= 0) ::close(wake_fd);
+    if (epoll_fd >= 0) ::close(epoll_fd);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const TransportOptions& o, TransportCallbacks callbacks) {
+  auto impl = std::make_unique<Impl>();
+  impl->cb = std::move(callbacks);
+  // QoS of KV traffic on InfiniBand / RoCE: UCX reads these from the environment.
+  if (o.ib_sl) setenv("UCX_IB_SL", std::to_string(*o.ib_sl).c_str(), 1);
+  if (o.ib_traffic_class) setenv("UCX_IB_TRAFFIC_CLASS", std::to_string(*o.ib_traffic_class).c_str(), 1);
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return ucsError("ucp_config_read", s);
+  if (!o.tls.empty()) {
+    s = ucp_config_modify(config, "TLS", o.tls.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(strCat("UCX transports \"", o.tls, "\": ", ucs_status_string(s)));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  s = ucp_init(&params, config, &impl->ctx);
+  ucp_config_release(config);
+  if (s != UCS_OK) return ucsError("ucp_init", s);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches the worker
+  s = ucp_worker_create(impl->ctx, &wp, &impl->worker);
+  if (s != UCS_OK) return ucsError("ucp_worker_create", s);
+
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = kControlAmId;
+  am.cb = Impl::onAm;
+  am.arg = impl.get();
+  s = ucp_worker_set_am_recv_handler(impl->worker, &am);
+  if (s != UCS_OK) return ucsError("ucp_worker_set_am_recv_handler", s);
+
+  // The region peers read: registered once, for the life of the transport.
+  if (!o.region.empty()) {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = o.region.data();
+    mp.length = o.region.size();
+    s = ucp_mem_map(impl->ctx, &mp, &impl->memh);
+    if (s != UCS_OK) return ucsError("ucp_mem_map of the KV region", s);
+    void* rkey = nullptr;
+    size_t rkey_size = 0;
+    s = ucp_rkey_pack(impl->ctx, impl->memh, &rkey, &rkey_size);
+    if (s != UCS_OK) return ucsError("ucp_rkey_pack", s);
+    impl->packed_rkey.assign(static_cast<const char*>(rkey), rkey_size);
+    ucp_rkey_buffer_release(rkey);
+    impl->region_base = reinterpret_cast<uint64_t>(o.region.data());
+    impl->region_length = o.region.size();
+  }
+
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(o.port));
+  if (inet_pton(AF_INET, o.host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(strCat("transport listen address \"", o.host, "\" is not an IPv4 address"));
+  }
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  lp.sockaddr.addrlen = sizeof(addr);
+  lp.conn_handler.cb = Impl::onConnRequest;
+  lp.conn_handler.arg = impl.get();
+  s = ucp_listener_create(impl->worker, &lp, &impl->listener);
+  if (s != UCS_OK) return ucsError(strCat("listen on ", o.host, ":", o.port), s);
+  ucp_listener_attr_t la{};
+  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  s = ucp_listener_query(impl->listener, &la);
+  if (s != UCS_OK) return ucsError("ucp_listener_query", s);
+  impl->port = ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+
+  s = ucp_worker_get_efd(impl->worker, &impl->ucx_fd);
+  if (s != UCS_OK) return ucsError("ucp_worker_get_efd", s);
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  impl->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (impl->wake_fd < 0 || impl->epoll_fd < 0) return absl::InternalError("eventfd/epoll_create1 failed");
+  for (int fd : {impl->ucx_fd, impl->wake_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(impl->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  }
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(impl)));
+}
+
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+UcxTransport::~UcxTransport() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->post([] {});
+  impl_->thread.join();
+}
+
+int UcxTransport::port() const { return impl_->port; }
+uint64_t UcxTransport::regionBase() const { return impl_->region_base; }
+uint64_t UcxTransport::regionLength() const { return impl_->region_length; }
+const std::string& UcxTransport::packedRkey() const { return impl_->packed_rkey; }
+
+ConnId UcxTransport::connect(const std::string& host, int port) {
+  ConnId id = impl_->next_conn.fetch_add(1);
+  impl_->post([impl = impl_.get(), id, host, port] { impl->doConnect(id, host, port); });
+  return id;
+}
+
+void UcxTransport::send(ConnId conn, std::vector<uint8_t> bytes) {
+  impl_->post([impl = impl_.get(), conn, b = std::move(bytes)]() mutable { impl->doSend(conn, std::move(b)); });
+}
+
+void UcxTransport::setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, std::string packed_rkey) {
+  impl_->post([impl = impl_.get(), conn, base, length, k = std::move(packed_rkey)]() mutable {
+    impl->doSetRemote(conn, base, length, std::move(k));
+  });
+}
+
+GetId UcxTransport::get(ConnId conn, void* local, uint64_t remote_offset, size_t length,
+                        std::function<void(absl::Status)> done) {
+  GetId id = impl_->next_get.fetch_add(1);
+  impl_->inflight.fetch_add(1);
+  impl_->post([impl = impl_.get(), id, conn, local, remote_offset, length, d = std::move(done)]() mutable {
+    impl->doGet(id, conn, local, remote_offset, length, std::move(d));
+  });
+  return id;
+}
+
+void UcxTransport::cancelGet(GetId id) {
+  impl_->post([impl = impl_.get(), id] { impl->doCancelGet(id); });
+}
+
+void UcxTransport::close(ConnId conn) {
+  impl_->post([impl = impl_.get(), conn] { impl->dropConn(conn, absl::OkStatus()); });
+}
+
+uint64_t UcxTransport::bytesRead() const { return impl_->bytes_read.load(); }
+int64_t UcxTransport::getsInFlight() const { return impl_->inflight.load(); }
+
+}  // namespace tandem::transport

@@ -1,0 +1,203 @@
+#include "agent/transport/ucx_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+namespace tandem::transport {
+namespace {
+
+template <typename Pred>
+bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// One side of a connection: a transport plus what its callbacks saw.
+struct Side {
+  std::vector<std::byte> region;
+  std::unique_ptr<UcxTransport> t;
+  std::mutex mu;
+  std::vector<ConnId> accepted;
+  std::vector<std::pair<ConnId, std::vector<uint8_t>>> messages;
+  std::vector<std::pair<ConnId, absl::Status>> disconnects;
+
+  Side(size_t region_bytes, const std::string& tls) : region(region_bytes) {
+    for (size_t i = 0; i < region.size(); ++i) region[i] = static_cast<std::byte>((i * 7 + 3) & 0xff);
+    TransportCallbacks cb;
+    cb.on_accept = [this](ConnId c) {
+      std::lock_guard l(mu);
+      accepted.push_back(c);
+    };
+    cb.on_message = [this](ConnId c, std::vector<uint8_t> m) {
+      std::lock_guard l(mu);
+      messages.emplace_back(c, std::move(m));
+    };
+    cb.on_disconnect = [this](ConnId c, absl::Status s) {
+      std::lock_guard l(mu);
+      disconnects.emplace_back(c, s);
+    };
+    auto r = UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = region, .tls = tls}, cb);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) t = std::move(*r);
+  }
+  size_t numMessages() {
+    std::lock_guard l(mu);
+    return messages.size();
+  }
+  size_t numAccepted() {
+    std::lock_guard l(mu);
+    return accepted.size();
+  }
+  size_t numDisconnects() {
+    std::lock_guard l(mu);
+    return disconnects.size();
+  }
+};
+
+// Blocks until a get's completion ran; records its status and how often it ran.
+struct GetWaiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  absl::Status status;
+  std::function<void(absl::Status)> callback() {
+    return [this](absl::Status s) {
+      std::lock_guard l(mu);
+      ++calls;
+      status = s;
+      cv.notify_all();
+    };
+  }
+  absl::Status wait() {
+    std::unique_lock l(mu);
+    cv.wait_for(l, std::chrono::seconds(30), [&] { return calls > 0; });
+    return calls > 0 ? status : absl::DeadlineExceededError("get never completed");
+  }
+};
+
+class UcxTransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxTransportTest, MessagesBothWaysAndGetIntoOwnMemory) {
+  Side p(4 << 20, GetParam()), d(4 << 20, GetParam());
+  ASSERT_TRUE(p.t && d.t);
+  ConnId to_p = d.t->connect("127.0.0.1", p.t->port());
+  d.t->send(to_p, {1, 2, 3});
+  ASSERT_TRUE(waitFor([&] { return p.numMessages() == 1; }));
+  ConnId from_d = p.messages[0].first;
+  EXPECT_EQ(p.messages[0].second, (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(p.numAccepted(), 1u);
+  p.t->send(from_d, std::vector<uint8_t>(100000, 9));  // a large control message still arrives whole
+  ASSERT_TRUE(waitFor([&] { return d.numMessages() == 1; }));
+  EXPECT_EQ(d.messages[0].first, to_p);
+  EXPECT_EQ(d.messages[0].second.size(), 100000u);
+
+  // D pulls 1 MiB from P's region at an offset into its own region.
+  d.t->setRemoteRegion(to_p, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  std::fill(d.region.begin(), d.region.end(), std::byte{0});
+  GetWaiter w;
+  d.t->get(to_p, d.region.data() + 4096, 65536, 1 << 20, w.callback());
+  ASSERT_TRUE(w.wait().ok()) << w.status;
+  EXPECT_EQ(std::memcmp(d.region.data() + 4096, p.region.data() + 65536, 1 << 20), 0);
+  EXPECT_EQ(d.region[4095], std::byte{0});  // nothing written outside the destination
+  EXPECT_EQ(w.calls, 1);
+  EXPECT_EQ(d.t->bytesRead(), 1u << 20);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
+TEST_P(UcxTransportTest, ManyConcurrentGetsEachCompleteOnce) {
+  Side p(8 << 20, GetParam()), d(8 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  constexpr int kGets = 64;
+  std::atomic<int> ok{0}, calls{0};
+  for (int i = 0; i < kGets; ++i) {
+    size_t off = static_cast<size_t>(i) * 128 * 1024;
+    d.t->get(c, d.region.data() + off, off, 128 * 1024, [&](absl::Status s) {
+      calls.fetch_add(1);
+      if (s.ok()) ok.fetch_add(1);
+    });
+  }
+  ASSERT_TRUE(waitFor([&] { return calls.load() == kGets; }));
+  EXPECT_EQ(ok.load(), kGets);
+  EXPECT_EQ(std::memcmp(d.region.data(), p.region.data(), kGets * 128 * 1024), 0);
+}
+
+TEST_P(UcxTransportTest, BadGetsFailWithoutTouchingThePeer) {
+  Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  GetWaiter no_region;
+  d.t->get(c, d.region.data(), 0, 16, no_region.callback());
+  EXPECT_EQ(no_region.wait().code(), absl::StatusCode::kFailedPrecondition);
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  GetWaiter out_of_range;
+  d.t->get(c, d.region.data(), (1 << 20) - 8, 16, out_of_range.callback());
+  EXPECT_EQ(out_of_range.wait().code(), absl::StatusCode::kOutOfRange);
+  GetWaiter unknown;
+  d.t->get(9999, d.region.data(), 0, 16, unknown.callback());
+  EXPECT_EQ(unknown.wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
+TEST_P(UcxTransportTest, CancelledGetStillCompletesExactlyOnce) {
+  Side p(64 << 20, GetParam()), d(64 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  GetWaiter w;
+  GetId g = d.t->get(c, d.region.data(), 0, 64 << 20, w.callback());
+  d.t->cancelGet(g);
+  absl::Status s = w.wait();
+  EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled) << s;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(w.calls, 1);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
+TEST_P(UcxTransportTest, PeerGoneFailsOutstandingGetsAndReportsDisconnect) {
+  auto p = std::make_unique<Side>(64 << 20, GetParam());
+  Side d(64 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p->t->port());
+  d.t->send(c, {7});
+  ASSERT_TRUE(waitFor([&] { return p->numMessages() == 1; }));
+  d.t->setRemoteRegion(c, p->t->regionBase(), p->t->regionLength(), p->t->packedRkey());
+  GetWaiter w;
+  d.t->get(c, d.region.data(), 0, 64 << 20, w.callback());
+  p.reset();  // the prefill side goes away mid-transfer
+  absl::Status s = w.wait();
+  EXPECT_EQ(w.calls, 1);
+  // Either the get won the race, or it failed: it never hangs, never completes twice.
+  if (!s.ok()) {
+    EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled) << s;
+  }
+  ASSERT_TRUE(waitFor([&] { return d.numDisconnects() == 1; }));
+  EXPECT_EQ(d.disconnects[0].first, c);
+  // A get on the dead connection fails at once.
+  GetWaiter after;
+  d.t->get(c, d.region.data(), 0, 16, after.callback());
+  EXPECT_FALSE(after.wait().ok());
+}
+
+TEST(UcxTransportStartTest, BadOptionsAreClearErrors) {
+  std::vector<std::byte> region(4096);
+  auto bad_host = UcxTransport::start({.host = "not-an-ip", .port = 0, .region = region}, {});
+  ASSERT_FALSE(bad_host.ok());
+  EXPECT_NE(std::string(bad_host.status().message()).find("not-an-ip"), std::string::npos);
+  auto bad_tls = UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = region, .tls = "no_such_transport"}, {});
+  EXPECT_FALSE(bad_tls.ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "posix,cma,tcp"),
+                         [](const auto& info) { return info.param == "tcp" ? std::string("Tcp") : std::string("SharedMemory"); });
+
+}  // namespace
+}  // namespace tandem::transport
