@@ -118,6 +118,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
 Engine::~Engine() {
   // Resident sessions release into blocks_, which outlives sessions_ by declaration order.
   sessions_.clear();
+  leases_.clear();
 }
 
 RejectReason Engine::validate(const RequestSpec& spec, std::string* message) const {
@@ -157,6 +158,14 @@ RejectReason Engine::validate(const RequestSpec& spec, std::string* message) con
   }
   if (!p.stop.empty() && !tokenizer_) {
     *message = "stop strings need a tokenizer, and this engine has none";
+    return RejectReason::kInvalid;
+  }
+  if (spec.lease && spec.import_kv) {
+    *message = "a request cannot both lease its KV (prefill role) and import it (decode role)";
+    return RejectReason::kInvalid;
+  }
+  if (spec.lease && leases_.contains(spec.lease->id)) {
+    *message = strCat("lease ", spec.lease->id, " is already held");
     return RejectReason::kInvalid;
   }
   const int prompt = static_cast<int>(spec.prompt.size());
@@ -218,11 +227,13 @@ StepStats Engine::step() {
   MonoTime t0 = clock_.now();
 
   // Deadlines first, so expired work does not take a slot this step.
+  // (An importing request is someone else's to end: its blocks are being written.)
   std::vector<Sequence*> expired;
   for (auto& [id, seq] : live_) {
-    if (seq->spec.deadline && *seq->spec.deadline <= t0) expired.push_back(seq.get());
+    if (seq->spec.deadline && *seq->spec.deadline <= t0 && !seq->importing) expired.push_back(seq.get());
   }
   for (Sequence* s : expired) finish(s, FinishReason::kTimeout);
+  expireLeases();
 
   ScheduleResult plan = scheduler_.schedule();
   for (Sequence* s : plan.preempted) {
@@ -233,6 +244,9 @@ StepStats Engine::step() {
   }
   std::erase_if(plan.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });
   for (auto [src, dst] : plan.block_copies) kv_->copyBlock(src, dst);
+  for (Sequence* s : plan.admitted) {
+    if (s->importing && s->state == SeqState::kRunning) reportKvBlocks(s, s->blocks.size());
+  }
   MonoTime t1 = clock_.now();
 
   std::vector<SequenceChunk> batch;
@@ -251,7 +265,21 @@ StepStats Engine::step() {
   }
   st.num_scheduled_tokens = st.num_prefill_tokens + st.num_decode_tokens;
 
-  absl::Status status = batch.empty() ? absl::OkStatus() : model_->forward(batch, *kv_, &logits_);
+  // Leased prefills whose last prompt chunk runs now: report their blocks
+  // before the model writes them, then each layer as it lands.
+  std::vector<LayerReady> finishing;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence* s = c.seq;
+    if (s->spec.lease && s->numOutputTokens() == 0 && s->num_computed + c.num_tokens == s->num_prompt_tokens) {
+      const size_t n = static_cast<size_t>(ceilDiv(s->num_prompt_tokens, options_.block_size));
+      reportKvBlocks(s, n);
+      finishing.push_back({s->id, std::span<const BlockId>(s->blocks).first(n)});
+    }
+  }
+  LayerObserver on_layer = [&](int layer) { layer_observer_(layer, finishing); };
+  const bool observe = layer_observer_ && !finishing.empty();
+  absl::Status status =
+      batch.empty() ? absl::OkStatus() : model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
   MonoTime t2 = clock_.now();
 
   if (!status.ok()) {
@@ -304,16 +332,62 @@ StepStats Engine::currentStats() const {
 }
 
 void Engine::postprocess(Sequence* seq, std::span<const float> logits) {
+  acceptToken(seq, sampleToken(logits, seq->spec.sampling, seq->rng, &sample_scratch_));
+}
+
+void Engine::reportKvBlocks(Sequence* seq, size_t num_blocks) {
+  if (seq->kv_blocks_reported) return;
+  seq->kv_blocks_reported = true;
+  RequestUpdate u;
+  u.id = seq->id;
+  u.kv_blocks.assign(seq->blocks.begin(), seq->blocks.begin() + static_cast<ptrdiff_t>(num_blocks));
+  if (seq->on_update) seq->on_update(u);
+}
+
+bool Engine::completeImport(RequestId id, TokenId first_token) {
+  auto it = live_.find(id);
+  if (it == live_.end() || !it->second->importing) return false;
+  Sequence* seq = it->second.get();
+  if (first_token < 0 || first_token >= weights_->config.vocab_size) {
+    finish(seq, FinishReason::kError, RejectReason::kNone, strCat("imported first token ", first_token, " is outside the vocabulary"));
+    return true;
+  }
+  seq->importing = false;
+  seq->num_computed = seq->num_prompt_tokens;
+  if (!seq->first_scheduled) seq->first_scheduled = clock_.now();
+  scheduler_.commitComputedBlocks(seq);
+  acceptToken(seq, first_token);
+  return true;
+}
+
+bool Engine::releaseLease(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  blocks_.releaseAll(it->second.blocks);
+  leases_.erase(it);
+  return true;
+}
+
+int Engine::expireLeases() {
+  if (leases_.empty()) return 0;
+  const MonoTime now = clock_.now();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.expires <= now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) releaseLease(id);
+  return static_cast<int>(expired.size());
+}
+
+void Engine::acceptToken(Sequence* seq, TokenId tok) {
   const SamplingParams& p = seq->spec.sampling;
-  TokenId tok = sampleToken(logits, p, seq->rng, &sample_scratch_);
   if (!seq->first_token) seq->first_token = clock_.now();
   seq->tokens.push_back(tok);
   seq->chain.append(std::span<const TokenId>(&seq->tokens.back(), 1));
   seq->pending_tokens.push_back(tok);
 
   const bool eos = !p.ignore_eos && tok == weights_->config.eos_token_id;
-  if (!eos) appendText(seq);
-  if (seq->state == SeqState::kFinished) return;  // a stop string matched
+  if (!eos && appendText(seq)) return;  // a stop string matched: seq is gone
   if (eos) {
     finish(seq, FinishReason::kEos);
   } else if (seq->numOutputTokens() >= p.max_tokens || static_cast<int>(seq->tokens.size()) >= options_.max_model_len) {
@@ -323,8 +397,8 @@ void Engine::postprocess(Sequence* seq, std::span<const float> logits) {
   }
 }
 
-void Engine::appendText(Sequence* seq) {
-  if (!tokenizer_) return;
+bool Engine::appendText(Sequence* seq) {
+  if (!tokenizer_) return false;
   if (!seq->decoder) {
     // A few prompt tokens of context so the first output token decodes with
     // the leading space it has after the prompt.
@@ -334,17 +408,17 @@ void Engine::appendText(Sequence* seq) {
   }
   const size_t old_size = seq->text.size();
   seq->text += seq->decoder->push(seq->tokens.back());
-  if (seq->text.size() == old_size) return;
+  if (seq->text.size() == old_size) return false;
   size_t first = std::string::npos;
   for (const auto& stop : seq->spec.sampling.stop) {
     // Only a match that includes new text can be new.
     size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
     first = std::min(first, seq->text.find(stop, from));
   }
-  if (first != std::string::npos) {
-    seq->text.resize(first);
-    finish(seq, FinishReason::kStop);
-  }
+  if (first == std::string::npos) return false;
+  seq->text.resize(first);
+  finish(seq, FinishReason::kStop);
+  return true;
 }
 
 void Engine::flushUpdate(Sequence* seq) {
@@ -366,7 +440,14 @@ void Engine::flushUpdate(Sequence* seq) {
 void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std::string message) {
   if (seq->state == SeqState::kFinished) return;
   const bool normal = reason == FinishReason::kEos || reason == FinishReason::kLength || reason == FinishReason::kStop;
-  if (normal && seq->spec.session && seq->num_computed > 0) {
+  if (normal && seq->spec.lease && seq->kv_blocks_reported) {
+    // Pin the prompt's KV for the decode agent; the rest is released.
+    std::vector<BlockId> blocks = scheduler_.detachBlocks(seq);
+    const size_t keep = std::min(blocks.size(), static_cast<size_t>(ceilDiv(seq->num_prompt_tokens, options_.block_size)));
+    blocks_.releaseAll(std::span<const BlockId>(blocks).subspan(keep));
+    blocks.resize(keep);
+    leases_[seq->spec.lease->id] = Lease{std::move(blocks), seq->spec.lease->expires};
+  } else if (normal && seq->spec.session && seq->num_computed > 0) {
     // Keep the computed KV resident for the next turn.
     std::vector<BlockId> blocks = scheduler_.detachBlocks(seq);
     const size_t keep = static_cast<size_t>(ceilDiv(seq->num_computed, options_.block_size));
@@ -413,10 +494,13 @@ absl::Status Engine::checkInvariants() const {
     for (BlockId b : seq->blocks) ++refs[static_cast<size_t>(b.value())];
   }
   sessions_.forEachBlock([&](BlockId b) { ++refs[static_cast<size_t>(b.value())]; });
+  for (const auto& [id, lease] : leases_) {
+    for (BlockId b : lease.blocks) ++refs[static_cast<size_t>(b.value())];
+  }
   for (int i = 0; i < blocks_.numTotal(); ++i) {
     if (refs[static_cast<size_t>(i)] != blocks_.refCount(BlockId(i))) {
       return absl::InternalError(strCat("block ", i, " has ref count ", blocks_.refCount(BlockId(i)), " but ",
-                                        refs[static_cast<size_t>(i)], " holders (sequences + sessions)"));
+                                        refs[static_cast<size_t>(i)], " holders (sequences + sessions + leases)"));
     }
   }
   return absl::OkStatus();

@@ -15,7 +15,9 @@
 // engine's owning thread; other threads talk to it through a queue (the
 // agent's job). Callbacks must not call back into the engine.
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <optional>
 #include <vector>
 
@@ -99,6 +101,29 @@ class Engine {
   StepStats currentStats() const;
 
   bool dropSession(const SessionId& id) { return sessions_.drop(id); }
+
+  // --- P/D (see RequestSpec::lease and ::import_kv) ---
+
+  // Called during a step, after layer `layer` of the KV of `prefills` (the
+  // leased requests whose last prompt chunk runs in this step, with the
+  // blocks reported in their kv_blocks update) is in kv().
+  struct LayerReady {
+    RequestId id;
+    std::span<const BlockId> blocks;
+  };
+  using LayerObserverFn = std::function<void(int layer, std::span<const LayerReady> prefills)>;
+  void setLayerObserver(LayerObserverFn fn) { layer_observer_ = std::move(fn); }
+
+  // The prompt KV of an importing request has landed in its blocks: it
+  // continues as if it had computed the prompt, with `first_token` as its
+  // first output token. Returns false if `id` is not an importing request.
+  bool completeImport(RequestId id, TokenId first_token);
+  // Unpins a lease's blocks. Returns whether the lease existed.
+  bool releaseLease(uint64_t lease_id);
+  // Releases leases whose expiry has passed; returns how many. step() does
+  // this too; call it when idle.
+  int expireLeases();
+  int numLeases() const { return static_cast<int>(leases_.size()); }
   // Prefix-cache "stored"/"removed" events since the last call (for the router).
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
 
@@ -118,9 +143,13 @@ class Engine {
          std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
   void postprocess(Sequence* seq, std::span<const float> logits);
+  // Appends a sampled (or imported) token and finishes the request if it is done.
+  void acceptToken(Sequence* seq, TokenId tok);
+  void reportKvBlocks(Sequence* seq, size_t num_blocks);
   void fillGauges(StepStats* st) const;
-  // Decodes new output tokens into seq->text; finishes the request on a stop string.
-  void appendText(Sequence* seq);
+  // Decodes the newest output token into seq->text. On a stop string it
+  // finishes the request (seq is destroyed) and returns true.
+  bool appendText(Sequence* seq);
   // The single cleanup path.
   void finish(Sequence* seq, FinishReason reason, RejectReason reject = RejectReason::kNone, std::string message = {});
   void flushUpdate(Sequence* seq);
@@ -139,6 +168,12 @@ class Engine {
   uint64_t next_id_ = 1;
   SamplerRng seed_rng_;
   size_t max_stop_len_ = 0;
+  struct Lease {
+    std::vector<BlockId> blocks;
+    MonoTime expires;
+  };
+  absl::flat_hash_map<uint64_t, Lease> leases_;
+  LayerObserverFn layer_observer_;
   std::vector<float> logits_;
   std::vector<std::pair<float, TokenId>> sample_scratch_;
 };

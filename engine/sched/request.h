@@ -47,12 +47,32 @@ struct SamplingParams {
   bool ignore_eos = false;
 };
 
+// P/D disaggregation (DESIGN.md §2): a prefill agent computes a prompt and
+// keeps its KV pinned under a lease for the decode agent to read.
+struct LeaseSpec {
+  uint64_t id = 0;    // chosen by the caller, unique among live leases
+  MonoTime expires;   // the KV is released at this time unless released earlier
+};
+
 struct RequestSpec {
   std::vector<TokenId> prompt;
   SamplingParams sampling;
   std::optional<SessionId> session;  // keep KV resident under this id when done
   int session_priority = 0;          // higher survives eviction longer
   std::optional<MonoTime> deadline;  // finish with kTimeout after this
+  // Prefill role: when the request finishes normally, its prompt KV stays
+  // pinned under this lease (Engine::releaseLease, or expiry). Before the
+  // last prompt chunk runs, an update carries the prompt's blocks
+  // (RequestUpdate::kv_blocks), and the engine's layer observer reports each
+  // layer of them as it is written.
+  std::optional<LeaseSpec> lease;
+  // Decode role: the prompt's KV comes from elsewhere. The engine admits the
+  // request (reservation as usual), allocates blocks for the whole prompt,
+  // reports them (RequestUpdate::kv_blocks) and computes nothing until
+  // Engine::completeImport(). While importing, the request ends only through
+  // cancel() by the importer (never by deadline or preemption), because
+  // someone else is writing into its blocks.
+  bool import_kv = false;
 };
 
 // Progress of one request, delivered on the engine thread. `finished`
@@ -71,6 +91,10 @@ struct RequestUpdate {
   int num_cached_tokens = 0;   // prompt tokens served from the prefix cache or a resident session
   int num_output_tokens = 0;
   int num_reserved_tokens = 0; // the admission reservation: prompt + expected output
+  // Leased prefill / import: the blocks holding (or to receive) the
+  // prompt's KV, in logical order. Sent once, in a non-final update.
+  std::vector<BlockId> kv_blocks;
+
   int kv_blocks_peak = 0;
   int num_preemptions = 0;
   std::optional<MonoTime> arrival, first_scheduled, first_token, finished_at;

@@ -41,6 +41,7 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
   // At least one token must be computed to produce logits.
   const int cap = n - 1;
   ReusePlan plan;
+  if (seq.spec.import_kv) return plan;  // the whole prompt arrives from the prefill agent
   if (seq.spec.session) {
     if (const ResidentSession* s = sessions_.find(*seq.spec.session)) {
       const int limit = std::min({static_cast<int>(s->tokens.size()), cap});
@@ -155,7 +156,15 @@ bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* resu
       ++result->num_session_evictions;
       continue;
     }
-    Sequence* victim = running_.back();
+    // The newest running sequence that is not importing: an importing
+    // sequence's blocks are being written by gets, so they cannot be freed.
+    Sequence* victim = seq;
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      if (!(*it)->importing) {
+        victim = *it;
+        break;
+      }
+    }
     preempt(victim, result);
     if (victim == seq) return false;
   }
@@ -179,7 +188,7 @@ ScheduleResult Scheduler::schedule() {
   // ensureBlocks may preempt from the back of running_.
   std::vector<Sequence*> decoding;
   for (Sequence* s : running_) {
-    if (s->numUncomputed() == 1) decoding.push_back(s);
+    if (!s->importing && s->numUncomputed() == 1) decoding.push_back(s);
   }
   for (Sequence* s : decoding) {
     if (budget == 0) break;
@@ -194,7 +203,7 @@ ScheduleResult Scheduler::schedule() {
   // 2. Running sequences still in prefill.
   std::vector<Sequence*> prefilling;
   for (Sequence* s : running_) {
-    if (s->numUncomputed() > 1) prefilling.push_back(s);
+    if (!s->importing && s->numUncomputed() > 1) prefilling.push_back(s);
   }
   for (Sequence* s : prefilling) {
     if (budget == 0) break;
@@ -210,6 +219,12 @@ ScheduleResult Scheduler::schedule() {
     Sequence* s = waiting_.front();
     if (!tryAdmit(s, &result, &session_evictions)) break;
     waiting_.pop_front();
+    if (s->spec.import_kv && s->num_computed == 0 && s->numOutputTokens() == 0) {
+      // All prompt blocks now (within its reservation); they are filled from outside.
+      if (!ensureBlocks(s, static_cast<int>(s->tokens.size()), &result)) break;
+      s->importing = true;
+      continue;
+    }
     int n = std::min(s->numUncomputed(), budget);
     // Within its own reservation, which tryAdmit checked, so this cannot preempt.
     if (!ensureBlocks(s, s->num_computed + n, &result)) break;

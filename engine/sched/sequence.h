@@ -40,6 +40,11 @@ struct Sequence {
   BlockHashChain chain;
   int num_committed_blocks = 0;  // leading blocks already committed
 
+  // Import (RequestSpec::import_kv): blocks are allocated and reported;
+  // nothing is computed until completeImport().
+  bool importing = false;
+  bool kv_blocks_reported = false;
+
   // Admission reservation, in blocks: prompt + expected output.
   int reserved_blocks = 0;
   int reserved_tokens = 0;

@@ -1,0 +1,163 @@
+// The engine's side of P/D disaggregation: leased prefill on one engine,
+// import on another, with the KV copied between their pools the way the
+// transport's gets do (layer block by layer block, into the reader's own blocks).
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/engine/engine_test_util.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::greedy;
+using testing::Harness;
+using testing::randomPrompt;
+
+EngineOptions opts() {
+  EngineOptions o;
+  o.num_blocks = 128;
+  o.block_size = 16;
+  o.max_num_batched_tokens = 64;  // several prefill chunks for longer prompts
+  o.max_num_seqs = 8;
+  o.seed = 5;
+  return o;
+}
+
+TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
+  std::mt19937 rng(21);
+  for (int len : {5, 16, 40, 150}) {
+    auto prompt = randomPrompt(rng, len);
+    // Monolithic reference.
+    Harness mono(opts());
+    RequestId ref = mono.add(greedy(prompt, 12));
+    mono.runToCompletion();
+
+    // P: prefill with a lease; capture the blocks from the kv_blocks update.
+    Harness p(opts());
+    std::vector<BlockId> p_blocks;
+    std::vector<int> layers;
+    p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
+      ASSERT_EQ(ready.size(), 1u);
+      p_blocks.assign(ready[0].blocks.begin(), ready[0].blocks.end());
+      layers.push_back(layer);
+    });
+    RequestSpec ps = greedy(prompt, 1);
+    ps.lease = LeaseSpec{7, p.clock.now() + std::chrono::seconds(30)};
+    RequestId pid = p.add(ps);
+    p.runToCompletion();
+    ASSERT_EQ(p.outcome(pid).tokens.size(), 1u);
+    EXPECT_EQ(layers, (std::vector<int>{0, 1, 2, 3}));
+    ASSERT_EQ(p_blocks.size(), static_cast<size_t>((len + 15) / 16));
+    EXPECT_EQ(p.engine->numLeases(), 1);
+
+    // D: import; copy every layer block from P's pool into D's blocks.
+    Harness d(opts());
+    std::vector<BlockId> d_blocks;
+    RequestSpec ds = greedy(prompt, 12);
+    ds.import_kv = true;
+    RequestId did = d.engine->addRequest(ds, [&](const RequestUpdate& u) {
+      if (!u.kv_blocks.empty()) d_blocks = u.kv_blocks;
+      auto& o = *d.outcomes[RequestId(1)];
+      o.tokens.insert(o.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) {
+        o.finished = true;
+        o.final = u;
+      }
+    });
+    d.outcomes[did] = std::make_shared<testing::Outcome>();
+    for (int i = 0; i < 3; ++i) d.step();  // admitted; nothing is computed while importing
+    ASSERT_EQ(d_blocks.size(), p_blocks.size());
+    EXPECT_TRUE(d.engine->hasWork());
+    const KvLayout& lay = p.engine->kv().layout();
+    for (int l = 0; l < lay.num_layers; ++l) {
+      for (size_t b = 0; b < p_blocks.size(); ++b) {
+        std::memcpy(const_cast<float*>(d.engine->kv().layerBlock(l, d_blocks[b])), p.engine->kv().layerBlock(l, p_blocks[b]),
+                    lay.bytesPerLayerBlock());
+      }
+    }
+    ASSERT_TRUE(d.engine->completeImport(did, p.outcome(pid).tokens[0]));
+    d.runToCompletion();
+    EXPECT_EQ(d.outcome(did).tokens, mono.outcome(ref).tokens) << "prompt length " << len;
+    EXPECT_EQ(d.outcome(did).final.finish_reason, FinishReason::kLength);
+
+    // Releasing the lease returns P's blocks.
+    EXPECT_TRUE(p.engine->releaseLease(7));
+    EXPECT_FALSE(p.engine->releaseLease(7));
+    EXPECT_EQ(p.engine->numAvailableBlocks(), opts().num_blocks);
+    EXPECT_EQ(d.engine->numAvailableBlocks(), opts().num_blocks);
+    EXPECT_TRUE(p.engine->checkInvariants().ok());
+  }
+}
+
+TEST(EnginePdTest, WrongKvChangesTheOutput) {
+  // The equivalence above is meaningful only if imported KV matters.
+  std::mt19937 rng(22);
+  auto prompt = randomPrompt(rng, 40);
+  Harness mono(opts());
+  RequestId ref = mono.add(greedy(prompt, 12));
+  mono.runToCompletion();
+  Harness d(opts());
+  RequestSpec ds = greedy(prompt, 12);
+  ds.import_kv = true;
+  RequestId did = d.add(ds);
+  d.step();
+  ASSERT_TRUE(d.engine->completeImport(did, mono.outcome(ref).tokens[0]));  // KV left as zeros
+  d.runToCompletion();
+  EXPECT_NE(d.outcome(did).tokens, mono.outcome(ref).tokens);
+}
+
+TEST(EnginePdTest, LeaseExpiresAndPinsUntilThen) {
+  Harness p(opts());
+  std::mt19937 rng(23);
+  RequestSpec ps = greedy(randomPrompt(rng, 50), 1);
+  ps.lease = LeaseSpec{9, p.clock.now() + std::chrono::seconds(5)};
+  p.add(ps);
+  p.runToCompletion();
+  EXPECT_EQ(p.engine->numAvailableBlocks(), opts().num_blocks - 4);  // 50 tokens = 4 blocks pinned
+  EXPECT_EQ(p.engine->expireLeases(), 0);
+  p.clock.advance(std::chrono::seconds(6));
+  EXPECT_EQ(p.engine->expireLeases(), 1);
+  EXPECT_EQ(p.engine->numAvailableBlocks(), opts().num_blocks);
+  EXPECT_TRUE(p.engine->checkInvariants().ok());
+}
+
+TEST(EnginePdTest, ImportingRequestIsNeverTimedOutOrPreemptedOnlyCancelled) {
+  EngineOptions o = opts();
+  o.num_blocks = 10;
+  o.expected_output_tokens = 1;
+  Harness d(o);
+  std::mt19937 rng(24);
+  RequestSpec ds = greedy(randomPrompt(rng, 60), 4);  // 4 blocks
+  ds.import_kv = true;
+  ds.deadline = d.clock.now() + std::chrono::seconds(1);
+  RequestId imp = d.add(ds);
+  d.step();  // admitted: importing from here on
+  // A decoding neighbour that will outgrow its reservation.
+  RequestId other = d.add(greedy(randomPrompt(rng, 10), 100));  // 7 blocks: it cannot fit beside the import
+  d.clock.advance(std::chrono::seconds(2));  // past the importing request's deadline
+  int preemptions = 0;
+  for (int i = 0; i < 300; ++i) preemptions += d.step().num_preemptions;
+  EXPECT_GT(preemptions, 0) << "the neighbour was meant to run out of blocks";
+  EXPECT_FALSE(d.outcome(imp).finished) << "importing request ended on its own";
+  EXPECT_FALSE(d.outcome(other).finished);  // preempted, waiting for blocks the import holds
+  EXPECT_TRUE(d.engine->cancel(imp, FinishReason::kError));
+  EXPECT_EQ(d.outcome(imp).final.finish_reason, FinishReason::kError);
+  d.runToCompletion();
+  EXPECT_EQ(d.outcome(other).final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(d.engine->numAvailableBlocks(), o.num_blocks);
+  EXPECT_FALSE(d.engine->completeImport(imp, 5));
+}
+
+TEST(EnginePdTest, LeaseAndImportTogetherAreRejected) {
+  Harness h(opts());
+  RequestSpec s = greedy({5, 6}, 1);
+  s.lease = LeaseSpec{1, h.clock.now()};
+  s.import_kv = true;
+  RequestId id = h.add(s);
+  EXPECT_EQ(h.outcome(id).final.reject_reason, RejectReason::kInvalid);
+}
+
+}  // namespace
+}  // namespace tandem::engine
