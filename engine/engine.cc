@@ -215,10 +215,19 @@ RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
   return id;
 }
 
-bool Engine::cancel(RequestId id, FinishReason reason) {
+bool Engine::cancel(RequestId id, FinishReason reason, std::string message) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
-  finish(it->second.get(), reason);
+  if (it->second->importing) {
+    RequestUpdate u;
+    u.id = id;
+    u.import_abort_requested = true;
+    u.finish_reason = reason;
+    u.message = std::move(message);
+    if (it->second->on_update) it->second->on_update(u);
+    return true;
+  }
+  finish(it->second.get(), reason, RejectReason::kNone, std::move(message));
   return true;
 }
 
@@ -357,6 +366,14 @@ bool Engine::completeImport(RequestId id, TokenId first_token) {
   if (!seq->first_scheduled) seq->first_scheduled = clock_.now();
   scheduler_.commitComputedBlocks(seq);
   acceptToken(seq, first_token);
+  return true;
+}
+
+bool Engine::abortImport(RequestId id, FinishReason reason, std::string message) {
+  auto it = live_.find(id);
+  if (it == live_.end() || !it->second->importing) return false;
+  it->second->importing = false;  // the importer's writes are over
+  finish(it->second.get(), reason, RejectReason::kNone, std::move(message));
   return true;
 }
 

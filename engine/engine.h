@@ -90,8 +90,10 @@ class Engine {
   // (kRejected with a RejectReason and message) before this returns.
   RequestId addRequest(RequestSpec spec, UpdateCallback on_update);
   // Ends a live request through the cleanup path with `reason` (kCancelled,
-  // kTimeout, kError). Unknown or finished ids are ignored. Returns whether it was live.
-  bool cancel(RequestId id, FinishReason reason = FinishReason::kCancelled);
+  // kTimeout, kError). Unknown or finished ids are ignored. Returns whether it
+  // was live. An importing request is not ended here: its importer is asked
+  // to stop (see RequestSpec::import_kv).
+  bool cancel(RequestId id, FinishReason reason = FinishReason::kCancelled, std::string message = {});
   // One iteration: schedule, run the model, sample, finish what is done.
   StepStats step();
   bool hasWork() const { return !live_.empty(); }
@@ -118,6 +120,9 @@ class Engine {
   // continues as if it had computed the prompt, with `first_token` as its
   // first output token. Returns false if `id` is not an importing request.
   bool completeImport(RequestId id, TokenId first_token);
+  // Ends an importing request (the importer's transfers are over). Returns
+  // false if `id` is not an importing request.
+  bool abortImport(RequestId id, FinishReason reason, std::string message);
   // Unpins a lease's blocks. Returns whether the lease existed.
   bool releaseLease(uint64_t lease_id);
   // Releases leases whose expiry has passed; returns how many. step() does
@@ -137,6 +142,9 @@ class Engine {
   int numSessionsResident() const { return sessions_.numResident(); }
   int numLive() const { return static_cast<int>(live_.size()); }
   const KvStorage& kv() const { return *kv_; }
+  // The whole KV pool, for registration with the transport (which reads and
+  // writes it only as the P/D protocol allows).
+  std::span<std::byte> kvRegion() { return kv_->bytes(); }
 
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,

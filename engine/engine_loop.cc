@@ -38,6 +38,14 @@ void EngineLoop::cancel(uint64_t handle, FinishReason reason) {
   cv_.notify_all();
 }
 
+void EngineLoop::post(std::function<void(Engine&)> fn) {
+  {
+    std::lock_guard lock(mu_);
+    commands_.push_back(Call{std::move(fn), nullptr});
+  }
+  cv_.notify_all();
+}
+
 void EngineLoop::runOnLoop(std::function<void(Engine&)> fn) {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
@@ -72,7 +80,7 @@ void EngineLoop::apply(Command& cmd) {
     if (auto it = by_handle_.find(c->handle); it != by_handle_.end()) engine_->cancel(it->second, c->reason);
   } else if (auto* call = std::get_if<Call>(&cmd)) {
     call->fn(*engine_);
-    call->done->set_value();
+    if (call->done) call->done->set_value();
   }
 }
 
@@ -82,11 +90,18 @@ void EngineLoop::run() {
     {
       std::unique_lock lock(mu_);
       alive_.store(true);
-      cv_.wait(lock, [&] { return stop_ || !commands_.empty() || engine_->hasWork(); });
+      auto ready = [&] { return stop_ || !commands_.empty() || engine_->hasWork(); };
+      if (engine_->numLeases() > 0) {
+        // Leases expire by the clock, with no command to wake us: poll.
+        cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
+      } else {
+        cv_.wait(lock, ready);
+      }
       if (stop_) break;
       batch.swap(commands_);
     }
     for (Command& cmd : batch) apply(cmd);
+    if (!engine_->hasWork() && engine_->expireLeases() > 0 && on_step_) on_step_(engine_->currentStats(), *engine_);
     if (engine_->hasWork()) {
       StepStats st = engine_->step();
       if (on_step_) on_step_(st, *engine_);

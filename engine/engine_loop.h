@@ -39,6 +39,9 @@ class EngineLoop {
   // Ends the request with `reason` through the engine's cleanup path. Unknown
   // or finished handles are ignored.
   void cancel(uint64_t handle, FinishReason reason = FinishReason::kCancelled);
+  // Runs `fn` on the loop thread between steps, without waiting (for the
+  // transport's completions: completeImport, releaseLease, cancel).
+  void post(std::function<void(Engine&)> fn);
   // Runs `fn` on the loop thread between steps and waits for it (for reads
   // that need the engine, e.g. invariants in tests, or dropping a session).
   void runOnLoop(std::function<void(Engine&)> fn);

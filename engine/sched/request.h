@@ -70,8 +70,10 @@ struct RequestSpec {
   // request (reservation as usual), allocates blocks for the whole prompt,
   // reports them (RequestUpdate::kv_blocks) and computes nothing until
   // Engine::completeImport(). While importing, the request ends only through
-  // cancel() by the importer (never by deadline or preemption), because
-  // someone else is writing into its blocks.
+  // Engine::abortImport() by the importer — never by deadline, preemption or
+  // a plain cancel() (which is passed on to the importer as
+  // RequestUpdate::import_abort_requested) — because someone else is writing
+  // into its blocks.
   bool import_kv = false;
 };
 
@@ -94,6 +96,9 @@ struct RequestUpdate {
   // Leased prefill / import: the blocks holding (or to receive) the
   // prompt's KV, in logical order. Sent once, in a non-final update.
   std::vector<BlockId> kv_blocks;
+  // Import: someone called cancel() while the KV is being imported. The
+  // importer must stop its transfers and then call Engine::abortImport.
+  bool import_abort_requested = false;
 
   int kv_blocks_peak = 0;
   int num_preemptions = 0;

@@ -142,8 +142,12 @@ TEST(EnginePdTest, ImportingRequestIsNeverTimedOutOrPreemptedOnlyCancelled) {
   EXPECT_GT(preemptions, 0) << "the neighbour was meant to run out of blocks";
   EXPECT_FALSE(d.outcome(imp).finished) << "importing request ended on its own";
   EXPECT_FALSE(d.outcome(other).finished);  // preempted, waiting for blocks the import holds
-  EXPECT_TRUE(d.engine->cancel(imp, FinishReason::kError));
+  // A plain cancel only asks the importer to stop; abortImport ends it.
+  EXPECT_TRUE(d.engine->cancel(imp, FinishReason::kCancelled));
+  EXPECT_FALSE(d.outcome(imp).finished);
+  EXPECT_TRUE(d.engine->abortImport(imp, FinishReason::kError, "transfer failed"));
   EXPECT_EQ(d.outcome(imp).final.finish_reason, FinishReason::kError);
+  EXPECT_EQ(d.outcome(imp).final.message, "transfer failed");
   d.runToCompletion();
   EXPECT_EQ(d.outcome(other).final.finish_reason, FinishReason::kLength);
   EXPECT_EQ(d.engine->numAvailableBlocks(), o.num_blocks);
