@@ -98,7 +98,7 @@ absl::Status parseListen(AgentConfig& c, std::string_view v) {
 const std::vector<Option>& options() {
   static const std::vector<Option> opts = [] {
     std::vector<Option> o;
-    o.push_back(stringOption("role", "", "role", "data-plane role (this build serves: both)", &AgentConfig::role,
+    o.push_back(stringOption("role", "", "role", "data-plane role: both, prefill or decode (router: not yet)", &AgentConfig::role,
                              {"both", "prefill", "decode", "router"}));
     o.push_back(stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
     o.push_back(stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
@@ -111,7 +111,7 @@ const std::vector<Option>& options() {
                      if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
                    }
                  }});
-    o.push_back(stringOption("port-file", "", "port_file", "write the bound port to this file once serving", &AgentConfig::port_file));
+    o.push_back(stringOption("port-file", "", "port_file", "once serving, write the bound HTTP port (line 1) and KV port (line 2, role prefill) here", &AgentConfig::port_file));
     o.push_back(stringOption("model-dir", "model", "dir", "model directory (config.json, model.safetensors, tokenizer) [required]", &AgentConfig::model_dir));
     o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)", &AgentConfig::model_name));
     o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1, 1 << 24));
@@ -136,6 +136,33 @@ const std::vector<Option>& options() {
     o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)", &AgentConfig::max_body_bytes, 1024, 1 << 30));
     o.push_back(durationOption("request-timeout", "limits", "request_timeout", "deadline of one request, queueing included", &AgentConfig::request_timeout));
     o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish", &AgentConfig::drain_grace));
+    o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
+                 [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
+                 [](AgentConfig& c, std::string_view v) -> absl::Status {
+                   AgentConfig tmp;
+                   absl::Status s = parseListen(tmp, v);
+                   if (!s.ok()) return absl::InvalidArgumentError(strCat("--kv-listen", toStd(s.message()).substr(8)));
+                   c.kv_host = tmp.host;
+                   c.kv_port = tmp.port;
+                   return absl::OkStatus();
+                 },
+                 [](AgentConfig& c, ConfigMap& m) {
+                   std::string v;
+                   if (m.field("listen", &v)) {
+                     AgentConfig tmp;
+                     absl::Status s = parseListen(tmp, v);
+                     if (!s.ok()) m.fail("listen", "expected HOST:PORT");
+                     c.kv_host = tmp.host;
+                     c.kv_port = tmp.port;
+                   }
+                 }});
+    o.push_back(stringOption("prefill-peer", "kv", "prefill_peer", "decode role: the prefill agent's KV address HOST:PORT", &AgentConfig::prefill_peer));
+    o.push_back(stringOption("kv-tls", "kv", "tls", "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice", &AgentConfig::kv_tls));
+    o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset", &AgentConfig::ib_sl, -1, 15));
+    o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class", "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset", &AgentConfig::ib_traffic_class, -1, 255));
+    o.push_back(durationOption("lease-ttl", "kv", "lease_ttl", "prefill: how long computed KV stays pinned for the decode agent", &AgentConfig::lease_ttl));
+    o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout", "decode: deadline for the prefill agent to deliver the KV", &AgentConfig::prefill_timeout));
+    o.push_back(numberOption("checksum-rate", "kv", "checksum_rate", "decode: fraction of transfers whose checksums are verified (0..1)", &AgentConfig::checksum_rate, 0, 1));
     o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
     o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)", &AgentConfig::log_level));
     o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
@@ -220,9 +247,18 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
-  if (c.role != "both") {
-    return absl::UnimplementedError(strCat("role \"", c.role, "\" is not served by this build yet; use --role both"));
+  if (c.role == "router") {
+    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
   }
+  if (c.role == "decode" && c.prefill_peer.empty()) {
+    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
+  }
+  if (!c.prefill_peer.empty()) {
+    AgentConfig tmp;
+    absl::Status s = parseListen(tmp, c.prefill_peer);
+    if (!s.ok()) return absl::InvalidArgumentError(strCat("--prefill-peer: expected HOST:PORT, got \"", c.prefill_peer, "\""));
+  }
+  if (c.kv_host.empty()) c.kv_host = c.host;
   if (c.model_name.empty()) {
     std::string d = c.model_dir;
     while (d.size() > 1 && d.back() == '/') d.pop_back();

@@ -13,7 +13,7 @@
 namespace tandem::agent {
 
 struct AgentConfig {
-  std::string role = "both";  // both | prefill | decode | router (only "both" is served by this build)
+  std::string role = "both";  // both | prefill | decode | router (router is not served by this build)
   std::string pool = "default";
   std::string worker;         // this agent's name in traces; default: the host name
   std::string host = "127.0.0.1";
@@ -27,6 +27,16 @@ struct AgentConfig {
   std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   std::string trace_file;     // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  // P/D (roles prefill and decode): the UCX KV transport.
+  std::string kv_host;        // KV listener address; default: host
+  int kv_port = 8200;         // 0: any free port
+  std::string prefill_peer;   // decode role: the prefill agent's KV address HOST:PORT
+  std::string kv_tls;         // UCX_TLS for KV traffic ("" = UCX's choice; "tcp"; "posix,cma,tcp")
+  int ib_sl = -1;             // InfiniBand service level for KV traffic (UCX_IB_SL); -1 = unset
+  int ib_traffic_class = -1;  // RoCE traffic class for KV traffic (UCX_IB_TRAFFIC_CLASS); -1 = unset
+  std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
+  std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
+  double checksum_rate = 1.0; // decode: fraction of transfers whose per-block checksums are verified
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

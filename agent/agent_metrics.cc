@@ -65,10 +65,10 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
   preemptions_.increment(s.num_preemptions);
 }
 
-void AgentMetrics::onFinish(const engine::RequestUpdate& u) {
+void AgentMetrics::onFinish(const engine::RequestUpdate& u, const std::string& path) {
   requests_.add({{"finish_reason", std::string(engine::finishReasonName(u.finish_reason))}}).increment();
   if (u.finish_reason == engine::FinishReason::kRejected) return;
-  path_.add({{"path", "direct"}}).increment();
+  path_.add({{"path", path}}).increment();
   prompt_tokens_.increment(u.num_prompt_tokens);
   generation_tokens_.increment(u.num_output_tokens);
   if (u.arrival && u.first_scheduled) queue_.observe(seconds(*u.first_scheduled - *u.arrival));

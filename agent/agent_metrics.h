@@ -17,7 +17,7 @@ class AgentMetrics {
   // Loop thread, after each step.
   void onStep(const engine::StepStats& stats);
   // A finished request (any reason).
-  void onFinish(const engine::RequestUpdate& update);
+  void onFinish(const engine::RequestUpdate& update, const std::string& path);
 
   metrics::Registry& registry() { return registry_; }
 

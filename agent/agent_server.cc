@@ -6,6 +6,7 @@
 
 #include "agent/agent_metrics.h"
 #include "agent/openai_api.h"
+#include "agent/pd_service.h"
 #include "agent/trace.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine_loop.h"
@@ -52,9 +53,13 @@ struct AgentServer::Impl {
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
   std::unique_ptr<engine::EngineLoop> loop;
+  std::unique_ptr<PdMetrics> pd_metrics;
+  std::unique_ptr<PrefillService> prefill;  // role prefill
+  std::unique_ptr<DecodeService> decode;    // role decode
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   int max_live = 0;
+  int kv_port = 0;  // role prefill: the bound UCX port
 
   // One request's progress, shared by the engine callback and the HTTP side.
   struct Call {
@@ -67,11 +72,18 @@ struct AgentServer::Impl {
     bool role_sent = false;
   };
 
+  // Runs a request here (roles both, prefill) or disaggregated (role decode).
+  // The callback sees the typed transfer failure, if one ended the request.
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
+    if (decode) return decode->submit(std::move(spec), std::move(cb));
+    return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, std::nullopt); });
+  }
+
   void finished(const Call& call, const engine::RequestUpdate& u) {
-    metrics->onFinish(u);
+    metrics->onFinish(u, decode ? "disagg" : "direct");
     if (trace) {
       trace->write(traceRecord({.request_id = call.id, .model = limits.model_name, .role = config.role,
-                                .worker = config.worker},
+                                .worker = config.worker, .path = decode ? "disagg" : "direct"},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},
@@ -106,12 +118,13 @@ struct AgentServer::Impl {
 
   http::Response unary(std::shared_ptr<Call> call, ParsedRequest p) {
     return http::Response::deferred([this, call, spec = std::move(p.spec)](std::shared_ptr<http::Responder> r) mutable {
-      uint64_t handle = loop->submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u) {
+      uint64_t handle = submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u,
+                                                               std::optional<kvproto::FailureReason> failure) {
         call->text += u.text_delta;
         if (!u.finished) return;
         finished(*call, u);
         if (!normalFinish(u.finish_reason)) {
-          r->respond(apiError(errorForFinish(u)));
+          r->respond(apiError(errorForFinish(u, failure)));
           return;
         }
         r->respond(http::Response::json(
@@ -125,7 +138,8 @@ struct AgentServer::Impl {
 
   http::Response stream(std::shared_ptr<Call> call, ParsedRequest p) {
     return http::Response::sse([this, call, spec = std::move(p.spec)](std::shared_ptr<http::SseWriter> w) mutable {
-      uint64_t handle = loop->submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u) {
+      uint64_t handle = submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u,
+                                                               std::optional<kvproto::FailureReason> failure) {
         const std::string& model = limits.model_name;
         if (!u.text_delta.empty() || (u.finished && normalFinish(u.finish_reason) && !call->role_sent)) {
           bool role = call->endpoint == Endpoint::kChat && !call->role_sent;
@@ -148,7 +162,7 @@ struct AgentServer::Impl {
           }
         } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
           // The status line is already sent; the error travels as an event, as OpenAI's API does.
-          w->send(errorForFinish(u).toJson().dump());
+          w->send(errorForFinish(u, failure).toJson().dump());
         }
         w->send("[DONE]");
         w->close();
@@ -203,14 +217,38 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
   initial.num_free_blocks = engine->numAvailableBlocks();
   impl->metrics->onStep(initial);
   Impl* raw = impl.get();
-  impl->loop = std::make_unique<engine::EngineLoop>(
-      std::move(engine), [raw](const engine::StepStats& s, const engine::Engine&) { raw->metrics->onStep(s); });
+  impl->pd_metrics = std::make_unique<PdMetrics>(impl->registry, metrics::Labels{{"pool", config.pool}, {"role", config.role}});
+  impl->loop = std::make_unique<engine::EngineLoop>(std::move(engine), [raw](const engine::StepStats& s, const engine::Engine& e) {
+    raw->metrics->onStep(s);
+    raw->pd_metrics->leases.set(e.numLeases());
+  });
+  if (config.role == "prefill" || config.role == "decode") {
+    PdOptions pd;
+    pd.transport = {.host = config.kv_host,
+                    .port = config.kv_port,
+                    .tls = config.kv_tls,
+                    .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
+                    .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt};
+    pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
+    pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
+    pd.checksum_rate = config.checksum_rate;
+    if (config.role == "prefill") {
+      TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(*impl->loop, pd, *impl->pd_metrics));
+      impl->kv_port = impl->prefill->port();
+    } else {
+      size_t colon = config.prefill_peer.rfind(':');
+      pd.peer_host = config.prefill_peer.substr(0, colon);
+      pd.peer_port = std::stoi(config.prefill_peer.substr(colon + 1));
+      TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(*impl->loop, pd, *impl->pd_metrics));
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
                                                              .port = config.port,
                                                              .maxBodyBytes = config.max_body_bytes,
                                                              .requestTimeout = config.request_timeout},
                                                             impl->routes()));
   impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
+                             {"kv_port", impl->kv_port},
                              {"model", config.model_name},
                              {"role", config.role},
                              {"pool", config.pool},
@@ -221,10 +259,16 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
 AgentServer::AgentServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 AgentServer::~AgentServer() {
-  // The server first (no more callbacks into the loop), then the loop.
+  // The HTTP server first (no new requests), then the transport services
+  // (every get completes before an importing request is ended), then the
+  // engine loop.
   if (impl_->server) impl_->server->shutdown(Duration(0));
+  impl_->decode.reset();
+  impl_->prefill.reset();
   impl_->loop.reset();
 }
+
+int AgentServer::kvPort() const { return impl_->kv_port; }
 
 int AgentServer::port() const { return impl_->server->port(); }
 

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   }
   if (!config->port_file.empty()) {
     std::string tmp = config->port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
+    std::ofstream(tmp) << (*server)->port() << "\n" << (*server)->kvPort() << "\n";
     std::rename(tmp.c_str(), config->port_file.c_str());
   }
   int sig = waitForSignal();

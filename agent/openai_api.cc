@@ -334,11 +334,19 @@ std::string_view openAiFinishReason(engine::FinishReason reason) {
   }
 }
 
-ApiError errorForFinish(const engine::RequestUpdate& u) {
+ApiError errorForFinish(const engine::RequestUpdate& u, std::optional<kvproto::FailureReason> transfer_failure) {
   using engine::FinishReason;
   using engine::RejectReason;
   ApiError e;
   e.message = u.message;
+  if (transfer_failure && u.finish_reason == FinishReason::kError) {
+    const bool timeout = *transfer_failure == kvproto::FailureReason::kPrefillTimeout;
+    e.status = timeout ? 504 : 503;
+    e.type = timeout ? "timeout_error" : "service_unavailable_error";
+    e.code = std::string(kvproto::failureReasonName(*transfer_failure));
+    e.headers.emplace_back("Retry-After", "1");
+    return e;
+  }
   switch (u.finish_reason) {
     case FinishReason::kRejected:
       switch (u.reject_reason) {

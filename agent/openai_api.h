@@ -27,6 +27,7 @@
 
 #include "engine/model/tokenizer.h"
 #include "engine/sched/request.h"
+#include "src/kvproto/kvproto.h"
 
 namespace tandem::agent {
 
@@ -79,7 +80,10 @@ std::string_view openAiFinishReason(engine::FinishReason reason);
 
 // The error to send for a request that ended without a normal finish
 // (rejected, cancelled, timeout, preempted, error).
-ApiError errorForFinish(const engine::RequestUpdate& update);
+// A typed KV-transfer failure (decode role) becomes a 503 with the failure
+// reason as its code (prefill_timeout: 504), so clients and routers can retry.
+ApiError errorForFinish(const engine::RequestUpdate& update,
+                        std::optional<kvproto::FailureReason> transfer_failure = std::nullopt);
 
 // Response bodies.
 struct Usage {

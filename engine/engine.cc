@@ -363,6 +363,10 @@ bool Engine::completeImport(RequestId id, TokenId first_token) {
   }
   seq->importing = false;
   seq->num_computed = seq->num_prompt_tokens;
+  // The prefill side sampled the first token from the same seeded stream
+  // (one draw when not greedy); skip that draw so a seeded request gives the
+  // same tokens disaggregated as it does on one engine.
+  if (seq->spec.sampling.temperature > 0.0f) seq->rng.next();
   if (!seq->first_scheduled) seq->first_scheduled = clock_.now();
   scheduler_.commitComputedBlocks(seq);
   acceptToken(seq, first_token);

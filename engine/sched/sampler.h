@@ -26,7 +26,9 @@ class SamplerRng {
 };
 
 // Picks the next token from `logits` ([vocab]). `scratch` is reused between calls.
-// Greedy (temperature 0) takes the lowest id among equal maxima.
+// Greedy (temperature 0) takes the lowest id among equal maxima and draws
+// nothing from `rng`; otherwise exactly one draw (Engine::completeImport
+// relies on this to continue a stream begun on another engine).
 TokenId sampleToken(std::span<const float> logits, const SamplingParams& params, SamplerRng& rng,
                     std::vector<std::pair<float, TokenId>>* scratch);
 

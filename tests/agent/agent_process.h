@@ -80,6 +80,7 @@ class AgentProcess {
       std::ifstream pf(p->dir_ + "/port");
       int port = 0;
       if (pf >> port && port > 0) {
+        pf >> p->kv_port_;
         p->base_ = "http://127.0.0.1:" + std::to_string(port);
         auto r = http::httpGet(p->base_ + "/readyz", std::chrono::seconds(2));
         if (r.ok() && r->status == 200) return p;
@@ -96,6 +97,7 @@ class AgentProcess {
 
   std::string url(const std::string& path) const { return base_ + path; }
   pid_t pid() const { return pid_; }
+  int kvPort() const { return kv_port_; }
   std::string log() const { return slurp(dir_ + "/agent.log"); }
   std::string trace() const { return slurp(dir_ + "/trace.jsonl"); }
 
@@ -134,6 +136,7 @@ class AgentProcess {
   std::string dir_;
   std::string base_;
   pid_t pid_ = 0;
+  int kv_port_ = 0;
 };
 
 // The value of one sample line "name{labels} value" in a metrics scrape; -1 if absent.

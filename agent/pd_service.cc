@@ -1,0 +1,575 @@
+#include "agent/pd_service.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "src/common/log.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+namespace {
+
+using tandem::BlockId;
+using kvproto::FailureReason;
+using transport::ConnId;
+using transport::GetId;
+
+double secondsSince(MonoTime t) { return std::chrono::duration<double>(SystemClock::instance().now() - t).count(); }
+
+// Byte offset of (layer, block) in a KvStorage region with this shape.
+uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, uint64_t bytes_per_layer_block) {
+  return (static_cast<uint64_t>(layer) * num_blocks + block) * bytes_per_layer_block;
+}
+
+kvproto::Hello helloFor(uint16_t role, const engine::KvLayout& l, const transport::UcxTransport& t, std::string name) {
+  return {.role = role,
+          .num_layers = static_cast<uint16_t>(l.num_layers),
+          .num_blocks = static_cast<uint32_t>(l.num_blocks),
+          .block_size = static_cast<uint16_t>(l.block_size),
+          .num_kv_heads = static_cast<uint16_t>(l.num_kv_heads),
+          .head_dim = static_cast<uint16_t>(l.head_dim),
+          .dtype = 1,
+          .region_base = t.regionBase(),
+          .rkey = t.packedRkey(),
+          .peer_name = std::move(name)};
+}
+
+}  // namespace
+
+PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
+    : bytes(metrics::buildCounter().name("tandem_kv_transfer_bytes_total").help("KV bytes pulled from prefill agents.")
+                .labels(labels).registerOn(r).add({})),
+      seconds(metrics::buildHistogram().name("tandem_kv_transfer_seconds").help("Per request: from the prefill request to the last KV byte landing.")
+                  .labels(labels).buckets(metrics::exponentialBuckets(0.0005, 2, 16)).registerOn(r).add({})),
+      inflight(metrics::buildGauge().name("tandem_kv_transfer_inflight").help("KV transfers in progress.").labels(labels).registerOn(r).add({})),
+      leases(metrics::buildGauge().name("tandem_kv_leases_active").help("Prefill results pinned for a decode agent (prefill side).")
+                 .labels(labels).registerOn(r).add({})),
+      checksum_checked(metrics::buildCounter().name("tandem_kv_checksum_verified_total").help("Layer blocks whose checksum was verified after the pull.")
+                           .labels(labels).registerOn(r).add({})),
+      failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
+                    .labels(labels).registerOn(r)) {
+  for (auto reason : {FailureReason::kPrefillTimeout, FailureReason::kTransferFailed, FailureReason::kPeerUnhealthy,
+                      FailureReason::kLeaseExpired, FailureReason::kCapacity, FailureReason::kChecksumMismatch,
+                      FailureReason::kCancelled}) {
+    failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
+  }
+}
+
+void PdMetrics::failure(FailureReason reason) {
+  failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}}).increment();
+}
+
+// ---------------------------------------------------------------- prefill --
+
+struct PrefillService::Impl {
+  engine::EngineLoop& loop;
+  PdMetrics& metrics;
+  PdOptions options;
+  Logger log{"prefill"};
+  engine::KvLayout layout;
+  const engine::KvStorage* kv = nullptr;  // read on the engine thread only
+  std::unique_ptr<transport::UcxTransport> t;
+
+  struct Transfer {
+    ConnId conn = 0;
+    uint64_t transfer_id = 0;
+    uint64_t lease_id = 0;
+    uint64_t handle = 0;
+    std::vector<BlockId> blocks;
+    bool finished = false;  // the engine request ended
+    bool leased = false;
+  };
+  using Key = std::pair<ConnId, uint64_t>;
+  std::mutex mu;
+  std::map<Key, Transfer> transfers;                           // guarded by mu
+  std::unordered_map<uint64_t, Key> by_request;                // engine RequestId -> transfer; guarded by mu
+  std::atomic<uint64_t> next_lease{1};
+
+  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {}
+
+  void send(ConnId conn, uint64_t tid, kvproto::Body body) { t->send(conn, kvproto::encode({tid, std::move(body)})); }
+
+  // Engine thread: layer `layer` of these prefills is in the cache.
+  void onLayer(int layer, std::span<const engine::Engine::LayerReady> ready) {
+    std::lock_guard lock(mu);
+    for (const auto& r : ready) {
+      auto k = by_request.find(r.id.value());
+      if (k == by_request.end()) continue;
+      kvproto::LayerReady msg;
+      msg.layer = static_cast<uint16_t>(layer);
+      for (BlockId b : r.blocks) {
+        const float* p = kv->layerBlock(layer, b);
+        msg.checksums.push_back(kvproto::layerBlockChecksum(
+            std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), layout.bytesPerLayerBlock())));
+      }
+      send(k->second.first, k->second.second, std::move(msg));
+    }
+  }
+
+  void onPrefillRequest(ConnId conn, uint64_t tid, kvproto::PrefillRequest req) {
+    engine::RequestSpec spec;
+    spec.prompt.assign(req.tokens.begin(), req.tokens.end());
+    spec.sampling.temperature = req.temperature;
+    spec.sampling.top_p = req.top_p;
+    spec.sampling.top_k = static_cast<int>(req.top_k);
+    spec.sampling.seed = req.seed;
+    spec.sampling.max_tokens = 1;
+    spec.sampling.ignore_eos = true;  // P only samples the first token; D decides about EOS
+    const auto now = SystemClock::instance().now();
+    auto ttl = options.lease_ttl;
+    if (req.lease_ms > 0) ttl = std::min(ttl, std::chrono::milliseconds(req.lease_ms));
+    const uint64_t lease_id = next_lease.fetch_add(1);
+    spec.lease = engine::LeaseSpec{lease_id, now + ttl};
+    if (req.deadline_ms > 0) spec.deadline = now + std::chrono::milliseconds(req.deadline_ms);
+    const Key key{conn, tid};
+    {
+      std::lock_guard lock(mu);
+      if (transfers.contains(key)) {
+        send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, "duplicate transfer id"});
+        return;
+      }
+      transfers[key] = Transfer{.conn = conn, .transfer_id = tid, .lease_id = lease_id};
+    }
+    uint64_t handle = loop.submit(std::move(spec), [this, key](const engine::RequestUpdate& u) {
+      std::lock_guard lock(mu);
+      auto it = transfers.find(key);
+      if (it == transfers.end()) return;
+      Transfer& tr = it->second;
+      if (!u.kv_blocks.empty()) {
+        tr.blocks = u.kv_blocks;
+        by_request[u.id.value()] = key;
+        kvproto::PrefillAccepted a;
+        for (BlockId b : tr.blocks) a.block_ids.push_back(static_cast<uint32_t>(b.value()));
+        send(key.first, key.second, std::move(a));
+      }
+      if (!u.finished) return;
+      tr.finished = true;
+      by_request.erase(u.id.value());
+      const bool ok = (u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos) &&
+                      !tr.blocks.empty() && !u.new_tokens.empty();
+      if (ok) {
+        tr.leased = true;
+        send(key.first, key.second, kvproto::PrefillDone{static_cast<uint32_t>(u.new_tokens.back())});
+        return;
+      }
+      FailureReason reason = u.finish_reason == engine::FinishReason::kTimeout ? FailureReason::kPrefillTimeout
+                             : u.finish_reason == engine::FinishReason::kRejected && u.reject_reason != engine::RejectReason::kInvalid
+                                 ? FailureReason::kCapacity
+                                 : FailureReason::kTransferFailed;
+      send(key.first, key.second, kvproto::Abort{reason, strCat("prefill ended: ", engine::finishReasonName(u.finish_reason), " ", u.message)});
+      transfers.erase(it);
+    });
+    std::lock_guard lock(mu);
+    if (auto it = transfers.find(key); it != transfers.end()) it->second.handle = handle;
+  }
+
+  // D is done with (or gave up on) a transfer: unpin, or stop the prefill.
+  void endTransfer(const Key& key) {
+    std::lock_guard lock(mu);
+    auto it = transfers.find(key);
+    if (it == transfers.end()) return;
+    Transfer tr = std::move(it->second);
+    transfers.erase(it);
+    if (tr.leased) loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
+    if (!tr.finished) {
+      loop.cancel(tr.handle);
+      // If it still finishes normally, its lease is released on expiry; cut that short:
+      loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
+    }
+  }
+
+  void onMessage(ConnId conn, std::vector<uint8_t> bytes) {
+    auto m = kvproto::decode(bytes, {.max_tokens = 1u << 22, .num_blocks = static_cast<uint32_t>(layout.num_blocks),
+                                     .num_layers = static_cast<uint16_t>(layout.num_layers)});
+    if (!m.ok()) {
+      log.warn("rejected a control message", {{"conn", conn}, {"error", toStd(m.status().message())}});
+      metrics.failure(FailureReason::kTransferFailed);
+      return;
+    }
+    const uint64_t tid = m->transfer_id;
+    if (std::holds_alternative<kvproto::Hello>(m->body)) {
+      send(conn, 0, helloFor(1, layout, *t, "prefill"));
+    } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
+      onPrefillRequest(conn, tid, std::move(*req));
+    } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
+      endTransfer({conn, tid});
+    } else if (std::holds_alternative<kvproto::Ping>(m->body)) {
+      send(conn, tid, kvproto::Pong{});
+    } else {
+      log.warn("unexpected message for the prefill role", {{"conn", conn}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
+    }
+  }
+
+  void onDisconnect(ConnId conn) {
+    std::vector<Key> keys;
+    {
+      std::lock_guard lock(mu);
+      for (const auto& [k, tr] : transfers) {
+        if (k.first == conn) keys.push_back(k);
+      }
+    }
+    for (const Key& k : keys) endTransfer(k);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(engine::EngineLoop& loop, const PdOptions& options,
+                                                                      PdMetrics& metrics) {
+  auto impl = std::make_unique<Impl>(loop, metrics, options);
+  std::span<std::byte> region;
+  Impl* raw = impl.get();
+  loop.runOnLoop([&](engine::Engine& e) {
+    raw->layout = e.kv().layout();
+    raw->kv = &e.kv();
+    region = e.kvRegion();
+    e.setLayerObserver([raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });
+  });
+  transport::TransportOptions to = options.transport;
+  to.region = region;
+  transport::TransportCallbacks cb;
+  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
+  cb.on_disconnect = [raw](ConnId c, absl::Status) { raw->onDisconnect(c); };
+  TANDEM_ASSIGN_OR_RETURN(impl->t, transport::UcxTransport::start(to, std::move(cb)));
+  return std::unique_ptr<PrefillService>(new PrefillService(std::move(impl)));
+}
+
+PrefillService::PrefillService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PrefillService::~PrefillService() {
+  impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });
+  impl_->t.reset();
+}
+int PrefillService::port() const { return impl_->t->port(); }
+
+// ----------------------------------------------------------------- decode --
+
+struct DecodeService::Impl {
+  engine::EngineLoop& loop;
+  PdMetrics& metrics;
+  PdOptions options;
+  Logger log{"decode"};
+  engine::KvLayout layout;
+  std::byte* region = nullptr;
+  std::unique_ptr<transport::UcxTransport> t;
+
+  struct Transfer {
+    uint64_t handle = 0;
+    RequestId id{0};
+    bool has_id = false;
+    PdUpdateCallback cb;
+    std::vector<TokenId> prompt;
+    engine::SamplingParams sampling;
+    ConnId conn = 0;
+    std::vector<BlockId> d_blocks;
+    std::vector<uint32_t> p_blocks;
+    std::vector<std::vector<uint64_t>> checksums;  // [layer][block]
+    std::unordered_set<GetId> outstanding;
+    size_t gets_done = 0;
+    std::optional<uint32_t> first_token;
+    bool verify = true;
+    bool completed = false;
+    bool failed = false;
+    bool abort_posted = false;
+    FailureReason reason = FailureReason::kTransferFailed;
+    std::string message;
+    MonoTime started;
+    std::optional<MonoTime> deadline;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint64_t, Transfer> transfers;  // by transfer id; guarded by mu
+  std::unordered_map<uint64_t, uint64_t> by_handle;  // guarded by mu
+  std::atomic<uint64_t> next_tid{1};
+  ConnId conn = 0;                                   // guarded by mu; 0 = not connected
+  std::optional<kvproto::Hello> peer;                // guarded by mu
+  std::mt19937_64 rng{std::random_device{}()};       // guarded by mu
+  std::thread watchdog;
+  bool stopping = false;                             // guarded by mu
+
+  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {}
+
+  void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
+
+  // Connects (again) if needed. Requires mu.
+  ConnId ensureConnected() {
+    if (conn == 0) {
+      conn = t->connect(options.peer_host, options.peer_port);
+      peer.reset();
+      send(conn, 0, helloFor(2, layout, *t, "decode"));
+    }
+    return conn;
+  }
+
+  // Marks a transfer failed: cancels its own gets, tells P, and ends the
+  // request once no get is outstanding. Requires mu.
+  void fail(uint64_t tid, Transfer& tr, FailureReason reason, std::string message) {
+    if (tr.failed || tr.completed) return;
+    tr.failed = true;
+    tr.reason = reason;
+    tr.message = strCat("kv transfer failed (", kvproto::failureReasonName(reason), "): ", message);
+    metrics.failure(reason);
+    log.warn("kv transfer failed", {{"transfer", tid}, {"reason", kvproto::failureReasonName(reason)}, {"detail", message}});
+    for (GetId g : tr.outstanding) t->cancelGet(g);
+    if (tr.conn != 0 && reason != FailureReason::kPeerUnhealthy) send(tr.conn, tid, kvproto::Abort{reason, message});
+    maybeEnd(tid, tr);
+  }
+
+  // The only place a failed import is ended: after the last get completed.
+  void maybeEnd(uint64_t tid, Transfer& tr) {
+    if (!tr.failed || !tr.outstanding.empty() || tr.abort_posted) return;
+    tr.abort_posted = true;
+    if (tr.has_id) {
+      loop.post([id = tr.id, msg = tr.message](engine::Engine& e) {
+        if (!e.abortImport(id, engine::FinishReason::kError, msg)) e.cancel(id, engine::FinishReason::kError, msg);
+      });
+    } else {
+      loop.cancel(tr.handle, engine::FinishReason::kError);  // still queued in the engine
+    }
+    (void)tid;
+  }
+
+  void maybeComplete(uint64_t tid, Transfer& tr) {
+    const size_t total = tr.d_blocks.size() * static_cast<size_t>(layout.num_layers);
+    if (tr.failed || tr.completed || !tr.first_token || tr.gets_done < total || !tr.outstanding.empty()) return;
+    tr.completed = true;
+    metrics.bytes.increment(static_cast<double>(total * layout.bytesPerLayerBlock()));
+    metrics.seconds.observe(secondsSince(tr.started));
+    metrics.inflight.decrement();
+    send(tr.conn, tid, kvproto::Release{});
+    loop.post([id = tr.id, tok = *tr.first_token](engine::Engine& e) { e.completeImport(id, static_cast<TokenId>(tok)); });
+  }
+
+  void onGetDone(uint64_t tid, GetId g, uint32_t layer, size_t i, absl::Status s) {
+    std::lock_guard lock(mu);
+    auto it = transfers.find(tid);
+    if (it == transfers.end()) return;
+    Transfer& tr = it->second;
+    tr.outstanding.erase(g);
+    if (!s.ok()) {
+      fail(tid, tr, FailureReason::kTransferFailed, toStd(s.message()).data());
+      maybeEnd(tid, tr);
+      return;
+    }
+    ++tr.gets_done;
+    if (tr.verify && !tr.failed) {
+      const std::byte* p = region + layerBlockOffset(layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
+                                                     static_cast<uint32_t>(layout.num_blocks), layout.bytesPerLayerBlock());
+      uint64_t got = kvproto::layerBlockChecksum(std::span<const std::byte>(p, layout.bytesPerLayerBlock()));
+      metrics.checksum_checked.increment();
+      if (got != tr.checksums[layer][i]) {
+        fail(tid, tr, FailureReason::kChecksumMismatch, strCat("layer ", layer, " block ", i, " checksum differs"));
+        return;
+      }
+    }
+    maybeEnd(tid, tr);
+    maybeComplete(tid, tr);
+  }
+
+  void onLayerReady(uint64_t tid, Transfer& tr, const kvproto::LayerReady& l) {
+    if (tr.failed) return;
+    if (tr.p_blocks.size() != tr.d_blocks.size() || l.checksums.size() != tr.p_blocks.size() || !peer) {
+      fail(tid, tr, FailureReason::kTransferFailed, "layer announcement does not match the accepted blocks");
+      return;
+    }
+    tr.checksums[l.layer] = l.checksums;
+    const uint64_t bytes = layout.bytesPerLayerBlock();
+    for (size_t i = 0; i < tr.d_blocks.size(); ++i) {
+      std::byte* local = region + layerBlockOffset(l.layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
+                                                   static_cast<uint32_t>(layout.num_blocks), bytes);
+      uint64_t remote = layerBlockOffset(l.layer, tr.p_blocks[i], peer->num_blocks, bytes);
+      // The id is known only after get() returns; the completion may not
+      // run before we record it because it needs mu, which we hold.
+      auto holder = std::make_shared<GetId>(0);
+      GetId g = t->get(tr.conn, local, remote, bytes, [this, tid, holder, layer = l.layer, i](absl::Status s) {
+        onGetDone(tid, *holder, layer, i, std::move(s));
+      });
+      *holder = g;
+      tr.outstanding.insert(g);
+    }
+  }
+
+  void onMessage(ConnId c, std::vector<uint8_t> bytes) {
+    std::lock_guard lock(mu);
+    const uint32_t peer_blocks = peer ? peer->num_blocks : UINT32_MAX;
+    auto m = kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
+    if (!m.ok()) {
+      log.warn("rejected a control message", {{"error", toStd(m.status().message())}});
+      metrics.failure(FailureReason::kTransferFailed);
+      return;
+    }
+    if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
+      if (h->num_layers != layout.num_layers || h->block_size != layout.block_size || h->num_kv_heads != layout.num_kv_heads ||
+          h->head_dim != layout.head_dim) {
+        log.error("the prefill peer runs a different KV layout; no transfer can work", {{"peer", h->peer_name}});
+        return;
+      }
+      peer = *h;
+      t->setRemoteRegion(c, h->region_base,
+                         static_cast<uint64_t>(h->num_blocks) * static_cast<uint64_t>(h->num_layers) * layout.bytesPerLayerBlock(),
+                         h->rkey);
+      return;
+    }
+    auto it = transfers.find(m->transfer_id);
+    if (it == transfers.end() || it->second.conn != c) {
+      if (!std::holds_alternative<kvproto::Pong>(m->body)) log.debug("message for an unknown transfer", {{"transfer", m->transfer_id}});
+      return;
+    }
+    Transfer& tr = it->second;
+    const uint64_t tid = it->first;
+    if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m->body)) {
+      tr.p_blocks = a->block_ids;
+      if (tr.p_blocks.size() != tr.d_blocks.size()) {
+        fail(tid, tr, FailureReason::kTransferFailed,
+             strCat("prefill holds ", tr.p_blocks.size(), " blocks, this request has ", tr.d_blocks.size()));
+      }
+    } else if (auto* l = std::get_if<kvproto::LayerReady>(&m->body)) {
+      onLayerReady(tid, tr, *l);
+    } else if (auto* d = std::get_if<kvproto::PrefillDone>(&m->body)) {
+      tr.first_token = d->first_token;
+      maybeComplete(tid, tr);
+    } else if (auto* ab = std::get_if<kvproto::Abort>(&m->body)) {
+      fail(tid, tr, ab->reason, ab->message);
+    }
+  }
+
+  void onDisconnect(ConnId c, const absl::Status& why) {
+    std::lock_guard lock(mu);
+    if (c == conn) conn = 0;
+    for (auto& [tid, tr] : transfers) {
+      if (tr.conn == c) fail(tid, tr, FailureReason::kPeerUnhealthy, strCat("prefill peer disconnected: ", toStd(why.message())));
+    }
+  }
+
+  void watch() {
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      cv.wait_for(lock, std::chrono::milliseconds(10));
+      const auto now = SystemClock::instance().now();
+      for (auto& [tid, tr] : transfers) {
+        if (tr.deadline && *tr.deadline <= now && !tr.completed && !tr.failed) {
+          fail(tid, tr, FailureReason::kPrefillTimeout, "the prefill peer did not deliver the KV in time");
+        }
+      }
+    }
+  }
+
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
+    const uint64_t tid = next_tid.fetch_add(1);
+    spec.import_kv = true;
+    {
+      std::lock_guard lock(mu);
+      Transfer& tr = transfers[tid];
+      tr.cb = std::move(cb);
+      tr.prompt = spec.prompt;
+      tr.sampling = spec.sampling;
+      tr.checksums.resize(static_cast<size_t>(layout.num_layers));
+      tr.verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
+    }
+    uint64_t handle = loop.submit(std::move(spec), [this, tid](const engine::RequestUpdate& u) { onUpdate(tid, u); });
+    std::lock_guard lock(mu);
+    if (auto it = transfers.find(tid); it != transfers.end()) it->second.handle = handle;
+    by_handle[handle] = tid;
+    return handle;
+  }
+
+  // Engine thread.
+  void onUpdate(uint64_t tid, const engine::RequestUpdate& u) {
+    PdUpdateCallback cb;
+    std::optional<FailureReason> failure;
+    {
+      std::lock_guard lock(mu);
+      auto it = transfers.find(tid);
+      if (it == transfers.end()) return;
+      Transfer& tr = it->second;
+      if (!u.kv_blocks.empty()) {
+        tr.id = u.id;
+        tr.has_id = true;
+        tr.d_blocks = u.kv_blocks;
+        if (tr.failed) {
+          maybeEnd(tid, tr);
+          return;
+        }
+        tr.conn = ensureConnected();
+        tr.started = SystemClock::instance().now();
+        tr.deadline = tr.started + options.prefill_timeout;
+        metrics.inflight.increment();
+        kvproto::PrefillRequest req;
+        req.deadline_ms = static_cast<uint32_t>(options.prefill_timeout.count());
+        req.lease_ms = static_cast<uint32_t>(options.lease_ttl.count());
+        req.tokens.assign(tr.prompt.begin(), tr.prompt.end());
+        req.temperature = tr.sampling.temperature;
+        req.top_p = tr.sampling.top_p;
+        req.top_k = static_cast<uint32_t>(tr.sampling.top_k);
+        req.seed = tr.sampling.seed;
+        send(tr.conn, tid, std::move(req));
+        return;
+      }
+      if (u.import_abort_requested) {
+        fail(tid, tr, FailureReason::kCancelled, "the request was cancelled");
+        return;
+      }
+      cb = tr.cb;
+      if (tr.failed) failure = tr.reason;
+      if (u.finished) {
+        if (tr.has_id && !tr.completed && !tr.failed) metrics.inflight.decrement();
+        if (tr.failed && tr.d_blocks.size() > 0) metrics.inflight.decrement();
+        by_handle.erase(tr.handle);
+        transfers.erase(it);
+      }
+    }
+    if (cb) cb(u, failure);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(engine::EngineLoop& loop, const PdOptions& options,
+                                                                    PdMetrics& metrics) {
+  if (options.peer_host.empty()) return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peer HOST:PORT)");
+  auto impl = std::make_unique<Impl>(loop, metrics, options);
+  Impl* raw = impl.get();
+  std::span<std::byte> region;
+  loop.runOnLoop([&](engine::Engine& e) {
+    raw->layout = e.kv().layout();
+    region = e.kvRegion();
+  });
+  raw->region = region.data();
+  transport::TransportOptions to = options.transport;
+  to.region = region;
+  transport::TransportCallbacks cb;
+  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
+  cb.on_disconnect = [raw](ConnId c, absl::Status s) { raw->onDisconnect(c, s); };
+  TANDEM_ASSIGN_OR_RETURN(impl->t, transport::UcxTransport::start(to, std::move(cb)));
+  {
+    std::lock_guard lock(raw->mu);
+    raw->ensureConnected();
+  }
+  impl->watchdog = std::thread([raw] { raw->watch(); });
+  return std::unique_ptr<DecodeService>(new DecodeService(std::move(impl)));
+}
+
+DecodeService::DecodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DecodeService::~DecodeService() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+    for (auto& [tid, tr] : impl_->transfers) impl_->fail(tid, tr, FailureReason::kCancelled, "the agent is shutting down");
+  }
+  impl_->cv.notify_all();
+  impl_->watchdog.join();
+  // Destroying the transport completes every outstanding get (cancelled);
+  // their callbacks post the abortImports.
+  impl_->t.reset();
+}
+
+uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update) {
+  return impl_->submit(std::move(spec), std::move(on_update));
+}
+
+void DecodeService::cancel(uint64_t handle) { impl_->loop.cancel(handle); }
+
+}  // namespace tandem::agent

@@ -1,0 +1,97 @@
+#pragma once
+// The P/D roles of the agent on top of the UCX transport (DESIGN.md §2-§3).
+//
+// Prefill side (PrefillService): listens on the KV port. For each
+// PrefillRequest it runs a leased prefill in its engine, answers
+// PrefillAccepted with the blocks that will hold the prompt's KV, sends
+// LayerReady (with a checksum per block) as each layer is written, then
+// PrefillDone with the first token. The KV stays pinned until D's Release,
+// D's disconnect, or lease expiry — a dead D cannot leak P memory.
+//
+// Decode side (DecodeService): owns the client request. It submits an
+// import request to its engine (the reservation is made there), asks P to
+// prefill, and pulls each announced layer with UCX gets into its own
+// blocks — nothing ever writes into another process's memory. When every
+// get has completed and the checksums match, the engine continues with P's
+// first token. Any failure (deadline, P gone, checksum, cancel) first
+// cancels D's own outstanding gets and waits for all of them to complete,
+// and only then ends the request — so freed blocks can never receive a late
+// transfer. Failures are typed (kvproto::FailureReason) and counted.
+//
+// Thread-safety: public methods may be called from any thread; transport
+// callbacks run on the transport's thread, engine callbacks on the loop's.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "agent/transport/ucx_transport.h"
+#include "engine/engine_loop.h"
+#include "src/kvproto/kvproto.h"
+#include "src/metrics/metrics.h"
+
+namespace tandem::agent {
+
+struct PdOptions {
+  transport::TransportOptions transport;
+  std::chrono::milliseconds lease_ttl{30000};       // P: how long KV stays pinned without a Release
+  std::chrono::milliseconds prefill_timeout{60000}; // D: P must deliver all layers within this
+  double checksum_rate = 1.0;                       // D: fraction of transfers whose checksums are verified
+  std::string peer_host;                            // D: the prefill agent
+  int peer_port = 8200;
+};
+
+// Metrics of the transport, registered with the agent's labels.
+class PdMetrics {
+ public:
+  PdMetrics(metrics::Registry& registry, const metrics::Labels& labels);
+  void failure(kvproto::FailureReason reason);
+  metrics::Counter& bytes;
+  metrics::Histogram& seconds;
+  metrics::Gauge& inflight;
+  metrics::Gauge& leases;
+  metrics::Counter& checksum_checked;
+
+ private:
+  metrics::Family<metrics::Counter>& failures_;
+};
+
+class PrefillService {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrefillService>> start(engine::EngineLoop& loop, const PdOptions& options,
+                                                               PdMetrics& metrics);
+  ~PrefillService();
+  int port() const;
+
+  struct Impl;
+
+ private:
+  explicit PrefillService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// What a client request learns when its KV could not be brought over.
+using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, std::optional<kvproto::FailureReason>)>;
+
+class DecodeService {
+ public:
+  static absl::StatusOr<std::unique_ptr<DecodeService>> start(engine::EngineLoop& loop, const PdOptions& options,
+                                                              PdMetrics& metrics);
+  // Completes (or aborts and waits for) every transfer before returning.
+  ~DecodeService();
+
+  // Runs `spec` disaggregated: prefill on the peer, decode here. Returns a
+  // handle for cancel().
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update);
+  void cancel(uint64_t handle);
+
+  struct Impl;
+
+ private:
+  explicit DecodeService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::agent
