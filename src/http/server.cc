@@ -462,6 +462,7 @@ class SseWriterImpl final : public SseWriter {
   bool sendEvent(const SseEvent& event) override {
     return ex_->write(formatSseEvent(event.data, event.event == "message" ? "" : event.event, event.id));
   }
+  bool sendRaw(std::string_view bytes) override { return ex_->write(bytes); }
   void close() override { ex_->closeStream(); }
   CallContext& context() override { return *ex_->context; }
 

@@ -170,6 +170,11 @@ class SseWriter {
   virtual bool send(std::string_view data) = 0;
   // Sends an event with a type and/or id (sse.h).
   virtual bool sendEvent(const SseEvent& event) = 0;
+  // Sends `bytes` as they are, without SSE framing, for streams in another
+  // format (a Kubernetes watch: newline-delimited JSON). Such a stream sets
+  // its own Content-Type with Response::setHeader and runs on a server whose
+  // sseKeepalive is zero, since keepalive comments are SSE framing.
+  virtual bool sendRaw(std::string_view bytes) = 0;
   // Ends the stream (the final chunk goes out after what was sent). Idempotent.
   virtual void close() = 0;
   virtual CallContext& context() = 0;

@@ -1,0 +1,120 @@
+#pragma once
+// Starts tandem-apiserver (from $TANDEM_BIN_DIR) on a free loopback port for
+// one test, and runs the real kubectl against it with a private discovery
+// cache. Used by the k8s-labelled tests.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace tandem::e2e {
+
+struct CommandResult {
+  int rc = -1;
+  std::string output;  // stdout and stderr together
+};
+
+inline std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Polls `condition` every 20 ms until it holds or `timeout` passes.
+inline bool waitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+class ApiServerFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tandem-k8s-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    kubeconfig_ = dir_ + "/kubeconfig";
+    const char* bin = std::getenv("TANDEM_BIN_DIR");
+    ASSERT_NE(bin, nullptr) << "TANDEM_BIN_DIR is not set";
+    std::string exe = std::string(bin) + "/tandem-apiserver";
+    std::string portFile = dir_ + "/port";
+    std::vector<std::string> args = {exe,         "--listen",    "127.0.0.1:0", "--kubeconfig-out",
+                                     kubeconfig_, "--port-file", portFile,      "--bookmark-interval",
+                                     "200ms",     "--log-level", "warn"};
+    for (const auto& a : extraArgs()) args.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(posix_spawn(&pid_, exe.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+    ASSERT_TRUE(waitFor([&] { return std::filesystem::exists(portFile); }, std::chrono::seconds(10)))
+        << "tandem-apiserver did not start";
+    port_ = std::stoi(readFile(portFile));
+  }
+
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  virtual std::vector<std::string> extraArgs() const { return {}; }
+
+  std::string baseUrl() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string kubectlPrefix() const {
+    return "kubectl --kubeconfig " + kubeconfig_ + " --cache-dir " + dir_ + "/cache ";
+  }
+
+  // Runs `kubectl <args>` through the shell; waits for it.
+  CommandResult kubectl(const std::string& args) const { return shell(kubectlPrefix() + args); }
+
+  static CommandResult shell(const std::string& command) {
+    CommandResult r;
+    FILE* p = popen((command + " 2>&1").c_str(), "r");
+    if (p == nullptr) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    int status = pclose(p);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+
+  // Writes `content` to a file in the test's directory; returns its path.
+  std::string writeTemp(const std::string& name, const std::string& content) const {
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path) << content;
+    return path;
+  }
+
+  static std::string testdata(const std::string& name) { return std::string(TANDEM_TESTDATA_DIR) + "/" + name; }
+
+  std::string dir_;
+  std::string kubeconfig_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace tandem::e2e
