@@ -37,6 +37,7 @@ struct AgentConfig {
   std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0; // decode: fraction of transfers whose per-block checksums are verified
+  int direct_max_suffix_tokens = 256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

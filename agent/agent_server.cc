@@ -76,14 +76,15 @@ struct AgentServer::Impl {
   // The callback sees the typed transfer failure, if one ended the request.
   uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
     if (decode) return decode->submit(std::move(spec), std::move(cb));
-    return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, std::nullopt); });
+    return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, PdInfo{}); });
   }
 
-  void finished(const Call& call, const engine::RequestUpdate& u) {
-    metrics->onFinish(u, decode ? "disagg" : "direct");
+  void finished(const Call& call, const engine::RequestUpdate& u, const PdInfo& info) {
+    const std::string path(pdPathName(info.path));
+    metrics->onFinish(u, path);
     if (trace) {
       trace->write(traceRecord({.request_id = call.id, .model = limits.model_name, .role = config.role,
-                                .worker = config.worker, .path = decode ? "disagg" : "direct"},
+                                .worker = config.worker, .path = path},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},
@@ -118,13 +119,12 @@ struct AgentServer::Impl {
 
   http::Response unary(std::shared_ptr<Call> call, ParsedRequest p) {
     return http::Response::deferred([this, call, spec = std::move(p.spec)](std::shared_ptr<http::Responder> r) mutable {
-      uint64_t handle = submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u,
-                                                               std::optional<kvproto::FailureReason> failure) {
+      uint64_t handle = submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
         call->text += u.text_delta;
         if (!u.finished) return;
-        finished(*call, u);
+        finished(*call, u, info);
         if (!normalFinish(u.finish_reason)) {
-          r->respond(apiError(errorForFinish(u, failure)));
+          r->respond(apiError(errorForFinish(u, info.failure)));
           return;
         }
         r->respond(http::Response::json(
@@ -138,8 +138,7 @@ struct AgentServer::Impl {
 
   http::Response stream(std::shared_ptr<Call> call, ParsedRequest p) {
     return http::Response::sse([this, call, spec = std::move(p.spec)](std::shared_ptr<http::SseWriter> w) mutable {
-      uint64_t handle = submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u,
-                                                               std::optional<kvproto::FailureReason> failure) {
+      uint64_t handle = submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
         const std::string& model = limits.model_name;
         if (!u.text_delta.empty() || (u.finished && normalFinish(u.finish_reason) && !call->role_sent)) {
           bool role = call->endpoint == Endpoint::kChat && !call->role_sent;
@@ -152,7 +151,7 @@ struct AgentServer::Impl {
           }
         }
         if (!u.finished) return;
-        finished(*call, u);
+        finished(*call, u, info);
         if (normalFinish(u.finish_reason)) {
           w->send(chunkBody(call->endpoint, call->id, call->created, model, "", openAiFinishReason(u.finish_reason),
                             false, call->include_usage).dump());
@@ -162,7 +161,7 @@ struct AgentServer::Impl {
           }
         } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
           // The status line is already sent; the error travels as an event, as OpenAI's API does.
-          w->send(errorForFinish(u, failure).toJson().dump());
+          w->send(errorForFinish(u, info.failure).toJson().dump());
         }
         w->send("[DONE]");
         w->close();
@@ -232,6 +231,7 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
     pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
+    pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     if (config.role == "prefill") {
       TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(*impl->loop, pd, *impl->pd_metrics));
       impl->kv_port = impl->prefill->port();

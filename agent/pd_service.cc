@@ -66,6 +66,34 @@ void PdMetrics::failure(FailureReason reason) {
   failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}}).increment();
 }
 
+std::string_view pdPathName(PdPath path) {
+  switch (path) {
+    case PdPath::kDirect: return "direct";
+    case PdPath::kDisagg: return "disagg";
+    case PdPath::kFallback: return "fallback";
+  }
+  return "direct";
+}
+
+void PeerHealth::recordFailure(MonoTime now) {
+  std::lock_guard lock(mu_);
+  failures_.push_back(now);
+  while (!failures_.empty() && now - failures_.front() > window_) failures_.pop_front();
+  if (static_cast<int>(failures_.size()) >= threshold_) unhealthy_ = true;
+}
+
+void PeerHealth::recordProbeSuccess() {
+  std::lock_guard lock(mu_);
+  unhealthy_ = false;
+  failures_.clear();
+}
+
+bool PeerHealth::healthy(MonoTime now) {
+  std::lock_guard lock(mu_);
+  while (!failures_.empty() && now - failures_.front() > window_) failures_.pop_front();
+  return !unhealthy_;
+}
+
 // ---------------------------------------------------------------- prefill --
 
 struct PrefillService::Impl {
@@ -290,8 +318,11 @@ struct DecodeService::Impl {
   std::mt19937_64 rng{std::random_device{}()};       // guarded by mu
   std::thread watchdog;
   bool stopping = false;                             // guarded by mu
+  PeerHealth health;
+  MonoTime last_probe;                               // guarded by mu
 
-  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {}
+  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o)
+      : loop(l), metrics(m), options(o), health(o.unhealthy_failures, o.failure_window) {}
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
 
@@ -313,6 +344,10 @@ struct DecodeService::Impl {
     tr.reason = reason;
     tr.message = strCat("kv transfer failed (", kvproto::failureReasonName(reason), "): ", message);
     metrics.failure(reason);
+    // Failures that say something about the peer feed its health window.
+    if (reason != FailureReason::kCancelled && reason != FailureReason::kCapacity) {
+      health.recordFailure(SystemClock::instance().now());
+    }
     log.warn("kv transfer failed", {{"transfer", tid}, {"reason", kvproto::failureReasonName(reason)}, {"detail", message}});
     for (GetId g : tr.outstanding) t->cancelGet(g);
     if (tr.conn != 0 && reason != FailureReason::kPeerUnhealthy) send(tr.conn, tid, kvproto::Abort{reason, message});
@@ -402,6 +437,11 @@ struct DecodeService::Impl {
       metrics.failure(FailureReason::kTransferFailed);
       return;
     }
+    if (std::holds_alternative<kvproto::Pong>(m->body)) {
+      if (!health.healthy(SystemClock::instance().now())) log.info("prefill peer answers probes again; using it");
+      health.recordProbeSuccess();
+      return;
+    }
     if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
       if (h->num_layers != layout.num_layers || h->block_size != layout.block_size || h->num_kv_heads != layout.num_kv_heads ||
           h->head_dim != layout.head_dim) {
@@ -450,6 +490,11 @@ struct DecodeService::Impl {
     while (!stopping) {
       cv.wait_for(lock, std::chrono::milliseconds(10));
       const auto now = SystemClock::instance().now();
+      if (!health.healthy(now) && now - last_probe >= options.probe_interval) {
+        // Probe an unhealthy peer (reconnecting if needed) so it can come back.
+        last_probe = now;
+        send(ensureConnected(), 0, kvproto::Ping{});
+      }
       for (auto& [tid, tr] : transfers) {
         if (tr.deadline && *tr.deadline <= now && !tr.completed && !tr.failed) {
           fail(tid, tr, FailureReason::kPrefillTimeout, "the prefill peer did not deliver the KV in time");
@@ -460,7 +505,15 @@ struct DecodeService::Impl {
 
   uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
     const uint64_t tid = next_tid.fetch_add(1);
+    const bool fallback = !health.healthy(SystemClock::instance().now());
+    if (fallback) {
+      // The prefill peer is unhealthy: compute the prompt here rather than fail.
+      return loop.submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) {
+        cb(u, PdInfo{.path = PdPath::kFallback});
+      });
+    }
     spec.import_kv = true;
+    spec.direct_max_suffix_tokens = options.direct_max_suffix_tokens;
     {
       std::lock_guard lock(mu);
       Transfer& tr = transfers[tid];
@@ -480,7 +533,7 @@ struct DecodeService::Impl {
   // Engine thread.
   void onUpdate(uint64_t tid, const engine::RequestUpdate& u) {
     PdUpdateCallback cb;
-    std::optional<FailureReason> failure;
+    PdInfo info;
     {
       std::lock_guard lock(mu);
       auto it = transfers.find(tid);
@@ -514,7 +567,8 @@ struct DecodeService::Impl {
         return;
       }
       cb = tr.cb;
-      if (tr.failed) failure = tr.reason;
+      if (tr.failed) info.failure = tr.reason;
+      info.path = tr.has_id ? PdPath::kDisagg : PdPath::kDirect;
       if (u.finished) {
         if (tr.has_id && !tr.completed && !tr.failed) metrics.inflight.decrement();
         if (tr.failed && tr.d_blocks.size() > 0) metrics.inflight.decrement();
@@ -522,7 +576,7 @@ struct DecodeService::Impl {
         transfers.erase(it);
       }
     }
-    if (cb) cb(u, failure);
+    if (cb) cb(u, info);
   }
 };
 

@@ -22,6 +22,8 @@
 // callbacks run on the transport's thread, engine callbacks on the loop's.
 
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -41,6 +43,33 @@ struct PdOptions {
   double checksum_rate = 1.0;                       // D: fraction of transfers whose checksums are verified
   std::string peer_host;                            // D: the prefill agent
   int peer_port = 8200;
+  int direct_max_suffix_tokens = 256;               // D: direct-to-D when the session is resident and at most this much is new
+  // D: the prefill peer is unhealthy after this many failures within the
+  // window; it is probed every probe_interval and healthy again on answer.
+  int unhealthy_failures = 3;
+  std::chrono::milliseconds failure_window{10000};
+  std::chrono::milliseconds probe_interval{1000};
+};
+
+// How a decode-role request was served.
+enum class PdPath { kDirect, kDisagg, kFallback };
+std::string_view pdPathName(PdPath path);
+
+// Windowed failure detector: unhealthy after N failures within T, healthy
+// again after a successful probe. Never a permanent verdict. Thread-safe.
+class PeerHealth {
+ public:
+  PeerHealth(int failures, std::chrono::milliseconds window) : threshold_(failures), window_(window) {}
+  void recordFailure(MonoTime now);
+  void recordProbeSuccess();
+  bool healthy(MonoTime now);
+
+ private:
+  std::mutex mu_;
+  int threshold_;
+  std::chrono::milliseconds window_;
+  std::deque<MonoTime> failures_;  // guarded by mu_
+  bool unhealthy_ = false;         // guarded by mu_
 };
 
 // Metrics of the transport, registered with the agent's labels.
@@ -72,8 +101,13 @@ class PrefillService {
   std::unique_ptr<Impl> impl_;
 };
 
-// What a client request learns when its KV could not be brought over.
-using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, std::optional<kvproto::FailureReason>)>;
+// What a client request learns about how it was served: the typed
+// transfer failure that ended it, if any, and its path (final update).
+struct PdInfo {
+  std::optional<kvproto::FailureReason> failure;
+  PdPath path = PdPath::kDirect;
+};
+using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, const PdInfo&)>;
 
 class DecodeService {
  public:

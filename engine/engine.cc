@@ -499,6 +499,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std
   u.num_reserved_tokens = seq->reserved_tokens;
   u.kv_blocks_peak = seq->kv_blocks_peak;
   u.num_preemptions = seq->num_preemptions;
+  u.kv_imported = seq->spec.import_kv && seq->kv_blocks_reported && reason != FinishReason::kRejected;
   u.arrival = seq->arrival;
   u.first_scheduled = seq->first_scheduled;
   u.first_token = seq->first_token;

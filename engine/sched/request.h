@@ -75,6 +75,10 @@ struct RequestSpec {
   // RequestUpdate::import_abort_requested) — because someone else is writing
   // into its blocks.
   bool import_kv = false;
+  // Direct-to-D: an import request whose session is resident here with at
+  // most this many prompt tokens beyond the resident prefix is computed
+  // locally instead (no prefill agent, no transfer). 0 = always import.
+  int direct_max_suffix_tokens = 0;
 };
 
 // Progress of one request, delivered on the engine thread. `finished`
@@ -99,6 +103,9 @@ struct RequestUpdate {
   // Import: someone called cancel() while the KV is being imported. The
   // importer must stop its transfers and then call Engine::abortImport.
   bool import_abort_requested = false;
+  // Final update of an import_kv request: whether its prompt KV was
+  // imported (false: computed here, e.g. direct-to-D).
+  bool kv_imported = false;
 
   int kv_blocks_peak = 0;
   int num_preemptions = 0;

@@ -76,6 +76,16 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
 
 bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
   const int bs = options_.block_size;
+  // Direct-to-D: the session's KV is resident here and only a short suffix
+  // is new, so computing it locally beats a round trip to a prefill agent.
+  if (seq->spec.import_kv && seq->spec.direct_max_suffix_tokens > 0 && seq->spec.session && seq->numOutputTokens() == 0) {
+    if (const ResidentSession* s = sessions_.find(*seq->spec.session)) {
+      const size_t limit = std::min(s->tokens.size(), seq->tokens.size() - 1);
+      size_t common = 0;
+      while (common < limit && s->tokens[common] == seq->tokens[common]) ++common;
+      if (static_cast<int>(seq->tokens.size() - common) <= seq->spec.direct_max_suffix_tokens) seq->spec.import_kv = false;
+    }
+  }
   for (;;) {
     ReusePlan plan = planReuse(*seq);
     const int need_total = std::max(reservationBlocks(seq->reserved_tokens), ceilDiv(static_cast<int>(seq->tokens.size()), bs));

@@ -157,3 +157,95 @@ TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) {
 
 }  // namespace
 }  // namespace tandem::agent
+
+namespace tandem::agent {
+namespace {
+
+std::vector<nlohmann::json> traceLines(const AgentProcess& a) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(a.trace());
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(PdDirectTest, ShortSessionAppendIsComputedOnDecodeWithoutTransfer) {
+  auto mono = AgentProcess::start({});
+  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp"});
+  ASSERT_TRUE(mono && prefill);
+  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--direct-max-suffix", "64",
+                                     "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
+  ASSERT_NE(decode, nullptr);
+  auto send = [](const AgentProcess& a, const std::string& prompt, const char* session) {
+    http::ClientRequest r{.method = "POST", .url = a.url("/v1/completions"),
+                          .body = nlohmann::json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}.dump()};
+    if (session) r.headers["x-session-id"] = session;
+    auto resp = http::httpSend(r);
+    EXPECT_TRUE(resp.ok() && resp->status == 200);
+    return nlohmann::json::parse(resp->body)["choices"][0]["text"].get<std::string>();
+  };
+  std::string turn1 = std::string(300, 'q');
+  std::string out1 = send(*decode, turn1, "agent-7");
+  EXPECT_EQ(out1, send(*mono, turn1, nullptr));
+  std::string turn2 = turn1 + out1 + " and now a short append";
+  std::string out2 = send(*decode, turn2, "agent-7");
+  EXPECT_EQ(out2, send(*mono, turn2, nullptr));  // same as computing everything from scratch
+  std::string turn3 = turn2 + out2 + std::string(200, 'z');  // too long an append: disaggregated again
+  EXPECT_EQ(send(*decode, turn3, "agent-7"), send(*mono, turn3, nullptr));
+  ASSERT_TRUE(waitFor([&] { return traceLines(*decode).size() == 3; }));
+  auto t = traceLines(*decode);
+  EXPECT_EQ(t[0]["path"], "disagg");
+  EXPECT_EQ(t[1]["path"], "direct");
+  EXPECT_GT(t[1]["cached_tokens"].get<int>(), 300);
+  EXPECT_EQ(t[2]["path"], "disagg");
+  EXPECT_EQ(metricValue(scrape(*decode), "tandem_request_path_total{path=\"direct\""), 1);
+}
+
+TEST(PdHealthTest, UnhealthyPeerFallsBackToLocalPrefillAndIsUsedAgainAfterRecovery) {
+  setenv("UCX_TCP_CM_REUSEADDR", "y", 1);  // the restarted prefill agent reuses the port at once
+  auto mono = AgentProcess::start({});
+  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp"});
+  ASSERT_TRUE(mono && prefill);
+  const int kv_port = prefill->kvPort();
+  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                     "--prefill-peer", "127.0.0.1:" + std::to_string(kv_port)});
+  ASSERT_NE(decode, nullptr);
+  auto run = [](const AgentProcess& a, int i, int* status) {
+    auto r = http::httpPost(a.url("/v1/completions"),
+                            nlohmann::json{{"model", "tiny"}, {"prompt", "health " + std::to_string(i)}, {"max_tokens", 6},
+                                           {"temperature", 0}, {"ignore_eos", true}},
+                            std::chrono::seconds(60));
+    *status = r.ok() ? r->status : -1;
+    return r.ok() ? r->body : std::string();
+  };
+  int status = 0;
+  run(*decode, 0, &status);
+  EXPECT_EQ(status, 200);
+  prefill->stop(SIGKILL);
+  // Failures accumulate until the window trips; then requests are served locally.
+  int ok_after = 0;
+  for (int i = 1; i <= 8; ++i) {
+    std::string body = run(*decode, i, &status);
+    if (status == 200) {
+      ++ok_after;
+      int ms = 0;
+      EXPECT_EQ(nlohmann::json::parse(body)["choices"][0]["text"], nlohmann::json::parse(run(*mono, i, &ms))["choices"][0]["text"]);
+    } else {
+      EXPECT_EQ(status, 503);
+    }
+  }
+  EXPECT_GE(ok_after, 5) << "after a few failures the decode agent should fall back to local prefill";
+  EXPECT_GE(metricValue(scrape(*decode), "tandem_request_path_total{path=\"fallback\""), 5);
+  // The prefill agent comes back on the same port: probes find it, disaggregation resumes.
+  auto again = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:" + std::to_string(kv_port), "--kv-tls", "tcp"});
+  ASSERT_NE(again, nullptr);
+  double before = metricValue(scrape(*decode), "tandem_request_path_total{path=\"disagg\"");
+  ASSERT_TRUE(waitFor([&] {
+    run(*decode, 100, &status);
+    return metricValue(scrape(*decode), "tandem_request_path_total{path=\"disagg\"") > before;
+  })) << "the recovered prefill agent was never used again";
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*decode), "tandem_kv_blocks_free{") == 512; }));
+}
+
+}  // namespace
+}  // namespace tandem::agent
