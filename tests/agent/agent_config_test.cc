@@ -68,7 +68,11 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({})).find("--model-dir (model.dir) is required"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--listen", "nowhere"})).find("expected HOST:PORT"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--log-format", "xml"})).find("not one of: text, json"), std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("not served by this build"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"})).find("not served by this build"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"})).find("--prefill-peer: expected HOST:PORT"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--checksum-rate", "2"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);
   EXPECT_NE(msg(parse({"positional"})).find("unexpected argument"), std::string::npos);
 

@@ -76,7 +76,7 @@ before(async () => {
   let port;
   while (Date.now() < deadline) {
     if (!running) throw failWithLog('tandem-agent exited during start-up');
-    if (port === undefined && existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').trim());
+    if (port === undefined && existsSync(portFile)) port = Number(readFileSync(portFile, 'utf8').split('\n')[0].trim());
     if (port !== undefined) {
       try {
         const r = await fetch(`http://127.0.0.1:${port}/readyz`);
