@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "engine/backend/kernel_math.h"
 
@@ -67,7 +68,77 @@ void growTo(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// ---- SwiGLU ----------------------------------------------------------------
+// kmath::swiglu's formula, gate / (1 + e^-gate) * up, with e^x computed from
+// IEEE operations only (+ - * / and fma, all exactly rounded), so that the
+// vectorised loop, its scalar remainder and every SIMD level below give the
+// same bits for the same element: a row's result never depends on where it
+// sits in the batch. (glibc's scalar expf was most of the MLP's non-GEMM
+// time, and its vector variants round differently from it. Like CUDA's expf,
+// this exp is not glibc's: results differ from kmath::swiglu in the last bits.)
+
+// e^x, x clamped to [-87, 88] (results in [1.6e-38, 1.7e38]: no overflow,
+// no subnormals). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, Cephes
+// expf's polynomial for e^r (relative error ~1e-7), 2^n added to the exponent.
+[[gnu::always_inline]] inline float expIeee(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = std::fma(x, 1.44269504088896341f, kRound) - kRound;
+  float r = std::fma(n, -0.693359375f, x);  // ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in n * it
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float e_r = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &e_r, sizeof(bits));
+  bits += static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(n)) << 23);
+  float result;
+  std::memcpy(&result, &bits, sizeof(result));
+  return result;
+}
+
+[[gnu::always_inline]] inline void swigluLoop(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expIeee(-g)) * up[i];
+  }
+}
+
+// The same loop compiled for each level; fma is one instruction there.
+[[gnu::target("avx512f,avx2,fma")]] void swigluAvx512(const float* gate, const float* up, float* out, int64_t n) {
+  swigluLoop(gate, up, out, n);
+}
+[[gnu::target("avx2,fma")]] void swigluAvx2(const float* gate, const float* up, float* out, int64_t n) {
+  swigluLoop(gate, up, out, n);
+}
+void swigluPortable(const float* gate, const float* up, float* out, int64_t n) { swigluLoop(gate, up, out, n); }
+
+using SwigluFn = void (*)(const float*, const float*, float*, int64_t);
+
+SwigluFn swigluFor(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return &swigluAvx512;
+    case SimdLevel::kAvx2:
+      return &swigluAvx2;
+    default:
+      return &swigluPortable;
+  }
+}
+
+int threadsFor(const CpuBackendOptions& options) {
+  if (options.num_threads > 0) return options.num_threads;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 }  // namespace
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
+    : pool_(threadsFor(options)), attention_(options.simd, &pool_), swiglu_(swigluFor(attention_.simdLevel())) {}
 
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
   const auto start = std::chrono::steady_clock::now();
@@ -105,22 +176,44 @@ void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_
 void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
                       float theta) {
   const int32_t half = head_dim / 2;
+  if (theta != rope_theta_ || head_dim != rope_head_dim_) {
+    rope_theta_ = theta;
+    rope_head_dim_ = head_dim;
+    rope_cos_.clear();
+    rope_sin_.clear();
+  }
   growTo(cos_, static_cast<size_t>(half));
   growTo(sin_, static_cast<size_t>(half));
   const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
   for (int32_t r = 0; r < rows; ++r) {
-    for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(positions[r], i, head_dim, theta, &cos_[i], &sin_[i]);
+    const float* cos_t = cos_.data();
+    const float* sin_t = sin_.data();
+    const int32_t pos = positions[r];
+    if (pos < kRopeTablePositions) {
+      const size_t cached = rope_cos_.size() / static_cast<size_t>(half);  // positions in the table
+      if (static_cast<size_t>(pos) >= cached) {
+        rope_cos_.resize(static_cast<size_t>(pos + 1) * static_cast<size_t>(half));
+        rope_sin_.resize(rope_cos_.size());
+        for (size_t p = cached; p <= static_cast<size_t>(pos); ++p) {
+          for (int32_t i = 0; i < half; ++i) {
+            const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
+            kmath::ropeCosSin(static_cast<int32_t>(p), i, head_dim, theta, &rope_cos_[at], &rope_sin_[at]);
+          }
+        }
+      }
+      cos_t = rope_cos_.data() + static_cast<size_t>(pos) * static_cast<size_t>(half);
+      sin_t = rope_sin_.data() + static_cast<size_t>(pos) * static_cast<size_t>(half);
+    } else {
+      for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(pos, i, head_dim, theta, &cos_[i], &sin_[i]);
+    }
     float* xr = x + static_cast<size_t>(r) * row_width;
     for (int32_t h = 0; h < num_heads; ++h) {
-      kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_.data(), sin_.data(),
-                            head_dim);
+      kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_t, sin_t, head_dim);
     }
   }
 }
 
-void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = kmath::swiglu(gate[i], up[i]);
-}
+void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) { swiglu_(gate, up, out, n); }
 
 void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
   for (int32_t r = 0; r < num_rows; ++r) {
@@ -146,63 +239,9 @@ void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::spa
   }
 }
 
-// One (row, query head) at a time, keys in position order: the arithmetic for
-// an output row depends only on its query, its position and the cached KV,
-// never on which other rows or chunks share the call.
 void CpuBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                            const AttentionShape& shape, float* out) {
-  const int32_t block_size = kv.layout().block_size;
-  const int32_t head_dim = shape.head_dim;
-  const size_t token_stride = kv.layout().floatsPerToken();  // between consecutive slots of a block
-  const size_t q_width = static_cast<size_t>(shape.num_heads) * static_cast<size_t>(head_dim);
-  const float scale = kmath::attentionScale(head_dim);
-  for (const ChunkDesc& c : chunks) {
-    for (int32_t r = 0; r < c.num_rows; ++r) {
-      const int32_t num_keys = kmath::visibleKeys(c.start_pos, r);
-      growTo(scores_, static_cast<size_t>(num_keys));
-      const size_t row = static_cast<size_t>(c.row_begin + r);
-      for (int32_t h = 0; h < shape.num_heads; ++h) {
-        const float* qh = q + row * q_width + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
-        float* oh = out + row * q_width + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
-        const size_t head_offset = static_cast<size_t>(kmath::kvHeadFor(h, shape.num_heads, shape.num_kv_heads)) *
-                                   static_cast<size_t>(head_dim);
-
-        // Scores, walking the block table block by block.
-        float max_score = -INFINITY;
-        for (int32_t j0 = 0; j0 < num_keys; j0 += block_size) {
-          const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(j0, block_size))];
-          const float* keys = kv.key(layer, block, 0) + head_offset;
-          const int32_t n = std::min(block_size, num_keys - j0);
-          for (int32_t s = 0; s < n; ++s) {
-            const float score = dot(qh, keys + static_cast<size_t>(s) * token_stride, head_dim) * scale;
-            scores_[static_cast<size_t>(j0 + s)] = score;
-            max_score = std::max(max_score, score);
-          }
-        }
-        double sum = 0.0;
-        for (int32_t j = 0; j < num_keys; ++j) {
-          const float e = std::exp(scores_[static_cast<size_t>(j)] - max_score);
-          scores_[static_cast<size_t>(j)] = e;
-          sum += e;
-        }
-
-        // Weighted sum of values, normalised once at the end.
-        std::fill(oh, oh + head_dim, 0.0f);
-        for (int32_t j0 = 0; j0 < num_keys; j0 += block_size) {
-          const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(j0, block_size))];
-          const float* values = kv.value(layer, block, 0) + head_offset;
-          const int32_t n = std::min(block_size, num_keys - j0);
-          for (int32_t s = 0; s < n; ++s) {
-            const float p = scores_[static_cast<size_t>(j0 + s)];
-            const float* vs = values + static_cast<size_t>(s) * token_stride;
-            for (int32_t d = 0; d < head_dim; ++d) oh[d] += p * vs[d];
-          }
-        }
-        const float inv_sum = static_cast<float>(1.0 / sum);
-        for (int32_t d = 0; d < head_dim; ++d) oh[d] *= inv_sum;
-      }
-    }
-  }
+  attention_.run(layer, q, chunks, kv, shape, out);
 }
 
 void CpuBackend::logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,

@@ -1,21 +1,36 @@
 #pragma once
-// The reference backend: OpenBLAS sgemm for the projections, plain loops for
-// everything else. What the tests and the CPU engine run.
+// The reference backend: OpenBLAS sgemm for the projections, vectorised
+// paged attention (paged_attention.h) and SwiGLU, plain loops for everything
+// else. What the tests and the CPU engine run.
 //
-// Single-threaded per call apart from OpenBLAS's own thread pool (sized by
-// OPENBLAS_NUM_THREADS; the results do not depend on it, see cpu_backend.cc).
+// Threads: OpenBLAS's own pool runs the GEMMs (sized by OPENBLAS_NUM_THREADS;
+// the results do not depend on it, see cpu_backend.cc); attention runs on a
+// WorkerPool owned here (CpuBackendOptions::num_threads; the results do not
+// depend on it either). Everything else runs on the calling thread.
 // Not thread-safe: one engine thread owns it (it keeps scratch buffers).
 
 #include <memory>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/paged_attention.h"
+#include "engine/backend/cpu/worker_pool.h"
 
 namespace tandem::engine {
 
+struct CpuBackendOptions {
+  // Threads attention runs on, the calling thread included; 0: one per
+  // hardware thread. Outputs are bitwise the same for every value.
+  int num_threads = 0;
+  // Vector code attention and swiglu run; every level gives the same bits
+  // (paged_attention.h, cpu_backend.cc).
+  SimdLevel simd = SimdLevel::kAuto;
+};
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
+  CpuBackend() : CpuBackend(CpuBackendOptions{}) {}
+  explicit CpuBackend(const CpuBackendOptions& options);
 
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
@@ -35,12 +50,23 @@ class CpuBackend final : public Backend {
 
  private:
   BackendStats stats_;
+  WorkerPool pool_;
+  PagedAttention attention_;                                                   // runs on pool_
+  void (*swiglu_)(const float* gate, const float* up, float* out, int64_t n);  // of attention_'s SIMD level
   // Scratch, grown on demand and reused (no allocation once warmed up).
-  std::vector<float> pad_x_;   // [min_rows, k] gemm input padded with zero rows
-  std::vector<float> pad_y_;   // [min_rows, n] gemm output of the padded call
-  std::vector<float> scores_;  // [visible keys] attention scores of one (row, head)
-  std::vector<float> cos_;     // [head_dim / 2] RoPE of one row
-  std::vector<float> sin_;     // [head_dim / 2]
+  std::vector<float> pad_x_;  // [min_rows, k] gemm input padded with zero rows
+  std::vector<float> pad_y_;  // [min_rows, n] gemm output of the padded call
+  std::vector<float> cos_;    // [head_dim / 2] RoPE of one row past the table
+  std::vector<float> sin_;    // [head_dim / 2]
+  // RoPE cos/sin (kmath::ropeCosSin, so the same bits) of positions
+  // [0, size / (head_dim / 2)), for rope_theta_ and rope_head_dim_; grown on
+  // demand up to kRopeTablePositions (pow, cos and sin per row were most of
+  // rope's time).
+  static constexpr int32_t kRopeTablePositions = 1 << 15;
+  float rope_theta_ = 0;
+  int32_t rope_head_dim_ = 0;
+  std::vector<float> rope_cos_;  // [position][head_dim / 2]
+  std::vector<float> rope_sin_;  // [position][head_dim / 2]
 };
 
 std::unique_ptr<Backend> makeCpuBackend();

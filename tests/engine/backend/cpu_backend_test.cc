@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/backend/kernel_math.h"
+
 namespace tandem::engine {
 namespace {
 
@@ -153,6 +155,26 @@ TEST(CpuBackend, RopeMatchesFormulaPerRowPosition) {
   }
 }
 
+// rope caches cos/sin per position; the bits must be kmath's, in any order
+// of positions, beyond the cache's range, and after theta changes.
+TEST(CpuBackend, RopeIsBitwiseKernelMath) {
+  CpuBackend backend;
+  const int heads = 2, head_dim = 8, half = head_dim / 2;
+  const std::vector<int32_t> positions = {300, 0, 7, 299, 100000, 7};
+  for (float theta : {10000.0f, 500000.0f}) {
+    const auto x = randomVector(positions.size() * heads * head_dim, 12);
+    std::vector<float> got = x;
+    backend.rope(got.data(), static_cast<int32_t>(positions.size()), heads, head_dim, positions.data(), theta);
+    std::vector<float> want = x;
+    for (size_t r = 0; r < positions.size(); ++r) {
+      float c[half], sn[half];
+      for (int i = 0; i < half; ++i) kmath::ropeCosSin(positions[r], i, head_dim, theta, &c[i], &sn[i]);
+      for (int h = 0; h < heads; ++h) kmath::ropeRotateHead(want.data() + (r * heads + h) * head_dim, c, sn, head_dim);
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << theta;
+  }
+}
+
 TEST(CpuBackend, SwigluMatchesFormula) {
   CpuBackend backend;
   const auto gate = randomVector(100, 8, 6.0f), up = randomVector(100, 9, 2.0f);
@@ -162,6 +184,46 @@ TEST(CpuBackend, SwigluMatchesFormula) {
     const double g = gate[i];
     const double want = g / (1 + std::exp(-g)) * up[i];
     EXPECT_NEAR(out[i], want, 1e-6 * (1 + std::abs(want))) << i;
+  }
+}
+
+// Extreme gates too: the exp's clamping must keep the formula's limits.
+TEST(CpuBackend, SwigluMatchesFormulaAtExtremes) {
+  CpuBackend backend;
+  const std::vector<float> gate = {-200.0f, -90.0f, -87.5f, -30.0f, -1e-3f, 0.0f, 1e-3f, 30.0f, 87.5f, 90.0f, 200.0f};
+  const std::vector<float> up(gate.size(), 1.5f);
+  std::vector<float> out(gate.size());
+  backend.swiglu(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double g = gate[i];
+    const double want = g / (1 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(out[i], want, 1e-6 * (1 + std::abs(want))) << g;
+  }
+}
+
+// The engine's determinism needs an element's result to be independent of
+// where it sits in the call (vector body or remainder) and of the SIMD level.
+TEST(CpuBackend, SwigluIsBitwiseStableAcrossOffsetsAndLevels) {
+  const auto gate = randomVector(1000, 10, 12.0f), up = randomVector(1000, 11, 2.0f);
+  CpuBackend backend;
+  std::vector<float> whole(gate.size());
+  backend.swiglu(gate.data(), up.data(), whole.data(), static_cast<int64_t>(gate.size()));
+  for (size_t offset : {1, 3, 17}) {
+    std::vector<float> part(gate.size() - offset);
+    backend.swiglu(gate.data() + offset, up.data() + offset, part.data(), static_cast<int64_t>(part.size()));
+    EXPECT_EQ(std::memcmp(part.data(), whole.data() + offset, part.size() * sizeof(float)), 0) << offset;
+  }
+  for (size_t i = 0; i < gate.size(); i += 97) {
+    float one = 0;
+    backend.swiglu(&gate[i], &up[i], &one, 1);
+    EXPECT_EQ(std::memcmp(&one, &whole[i], sizeof(float)), 0) << i;
+  }
+  for (SimdLevel level : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!simdLevelSupported(level)) continue;
+    CpuBackend at_level(CpuBackendOptions{.simd = level});
+    std::vector<float> out(gate.size());
+    at_level.swiglu(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()));
+    EXPECT_EQ(std::memcmp(out.data(), whole.data(), out.size() * sizeof(float)), 0) << static_cast<int>(level);
   }
 }
 

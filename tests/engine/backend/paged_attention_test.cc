@@ -147,6 +147,10 @@ void expectMatchesReference(const Fixture& f, const std::vector<float>& got, con
   }
 }
 
+bool bitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 struct Case {
   const char* name;
   AttentionShape shape;
@@ -163,6 +167,14 @@ const std::vector<Case>& cases() {
       {"decode_mqa", {.num_heads = 6, .num_kv_heads = 1, .head_dim = 12}, {{20, 1}}},
       // Mixed: fresh prefill, continuing chunk, two decodes.
       {"mixed_batch", {.num_heads = 4, .num_kv_heads = 2, .head_dim = 32}, {{0, 11}, {5, 6}, {30, 1}, {0, 1}}},
+      // Long enough to cross many 64-key blocks of the kernel, chunks not aligned to them (the tiny model's shape).
+      {"long_gqa", {.num_heads = 8, .num_kv_heads = 2, .head_dim = 32}, {{0, 150}, {70, 90}, {200, 1}, {63, 2}}},
+      // head_dim above one vector and not a multiple of one; a group wider than the kernel's.
+      {"long_wide_heads", {.num_heads = 12, .num_kv_heads = 2, .head_dim = 40}, {{0, 70}, {129, 3}}},
+      // A decode batch: enough single-row chunks that one work item takes all KV heads of a chunk.
+      {"decode_batch",
+       {.num_heads = 8, .num_kv_heads = 2, .head_dim = 32},
+       {{0, 1}, {200, 1}, {63, 1}, {64, 1}, {130, 1}, {5, 1}, {90, 1}, {17, 1}, {150, 1}, {31, 1}, {77, 1}, {1, 1}}},
   };
   return all;
 }
@@ -197,37 +209,86 @@ TEST(PagedAttention, ReadsOnlyItsLayer) {
 }
 
 // The engine's determinism rests on this: a row's output is bitwise the same
-// whether its chunk runs alone, with others, or split into single rows.
+// whether its chunk runs alone, with others, split into pieces at any row, or
+// as single rows.
 TEST(PagedAttention, RowsIndependentOfBatchComposition) {
   CpuBackend backend;
-  const Case& c = cases()[3];
-  Fixture f = makeFixture(c.shape, 3, c.seqs, 7);
+  for (size_t case_index : {3, 4, 6}) {
+    const Case& c = cases()[case_index];
+    SCOPED_TRACE(c.name);
+    Fixture f = makeFixture(c.shape, 3, c.seqs, 7);
+    KvStorage kv(f.layout);
+    fillCache(f, kv, 0);
+    const auto batched = runAttention(backend, f, kv, 0);
+    const size_t q_width = static_cast<size_t>(c.shape.num_heads * c.shape.head_dim);
+
+    for (const ChunkDesc& chunk : f.chunks) {
+      const float* q = f.q.data() + static_cast<size_t>(chunk.row_begin) * q_width;
+      const float* want = batched.data() + static_cast<size_t>(chunk.row_begin) * q_width;
+      // The chunk alone, at row 0.
+      ChunkDesc alone = chunk;
+      alone.row_begin = 0;
+      std::vector<float> out(static_cast<size_t>(chunk.num_rows) * q_width);
+      backend.attention(0, q, std::span<const ChunkDesc>(&alone, 1), kv, c.shape, out.data());
+      EXPECT_EQ(std::memcmp(out.data(), want, out.size() * sizeof(float)), 0) << "chunk at row " << chunk.row_begin;
+      // Split in two at every 7th row, both pieces in one call.
+      for (int32_t split = 1; split < chunk.num_rows; split += 7) {
+        const ChunkDesc pieces[2] = {
+            {.row_begin = 0, .num_rows = split, .start_pos = chunk.start_pos, .block_table = chunk.block_table},
+            {.row_begin = split,
+             .num_rows = chunk.num_rows - split,
+             .start_pos = chunk.start_pos + split,
+             .block_table = chunk.block_table}};
+        std::fill(out.begin(), out.end(), std::nanf(""));
+        backend.attention(0, q, pieces, kv, c.shape, out.data());
+        EXPECT_EQ(std::memcmp(out.data(), want, out.size() * sizeof(float)), 0)
+            << "chunk at row " << chunk.row_begin << " split at " << split;
+      }
+      // Each row as a one-token chunk (a decode at that position).
+      for (int32_t r = 0; r < chunk.num_rows; ++r) {
+        ChunkDesc one{
+            .row_begin = 0, .num_rows = 1, .start_pos = chunk.start_pos + r, .block_table = chunk.block_table};
+        std::vector<float> row_out(q_width);
+        backend.attention(0, q + static_cast<size_t>(r) * q_width, std::span<const ChunkDesc>(&one, 1), kv, c.shape,
+                          row_out.data());
+        EXPECT_EQ(std::memcmp(row_out.data(), want + static_cast<size_t>(r) * q_width, q_width * sizeof(float)), 0)
+            << "row " << r << " of chunk at row " << chunk.row_begin;
+      }
+    }
+  }
+}
+
+// Work is spread over a thread pool; how many threads must not change a bit.
+TEST(PagedAttention, ThreadCountDoesNotChangeBits) {
+  const Case& c = cases()[4];
+  Fixture f = makeFixture(c.shape, 16, c.seqs, 11);
   KvStorage kv(f.layout);
   fillCache(f, kv, 0);
-  const auto batched = runAttention(backend, f, kv, 0);
-  const size_t q_width = static_cast<size_t>(c.shape.num_heads * c.shape.head_dim);
+  CpuBackend single(CpuBackendOptions{.num_threads = 1});
+  const auto want = runAttention(single, f, kv, 0);
+  for (int threads : {2, 3, 5}) {
+    CpuBackend pooled(CpuBackendOptions{.num_threads = threads});
+    for (int rep = 0; rep < 3; ++rep)
+      EXPECT_TRUE(bitwiseEqual(runAttention(pooled, f, kv, 0), want)) << threads << " threads";
+  }
+}
 
-  for (const ChunkDesc& chunk : f.chunks) {
-    // The chunk alone, at row 0.
-    ChunkDesc alone = chunk;
-    alone.row_begin = 0;
-    const float* q = f.q.data() + static_cast<size_t>(chunk.row_begin) * q_width;
-    std::vector<float> out(static_cast<size_t>(chunk.num_rows) * q_width);
-    backend.attention(0, q, std::span<const ChunkDesc>(&alone, 1), kv, c.shape, out.data());
-    EXPECT_EQ(std::memcmp(out.data(), batched.data() + static_cast<size_t>(chunk.row_begin) * q_width,
-                          out.size() * sizeof(float)),
-              0)
-        << "chunk at row " << chunk.row_begin;
-    // Each row as a one-token chunk (a decode at that position).
-    for (int32_t r = 0; r < chunk.num_rows; ++r) {
-      ChunkDesc one{.row_begin = 0, .num_rows = 1, .start_pos = chunk.start_pos + r, .block_table = chunk.block_table};
-      std::vector<float> row_out(q_width);
-      backend.attention(0, q + static_cast<size_t>(r) * q_width, std::span<const ChunkDesc>(&one, 1), kv, c.shape,
-                        row_out.data());
-      EXPECT_EQ(std::memcmp(row_out.data(), batched.data() + static_cast<size_t>(chunk.row_begin + r) * q_width,
-                            q_width * sizeof(float)),
-                0)
-          << "row " << r << " of chunk at row " << chunk.row_begin;
+// Every SIMD level runs the same operations in the same order, so they agree
+// bitwise (on the levels this machine supports; the portable one always runs).
+TEST(PagedAttention, SimdLevelsAgreeBitwise) {
+  for (size_t case_index : {1, 2, 4, 5, 6}) {
+    const Case& c = cases()[case_index];
+    SCOPED_TRACE(c.name);
+    Fixture f = makeFixture(c.shape, 4, c.seqs, 13);
+    KvStorage kv(f.layout);
+    fillCache(f, kv, 0);
+    CpuBackend portable(CpuBackendOptions{.simd = SimdLevel::kPortable});
+    const auto want = runAttention(portable, f, kv, 0);
+    expectMatchesReference(f, want, c.name);
+    for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      if (!simdLevelSupported(level)) continue;
+      CpuBackend vectorised(CpuBackendOptions{.simd = level});
+      EXPECT_TRUE(bitwiseEqual(runAttention(vectorised, f, kv, 0), want)) << "level " << static_cast<int>(level);
     }
   }
 }

@@ -1,0 +1,543 @@
+#include "engine/backend/cpu/paged_attention.h"
+
+// GCC 12's AVX-512 intrinsics initialise their "undefined" operands from
+// themselves and trip -Wuninitialized once inlined (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/backend/kernel_math.h"
+
+// This file is compiled with -ffp-contract=off (engine/backend/CMakeLists.txt):
+// every fused multiply-add is an explicit Vec::fma, identical on every level.
+
+namespace tandem::engine {
+namespace {
+
+constexpr int32_t kTile = 16;  // lanes of a Vec
+// Keys per block: the unit of packing and of the softmax state update.
+constexpr int32_t kTilesPerBlock = 4;
+constexpr int32_t kBlock = kTile * kTilesPerBlock;
+constexpr int32_t kMaxQvsAnyLevel = 12;  // the largest kMaxQvs below
+// How far above the running max a score may be before the softmax state is
+// rescaled (base 2: weights stay below 2^8).
+constexpr float kRescaleSlack = 8.0f;
+// Query vectors (row x head) per work item: enough for full register
+// groups and to read each packed block from L1 many times, few enough that an
+// item's softmax state stays in L1/L2 and a prefill chunk splits into many
+// items to share out.
+constexpr int32_t kQvsPerItem = 96;
+// Key blocks per packing task.
+constexpr int32_t kBlocksPerPackTask = 4;
+// Below this much work (query vectors x key tiles) a call runs on the
+// calling thread: waking the pool costs more than it saves.
+constexpr int64_t kMinParallelWork = 4096;
+
+// What one work item reads and writes, resolved to plain pointers before the
+// vector code runs (see paged_attention_kernel.inc for why).
+struct ItemArgs {
+  const float* const* blocks = nullptr;  // [blocks of the chunk] layer block base of each block-table entry
+  int32_t block_size = 0;
+  size_t token_stride = 0;   // floats between consecutive slots of a block
+  size_t value_offset = 0;   // floats from a slot's K to its V
+  size_t head_offset = 0;    // first KV head * head_dim
+  const float* q = nullptr;  // row 0 of the item: [num_rows][q_width], unscaled
+  float* out = nullptr;      // same shape
+  size_t q_width = 0;        // num_heads * head_dim
+  int32_t first_q_head = 0;  // first KV head * group
+  int32_t num_kv_heads = 1;  // KV heads in the item (1 where packed)
+  int32_t group = 0;         // query heads per KV head
+  int32_t head_dim = 0;
+  int32_t head_dim_padded = 0;  // head_dim rounded up to kTile
+  int32_t first_pos = 0;        // position of row 0
+  int32_t num_rows = 0;
+  float q_scale = 0;              // 1/sqrt(head_dim) * log2(e): scores come out in the base-2 domain
+  const float* zeros = nullptr;   // [head_dim] zeros: stands in for keys past the chunk
+  const float* packed = nullptr;  // the chunk's KV head already packed (packBlocks), or null: pack per item
+  float* scratch = nullptr;       // ItemScratch::floats(num_rows * group * num_kv_heads, ...) floats
+};
+
+// Floats of one packed key block: kt [head_dim][kBlock], then v [kBlock][dp].
+inline size_t packedBlockFloats(int32_t head_dim, int32_t dp) {
+  return static_cast<size_t>(head_dim) * kBlock + static_cast<size_t>(kBlock) * static_cast<size_t>(dp);
+}
+
+// The scratch of one item, carved out of one float buffer.
+struct ItemScratch {
+  float* q;   // [num_qvs][dp] scaled queries
+  float* o;   // [num_qvs][dp] running weighted sums of values
+  float* l;   // [num_qvs][kTile] running softmax denominators, per lane
+  float* m;   // [num_qvs] running maxima (base 2)
+  float* p;   // [kMaxQvsAnyLevel][kBlock] weights of the current block
+  float* kt;  // [head_dim][kBlock] keys of the current block, transposed
+  float* v;   // [kBlock][dp] values of the current block
+
+  static size_t floats(int32_t num_qvs, int32_t head_dim, int32_t dp) {
+    return static_cast<size_t>(num_qvs) * static_cast<size_t>(2 * dp + kTile + 1) +
+           static_cast<size_t>(kMaxQvsAnyLevel * kBlock) + static_cast<size_t>(head_dim * kBlock) +
+           static_cast<size_t>(kBlock * dp);
+  }
+  static ItemScratch carve(float* base, int32_t num_qvs, int32_t head_dim, int32_t dp) {
+    ItemScratch s;
+    s.q = base;
+    s.o = s.q + num_qvs * dp;
+    s.l = s.o + num_qvs * dp;
+    s.m = s.l + num_qvs * kTile;
+    s.p = s.m + num_qvs;
+    s.kt = s.p + kMaxQvsAnyLevel * kBlock;
+    s.v = s.kt + head_dim * kBlock;
+    return s;
+  }
+};
+
+// kt[d * kBlock + j] = keys[j][d] for the kTile keys of one tile: the
+// transposition a block's keys get when packed, plain loops.
+inline void transposeTileScalar(const float* const* keys, int32_t head_dim, float* kt) {
+  for (int32_t j = 0; j < kTile; ++j) {
+    for (int32_t d = 0; d < head_dim; ++d) kt[d * kBlock + j] = keys[j][d];
+  }
+}
+
+// ---- The levels ----------------------------------------------------------
+// Each defines Vec, 16 float lanes, with:
+//   zero, set1, load, store (unaligned), add, sub, mul,
+//   fma(a, b, c)             a * b + c rounded once
+//   max(a, b)                lane-wise a > b ? a : b
+//   keepFirst(a, n, fill)    lanes [0, n) of a, `fill` in the others
+//   anyGreater(a, b)         whether a > b in some lane
+//   first(a)                 lane 0
+//   fractionalPart(x)        x - floor(x) (one rounding)
+//   scaleByPow2Floor(p, x)   p * 2^floor(x) for x in [-125, 1), p in [0.5, 2) (exact)
+//   hmax, hsum               fold halves: lane i with lane i + 8, then + 4, + 2, + 1
+// kScoreQvs and kMaxQvs (register blocking: accumulator chains that fit the
+// register file), and transposeTile (as transposeTileScalar; data movement
+// only, so it may differ between levels freely).
+
+namespace portable {
+
+struct Vec {
+  float x[kTile];
+
+  static Vec zero() { return set1(0.0f); }
+  static Vec set1(float a) {
+    Vec r;
+    for (int i = 0; i < kTile; ++i) r.x[i] = a;
+    return r;
+  }
+  static Vec load(const float* p) {
+    Vec r;
+    std::memcpy(r.x, p, sizeof(r.x));
+    return r;
+  }
+  static void store(float* p, Vec a) { std::memcpy(p, a.x, sizeof(a.x)); }
+  static Vec add(Vec a, Vec b) {
+    for (int i = 0; i < kTile; ++i) a.x[i] += b.x[i];
+    return a;
+  }
+  static Vec sub(Vec a, Vec b) {
+    for (int i = 0; i < kTile; ++i) a.x[i] -= b.x[i];
+    return a;
+  }
+  static Vec mul(Vec a, Vec b) {
+    for (int i = 0; i < kTile; ++i) a.x[i] *= b.x[i];
+    return a;
+  }
+  static Vec fma(Vec a, Vec b, Vec c) {
+    for (int i = 0; i < kTile; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+    return c;
+  }
+  static Vec max(Vec a, Vec b) {
+    for (int i = 0; i < kTile; ++i) a.x[i] = a.x[i] > b.x[i] ? a.x[i] : b.x[i];
+    return a;
+  }
+  static Vec keepFirst(Vec a, int32_t n, float fill) {
+    for (int i = n; i < kTile; ++i) a.x[i] = fill;
+    return a;
+  }
+  static bool anyGreater(Vec a, Vec b) {
+    bool any = false;
+    for (int i = 0; i < kTile; ++i) any = any || a.x[i] > b.x[i];
+    return any;
+  }
+  static float first(Vec a) { return a.x[0]; }
+  static Vec fractionalPart(Vec a) {
+    for (int i = 0; i < kTile; ++i) a.x[i] = a.x[i] - __builtin_floorf(a.x[i]);
+    return a;
+  }
+  static Vec scaleByPow2Floor(Vec p, Vec x) {
+    for (int i = 0; i < kTile; ++i) {
+      int32_t bits;
+      std::memcpy(&bits, &p.x[i], sizeof(bits));
+      bits += static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(__builtin_floorf(x.x[i]))) << 23);
+      std::memcpy(&p.x[i], &bits, sizeof(bits));
+    }
+    return p;
+  }
+  static float hmax(Vec a) {
+    for (int half = kTile / 2; half >= 1; half /= 2) {
+      for (int i = 0; i < half; ++i) a.x[i] = a.x[i] > a.x[i + half] ? a.x[i] : a.x[i + half];
+    }
+    return a.x[0];
+  }
+  static float hsum(Vec a) {
+    for (int half = kTile / 2; half >= 1; half /= 2) {
+      for (int i = 0; i < half; ++i) a.x[i] = a.x[i] + a.x[i + half];
+    }
+    return a.x[0];
+  }
+};
+constexpr int32_t kScoreQvs = 1;
+constexpr int32_t kMaxQvs = 1;
+
+inline void transposeTile(const float* const* keys, int32_t head_dim, float* kt) {
+  transposeTileScalar(keys, head_dim, kt);
+}
+
+#include "engine/backend/cpu/paged_attention_kernel.inc"
+
+}  // namespace portable
+
+// 128-bit tail of hmax/hsum shared by the AVX levels: x holds lanes i op i+4
+// of the previous fold; returns (x0 op x2) op (x1 op x3).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+inline float hmax128(__m128 x) {
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+inline float hsum128(__m128 x) {
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+namespace avx2 {
+
+// Two 8-lane halves: lanes 0-7 and 8-15.
+struct Vec {
+  __m256 lo, hi;
+
+  static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store(float* p, Vec a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+  }
+  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  static Vec sub(Vec a, Vec b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static Vec mul(Vec a, Vec b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  static Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static Vec keepFirst(Vec a, int32_t n, float fill) {
+    const __m256i bound = _mm256_set1_epi32(n);
+    const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 keep_hi =
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)));
+    const __m256 f = _mm256_set1_ps(fill);
+    return {_mm256_blendv_ps(f, a.lo, keep_lo), _mm256_blendv_ps(f, a.hi, keep_hi)};
+  }
+  static bool anyGreater(Vec a, Vec b) {
+    const __m256 gt = _mm256_or_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ));
+    return _mm256_movemask_ps(gt) != 0;
+  }
+  static float first(Vec a) { return _mm256_cvtss_f32(a.lo); }
+  static Vec fractionalPart(Vec a) {
+    return {_mm256_sub_ps(a.lo, _mm256_floor_ps(a.lo)), _mm256_sub_ps(a.hi, _mm256_floor_ps(a.hi))};
+  }
+  static __m256 scaleHalf(__m256 p, __m256 x) {
+    const __m256i e = _mm256_slli_epi32(_mm256_cvttps_epi32(_mm256_floor_ps(x)), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+  }
+  static Vec scaleByPow2Floor(Vec p, Vec x) { return {scaleHalf(p.lo, x.lo), scaleHalf(p.hi, x.hi)}; }
+  static float hmax(Vec a) {
+    const __m256 x = _mm256_max_ps(a.lo, a.hi);
+    return hmax128(_mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+  }
+  static float hsum(Vec a) {
+    const __m256 x = _mm256_add_ps(a.lo, a.hi);
+    return hsum128(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+  }
+};
+// Scores: 1 vector x 4 tiles x 2 halves = 8 accumulators of the 16 ymm
+// registers; values: 2 vectors x 2 columns x 2 halves = 8.
+constexpr int32_t kScoreQvs = 1;
+constexpr int32_t kMaxQvs = 2;
+
+inline void transposeTile(const float* const* keys, int32_t head_dim, float* kt) {
+  transposeTileScalar(keys, head_dim, kt);
+}
+
+#include "engine/backend/cpu/paged_attention_kernel.inc"
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+namespace avx512 {
+
+struct Vec {
+  __m512 x;
+
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  static Vec set1(float a) { return {_mm512_set1_ps(a)}; }
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static void store(float* p, Vec a) { _mm512_storeu_ps(p, a.x); }
+  static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.x, b.x)}; }
+  static Vec sub(Vec a, Vec b) { return {_mm512_sub_ps(a.x, b.x)}; }
+  static Vec mul(Vec a, Vec b) { return {_mm512_mul_ps(a.x, b.x)}; }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.x, b.x, c.x)}; }
+  static Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.x, b.x)}; }
+  static Vec keepFirst(Vec a, int32_t n, float fill) {
+    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
+    return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.x)};
+  }
+  static bool anyGreater(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.x, b.x, _CMP_GT_OQ) != 0; }
+  static float first(Vec a) { return _mm512_cvtss_f32(a.x); }
+  // (Not vreduceps: its result for x in (-1, 0) is rounded differently from x - floor(x).)
+  static Vec fractionalPart(Vec a) {
+    return {_mm512_sub_ps(a.x, _mm512_roundscale_ps(a.x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC))};
+  }
+  // vscalefps (scales by 2^floor(x)); exact, and so equal to the other levels' exponent add, for these arguments.
+  static Vec scaleByPow2Floor(Vec p, Vec x) { return {_mm512_scalef_ps(p.x, x.x)}; }
+  static __m256 lowHalf(__m512 a) { return _mm512_castps512_ps256(a); }
+  static __m256 highHalf(__m512 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+  static float hmax(Vec a) {
+    const __m256 x = _mm256_max_ps(lowHalf(a.x), highHalf(a.x));
+    return hmax128(_mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+  }
+  static float hsum(Vec a) {
+    const __m256 x = _mm256_add_ps(lowHalf(a.x), highHalf(a.x));
+    return hsum128(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+  }
+};
+// Scores: 6 vectors x 4 tiles = 24 accumulators of the 32 zmm registers;
+// values: 12 vectors x 2 columns = 24 (fewer chains measured slower).
+constexpr int32_t kScoreQvs = 6;
+constexpr int32_t kMaxQvs = 12;
+
+// In place: r[i][j] becomes r[j][i] (unpack pairs of rows, then 2x2 blocks of
+// pairs, then 128-bit lanes twice).
+inline void transpose16x16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + 4 + j], 0x88);
+      t[i + 4 + j] = _mm512_shuffle_f32x4(r[i + j], r[i + 4 + j], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// 16 dimensions at a time through transpose16x16; a partial last group is
+// loaded under a mask and only its real rows stored.
+inline void transposeTile(const float* const* keys, int32_t head_dim, float* kt) {
+  __m512 r[16];
+  for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
+    const int32_t n = head_dim - d0 < 16 ? head_dim - d0 : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_maskz_loadu_ps(mask, keys[j] + d0);
+    transpose16x16(r);
+    for (int32_t i = 0; i < n; ++i) _mm512_storeu_ps(kt + (d0 + i) * kBlock, r[i]);
+  }
+}
+
+#include "engine/backend/cpu/paged_attention_kernel.inc"
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+// The entry points of one level.
+struct Kernels {
+  void (*attend_item)(const ItemArgs&);
+  void (*pack_blocks)(const ItemArgs&, int32_t first_block, int32_t num_blocks, int32_t num_keys, float* dst);
+};
+
+Kernels kernelsFor(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return {&avx512::attendItem, &avx512::packBlocks};
+    case SimdLevel::kAvx2:
+      return {&avx2::attendItem, &avx2::packBlocks};
+    default:
+      return {&portable::attendItem, &portable::packBlocks};
+  }
+}
+
+SimdLevel bestSimdLevel() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return SimdLevel::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::kAvx2;
+  return SimdLevel::kPortable;
+}
+
+}  // namespace
+
+bool simdLevelSupported(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return bestSimdLevel() == SimdLevel::kAvx512;
+    case SimdLevel::kAvx2:
+      return bestSimdLevel() != SimdLevel::kPortable;
+    default:
+      return true;
+  }
+}
+
+PagedAttention::PagedAttention(SimdLevel simd, WorkerPool* pool)
+    : simd_(simd == SimdLevel::kAuto || !simdLevelSupported(simd) ? bestSimdLevel() : simd),
+      pool_(pool),
+      scratch_(static_cast<size_t>(pool->numThreads())) {}
+
+void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                         const AttentionShape& shape, float* out) {
+  const KvLayout& layout = kv.layout();
+  const int32_t head_dim = shape.head_dim;
+  const int32_t dp = (head_dim + kTile - 1) / kTile * kTile;
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  const int32_t rows_per_item = std::max(1, kQvsPerItem / group);
+  const size_t q_width = static_cast<size_t>(shape.num_heads) * static_cast<size_t>(head_dim);
+  const size_t block_floats = packedBlockFloats(head_dim, dp);
+
+  // Per chunk: the layer block base of every block it reads (so the kernel
+  // does plain pointer arithmetic), its work items, and, when several items
+  // share its KV (a prefill chunk), packing tasks so its keys are packed once.
+  chunk_info_.assign(chunks.size(), ChunkInfo{});
+  block_bases_.clear();
+  items_.clear();
+  pack_tasks_.clear();
+  size_t packed_floats = 0;
+  int64_t work = 0;  // query vectors x key tiles
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const ChunkDesc& c = chunks[ci];
+    ChunkInfo& info = chunk_info_[ci];
+    info.first_block = block_bases_.size();
+    if (c.num_rows <= 0) continue;
+    const int32_t num_keys = c.start_pos + c.num_rows;
+    const int32_t num_blocks = kmath::blocksFor(num_keys, layout.block_size);
+    for (int32_t b = 0; b < num_blocks; ++b) {
+      block_bases_.push_back(kv.layerBlock(layer, c.block_table[static_cast<size_t>(b)]));
+    }
+    if (c.num_rows > rows_per_item) {
+      const int32_t key_blocks = (num_keys + kBlock - 1) / kBlock;
+      info.packed_offset = packed_floats;
+      info.packed_head_floats = static_cast<size_t>(key_blocks) * block_floats;
+      packed_floats += info.packed_head_floats * static_cast<size_t>(shape.num_kv_heads);
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
+        for (int32_t b = 0; b < key_blocks; b += kBlocksPerPackTask) {
+          pack_tasks_.push_back(PackTask{.chunk = static_cast<int32_t>(ci),
+                                         .kv_head = g,
+                                         .first_block = b,
+                                         .num_blocks = std::min(kBlocksPerPackTask, key_blocks - b)});
+        }
+      }
+    }
+    for (int32_t r0 = 0; r0 < c.num_rows; r0 += rows_per_item) {
+      const int32_t r1 = std::min(c.num_rows, r0 + rows_per_item);
+      const int64_t tiles = (c.start_pos + r1 - 1) / kTile + 1;
+      work += static_cast<int64_t>(r1 - r0) * group * tiles * shape.num_kv_heads;
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
+        items_.push_back(Item{.chunk = static_cast<int32_t>(ci), .kv_head = g, .row_begin = r0, .row_end = r1});
+      }
+    }
+  }
+  // Chunks that pack their own keys (decodes, short chunks) read K and V of
+  // every KV head from the same cache lines: one item for all heads reads
+  // them from memory once. Only where that leaves enough items to share out.
+  const int64_t own_packing_chunks = std::count_if(chunk_info_.begin(), chunk_info_.end(),
+                                                   [](const ChunkInfo& i) { return i.packed_head_floats == 0; });
+  if (shape.num_kv_heads > 1 && own_packing_chunks >= 4 * static_cast<int64_t>(pool_->numThreads())) {
+    std::erase_if(items_, [&](const Item& it) {
+      return chunk_info_[static_cast<size_t>(it.chunk)].packed_head_floats == 0 && it.kv_head != 0;
+    });
+    for (Item& it : items_) {
+      if (chunk_info_[static_cast<size_t>(it.chunk)].packed_head_floats == 0) it.num_kv_heads = shape.num_kv_heads;
+    }
+  }
+  // Longest first (the last rows of long chunks), so the threads finish together.
+  auto cost = [&](const Item& it) {
+    return static_cast<int64_t>(it.row_end - it.row_begin) * it.num_kv_heads *
+           (chunks[static_cast<size_t>(it.chunk)].start_pos + it.row_end);
+  };
+  std::stable_sort(items_.begin(), items_.end(), [&](const Item& a, const Item& b) { return cost(a) > cost(b); });
+
+  if (packed_.size() < packed_floats) packed_.resize(packed_floats);
+  if (zeros_.size() < static_cast<size_t>(head_dim)) zeros_.resize(static_cast<size_t>(head_dim), 0.0f);
+  const size_t scratch_floats = ItemScratch::floats(rows_per_item * shape.num_heads, head_dim, dp);
+  for (std::vector<float>& s : scratch_) {
+    if (s.size() < scratch_floats) s.resize(scratch_floats);
+  }
+
+  const Kernels kernels = kernelsFor(simd_);
+  const float q_scale = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)));
+  auto argsFor = [&](int32_t chunk, int32_t kv_head) {
+    const ChunkInfo& info = chunk_info_[static_cast<size_t>(chunk)];
+    ItemArgs a;
+    a.blocks = block_bases_.data() + info.first_block;
+    a.block_size = layout.block_size;
+    a.token_stride = layout.floatsPerToken();
+    a.value_offset = static_cast<size_t>(layout.block_size) * layout.floatsPerToken();
+    a.head_offset = static_cast<size_t>(kv_head) * static_cast<size_t>(head_dim);
+    a.q_width = q_width;
+    a.first_q_head = kv_head * group;
+    a.group = group;
+    a.head_dim = head_dim;
+    a.head_dim_padded = dp;
+    a.q_scale = q_scale;
+    a.zeros = zeros_.data();
+    if (info.packed_head_floats > 0) {
+      a.packed = packed_.data() + info.packed_offset + static_cast<size_t>(kv_head) * info.packed_head_floats;
+    }
+    return a;
+  };
+  auto runPackTask = [&](int64_t index, int /*thread*/) {
+    const PackTask& t = pack_tasks_[static_cast<size_t>(index)];
+    const ChunkDesc& c = chunks[static_cast<size_t>(t.chunk)];
+    ItemArgs a = argsFor(t.chunk, t.kv_head);
+    kernels.pack_blocks(a, t.first_block, t.num_blocks, c.start_pos + c.num_rows, const_cast<float*>(a.packed));
+  };
+  auto runItem = [&](int64_t index, int thread) {
+    const Item& it = items_[static_cast<size_t>(index)];
+    const ChunkDesc& c = chunks[static_cast<size_t>(it.chunk)];
+    const size_t row = static_cast<size_t>(c.row_begin + it.row_begin);
+    ItemArgs a = argsFor(it.chunk, it.kv_head);
+    a.num_kv_heads = it.num_kv_heads;
+    a.q = q + row * q_width;
+    a.out = out + row * q_width;
+    a.first_pos = c.start_pos + it.row_begin;
+    a.num_rows = it.row_end - it.row_begin;
+    a.scratch = scratch_[static_cast<size_t>(thread)].data();
+    kernels.attend_item(a);
+  };
+  if (work < kMinParallelWork) {
+    for (size_t i = 0; i < pack_tasks_.size(); ++i) runPackTask(static_cast<int64_t>(i), 0);
+    for (size_t i = 0; i < items_.size(); ++i) runItem(static_cast<int64_t>(i), 0);
+  } else {
+    pool_->parallelFor(static_cast<int64_t>(pack_tasks_.size()), runPackTask);
+    pool_->parallelFor(static_cast<int64_t>(items_.size()), runItem);
+  }
+}
+
+}  // namespace tandem::engine
