@@ -232,6 +232,12 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
+    pd.faults.layer_delay = std::chrono::milliseconds(config.fault_layer_delay_ms);
+    pd.faults.get_delay = std::chrono::milliseconds(config.fault_get_delay_ms);
+    pd.faults.fail_first_transfers = config.fault_fail_first_transfers;
+    if (config.fault_layer_delay_ms || config.fault_get_delay_ms || config.fault_fail_first_transfers) {
+      impl->log.warn("FAULT INJECTION IS ON: this agent misbehaves on purpose (test configuration)");
+    }
     if (config.role == "prefill") {
       TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(*impl->loop, pd, *impl->pd_metrics));
       impl->kv_port = impl->prefill->port();

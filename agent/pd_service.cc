@@ -41,6 +41,52 @@ kvproto::Hello helloFor(uint16_t role, const engine::KvLayout& l, const transpor
           .peer_name = std::move(name)};
 }
 
+// Runs tasks at a due time on one thread (fault injection's delays). The
+// destructor drops what has not run yet.
+class DelayedRunner {
+ public:
+  DelayedRunner() : thread_([this] { run(); }) {}
+  ~DelayedRunner() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void at(MonoTime due, std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      tasks_.emplace(due, std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      if (tasks_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto first = tasks_.begin();
+      if (cv_.wait_until(lock, first->first, [&] { return stop_; })) break;
+      if (tasks_.empty() || tasks_.begin()->first > std::chrono::steady_clock::now()) continue;
+      auto fn = std::move(tasks_.begin()->second);
+      tasks_.erase(tasks_.begin());
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<MonoTime, std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
@@ -119,8 +165,12 @@ struct PrefillService::Impl {
   std::map<Key, Transfer> transfers;                           // guarded by mu
   std::unordered_map<uint64_t, Key> by_request;                // engine RequestId -> transfer; guarded by mu
   std::atomic<uint64_t> next_lease{1};
+  std::atomic<int> injected_failures{0};
+  std::unique_ptr<DelayedRunner> delayed;  // fault injection only
 
-  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {}
+  Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {
+    if (o.faults.layer_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
+  }
 
   void send(ConnId conn, uint64_t tid, kvproto::Body body) { t->send(conn, kvproto::encode({tid, std::move(body)})); }
 
@@ -137,11 +187,22 @@ struct PrefillService::Impl {
         msg.checksums.push_back(kvproto::layerBlockChecksum(
             std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), layout.bytesPerLayerBlock())));
       }
-      send(k->second.first, k->second.second, std::move(msg));
+      if (delayed) {
+        // Fault injection: the announcement leaves late (the KV is ready; D just learns late).
+        delayed->at(SystemClock::instance().now() + options.faults.layer_delay,
+                    [this, key = k->second, msg = std::move(msg)]() mutable { send(key.first, key.second, std::move(msg)); });
+      } else {
+        send(k->second.first, k->second.second, std::move(msg));
+      }
     }
   }
 
   void onPrefillRequest(ConnId conn, uint64_t tid, kvproto::PrefillRequest req) {
+    if (injected_failures.load() < options.faults.fail_first_transfers) {
+      injected_failures.fetch_add(1);
+      send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, "injected failure"});
+      return;
+    }
     engine::RequestSpec spec;
     spec.prompt.assign(req.tokens.begin(), req.tokens.end());
     spec.sampling.temperature = req.temperature;
@@ -155,6 +216,7 @@ struct PrefillService::Impl {
     if (req.lease_ms > 0) ttl = std::min(ttl, std::chrono::milliseconds(req.lease_ms));
     const uint64_t lease_id = next_lease.fetch_add(1);
     spec.lease = engine::LeaseSpec{lease_id, now + ttl};
+    const MonoTime lease_end = now + ttl;
     if (req.deadline_ms > 0) spec.deadline = now + std::chrono::milliseconds(req.deadline_ms);
     const Key key{conn, tid};
     {
@@ -165,7 +227,7 @@ struct PrefillService::Impl {
       }
       transfers[key] = Transfer{.conn = conn, .transfer_id = tid, .lease_id = lease_id};
     }
-    uint64_t handle = loop.submit(std::move(spec), [this, key](const engine::RequestUpdate& u) {
+    uint64_t handle = loop.submit(std::move(spec), [this, key, lease_end](const engine::RequestUpdate& u) {
       std::lock_guard lock(mu);
       auto it = transfers.find(key);
       if (it == transfers.end()) return;
@@ -174,6 +236,9 @@ struct PrefillService::Impl {
         tr.blocks = u.kv_blocks;
         by_request[u.id.value()] = key;
         kvproto::PrefillAccepted a;
+        // What is left of the lease (it started when the request arrived).
+        a.lease_ms = static_cast<uint32_t>(std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(lease_end - SystemClock::instance().now()).count()));
         for (BlockId b : tr.blocks) a.block_ids.push_back(static_cast<uint32_t>(b.value()));
         send(key.first, key.second, std::move(a));
       }
@@ -269,6 +334,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(engine::En
 
 PrefillService::PrefillService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PrefillService::~PrefillService() {
+  impl_->delayed.reset();
   impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });
   impl_->t.reset();
 }
@@ -307,6 +373,7 @@ struct DecodeService::Impl {
     std::string message;
     MonoTime started;
     std::optional<MonoTime> deadline;
+    std::optional<MonoTime> lease_deadline;  // from PrefillAccepted: P unpins after this
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -320,9 +387,12 @@ struct DecodeService::Impl {
   bool stopping = false;                             // guarded by mu
   PeerHealth health;
   MonoTime last_probe;                               // guarded by mu
+  std::unique_ptr<DelayedRunner> delayed;            // fault injection only
 
   Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o)
-      : loop(l), metrics(m), options(o), health(o.unhealthy_failures, o.failure_window) {}
+      : loop(l), metrics(m), options(o), health(o.unhealthy_failures, o.failure_window) {
+    if (o.faults.get_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
+  }
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
 
@@ -463,12 +533,24 @@ struct DecodeService::Impl {
     const uint64_t tid = it->first;
     if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m->body)) {
       tr.p_blocks = a->block_ids;
+      // Never read P's blocks after its lease ends: finish (or fail) with a
+      // margin before it, whatever our own deadline says.
+      const auto lease_end = SystemClock::instance().now() + std::chrono::milliseconds(a->lease_ms * 9 / 10);
+      if (!tr.lease_deadline || lease_end < *tr.lease_deadline) tr.lease_deadline = lease_end;
       if (tr.p_blocks.size() != tr.d_blocks.size()) {
         fail(tid, tr, FailureReason::kTransferFailed,
              strCat("prefill holds ", tr.p_blocks.size(), " blocks, this request has ", tr.d_blocks.size()));
       }
     } else if (auto* l = std::get_if<kvproto::LayerReady>(&m->body)) {
-      onLayerReady(tid, tr, *l);
+      if (delayed) {
+        // Fault injection: the gets start late (slow reader).
+        delayed->at(SystemClock::instance().now() + options.faults.get_delay, [this, tid, layer = *l] {
+          std::lock_guard lock(mu);
+          if (auto it = transfers.find(tid); it != transfers.end()) onLayerReady(tid, it->second, layer);
+        });
+      } else {
+        onLayerReady(tid, tr, *l);
+      }
     } else if (auto* d = std::get_if<kvproto::PrefillDone>(&m->body)) {
       tr.first_token = d->first_token;
       maybeComplete(tid, tr);
@@ -496,8 +578,11 @@ struct DecodeService::Impl {
         send(ensureConnected(), 0, kvproto::Ping{});
       }
       for (auto& [tid, tr] : transfers) {
-        if (tr.deadline && *tr.deadline <= now && !tr.completed && !tr.failed) {
+        if (tr.completed || tr.failed) continue;
+        if (tr.deadline && *tr.deadline <= now) {
           fail(tid, tr, FailureReason::kPrefillTimeout, "the prefill peer did not deliver the KV in time");
+        } else if (tr.lease_deadline && *tr.lease_deadline <= now) {
+          fail(tid, tr, FailureReason::kLeaseExpired, "the prefill peer's lease on the KV ran out before the pull finished");
         }
       }
     }
@@ -608,6 +693,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(engine::Engi
 DecodeService::DecodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 DecodeService::~DecodeService() {
+  impl_->delayed.reset();  // no delayed work after this point
   {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;

@@ -49,6 +49,14 @@ struct PdOptions {
   int unhealthy_failures = 3;
   std::chrono::milliseconds failure_window{10000};
   std::chrono::milliseconds probe_interval{1000};
+
+  // Fault injection, for tests only (agent flags --fault-*; never set in
+  // production). Each is a hook on the real code path, not a mock.
+  struct Faults {
+    std::chrono::milliseconds layer_delay{0};  // P: announce each layer this much later
+    std::chrono::milliseconds get_delay{0};    // D: issue each layer's gets this much later
+    int fail_first_transfers = 0;              // P: abort this many transfers, then behave
+  } faults;
 };
 
 // How a decode-role request was served.

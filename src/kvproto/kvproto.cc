@@ -120,6 +120,7 @@ void encodeBody(const PrefillRequest& r, Writer& w) {
 }
 void encodeBody(const PrefillAccepted& a, Writer& w) {
   w.put(a.num_cached_tokens);
+  w.put(a.lease_ms);
   w.list(a.block_ids);
 }
 void encodeBody(const LayerReady& l, Writer& w) {
@@ -231,6 +232,7 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
       uint64_t seed = r.get<uint64_t>("seed");
       uint8_t has_seed = r.get<uint8_t>("has_seed");
       if (r.ok() && has_seed > 1) r.fail(strCat("has_seed is ", has_seed, ", expected 0 or 1"));
+      if (r.ok() && has_seed == 0 && seed != 0) r.fail("seed is set but has_seed is 0");
       if (has_seed == 1) p.seed = seed;
       if (r.ok() && p.tokens.empty()) r.fail("empty prompt");
       m.body = std::move(p);
@@ -239,6 +241,7 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
     case MessageType::kPrefillAccepted: {
       PrefillAccepted a;
       a.num_cached_tokens = r.get<uint32_t>("num_cached_tokens");
+      a.lease_ms = r.get<uint32_t>("lease_ms");
       a.block_ids = r.list<uint32_t>("block_ids", limits.max_blocks);
       for (size_t i = 0; r.ok() && i < a.block_ids.size(); ++i) {
         if (a.block_ids[i] >= limits.num_blocks) {

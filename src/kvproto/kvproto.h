@@ -22,7 +22,9 @@
 //                     u64 region_base, bytes rkey, bytes peer_name
 //   kPrefillRequest   u32 deadline_ms, u32 lease_ms, list<u32> tokens,
 //                     f32 temperature, f32 top_p, u32 top_k, u64 seed, u8 has_seed
-//   kPrefillAccepted  u32 num_cached_tokens, list<u32> block_ids (P's blocks, in logical order)
+//   kPrefillAccepted  u32 num_cached_tokens, u32 lease_ms (how long P keeps the blocks
+//                     pinned from now: D must not read them later), list<u32> block_ids
+//                     (P's blocks, in logical order)
 //   kLayerReady       u16 layer, list<u64> checksums (one per block of kPrefillAccepted)
 //   kPrefillDone      u32 first_token
 //   kRelease          (empty) D is done reading; P unpins
@@ -99,6 +101,7 @@ struct PrefillRequest {
 };
 struct PrefillAccepted {
   uint32_t num_cached_tokens = 0;
+  uint32_t lease_ms = 0;
   std::vector<uint32_t> block_ids;
 };
 struct LayerReady {

@@ -149,4 +149,17 @@ inline double metricValue(const std::string& scrape, const std::string& series_p
   return -1;
 }
 
+// The value of the series of `name` whose labels include `label` (e.g.
+// reason="capacity"); -1 if absent. Labels are serialized sorted by name.
+inline double metricValueWith(const std::string& scrape, const std::string& name, const std::string& label) {
+  std::istringstream in(scrape);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos) {
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return -1;
+}
+
 }  // namespace tandem::agent::testing

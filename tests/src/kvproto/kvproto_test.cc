@@ -86,7 +86,7 @@ TEST(KvProtoTest, OversizedLengthsAreRejectedBeforeAllocating) {
   // A block list claiming 2^31 entries in a tiny message.
   std::vector<uint8_t> wire = encode({3, PrefillAccepted{.num_cached_tokens = 0, .block_ids = {1}}});
   uint32_t huge = 0x80000000u;
-  std::memcpy(wire.data() + kHeaderSize + 4, &huge, 4);
+  std::memcpy(wire.data() + kHeaderSize + 8, &huge, 4);  // the count after num_cached_tokens and lease_ms
   EXPECT_NE(errorOf(wire).find("exceeds the limit"), std::string::npos);
   EXPECT_NE(errorOf(wire, {.max_blocks = UINT32_MAX}).find("exceeds the bytes left"), std::string::npos);
   std::vector<uint8_t> s = encode({6, Abort{.reason = FailureReason::kCapacity, .message = std::string(5000, 'x')}});
