@@ -449,8 +449,10 @@ struct DecodeService::Impl {
     loop.post([id = tr.id, tok = *tr.first_token](engine::Engine& e) { e.completeImport(id, static_cast<TokenId>(tok)); });
   }
 
-  void onGetDone(uint64_t tid, GetId g, uint32_t layer, size_t i, absl::Status s) {
+  // `id` is read only under mu: the issuer stores it there after get() returns.
+  void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, uint32_t layer, size_t i, absl::Status s) {
     std::lock_guard lock(mu);
+    const GetId g = *id;
     auto it = transfers.find(tid);
     if (it == transfers.end()) return;
     Transfer& tr = it->second;
@@ -491,7 +493,7 @@ struct DecodeService::Impl {
       // run before we record it because it needs mu, which we hold.
       auto holder = std::make_shared<GetId>(0);
       GetId g = t->get(tr.conn, local, remote, bytes, [this, tid, holder, layer = l.layer, i](absl::Status s) {
-        onGetDone(tid, *holder, layer, i, std::move(s));
+        onGetDone(tid, holder, layer, i, std::move(s));
       });
       *holder = g;
       tr.outstanding.insert(g);

@@ -85,13 +85,19 @@ void EngineLoop::apply(Command& cmd) {
 }
 
 void EngineLoop::run() {
+  bool stalled = false;
   for (;;) {
     std::deque<Command> batch;
     {
       std::unique_lock lock(mu_);
       alive_.store(true);
-      auto ready = [&] { return stop_ || !commands_.empty() || engine_->hasWork(); };
-      if (engine_->numLeases() > 0) {
+      auto ready = [&] { return stop_ || !commands_.empty() || (engine_->hasWork() && !stalled); };
+      if (stalled) {
+        // The last step had nothing to compute (every live request waits on
+        // an import or for blocks): sleep until a command arrives instead of
+        // spinning, but wake up now and then for deadlines.
+        cv_.wait_for(lock, std::chrono::milliseconds(5), ready);
+      } else if (engine_->numLeases() > 0) {
         // Leases expire by the clock, with no command to wake us: poll.
         cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
       } else {
@@ -102,8 +108,10 @@ void EngineLoop::run() {
     }
     for (Command& cmd : batch) apply(cmd);
     if (!engine_->hasWork() && engine_->expireLeases() > 0 && on_step_) on_step_(engine_->currentStats(), *engine_);
+    stalled = false;
     if (engine_->hasWork()) {
       StepStats st = engine_->step();
+      stalled = st.num_scheduled_tokens == 0;
       if (on_step_) on_step_(st, *engine_);
     } else if (on_step_ && !batch.empty()) {
       // Commands changed state and no step follows (e.g. the last request was
