@@ -89,9 +89,15 @@ struct UcxTransport::Impl {
   static ucs_status_t onAm(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
     return static_cast<Impl*>(arg)->received(data, length, param);
   }
+  // user_data of a get: which get it is (a map lookup, not a scan, per completion).
+  struct GetTag {
+    Impl* impl;
+    GetId id;
+  };
   static void onGetDone(void* request, ucs_status_t status, void* user_data) {
-    auto* self = static_cast<Impl*>(user_data);
-    self->getFinished(request, status);
+    std::unique_ptr<GetTag> tag(static_cast<GetTag*>(user_data));
+    if (auto it = tag->impl->gets.find(tag->id); it != tag->impl->gets.end()) tag->impl->finishGet(it, status);
+    ucp_request_free(request);
   }
   static void onSendDone(void* request, ucs_status_t status, void* user_data) {
     delete static_cast<std::vector<uint8_t>*>(user_data);
@@ -153,15 +159,6 @@ struct UcxTransport::Impl {
     const auto* bytes = static_cast<const uint8_t*>(data);
     if (cb.on_message) cb.on_message(id, std::vector<uint8_t>(bytes, bytes + length));
     return UCS_OK;
-  }
-
-  void getFinished(void* request, ucs_status_t status) {
-    for (auto it = gets.begin(); it != gets.end(); ++it) {
-      if (it->second.request != request) continue;
-      finishGet(it, status);
-      break;
-    }
-    ucp_request_free(request);
   }
 
   void finishGet(std::unordered_map<GetId, Get>::iterator it, ucs_status_t status) {
@@ -259,12 +256,12 @@ struct UcxTransport::Impl {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = onGetDone;
-    p.user_data = this;
+    auto* tag = new GetTag{this, id};
+    p.user_data = tag;
     ucs_status_ptr_t r = ucp_get_nbx(conn.ep, local, length, conn.remote_base + offset, conn.rkey, &p);
-    if (r == nullptr) {
-      finishGet(gets.find(id), UCS_OK);
-    } else if (UCS_PTR_IS_ERR(r)) {
-      finishGet(gets.find(id), UCS_PTR_STATUS(r));
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete tag;  // completed (or failed) at once: the callback will not run
+      finishGet(gets.find(id), r == nullptr ? UCS_OK : UCS_PTR_STATUS(r));
     } else {
       g.request = r;
     }
