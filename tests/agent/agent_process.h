@@ -139,6 +139,23 @@ class AgentProcess {
   int kv_port_ = 0;
 };
 
+// A /metrics scrape ("" if the agent does not answer).
+inline std::string scrape(const AgentProcess& a) {
+  auto r = http::httpGet(a.url("/metrics"));
+  return r.ok() ? r->body : "";
+}
+
+// Polls `pred` until it holds or `limit` passes (never a fixed sleep as an assertion).
+template <typename Pred>
+bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(30)) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 // The value of one sample line "name{labels} value" in a metrics scrape; -1 if absent.
 inline double metricValue(const std::string& scrape, const std::string& series_prefix) {
   std::istringstream in(scrape);

@@ -17,6 +17,8 @@ namespace {
 using nlohmann::json;
 using testing::AgentProcess;
 using testing::metricValue;
+using testing::scrape;
+using testing::waitFor;
 
 json post(const AgentProcess& a, const std::string& path, const json& body, int* status = nullptr) {
   auto r = http::httpPost(a.url(path), body, std::chrono::seconds(60));
@@ -26,12 +28,6 @@ json post(const AgentProcess& a, const std::string& path, const json& body, int*
   auto j = r->json();
   EXPECT_TRUE(j.ok()) << r->body;
   return j.ok() ? *j : json();
-}
-
-std::string scrape(const AgentProcess& a) {
-  auto r = http::httpGet(a.url("/metrics"));
-  EXPECT_TRUE(r.ok() && r->status == 200);
-  return r.ok() ? r->body : "";
 }
 
 // Streams a request; returns the data payloads (including "[DONE]").
@@ -47,16 +43,6 @@ std::vector<std::string> stream(const AgentProcess& a, const std::string& path, 
   });
   EXPECT_TRUE(st.ok()) << st;
   return out;
-}
-
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(30)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 class AgentProcessTest : public ::testing::Test {

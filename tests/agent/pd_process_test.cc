@@ -16,21 +16,8 @@ namespace {
 using nlohmann::json;
 using testing::AgentProcess;
 using testing::metricValue;
-
-std::string scrape(const AgentProcess& a) {
-  auto r = http::httpGet(a.url("/metrics"));
-  return r.ok() ? r->body : "";
-}
-
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(30)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using testing::scrape;
+using testing::waitFor;
 
 std::string randomText(std::mt19937& rng, int n) {
   std::string s;
