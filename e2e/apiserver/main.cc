@@ -8,6 +8,8 @@
 // Writes the kubeconfig (and the port file) once it accepts connections,
 // then serves until SIGINT or SIGTERM.
 
+#include <pthread.h>
+
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -43,12 +45,20 @@ int usage(const std::string& why) {
   return 2;
 }
 
-volatile std::sig_atomic_t gStop = 0;
-void onSignal(int) { gStop = 1; }
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Block SIGINT and SIGTERM before any thread starts, so every thread
+  // (cpprestsdk's pool, the server's timer and pump threads) inherits the
+  // mask and the signals stay pending until sigwait() below takes them. With
+  // a handler instead, the kernel may run it on any thread, and the main
+  // thread's sigsuspend() then never returns: the process ignores SIGTERM.
+  sigset_t stopSignals;
+  sigemptyset(&stopSignals);
+  sigaddset(&stopSignals, SIGINT);
+  sigaddset(&stopSignals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+
   tandem::apiserver::ApiServerOptions options;
   std::string kubeconfigOut;
   std::string portFile;
@@ -117,11 +127,10 @@ int main(int argc, char** argv) {
   }
   log.info("serving", {{"url", (*server)->baseUrl()}, {"kubeconfig", kubeconfigOut}});
 
-  std::signal(SIGINT, onSignal);
-  std::signal(SIGTERM, onSignal);
-  sigset_t none;
-  sigemptyset(&none);
-  while (!gStop) sigsuspend(&none);
+  int sig = 0;
+  while (sigwait(&stopSignals, &sig) != 0) {
+  }
+  log.info("stopping", {{"signal", sig}});
   (*server)->shutdown();
   return 0;
 }

@@ -74,8 +74,15 @@ class ApiServerFixture : public ::testing::Test {
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
+      // Shutdown takes at most a few seconds; a server that outlives this
+      // ignored SIGTERM: fail loudly instead of hanging until CTest's timeout.
       int status = 0;
-      waitpid(pid_, &status, 0);
+      bool exited = waitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, std::chrono::seconds(15));
+      if (!exited) {
+        ADD_FAILURE() << "tandem-apiserver (pid " << pid_ << ") did not exit within 15s of SIGTERM; killing it";
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
     }
     std::filesystem::remove_all(dir_);
   }
@@ -84,7 +91,7 @@ class ApiServerFixture : public ::testing::Test {
 
   std::string baseUrl() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::string kubectlPrefix() const {
-    return "kubectl --kubeconfig " + kubeconfig_ + " --cache-dir " + dir_ + "/cache ";
+    return "kubectl --request-timeout=10s --kubeconfig " + kubeconfig_ + " --cache-dir " + dir_ + "/cache ";
   }
 
   // Runs `kubectl <args>` through the shell; waits for it.
