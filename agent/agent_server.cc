@@ -239,7 +239,11 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       impl->log.warn("FAULT INJECTION IS ON: this agent misbehaves on purpose (test configuration)");
     }
     if (config.role == "prefill") {
-      TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(*impl->loop, pd, *impl->pd_metrics));
+      // Prefills for decode agents count like any request here (path disagg).
+      TANDEM_ASSIGN_OR_RETURN(impl->prefill,
+                              PrefillService::start(*impl->loop, pd, *impl->pd_metrics, [raw](const engine::RequestUpdate& u) {
+                                raw->finished(Impl::Call{.id = strCat("prefill-", u.id.value())}, u, PdInfo{.path = PdPath::kDisagg});
+                              }));
       impl->kv_port = impl->prefill->port();
     } else {
       size_t colon = config.prefill_peer.rfind(':');

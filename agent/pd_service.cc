@@ -167,6 +167,7 @@ struct PrefillService::Impl {
   std::atomic<uint64_t> next_lease{1};
   std::atomic<int> injected_failures{0};
   std::unique_ptr<DelayedRunner> delayed;  // fault injection only
+  std::function<void(const engine::RequestUpdate&)> on_finished;
 
   Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {
     if (o.faults.layer_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
@@ -243,6 +244,7 @@ struct PrefillService::Impl {
         send(key.first, key.second, std::move(a));
       }
       if (!u.finished) return;
+      if (on_finished) on_finished(u);
       tr.finished = true;
       by_request.erase(u.id.value());
       const bool ok = (u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos) &&
@@ -312,9 +314,11 @@ struct PrefillService::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(engine::EngineLoop& loop, const PdOptions& options,
-                                                                      PdMetrics& metrics) {
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
+    engine::EngineLoop& loop, const PdOptions& options, PdMetrics& metrics,
+    std::function<void(const engine::RequestUpdate&)> on_finished) {
   auto impl = std::make_unique<Impl>(loop, metrics, options);
+  impl->on_finished = std::move(on_finished);
   std::span<std::byte> region;
   Impl* raw = impl.get();
   loop.runOnLoop([&](engine::Engine& e) {

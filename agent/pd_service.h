@@ -97,8 +97,11 @@ class PdMetrics {
 
 class PrefillService {
  public:
-  static absl::StatusOr<std::unique_ptr<PrefillService>> start(engine::EngineLoop& loop, const PdOptions& options,
-                                                               PdMetrics& metrics);
+  // `on_finished` (optional) sees the final update of every prefill, on the
+  // engine thread, for the agent's request metrics and traces.
+  static absl::StatusOr<std::unique_ptr<PrefillService>> start(
+      engine::EngineLoop& loop, const PdOptions& options, PdMetrics& metrics,
+      std::function<void(const engine::RequestUpdate&)> on_finished = nullptr);
   ~PrefillService();
   int port() const;
 

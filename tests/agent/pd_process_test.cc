@@ -16,6 +16,7 @@ namespace {
 using nlohmann::json;
 using testing::AgentProcess;
 using testing::metricValue;
+using testing::metricValueWith;
 using testing::scrape;
 using testing::waitFor;
 
@@ -102,6 +103,9 @@ TEST_F(PdProcessTest, NothingLeaksOnEitherSide) {
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*prefill_), "tandem_kv_blocks_free{") == 512; }));
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*decode_), "tandem_kv_blocks_free{") == 512; }));
   EXPECT_EQ(metricValue(scrape(*decode_), "tandem_kv_transfer_inflight{"), 0);
+  // P counts the prefills it ran for D like any request (path disagg).
+  EXPECT_GE(metricValueWith(scrape(*prefill_), "tandem_request_path_total", "path=\"disagg\""), 10);
+  EXPECT_GE(metricValueWith(scrape(*prefill_), "tandem_prompt_tokens_total", "role=\"prefill\""), 500);
 }
 
 TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) {
