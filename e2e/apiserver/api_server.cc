@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/synchronization/mutex.h"
 #include "e2e/apiserver/api_error.h"
 #include "e2e/apiserver/discovery.h"
@@ -262,7 +263,9 @@ absl::Status ApiServer::Impl::start() {
                                      .maxBodyBytes = 8 << 20,
                                      .requestTimeout = std::chrono::seconds(60),
                                      .sseKeepalive = Duration::zero(),
-                                     .requireUtf8Body = false},
+                                     .requireUtf8Body = false,
+                                     .tlsCertFile = options_.tlsCertFile,
+                                     .tlsKeyFile = options_.tlsKeyFile},
                                     std::move(routes));
   if (!server.ok()) return server.status();
   http_ = std::move(*server);
@@ -1269,9 +1272,10 @@ int ApiServer::port() const { return impl_->port(); }
 std::string ApiServer::baseUrl() const { return impl_->baseUrl(); }
 void ApiServer::shutdown() { impl_->shutdown(); }
 
-std::string kubeconfigYaml(const std::string& server) {
+std::string kubeconfigYaml(const std::string& server, const std::string& caPem) {
+  std::string ca = caPem.empty() ? "" : strCat("    certificate-authority-data: ", absl::Base64Escape(caPem), "\n");
   return strCat("apiVersion: v1\n", "kind: Config\n", "clusters:\n", "- name: tandem\n", "  cluster:\n",
-                "    server: ", server, "\n", "users:\n", "- name: tandem\n", "  user: {}\n", "contexts:\n",
+                "    server: ", server, "\n", ca, "users:\n", "- name: tandem\n", "  user: {}\n", "contexts:\n",
                 "- name: tandem\n", "  context:\n", "    cluster: tandem\n", "    user: tandem\n",
                 "    namespace: default\n", "current-context: tandem\n", "preferences: {}\n");
 }

@@ -1,6 +1,7 @@
 #pragma once
 // tandem-apiserver: an in-memory Kubernetes API server for tests and the
-// local stack. Plain HTTP on loopback; real kubectl and src/k8s talk to it.
+// local stack. Plain HTTP on loopback (HTTPS with tlsCertFile/tlsKeyFile);
+// real kubectl and src/k8s talk to it.
 // What it serves and where it differs from a real server: docs/testing.md.
 //
 //   TANDEM_ASSIGN_OR_RETURN(auto server, ApiServer::start({.port = 0}));
@@ -46,6 +47,9 @@ struct ApiServerOptions {
   // The longest a watch lasts without timeoutSeconds (a real server: 30-60 min).
   Duration maxWatch = std::chrono::minutes(30);
   FaultOptions faults;
+  // HTTPS with this PEM certificate chain and key (both or neither); empty: plain HTTP.
+  std::string tlsCertFile;
+  std::string tlsKeyFile;
 };
 
 class ApiServer {
@@ -56,7 +60,7 @@ class ApiServer {
   ApiServer& operator=(const ApiServer&) = delete;
 
   int port() const;
-  std::string baseUrl() const;  // "http://127.0.0.1:<port>"
+  std::string baseUrl() const;  // "http://127.0.0.1:<port>" ("https://..." with TLS)
   // Ends open watches and stops serving. Idempotent.
   void shutdown();
 
@@ -68,7 +72,8 @@ class ApiServer {
 };
 
 // The kubeconfig kubectl and clients use: one cluster "tandem" at `server`,
-// an anonymous user, context "tandem" with namespace default.
-std::string kubeconfigYaml(const std::string& server);
+// an anonymous user, context "tandem" with namespace default. A non-empty
+// `caPem` (PEM CA certificates) goes in as certificate-authority-data.
+std::string kubeconfigYaml(const std::string& server, const std::string& caPem = "");
 
 }  // namespace tandem::apiserver

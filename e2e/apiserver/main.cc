@@ -4,7 +4,11 @@
 //                    [--watch-history N] [--bookmark-interval 5s]
 //                    [--fault-conflict-rate P] [--fault-error-rate P]
 //                    [--fault-slow-rate P --fault-slow-delay 500ms] [--fault-watch-drop-after 10s]
+//                    [--tls-cert CERT.pem --tls-key KEY.pem [--tls-ca CA.pem]]
 //
+// With --tls-cert/--tls-key it serves HTTPS only, and the kubeconfig gets an
+// https:// server and certificate-authority-data from --tls-ca (default: the
+// --tls-cert file, right for a self-signed certificate).
 // Writes the kubeconfig (and the port file) once it accepts connections,
 // then serves until SIGINT or SIGTERM.
 
@@ -13,6 +17,7 @@
 #include <csignal>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "e2e/apiserver/api_server.h"
@@ -41,7 +46,8 @@ int usage(const std::string& why) {
   std::cerr << "tandem-apiserver: " << why << "\n"
             << "usage: tandem-apiserver --listen ADDR:PORT --kubeconfig-out FILE [--port-file FILE]\n"
             << "  [--watch-history N] [--bookmark-interval DUR] [--fault-conflict-rate P] [--fault-error-rate P]\n"
-            << "  [--fault-slow-rate P] [--fault-slow-delay DUR] [--fault-watch-drop-after DUR] [--log-level L]\n";
+            << "  [--fault-slow-rate P] [--fault-slow-delay DUR] [--fault-watch-drop-after DUR] [--log-level L]\n"
+            << "  [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n";
   return 2;
 }
 
@@ -63,6 +69,7 @@ int main(int argc, char** argv) {
   std::string kubeconfigOut;
   std::string portFile;
   std::string logLevel = "info";
+  std::string tlsCa;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return usage("help"), 0;
@@ -92,6 +99,12 @@ int main(int argc, char** argv) {
         if (!parseDuration(v, &options.faults.slowDelay)) return usage("bad --fault-slow-delay");
       } else if (flag == "--fault-watch-drop-after") {
         if (!parseDuration(v, &options.faults.watchDropAfter)) return usage("bad --fault-watch-drop-after");
+      } else if (flag == "--tls-cert") {
+        options.tlsCertFile = v;
+      } else if (flag == "--tls-key") {
+        options.tlsKeyFile = v;
+      } else if (flag == "--tls-ca") {
+        tlsCa = v;
       } else if (flag == "--log-level") {
         logLevel = v;
       } else {
@@ -102,6 +115,17 @@ int main(int argc, char** argv) {
     }
   }
   if (kubeconfigOut.empty()) return usage("--kubeconfig-out is required");
+  if (options.tlsCertFile.empty() != options.tlsKeyFile.empty()) return usage("--tls-cert and --tls-key go together");
+  if (!tlsCa.empty() && options.tlsCertFile.empty()) return usage("--tls-ca needs --tls-cert");
+  std::string caPem;
+  if (!options.tlsCertFile.empty()) {
+    const std::string& caFile = tlsCa.empty() ? options.tlsCertFile : tlsCa;
+    std::ifstream in(caFile);
+    std::ostringstream content;
+    content << in.rdbuf();
+    if (!in || content.str().empty()) return usage(tandem::strCat("cannot read ", caFile));
+    caPem = content.str();
+  }
   if (auto s = tandem::configureLogging({.spec = logLevel}); !s.ok())
     return usage(std::string(tandem::toStd(s.message())));
   tandem::Logger log("apiserver");
@@ -117,7 +141,7 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << content;
     return std::rename(tmp.c_str(), path.c_str()) == 0;
   };
-  if (!writeFile(kubeconfigOut, tandem::apiserver::kubeconfigYaml((*server)->baseUrl()))) {
+  if (!writeFile(kubeconfigOut, tandem::apiserver::kubeconfigYaml((*server)->baseUrl(), caPem))) {
     std::cerr << "tandem-apiserver: cannot write " << kubeconfigOut << "\n";
     return 1;
   }

@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include <boost/asio/ssl.hpp>
 #include <cpprest/http_listener.h>
 #include <cpprest/producerconsumerstream.h>
 #include <nlohmann/json.hpp>
@@ -503,8 +504,20 @@ absl::Status Server::Impl::open() {
       TANDEM_ASSIGN_OR_RETURN(port, pickFreePort(options_.host));
     }
     try {
-      auto listener =
-          std::make_unique<wh::experimental::listener::http_listener>(strCat("http://", options_.host, ":", port, "/"));
+      wh::experimental::listener::http_listener_config config;
+      bool tls = !options_.tlsCertFile.empty();
+      if (tls) {
+        config.set_ssl_context_callback([cert = options_.tlsCertFile, key = options_.tlsKeyFile](
+                                            boost::asio::ssl::context& ctx) {
+          ctx.set_options(boost::asio::ssl::context::default_workarounds | boost::asio::ssl::context::no_sslv2 |
+                          boost::asio::ssl::context::no_sslv3 | boost::asio::ssl::context::no_tlsv1 |
+                          boost::asio::ssl::context::no_tlsv1_1);
+          ctx.use_certificate_chain_file(cert);
+          ctx.use_private_key_file(key, boost::asio::ssl::context::pem);
+        });
+      }
+      auto listener = std::make_unique<wh::experimental::listener::http_listener>(
+          strCat(tls ? "https://" : "http://", options_.host, ":", port, "/"), config);
       auto entry = [this](wh::http_request raw) { onRequest(std::move(raw)); };
       listener->support(entry);
       // cpprestsdk answers OPTIONS and TRACE itself unless told otherwise; we route them like any method.
@@ -913,6 +926,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options, Rou
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(strCat("port out of range: ", options.port));
   }
+  if (options.tlsCertFile.empty() != options.tlsKeyFile.empty()) {
+    return absl::InvalidArgumentError("tlsCertFile and tlsKeyFile go together");
+  }
+  if (!options.tlsCertFile.empty()) {
+    // cpprestsdk loads the files per connection and drops a connection whose
+    // context fails; check them here so a bad file fails start() instead.
+    try {
+      boost::asio::ssl::context ctx(boost::asio::ssl::context::tls_server);
+      ctx.use_certificate_chain_file(options.tlsCertFile);
+      ctx.use_private_key_file(options.tlsKeyFile, boost::asio::ssl::context::pem);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          strCat("TLS certificate ", options.tlsCertFile, " / key ", options.tlsKeyFile, ": ", e.what()));
+    }
+  }
   auto impl = std::make_shared<Impl>(std::move(options), std::move(routes));
   TANDEM_RETURN_IF_ERROR(impl->open());
   return std::make_unique<Server>(std::move(impl));
@@ -926,7 +954,8 @@ int Server::port() const { return impl_->port(); }
 
 std::string Server::baseUrl() const {
   const std::string& host = impl_->options().host;
-  return strCat("http://", host == "0.0.0.0" ? "127.0.0.1" : host, ":", impl_->port());
+  return strCat(impl_->options().tlsCertFile.empty() ? "http://" : "https://", host == "0.0.0.0" ? "127.0.0.1" : host,
+                ":", impl_->port());
 }
 
 bool Server::draining() const { return impl_->draining(); }

@@ -280,6 +280,11 @@ struct ServerOptions {
   Duration sseKeepalive = std::chrono::seconds(15);
   // Reject request bodies that are not UTF-8 with 400 (everything we accept is JSON or text).
   bool requireUtf8Body = true;
+  // HTTPS: PEM files with the certificate chain and its private key. Both set:
+  // the server speaks TLS only (baseUrl() is https://...); both empty: plain HTTP.
+  // Unreadable or mismatched files fail start().
+  std::string tlsCertFile;
+  std::string tlsKeyFile;
 };
 
 class Server {
@@ -297,7 +302,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int port() const;
-  // "http://<host>:<port>" (host as bound; "0.0.0.0" becomes "127.0.0.1").
+  // "http://<host>:<port>" (host as bound; "0.0.0.0" becomes "127.0.0.1"),
+  // "https://..." with tlsCertFile.
   std::string baseUrl() const;
 
   // True once shutdown() started: /readyz can report not ready.
