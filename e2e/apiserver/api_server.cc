@@ -265,7 +265,8 @@ absl::Status ApiServer::Impl::start() {
                                      .sseKeepalive = Duration::zero(),
                                      .requireUtf8Body = false,
                                      .tlsCertFile = options_.tlsCertFile,
-                                     .tlsKeyFile = options_.tlsKeyFile},
+                                     .tlsKeyFile = options_.tlsKeyFile,
+                                     .tlsClientCaFile = options_.tlsClientCaFile},
                                     std::move(routes));
   if (!server.ok()) return server.status();
   http_ = std::move(*server);

@@ -50,6 +50,7 @@ struct ApiServerOptions {
   // HTTPS with this PEM certificate chain and key (both or neither); empty: plain HTTP.
   std::string tlsCertFile;
   std::string tlsKeyFile;
+  std::string tlsClientCaFile;  // mutual TLS: clients must present a certificate signed by this CA
 };
 
 class ApiServer {

@@ -47,7 +47,7 @@ int usage(const std::string& why) {
             << "usage: tandem-apiserver --listen ADDR:PORT --kubeconfig-out FILE [--port-file FILE]\n"
             << "  [--watch-history N] [--bookmark-interval DUR] [--fault-conflict-rate P] [--fault-error-rate P]\n"
             << "  [--fault-slow-rate P] [--fault-slow-delay DUR] [--fault-watch-drop-after DUR] [--log-level L]\n"
-            << "  [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n";
+            << "  [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-client-ca FILE]]\n";
   return 2;
 }
 
@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
         options.tlsKeyFile = v;
       } else if (flag == "--tls-ca") {
         tlsCa = v;
+      } else if (flag == "--tls-client-ca") {
+        options.tlsClientCaFile = v;
       } else if (flag == "--log-level") {
         logLevel = v;
       } else {
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
   if (kubeconfigOut.empty()) return usage("--kubeconfig-out is required");
   if (options.tlsCertFile.empty() != options.tlsKeyFile.empty()) return usage("--tls-cert and --tls-key go together");
   if (!tlsCa.empty() && options.tlsCertFile.empty()) return usage("--tls-ca needs --tls-cert");
+  if (!options.tlsClientCaFile.empty() && options.tlsCertFile.empty()) return usage("--tls-client-ca needs --tls-cert");
   std::string caPem;
   if (!options.tlsCertFile.empty()) {
     const std::string& caFile = tlsCa.empty() ? options.tlsCertFile : tlsCa;

@@ -507,13 +507,17 @@ absl::Status Server::Impl::open() {
       wh::experimental::listener::http_listener_config config;
       bool tls = !options_.tlsCertFile.empty();
       if (tls) {
-        config.set_ssl_context_callback([cert = options_.tlsCertFile, key = options_.tlsKeyFile](
-                                            boost::asio::ssl::context& ctx) {
+        config.set_ssl_context_callback([cert = options_.tlsCertFile, key = options_.tlsKeyFile,
+                                         client_ca = options_.tlsClientCaFile](boost::asio::ssl::context& ctx) {
           ctx.set_options(boost::asio::ssl::context::default_workarounds | boost::asio::ssl::context::no_sslv2 |
                           boost::asio::ssl::context::no_sslv3 | boost::asio::ssl::context::no_tlsv1 |
                           boost::asio::ssl::context::no_tlsv1_1);
           ctx.use_certificate_chain_file(cert);
           ctx.use_private_key_file(key, boost::asio::ssl::context::pem);
+          if (!client_ca.empty()) {
+            ctx.load_verify_file(client_ca);
+            ctx.set_verify_mode(boost::asio::ssl::verify_peer | boost::asio::ssl::verify_fail_if_no_peer_cert);
+          }
         });
       }
       auto listener = std::make_unique<wh::experimental::listener::http_listener>(

@@ -285,6 +285,9 @@ struct ServerOptions {
   // Unreadable or mismatched files fail start().
   std::string tlsCertFile;
   std::string tlsKeyFile;
+  // Mutual TLS: when set (PEM CA bundle), clients must present a certificate
+  // signed by it; the handshake fails otherwise.
+  std::string tlsClientCaFile;
 };
 
 class Server {

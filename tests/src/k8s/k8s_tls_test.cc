@@ -70,7 +70,13 @@ class Pki {
           sh(strCat("openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout ", d, "server.key -out ", d,
                     "server.csr")) &&
           sh(strCat("openssl x509 -req -days 1 -in ", d, "server.csr -CA ", d, "ca.pem -CAkey ", d,
-                    "ca.key -CAcreateserial -extfile ", d, "ext -out ", d, "server.pem"));
+                    "ca.key -CAcreateserial -extfile ", d, "ext -out ", d, "server.pem")) &&
+          // A client certificate for mutual TLS, signed by the same CA.
+          sh(strCat("printf 'basicConstraints=CA:FALSE\\nextendedKeyUsage=clientAuth\\n' > ", d, "client-ext")) &&
+          sh(strCat("openssl req -newkey rsa:2048 -nodes -subj /CN=tandem-client -keyout ", d, "client.key -out ", d,
+                    "client.csr")) &&
+          sh(strCat("openssl x509 -req -days 1 -in ", d, "client.csr -CA ", d, "ca.pem -CAkey ", d,
+                    "ca.key -CAcreateserial -extfile ", d, "client-ext -out ", d, "client.pem"));
   }
   ~Pki() { std::filesystem::remove_all(dir_); }
   bool ok() const { return ok_; }
@@ -84,7 +90,7 @@ class Pki {
 // tandem-apiserver serving HTTPS with the Pki's server certificate.
 class TlsEmulator {
  public:
-  explicit TlsEmulator(const Pki& pki) {
+  explicit TlsEmulator(const Pki& pki, bool mutual = false) {
     const char* binDir = std::getenv("TANDEM_BIN_DIR");
     binary_ = strCat(binDir ? binDir : "build/bin", "/tandem-apiserver");
     if (!std::filesystem::exists(binary_)) return;
@@ -105,6 +111,10 @@ class TlsEmulator {
                                      pki.path("server.key"),
                                      "--tls-ca",
                                      pki.path("ca.pem")};
+    if (mutual) {
+      args.push_back("--tls-client-ca");
+      args.push_back(pki.path("ca.pem"));
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -205,6 +215,27 @@ TEST_F(TlsTest, PlainHttpToTlsPortFails) {
   auto client = Client::create(plain, {.requestTimeout = seconds(10)});
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE((*client)->get(configMapsResource(), "default", "anything").ok());
+}
+
+// Mutual TLS: the client certificate and key from the kubeconfig are
+// presented; without them the handshake fails.
+TEST(MutualTlsTest, ClientCertificateIsPresentedAndRequired) {
+  Pki pki;
+  ASSERT_TRUE(pki.ok()) << "could not make test certificates with the openssl command line";
+  TlsEmulator emulator(pki, /*mutual=*/true);
+  ASSERT_TRUE(emulator.available());
+  ASSERT_TRUE(emulator.waitReady());
+  auto config = loadKubeconfig(emulator.kubeconfig());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ClusterConfig with_cert = *config;
+  with_cert.clientCertData = readAll(pki.path("client.pem"));
+  with_cert.clientKeyData = readAll(pki.path("client.key"));
+  auto good = Client::create(with_cert);
+  ASSERT_TRUE(good.ok()) << good.status();
+  createAndRead(**good, "mutual-tls");
+  auto anonymous = Client::create(*config, {.requestTimeout = seconds(10)});
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  EXPECT_FALSE((*anonymous)->get(configMapsResource(), "default", "mutual-tls").ok());
 }
 
 }  // namespace
