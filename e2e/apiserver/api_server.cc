@@ -762,13 +762,10 @@ void ApiServer::Impl::validateObject(const ResourceType& t, json& obj, const std
     std::vector<std::string> unknown = pruneUnknownFields(*t.schema, obj);
     if (!unknown.empty()) {
       if (fieldValidation == "Strict") {
-        std::string list;
-        for (size_t i = 0; i < unknown.size(); ++i)
-          list += strCat(i > 0 ? ", " : "", "unknown field \"", unknown[i], "\"");
-        throw badRequest(strCat(t.kind, " in version \"", t.version, "\" cannot be handled as a ", t.kind,
-                                ": strict decoding error: ", list));
-      }
-      if (fieldValidation != "Ignore") {
+        // 422 Invalid with a cause per unknown field, as K8S_API_NOTES.md
+        // records kubectl expecting under fieldValidation=Strict.
+        for (const auto& u : unknown) causes.push_back(StatusCause{"FieldValueInvalid", strCat("unknown field \"", u, "\""), u});
+      } else if (fieldValidation != "Ignore") {
         for (const auto& u : unknown) call.warnings.push_back(strCat("unknown field \\\"", u, "\\\""));
       }
     }

@@ -92,7 +92,8 @@ TEST_F(ApiServerBadInputTest, SchemaViolationsAndNames) {
   r = send("POST", pools_ + "?fieldValidation=Strict",
            R"({"apiVersion":"serving.tandem.dev/v1alpha1","kind":"InferencePool",
                                "metadata":{"name":"p"},"spec":{"model":"m","extra":1}})");
-  expectStatus(r, 400, "BadRequest");
+  expectStatus(r, 422, "Invalid");
+  EXPECT_EQ(r.second["details"]["causes"][0].value("field", ""), "spec.extra") << r.second.dump();
 }
 
 TEST_F(ApiServerBadInputTest, ConflictsAndPatchesThatDoNotApply) {

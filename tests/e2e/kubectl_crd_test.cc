@@ -148,7 +148,7 @@ TEST_F(KubectlCrdTest, InvalidObjectsAreRefusedWithTheFieldError) {
       {"{model: m, mode: sideways}",
        "spec.mode: Unsupported value: \"sideways\": supported values: \"aggregated\", \"disaggregated\""},
       {"{model: 7}", "spec.model: Invalid value: \"integer\": spec.model in body must be of type string: \"integer\""},
-      {"{model: m, colour: red}", "strict decoding error: unknown field \"spec.colour\""},
+      {"{model: m, colour: red}", "is invalid: spec.colour: unknown field \"spec.colour\""},
   };
   for (const auto& c : cases) {
     std::string f = writeTemp("bad.yaml",
