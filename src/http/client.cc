@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/http/cpprest_await.h"
 #include "src/http/error.h"
 
 namespace tandem::http {
@@ -18,37 +19,17 @@ namespace whc = web::http::client;
 
 namespace {
 
+using cpprest::await;
+using cpprest::statusFromException;
+using cpprest::toMicros;
+
 // After a timeout we cancel the request (cpprestsdk then closes the
 // connection) and wait this long for its task chain to wind down.
-constexpr Duration kCancelWait = std::chrono::seconds(5);
 // A Client's connections time out on silence only through the per-request
 // timeout; cpprestsdk's own idle timer is set out of the way.
 constexpr Duration kPooledIdleTimeout = std::chrono::hours(1);
 // Error bodies quoted in a Status are cut to this many bytes.
 constexpr size_t kMaxQuotedBody = 512;
-
-std::chrono::microseconds toMicros(Duration d) {
-  return std::max(std::chrono::microseconds(1), std::chrono::duration_cast<std::chrono::microseconds>(d));
-}
-
-// Maps whatever cpprestsdk threw to a Status; `what` names the call.
-absl::Status statusFromException(std::exception_ptr error, std::string_view what) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const wh::http_exception& e) {
-    if (e.error_code() == std::errc::timed_out) return absl::DeadlineExceededError(strCat(what, ": timed out"));
-    if (e.error_code() == std::errc::operation_canceled) return absl::CancelledError(strCat(what, ": cancelled"));
-    return absl::UnavailableError(strCat(what, ": ", e.what()));
-  } catch (const pplx::task_canceled&) {
-    return absl::CancelledError(strCat(what, ": cancelled"));
-  } catch (const web::uri_exception& e) {
-    return absl::InvalidArgumentError(strCat(what, ": invalid URL: ", e.what()));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(strCat(what, ": ", e.what()));
-  } catch (...) {
-    return absl::InternalError(strCat(what, ": unknown exception"));
-  }
-}
 
 struct Target {
   web::uri base;         // scheme://host:port
@@ -88,35 +69,6 @@ Headers toHeaders(const wh::http_headers& in) {
   Headers out;
   for (const auto& [name, value] : in) out[name] = value;
   return out;
-}
-
-// Result of an asynchronous call, handed from a pplx thread to the caller.
-template <typename T>
-struct Pending {
-  absl::Notification done;
-  absl::StatusOr<T> value = absl::UnknownError("not finished");
-};
-
-// Runs `task` to completion within `timeout`, cancelling through `cts` when
-// it takes longer. Never throws.
-template <typename T>
-absl::StatusOr<T> await(pplx::task<T> task, pplx::cancellation_token_source cts, Duration timeout,
-                        std::string_view what) {
-  auto pending = std::make_shared<Pending<T>>();
-  std::string name(what);
-  task.then([pending, name](pplx::task<T> t) {
-    try {
-      pending->value = t.get();
-    } catch (...) {
-      pending->value = statusFromException(std::current_exception(), name);
-    }
-    pending->done.Notify();
-  });
-  if (pending->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout))) return std::move(pending->value);
-  cts.cancel();
-  pending->done.WaitForNotificationWithTimeout(absl::FromChrono(kCancelWait));
-  return absl::DeadlineExceededError(
-      strCat(what, ": no response within ", absl::FormatDuration(absl::FromChrono(timeout))));
 }
 
 absl::StatusOr<ClientResponse> sendOn(whc::http_client& client, const ClientRequest& request,

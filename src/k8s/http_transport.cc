@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/http/cpprest_await.h"
 #include "src/k8s/transport.h"
 
 namespace tandem::k8s {
@@ -20,56 +21,11 @@ namespace whc = web::http::client;
 
 namespace {
 
-// After a timeout the request is cancelled and its task chain given this
-// long to wind down.
-constexpr Duration kCancelWait = std::chrono::seconds(5);
+using http::cpprest::await;
+using http::cpprest::statusFromException;
+using http::cpprest::toMicros;
+
 constexpr Duration kPooledIdleTimeout = std::chrono::hours(1);
-
-std::chrono::microseconds toMicros(Duration d) {
-  return std::max(std::chrono::microseconds(1), std::chrono::duration_cast<std::chrono::microseconds>(d));
-}
-
-absl::Status statusFromException(std::exception_ptr error, std::string_view what) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const wh::http_exception& e) {
-    if (e.error_code() == std::errc::timed_out) return absl::DeadlineExceededError(strCat(what, ": timed out"));
-    if (e.error_code() == std::errc::operation_canceled) return absl::CancelledError(strCat(what, ": cancelled"));
-    return absl::UnavailableError(strCat(what, ": ", e.what()));
-  } catch (const pplx::task_canceled&) {
-    return absl::CancelledError(strCat(what, ": cancelled"));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(strCat(what, ": ", e.what()));
-  } catch (...) {
-    return absl::InternalError(strCat(what, ": unknown exception"));
-  }
-}
-
-template <typename T>
-struct Pending {
-  absl::Notification done;
-  absl::StatusOr<T> value = absl::UnknownError("not finished");
-};
-
-template <typename T>
-absl::StatusOr<T> await(pplx::task<T> task, pplx::cancellation_token_source cts, Duration timeout,
-                        std::string_view what) {
-  auto pending = std::make_shared<Pending<T>>();
-  std::string name(what);
-  task.then([pending, name](pplx::task<T> t) {
-    try {
-      pending->value = t.get();
-    } catch (...) {
-      pending->value = statusFromException(std::current_exception(), name);
-    }
-    pending->done.Notify();
-  });
-  if (pending->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout))) return std::move(pending->value);
-  cts.cancel();
-  pending->done.WaitForNotificationWithTimeout(absl::FromChrono(kCancelWait));
-  return absl::DeadlineExceededError(
-      strCat(what, ": no response within ", absl::FormatDuration(absl::FromChrono(timeout))));
-}
 
 // The TLS material, applied to each new connection's context.
 void configureTls(boost::asio::ssl::context& ctx, const ClusterConfig& config) {
