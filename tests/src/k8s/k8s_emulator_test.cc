@@ -25,8 +25,8 @@
 #include "src/k8s/informer.h"
 #include "src/k8s/leader_election.h"
 #include "src/k8s/retry.h"
+#include "tests/src/k8s/emulator_process.h"
 
-extern char** environ;
 
 namespace tandem::k8s {
 namespace {
@@ -34,49 +34,17 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Polls `done` until it holds or `timeout` passes. Waiting on another
-// process has no event to block on; the step is short and the deadline generous.
-bool eventually(const std::function<bool()>& done, Duration timeout = seconds(20)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return done();
-}
+using testing::eventually;
 
+// The emulator plus a client from the kubeconfig it wrote.
 class Emulator {
  public:
-  explicit Emulator(std::vector<std::string> flags) {
-    const char* binDir = std::getenv("TANDEM_BIN_DIR");
-    binary_ = strCat(binDir ? binDir : "build/bin", "/tandem-apiserver");
-    if (!std::filesystem::exists(binary_)) return;
-    char tmpl[] = "/tmp/k8s_emulator_test.XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    std::vector<std::string> args = {
-        binary_,        "--listen",    "127.0.0.1:0", "--kubeconfig-out", dir_ + "/kubeconfig", "--port-file",
-        dir_ + "/port", "--log-level", "warn"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, binary_.c_str(), nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
-  }
-  ~Emulator() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-  bool available() const { return std::filesystem::exists(binary_); }
+  explicit Emulator(std::vector<std::string> flags) : process_(std::move(flags)) {}
+  bool available() const { return process_.available(); }
 
-  // A client from the kubeconfig the emulator wrote.
   std::unique_ptr<Client> client() {
-    EXPECT_TRUE(eventually([&] { return std::filesystem::exists(dir_ + "/port"); }, seconds(30)))
-        << "emulator did not start";
-    auto config = loadKubeconfig(dir_ + "/kubeconfig");
+    EXPECT_TRUE(process_.waitReady()) << "emulator did not start";
+    auto config = loadKubeconfig(process_.kubeconfig());
     EXPECT_TRUE(config.ok()) << config.status();
     if (!config.ok()) return nullptr;
     auto c = Client::create(*config);
@@ -85,9 +53,7 @@ class Emulator {
   }
 
  private:
-  std::string binary_;
-  std::string dir_;
-  pid_t pid_ = -1;
+  testing::EmulatorProcess process_;
 };
 
 #define START_EMULATOR(name, ...)                                      \

@@ -1,7 +1,7 @@
 // The client over HTTPS against the API-server emulator with TLS
 // (tandem-apiserver --tls-cert/--tls-key/--tls-ca). A throwaway CA and a
 // server certificate for 127.0.0.1 (IP SAN) are made per test run with the
-// openssl command line; the test skips when openssl is missing.
+// openssl command line (./tandem installs openssl).
 //   - the kubeconfig the emulator wrote (https server, certificate-authority-data) works;
 //   - a client that trusts another CA fails with a Status naming the certificate problem;
 //   - insecure-skip-tls-verify works without any CA.
@@ -24,23 +24,14 @@
 #include "src/k8s/client.h"
 #include "src/k8s/config.h"
 #include "src/k8s/errors.h"
+#include "tests/src/k8s/emulator_process.h"
 
-extern char** environ;
 
 namespace tandem::k8s {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-bool eventually(const std::function<bool()>& done, Duration timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return done();
-}
 
 std::string readAll(const std::string& path) {
   std::ifstream in(path);
@@ -87,57 +78,22 @@ class Pki {
   bool ok_ = false;
 };
 
-// tandem-apiserver serving HTTPS with the Pki's server certificate.
-class TlsEmulator {
+// tandem-apiserver serving HTTPS with the Pki's server certificate;
+// `mutual`: clients must also present a certificate signed by the Pki's CA.
+class TlsEmulator : public testing::EmulatorProcess {
  public:
-  explicit TlsEmulator(const Pki& pki, bool mutual = false) {
-    const char* binDir = std::getenv("TANDEM_BIN_DIR");
-    binary_ = strCat(binDir ? binDir : "build/bin", "/tandem-apiserver");
-    if (!std::filesystem::exists(binary_)) return;
-    char tmpl[] = "/tmp/k8s_tls_emulator.XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    std::vector<std::string> args = {binary_,
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--kubeconfig-out",
-                                     kubeconfig(),
-                                     "--port-file",
-                                     dir_ + "/port",
-                                     "--log-level",
-                                     "warn",
-                                     "--tls-cert",
-                                     pki.path("server.pem"),
-                                     "--tls-key",
-                                     pki.path("server.key"),
-                                     "--tls-ca",
-                                     pki.path("ca.pem")};
-    if (mutual) {
-      args.push_back("--tls-client-ca");
-      args.push_back(pki.path("ca.pem"));
-    }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, binary_.c_str(), nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
-  }
-  ~TlsEmulator() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-  bool available() const { return std::filesystem::exists(binary_); }
-  bool waitReady() {
-    return pid_ > 0 && eventually([&] { return std::filesystem::exists(dir_ + "/port"); }, seconds(30));
-  }
-  std::string kubeconfig() const { return dir_ + "/kubeconfig"; }
+  explicit TlsEmulator(const Pki& pki, bool mutual = false) : EmulatorProcess(flags(pki, mutual)) {}
 
  private:
-  std::string binary_;
-  std::string dir_;
-  pid_t pid_ = -1;
+  static std::vector<std::string> flags(const Pki& pki, bool mutual) {
+    std::vector<std::string> f = {"--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server.key"),
+                                  "--tls-ca", pki.path("ca.pem")};
+    if (mutual) {
+      f.push_back("--tls-client-ca");
+      f.push_back(pki.path("ca.pem"));
+    }
+    return f;
+  }
 };
 
 nlohmann::json configMap(const std::string& name, const std::string& value) {
