@@ -88,20 +88,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
                                              ") is larger than the model's vocab_size (", mc.vocab_size, ")"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(weights, *backend));
-  return std::unique_ptr<Engine>(
-      new Engine(o, std::move(weights), std::move(backend), std::move(model), std::move(tokenizer), clock));
+  const KvLayout layout = kvLayoutFor(mc, o.num_blocks, o.block_size);
+  std::unique_ptr<KvStorage> kv;
+  if (o.kv_memory) {
+    TANDEM_ASSIGN_OR_RETURN(KvMemory memory, o.kv_memory(layout.totalFloats() * sizeof(float)));
+    TANDEM_RETURN_IF_ERROR(KvStorage::checkMemory(layout, memory));
+    kv = std::make_unique<KvStorage>(layout, std::move(memory));
+  } else {
+    kv = std::make_unique<KvStorage>(layout);
+  }
+  return std::unique_ptr<Engine>(new Engine(o, std::move(weights), std::move(backend), std::move(model),
+                                            std::move(tokenizer), clock, std::move(kv)));
 }
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights,
                std::unique_ptr<Backend> backend, std::unique_ptr<LlamaModel> model,
-               std::shared_ptr<const Tokenizer> tokenizer, Clock& clock)
+               std::shared_ptr<const Tokenizer> tokenizer, Clock& clock, std::unique_ptr<KvStorage> kv)
     : options_(options),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       clock_(clock),
-      kv_(std::make_unique<KvStorage>(kvLayoutFor(weights_->config, options.num_blocks, options.block_size))),
+      kv_(std::move(kv)),
       blocks_(options.num_blocks),
       sessions_(blocks_),
       scheduler_(SchedulerOptions{.block_size = options.block_size,

@@ -53,6 +53,11 @@ struct EngineOptions {
   int session_low_watermark_blocks = 0;
   int max_session_evictions_per_step = 4;
   uint64_t seed = 0;  // seeds unseeded requests' sampling; 0 = from std::random_device
+  // Where the KV pool lives. Unset: the engine allocates it. Set: called
+  // once by create() with the pool's size in bytes (the agent returns memory
+  // UCX allocated, so a shared-memory peer can map it); the memory must be
+  // that large and 64-byte aligned, or create() fails with the reason.
+  std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_memory;
 };
 
 // What one step did, for the agent's metrics. Hit rates are derived by the
@@ -148,7 +153,8 @@ class Engine {
 
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
-         std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
+         std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock,
+         std::unique_ptr<KvStorage> kv);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
   void postprocess(Sequence* seq, std::span<const float> logits);
   // Appends a sampled (or imported) token and finishes the request if it is done.

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <new>
 
-namespace tandem::engine {
+#include "src/common/strings.h"
 
-void KvStorage::FreeDeleter::operator()(float* p) const { std::free(p); }
+namespace tandem::engine {
 
 KvStorage::KvStorage(const KvLayout& layout) : layout_(layout) {
   size_t bytes = layout.totalFloats() * sizeof(float);
@@ -14,7 +14,24 @@ KvStorage::KvStorage(const KvLayout& layout) : layout_(layout) {
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (p == nullptr) throw std::bad_alloc();  // start-up only: the pool is sized once
   std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  data_.reset(static_cast<float*>(p));
+  owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  data_ = static_cast<float*>(p);
+}
+
+KvStorage::KvStorage(const KvLayout& layout, KvMemory memory)
+    : layout_(layout), owner_(std::move(memory.keep_alive)), data_(reinterpret_cast<float*>(memory.bytes.data())) {
+  std::memset(data_, 0, layout.totalFloats() * sizeof(float));
+}
+
+absl::Status KvStorage::checkMemory(const KvLayout& layout, const KvMemory& memory) {
+  const size_t need = layout.totalFloats() * sizeof(float);
+  if (memory.bytes.size() < need) {
+    return absl::InvalidArgumentError(strCat("KV pool memory: ", memory.bytes.size(), " bytes given, the pool needs ", need));
+  }
+  if (reinterpret_cast<uintptr_t>(memory.bytes.data()) % 64 != 0) {
+    return absl::InvalidArgumentError("KV pool memory: not 64-byte aligned");
+  }
+  return absl::OkStatus();
 }
 
 void KvStorage::copyBlock(BlockId src, BlockId dst) {

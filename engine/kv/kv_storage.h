@@ -18,8 +18,17 @@
 #include <span>
 
 #include "src/common/ids.h"
+#include "src/common/status.h"
 
 namespace tandem::engine {
+
+// KV pool memory that someone else allocated: the agent passes memory UCX
+// allocated, which shared-memory transports can map into a peer process.
+// `keep_alive` owns the bytes; the storage holds it for its own lifetime.
+struct KvMemory {
+  std::span<std::byte> bytes;
+  std::shared_ptr<void> keep_alive;
+};
 
 struct KvLayout {
   int num_layers = 0;
@@ -43,12 +52,16 @@ class KvStorage {
  public:
   // Allocates and zero-fills the whole region (64-byte aligned).
   explicit KvStorage(const KvLayout& layout);
+  // Uses `memory`, which checkMemory() accepted, and zero-fills it.
+  KvStorage(const KvLayout& layout, KvMemory memory);
+  // Whether `memory` can hold a pool of `layout`; the error says why not.
+  static absl::Status checkMemory(const KvLayout& layout, const KvMemory& memory);
 
   const KvLayout& layout() const { return layout_; }
 
   // [2][block_size][num_kv_heads][head_dim]
-  float* layerBlock(int layer, BlockId block) { return data_.get() + layerBlockOffset(layer, block); }
-  const float* layerBlock(int layer, BlockId block) const { return data_.get() + layerBlockOffset(layer, block); }
+  float* layerBlock(int layer, BlockId block) { return data_ + layerBlockOffset(layer, block); }
+  const float* layerBlock(int layer, BlockId block) const { return data_ + layerBlockOffset(layer, block); }
   // [num_kv_heads][head_dim] of token `slot` (0 <= slot < block_size) in the block.
   float* key(int layer, BlockId block, int slot) { return layerBlock(layer, block) + slotOffset(slot); }
   float* value(int layer, BlockId block, int slot) {
@@ -63,9 +76,7 @@ class KvStorage {
   void copyBlock(BlockId src, BlockId dst);
 
   // The whole region, for memory registration.
-  std::span<std::byte> bytes() {
-    return {reinterpret_cast<std::byte*>(data_.get()), layout_.totalFloats() * sizeof(float)};
-  }
+  std::span<std::byte> bytes() { return {reinterpret_cast<std::byte*>(data_), layout_.totalFloats() * sizeof(float)}; }
 
  private:
   size_t layerBlockOffset(int layer, BlockId block) const {
@@ -75,11 +86,9 @@ class KvStorage {
   size_t valueOffset() const { return static_cast<size_t>(layout_.block_size) * layout_.floatsPerToken(); }
   size_t slotOffset(int slot) const { return static_cast<size_t>(slot) * layout_.floatsPerToken(); }
 
-  struct FreeDeleter {
-    void operator()(float* p) const;
-  };
   KvLayout layout_;
-  std::unique_ptr<float[], FreeDeleter> data_;
+  std::shared_ptr<void> owner_;  // keeps data_ alive
+  float* data_ = nullptr;
 };
 
 }  // namespace tandem::engine

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/model/llama.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace tandem::engine {
@@ -447,6 +448,37 @@ TEST(EngineTest, CreateValidatesOptions) {
   o.max_model_len = 1 << 20;
   EXPECT_NE(std::string(make(o).status().message()).find("max_model_len"), std::string::npos);
   EXPECT_TRUE(make(baseOptions()).ok());
+}
+
+TEST(EngineTest, KvPoolInProvidedMemory) {
+  FakeClock clock;
+  EngineOptions o = baseOptions();
+  const KvLayout layout = kvLayoutFor(testing::tinyWeights()->config, o.num_blocks, o.block_size);
+  const size_t need = layout.totalFloats() * sizeof(float);
+  auto buffer = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(std::aligned_alloc(64, need + 64)), [](std::byte* p) { std::free(p); });
+  size_t asked = 0;
+  o.kv_memory = [&](size_t bytes) -> absl::StatusOr<KvMemory> {
+    asked = bytes;
+    return KvMemory{.bytes = {buffer.get(), need}, .keep_alive = buffer};
+  };
+  auto engine = Engine::create(o, testing::tinyWeights(), makeCpuBackend(), nullptr, clock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(asked, need);
+  EXPECT_EQ((*engine)->kvRegion().data(), buffer.get());
+  EXPECT_EQ((*engine)->kvRegion().size(), need);
+
+  // Too small, misaligned, or an allocation failure: create() says why.
+  auto fails = [&](KvMemory m) {
+    o.kv_memory = [m](size_t) -> absl::StatusOr<KvMemory> { return m; };
+    return Engine::create(o, testing::tinyWeights(), makeCpuBackend(), nullptr, clock).status();
+  };
+  absl::Status small = fails({.bytes = {buffer.get(), need - 1}, .keep_alive = buffer});
+  EXPECT_NE(std::string(small.message()).find("the pool needs " + std::to_string(need)), std::string::npos) << small;
+  absl::Status misaligned = fails({.bytes = {buffer.get() + 8, need}, .keep_alive = buffer});
+  EXPECT_NE(std::string(misaligned.message()).find("aligned"), std::string::npos) << misaligned;
+  o.kv_memory = [](size_t) -> absl::StatusOr<KvMemory> { return absl::ResourceExhaustedError("no shared memory left"); };
+  absl::Status failed = Engine::create(o, testing::tinyWeights(), makeCpuBackend(), nullptr, clock).status();
+  EXPECT_NE(std::string(failed.message()).find("no shared memory left"), std::string::npos) << failed;
 }
 
 }  // namespace
