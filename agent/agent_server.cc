@@ -200,8 +200,25 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                           engine::loadTokenizer(config.model_dir, weights->config));
   impl->tokenizer = std::move(tokenizer);
   std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
+  const bool pd_role = config.role == "prefill" || config.role == "decode";
+  const transport::TransportOptions kv_transport{
+      .host = config.kv_host,
+      .port = config.kv_port,
+      .tls = config.kv_tls,
+      .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
+      .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt};
+  engine::EngineOptions engine_options = config.engine;
+  std::shared_ptr<transport::UcxRegion> kv_pool;
+  if (pd_role) {
+    // The KV pool lives in memory UCX allocated, so a peer on the same
+    // machine can read it over shared memory (transport/ucx_transport.h).
+    engine_options.kv_memory = [&](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
+      TANDEM_ASSIGN_OR_RETURN(kv_pool, transport::UcxRegion::allocate(bytes, kv_transport));
+      return engine::KvMemory{.bytes = kv_pool->bytes(), .keep_alive = kv_pool};
+    };
+  }
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                          engine::Engine::create(config.engine, shared_weights, engine::makeCpuBackend(),
+                          engine::Engine::create(engine_options, shared_weights, engine::makeCpuBackend(),
                                                  impl->tokenizer, SystemClock::instance()));
   impl->limits = {.model_name = config.model_name,
                   .max_model_len = engine->options().max_model_len,
@@ -221,13 +238,10 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
     raw->metrics->onStep(s);
     raw->pd_metrics->leases.set(e.numLeases());
   });
-  if (config.role == "prefill" || config.role == "decode") {
+  if (pd_role) {
     PdOptions pd;
-    pd.transport = {.host = config.kv_host,
-                    .port = config.kv_port,
-                    .tls = config.kv_tls,
-                    .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
-                    .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt};
+    pd.transport = kv_transport;
+    pd.transport.pool = kv_pool;
     pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;

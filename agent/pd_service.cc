@@ -23,6 +23,18 @@ using transport::GetId;
 
 double secondsSince(MonoTime t) { return std::chrono::duration<double>(SystemClock::instance().now() - t).count(); }
 
+// The transport registers the engine's KV pool: memory UCX allocated (the
+// pool option, which the engine was given) or the engine's own allocation.
+absl::StatusOr<transport::TransportOptions> transportFor(const PdOptions& options, std::span<std::byte> kv) {
+  transport::TransportOptions to = options.transport;
+  if (!to.pool) {
+    to.region = kv;
+  } else if (to.pool->bytes().data() != kv.data() || to.pool->bytes().size() < kv.size()) {
+    return absl::InternalError("the engine's KV pool is not the transport's UCX region");
+  }
+  return to;
+}
+
 // Byte offset of (layer, block) in a KvStorage region with this shape.
 uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, uint64_t bytes_per_layer_block) {
   return (static_cast<uint64_t>(layer) * num_blocks + block) * bytes_per_layer_block;
@@ -327,8 +339,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
     region = e.kvRegion();
     e.setLayerObserver([raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });
   });
-  transport::TransportOptions to = options.transport;
-  to.region = region;
+  TANDEM_ASSIGN_OR_RETURN(transport::TransportOptions to, transportFor(options, region));
   transport::TransportCallbacks cb;
   cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
   cb.on_disconnect = [raw](ConnId c, absl::Status) { raw->onDisconnect(c); };
@@ -367,7 +378,8 @@ struct DecodeService::Impl {
     std::vector<uint32_t> p_blocks;
     std::vector<std::vector<uint64_t>> checksums;  // [layer][block]
     std::unordered_set<GetId> outstanding;
-    size_t gets_done = 0;
+    size_t layer_blocks_done = 0;                  // pulled and verified
+    std::vector<bool> layer_requested;             // [layer]: its pull was issued
     std::optional<uint32_t> first_token;
     bool verify = true;
     bool completed = false;
@@ -378,6 +390,11 @@ struct DecodeService::Impl {
     MonoTime started;
     std::optional<MonoTime> deadline;
     std::optional<MonoTime> lease_deadline;  // from PrefillAccepted: P unpins after this
+    bool accepted = false;                   // PrefillAccepted arrived
+    // Layer announcements that overtook PrefillAccepted or P's Hello: UCX
+    // may deliver messages out of order while an endpoint switches lanes
+    // (e.g. from tcp to shared memory after wire-up). At most num_layers.
+    std::vector<kvproto::LayerReady> early_layers;
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -444,7 +461,7 @@ struct DecodeService::Impl {
 
   void maybeComplete(uint64_t tid, Transfer& tr) {
     const size_t total = tr.d_blocks.size() * static_cast<size_t>(layout.num_layers);
-    if (tr.failed || tr.completed || !tr.first_token || tr.gets_done < total || !tr.outstanding.empty()) return;
+    if (tr.failed || tr.completed || !tr.first_token || tr.layer_blocks_done < total || !tr.outstanding.empty()) return;
     tr.completed = true;
     metrics.bytes.increment(static_cast<double>(total * layout.bytesPerLayerBlock()));
     metrics.seconds.observe(secondsSince(tr.started));
@@ -454,7 +471,8 @@ struct DecodeService::Impl {
   }
 
   // `id` is read only under mu: the issuer stores it there after get() returns.
-  void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, uint32_t layer, size_t i, absl::Status s) {
+  // One layer of one transfer arrived (or failed): verify its blocks.
+  void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, uint32_t layer, absl::Status s) {
     std::lock_guard lock(mu);
     const GetId g = *id;
     auto it = transfers.find(tid);
@@ -466,8 +484,8 @@ struct DecodeService::Impl {
       maybeEnd(tid, tr);
       return;
     }
-    ++tr.gets_done;
-    if (tr.verify && !tr.failed) {
+    tr.layer_blocks_done += tr.d_blocks.size();
+    for (size_t i = 0; tr.verify && !tr.failed && i < tr.d_blocks.size(); ++i) {
       const std::byte* p = region + layerBlockOffset(layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
                                                      static_cast<uint32_t>(layout.num_blocks), layout.bytesPerLayerBlock());
       uint64_t got = kvproto::layerBlockChecksum(std::span<const std::byte>(p, layout.bytesPerLayerBlock()));
@@ -487,21 +505,50 @@ struct DecodeService::Impl {
       fail(tid, tr, FailureReason::kTransferFailed, "layer announcement does not match the accepted blocks");
       return;
     }
+    if (tr.layer_requested[l.layer]) {
+      fail(tid, tr, FailureReason::kTransferFailed, strCat("layer ", l.layer, " was announced twice"));
+      return;
+    }
+    tr.layer_requested[l.layer] = true;
     tr.checksums[l.layer] = l.checksums;
+    // The whole layer is one logical get; the transport merges blocks that
+    // are contiguous on both sides into one UCX get.
     const uint64_t bytes = layout.bytesPerLayerBlock();
+    std::vector<transport::UcxTransport::Segment> segments;
+    segments.reserve(tr.d_blocks.size());
     for (size_t i = 0; i < tr.d_blocks.size(); ++i) {
       std::byte* local = region + layerBlockOffset(l.layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
                                                    static_cast<uint32_t>(layout.num_blocks), bytes);
-      uint64_t remote = layerBlockOffset(l.layer, tr.p_blocks[i], peer->num_blocks, bytes);
-      // The id is known only after get() returns; the completion may not
-      // run before we record it because it needs mu, which we hold.
-      auto holder = std::make_shared<GetId>(0);
-      GetId g = t->get(tr.conn, local, remote, bytes, [this, tid, holder, layer = l.layer, i](absl::Status s) {
-        onGetDone(tid, holder, layer, i, std::move(s));
-      });
-      *holder = g;
-      tr.outstanding.insert(g);
+      segments.push_back({.local = local, .remote_offset = layerBlockOffset(l.layer, tr.p_blocks[i], peer->num_blocks, bytes),
+                          .length = bytes});
     }
+    // The id is known only after getv() returns; the completion may not
+    // run before we record it because it needs mu, which we hold.
+    auto holder = std::make_shared<GetId>(0);
+    GetId g = t->getv(tr.conn, std::move(segments), [this, tid, holder, layer = l.layer](absl::Status s) {
+      onGetDone(tid, holder, layer, std::move(s));
+    });
+    *holder = g;
+    tr.outstanding.insert(g);
+  }
+
+  // Starts pulling an announced layer (late, under fault injection).
+  void startLayer(uint64_t tid, Transfer& tr, const kvproto::LayerReady& l) {
+    if (!delayed) return onLayerReady(tid, tr, l);
+    // Fault injection: the gets start late (slow reader).
+    delayed->at(SystemClock::instance().now() + options.faults.get_delay, [this, tid, layer = l] {
+      std::lock_guard lock(mu);
+      if (auto it = transfers.find(tid); it != transfers.end()) onLayerReady(tid, it->second, layer);
+    });
+  }
+
+  // Layers announced before the request was accepted (or before P's Hello)
+  // start once both arrived. Requires mu.
+  void drainEarlyLayers(uint64_t tid, Transfer& tr) {
+    if (!tr.accepted || !peer || tr.failed) return;
+    std::vector<kvproto::LayerReady> early = std::move(tr.early_layers);
+    tr.early_layers.clear();
+    for (const kvproto::LayerReady& l : early) startLayer(tid, tr, l);
   }
 
   void onMessage(ConnId c, std::vector<uint8_t> bytes) {
@@ -528,6 +575,9 @@ struct DecodeService::Impl {
       t->setRemoteRegion(c, h->region_base,
                          static_cast<uint64_t>(h->num_blocks) * static_cast<uint64_t>(h->num_layers) * layout.bytesPerLayerBlock(),
                          h->rkey);
+      for (auto& [tid, tr] : transfers) {
+        if (tr.conn == c) drainEarlyLayers(tid, tr);
+      }
       return;
     }
     auto it = transfers.find(m->transfer_id);
@@ -538,6 +588,11 @@ struct DecodeService::Impl {
     Transfer& tr = it->second;
     const uint64_t tid = it->first;
     if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m->body)) {
+      if (tr.accepted) {
+        fail(tid, tr, FailureReason::kTransferFailed, "the prefill peer accepted the request twice");
+        return;
+      }
+      tr.accepted = true;
       tr.p_blocks = a->block_ids;
       // Never read P's blocks after its lease ends: finish (or fail) with a
       // margin before it, whatever our own deadline says.
@@ -546,16 +601,18 @@ struct DecodeService::Impl {
       if (tr.p_blocks.size() != tr.d_blocks.size()) {
         fail(tid, tr, FailureReason::kTransferFailed,
              strCat("prefill holds ", tr.p_blocks.size(), " blocks, this request has ", tr.d_blocks.size()));
+        return;
       }
+      drainEarlyLayers(tid, tr);
     } else if (auto* l = std::get_if<kvproto::LayerReady>(&m->body)) {
-      if (delayed) {
-        // Fault injection: the gets start late (slow reader).
-        delayed->at(SystemClock::instance().now() + options.faults.get_delay, [this, tid, layer = *l] {
-          std::lock_guard lock(mu);
-          if (auto it = transfers.find(tid); it != transfers.end()) onLayerReady(tid, it->second, layer);
-        });
+      if (!tr.accepted || !peer) {
+        if (tr.early_layers.size() >= static_cast<size_t>(layout.num_layers)) {
+          fail(tid, tr, FailureReason::kTransferFailed, "more layer announcements than layers before the request was accepted");
+        } else {
+          tr.early_layers.push_back(std::move(*l));
+        }
       } else {
-        onLayerReady(tid, tr, *l);
+        startLayer(tid, tr, *l);
       }
     } else if (auto* d = std::get_if<kvproto::PrefillDone>(&m->body)) {
       tr.first_token = d->first_token;
@@ -612,6 +669,7 @@ struct DecodeService::Impl {
       tr.prompt = spec.prompt;
       tr.sampling = spec.sampling;
       tr.checksums.resize(static_cast<size_t>(layout.num_layers));
+      tr.layer_requested.assign(static_cast<size_t>(layout.num_layers), false);
       tr.verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
     }
     uint64_t handle = loop.submit(std::move(spec), [this, tid](const engine::RequestUpdate& u) { onUpdate(tid, u); });
@@ -682,8 +740,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(engine::Engi
     region = e.kvRegion();
   });
   raw->region = region.data();
-  transport::TransportOptions to = options.transport;
-  to.region = region;
+  TANDEM_ASSIGN_OR_RETURN(transport::TransportOptions to, transportFor(options, region));
   transport::TransportCallbacks cb;
   cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
   cb.on_disconnect = [raw](ConnId c, absl::Status s) { raw->onDisconnect(c, s); };

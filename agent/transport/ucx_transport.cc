@@ -30,11 +30,78 @@ absl::Status ucsError(std::string_view what, ucs_status_t s) {
   return absl::UnavailableError(strCat(what, ": ", ucs_status_string(s)));
 }
 
+// A UCP context with the transports and QoS settings of `o`.
+absl::StatusOr<ucp_context_h> createContext(const TransportOptions& o) {
+  // Our endpoints ask for peer error handling, and UCX 1.13 leaves its
+  // shared-memory transports out of such endpoints unless they detect peer
+  // failure by keepalive: without this a "posix" pull silently runs over
+  // tcp. (Not overridden when the operator set it.)
+  setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+  // QoS of KV traffic on InfiniBand / RoCE: UCX reads these from the environment.
+  if (o.ib_sl) setenv("UCX_IB_SL", std::to_string(*o.ib_sl).c_str(), 1);
+  if (o.ib_traffic_class) setenv("UCX_IB_TRAFFIC_CLASS", std::to_string(*o.ib_traffic_class).c_str(), 1);
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return ucsError("ucp_config_read", s);
+  if (!o.tls.empty()) {
+    s = ucp_config_modify(config, "TLS", o.tls.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(strCat("UCX transports \"", o.tls, "\": ", ucs_status_string(s)));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  ucp_context_h ctx = nullptr;
+  s = ucp_init(&params, config, &ctx);
+  ucp_config_release(config);
+  if (s != UCS_OK) return ucsError("ucp_init", s);
+  return ctx;
+}
+
 }  // namespace
+
+struct UcxRegion::Impl {
+  ucp_context_h ctx = nullptr;
+  ucp_mem_h memh = nullptr;
+  std::span<std::byte> bytes;
+  ~Impl() {
+    if (memh) ucp_mem_unmap(ctx, memh);
+    if (ctx) ucp_cleanup(ctx);
+  }
+};
+
+UcxRegion::UcxRegion(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxRegion::~UcxRegion() = default;
+std::span<std::byte> UcxRegion::bytes() const { return impl_->bytes; }
+
+absl::StatusOr<std::shared_ptr<UcxRegion>> UcxRegion::allocate(size_t bytes, const TransportOptions& options) {
+  if (bytes == 0) return absl::InvalidArgumentError("UCX region: size must be positive");
+  auto impl = std::make_unique<Impl>();
+  TANDEM_ASSIGN_OR_RETURN(impl->ctx, createContext(options));
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t s = ucp_mem_map(impl->ctx, &mp, &impl->memh);
+  if (s != UCS_OK) return ucsError(strCat("allocating a KV region of ", bytes, " bytes with UCX"), s);
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(impl->memh, &attr);
+  if (s != UCS_OK) return ucsError("ucp_mem_query", s);
+  if (attr.length < bytes) {
+    return absl::InternalError(strCat("UCX allocated ", attr.length, " bytes for a region of ", bytes));
+  }
+  impl->bytes = {static_cast<std::byte*>(attr.address), bytes};
+  return std::shared_ptr<UcxRegion>(new UcxRegion(std::move(impl)));
+}
 
 struct UcxTransport::Impl {
   Logger log{"transport"};
   TransportCallbacks cb;
+  std::shared_ptr<UcxRegion> pool;  // when set, owns ctx and memh
   ucp_context_h ctx = nullptr;
   ucp_worker_h worker = nullptr;
   ucp_listener_h listener = nullptr;
@@ -53,6 +120,7 @@ struct UcxTransport::Impl {
   std::atomic<uint64_t> next_conn{1}, next_get{1};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<int64_t> inflight{0};
+  std::atomic<uint64_t> ucx_gets{0};
 
   // Progress-thread state.
   struct Conn {
@@ -64,9 +132,12 @@ struct UcxTransport::Impl {
   };
   std::unordered_map<ConnId, Conn> conns;
   std::unordered_map<ucp_ep_h, ConnId> by_ep;
+  // One logical get: one or more UCX gets (merged segments).
   struct Get {
     ConnId conn;
-    void* request = nullptr;
+    std::vector<void*> requests;    // per part; nullptr once that part completed
+    size_t pending = 0;             // parts not completed yet
+    ucs_status_t status = UCS_OK;   // the first failure of any part
     size_t length = 0;
     bool cancel_requested = false;
     std::function<void(absl::Status)> done;
@@ -89,14 +160,16 @@ struct UcxTransport::Impl {
   static ucs_status_t onAm(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
     return static_cast<Impl*>(arg)->received(data, length, param);
   }
-  // user_data of a get: which get it is (a map lookup, not a scan, per completion).
+  // user_data of a UCX get: which part of which get it is (a map lookup,
+  // not a scan, per completion).
   struct GetTag {
     Impl* impl;
     GetId id;
+    size_t part;
   };
   static void onGetDone(void* request, ucs_status_t status, void* user_data) {
     std::unique_ptr<GetTag> tag(static_cast<GetTag*>(user_data));
-    if (auto it = tag->impl->gets.find(tag->id); it != tag->impl->gets.end()) tag->impl->finishGet(it, status);
+    tag->impl->partDone(tag->id, tag->part, status);
     ucp_request_free(request);
   }
   static void onSendDone(void* request, ucs_status_t status, void* user_data) {
@@ -161,8 +234,18 @@ struct UcxTransport::Impl {
     return UCS_OK;
   }
 
-  void finishGet(std::unordered_map<GetId, Get>::iterator it, ucs_status_t status) {
+  void partDone(GetId id, size_t part, ucs_status_t status) {
+    auto it = gets.find(id);
+    if (it == gets.end()) return;
+    Get& g = it->second;
+    g.requests[part] = nullptr;
+    if (status != UCS_OK && g.status == UCS_OK) g.status = status;
+    if (--g.pending == 0) finishGet(it);
+  }
+
+  void finishGet(std::unordered_map<GetId, Get>::iterator it) {
     Get g = std::move(it->second);
+    const ucs_status_t status = g.status;
     GetId id = it->first;
     gets.erase(it);
     if (auto c = conns.find(g.conn); c != conns.end()) c->second.gets.erase(id);
@@ -235,7 +318,7 @@ struct UcxTransport::Impl {
     c->second.remote_length = length;
   }
 
-  void doGet(GetId id, ConnId conn_id, void* local, uint64_t offset, size_t length, std::function<void(absl::Status)> done) {
+  void doGet(GetId id, ConnId conn_id, std::vector<Segment> segments, std::function<void(absl::Status)> done) {
     auto fail = [&](absl::Status s) {
       inflight.fetch_sub(1);
       done(std::move(s));
@@ -244,34 +327,69 @@ struct UcxTransport::Impl {
     if (c == conns.end()) return fail(absl::UnavailableError(strCat("get on closed connection ", conn_id)));
     Conn& conn = c->second;
     if (conn.rkey == nullptr) return fail(absl::FailedPreconditionError(strCat("connection ", conn_id, " has no remote region yet")));
-    if (offset > conn.remote_length || length > conn.remote_length - offset) {
-      return fail(absl::OutOfRangeError(strCat("get of ", length, " bytes at offset ", offset, " is outside the peer's region of ",
-                                               conn.remote_length, " bytes")));
+    // Check every segment before reading anything; merge neighbours.
+    std::vector<Segment> parts;
+    size_t total = 0;
+    for (const Segment& s : segments) {
+      if (s.remote_offset > conn.remote_length || s.length > conn.remote_length - s.remote_offset) {
+        return fail(absl::OutOfRangeError(strCat("get of ", s.length, " bytes at offset ", s.remote_offset,
+                                                 " is outside the peer's region of ", conn.remote_length, " bytes")));
+      }
+      if (s.length == 0) continue;
+      total += s.length;
+      if (!parts.empty()) {
+        Segment& last = parts.back();
+        if (static_cast<std::byte*>(last.local) + last.length == s.local && last.remote_offset + last.length == s.remote_offset) {
+          last.length += s.length;
+          continue;
+        }
+      }
+      parts.push_back(s);
     }
-    Get& g = gets[id];
+    if (parts.empty()) return fail(absl::OkStatus());
+    Get& g = gets[id];  // a reference into a node-based map: stays valid as other gets come and go
     g.conn = conn_id;
-    g.length = length;
+    g.length = total;
     g.done = std::move(done);
+    g.requests.assign(parts.size(), nullptr);
+    g.pending = parts.size();
     conn.gets.insert(id);
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = onGetDone;
-    auto* tag = new GetTag{this, id};
-    p.user_data = tag;
-    ucs_status_ptr_t r = ucp_get_nbx(conn.ep, local, length, conn.remote_base + offset, conn.rkey, &p);
-    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-      delete tag;  // completed (or failed) at once: the callback will not run
-      finishGet(gets.find(id), r == nullptr ? UCS_OK : UCS_PTR_STATUS(r));
-    } else {
-      g.request = r;
+    ucx_gets.fetch_add(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = onGetDone;
+      auto* tag = new GetTag{this, id, i};
+      p.user_data = tag;
+      ucs_status_ptr_t r = ucp_get_nbx(conn.ep, parts[i].local, parts[i].length, conn.remote_base + parts[i].remote_offset,
+                                       conn.rkey, &p);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+        delete tag;  // completed (or failed) at once: the callback will not run
+        --g.pending;
+        if (r != nullptr && g.status == UCS_OK) g.status = UCS_PTR_STATUS(r);
+      } else {
+        g.requests[i] = r;
+      }
+    }
+    // Callbacks run only from ucp_worker_progress, never inside ucp_get_nbx.
+    if (g.pending == 0) finishGet(gets.find(id));
+  }
+
+  // Asks UCX to cancel every part still in flight. A part's callback may
+  // run inside ucp_request_cancel, so the get is looked up again each time.
+  void cancelParts(GetId id) {
+    for (size_t i = 0;; ++i) {
+      auto it = gets.find(id);
+      if (it == gets.end() || i >= it->second.requests.size()) return;
+      if (void* r = it->second.requests[i]) ucp_request_cancel(worker, r);
     }
   }
 
   void doCancelGet(GetId id) {
     auto it = gets.find(id);
-    if (it == gets.end() || it->second.request == nullptr || it->second.cancel_requested) return;
+    if (it == gets.end() || it->second.cancel_requested) return;
     it->second.cancel_requested = true;
-    ucp_request_cancel(worker, it->second.request);
+    cancelParts(id);
   }
 
   void dropConn(ConnId id, absl::Status why) {
@@ -281,9 +399,7 @@ struct UcxTransport::Impl {
     conns.erase(c);
     by_ep.erase(conn.ep);
     // Cancel what is still in flight; completions arrive through onGetDone.
-    for (GetId g : conn.gets) {
-      if (auto it = gets.find(g); it != gets.end() && it->second.request) ucp_request_cancel(worker, it->second.request);
-    }
+    for (GetId g : conn.gets) cancelParts(g);
     if (conn.rkey) ucp_rkey_destroy(conn.rkey);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -308,6 +424,13 @@ struct UcxTransport::Impl {
       for (auto& fn : batch) fn();
       if (stopping) break;
       if (ucp_worker_progress(worker) != 0) continue;
+      // While gets are in flight, poll: completions of shared-memory gets
+      // raise no wakeup event, so sleeping until one would stall the pull
+      // (by tens of ms). The core is yielded between polls.
+      if (!gets.empty()) {
+        std::this_thread::yield();
+        continue;
+      }
       ucs_status_t s = ucp_worker_arm(worker);
       if (s == UCS_ERR_BUSY) continue;
       int n = epoll_wait(epoll_fd, ev, 4, 100);
@@ -327,16 +450,17 @@ struct UcxTransport::Impl {
     while ((!gets.empty() || !closing.empty()) && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker);
     for (auto it = gets.begin(); it != gets.end();) {
       auto next = std::next(it);
-      finishGet(it, UCS_ERR_CANCELED);
+      it->second.status = UCS_ERR_CANCELED;
+      finishGet(it);
       it = next;
     }
   }
 
   ~Impl() {
     if (listener) ucp_listener_destroy(listener);
-    if (memh) ucp_mem_unmap(ctx, memh);
+    if (memh && !pool) ucp_mem_unmap(ctx, memh);
     if (worker) ucp_worker_destroy(worker);
-    if (ctx) ucp_cleanup(ctx);
+    if (ctx && !pool) ucp_cleanup(ctx);
     if (wake_fd >= 0) ::close(wake_fd);
     if (epoll_fd >= 0) ::close(epoll_fd);
   }
@@ -345,26 +469,14 @@ struct UcxTransport::Impl {
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const TransportOptions& o, TransportCallbacks callbacks) {
   auto impl = std::make_unique<Impl>();
   impl->cb = std::move(callbacks);
-  // QoS of KV traffic on InfiniBand / RoCE: UCX reads these from the environment.
-  if (o.ib_sl) setenv("UCX_IB_SL", std::to_string(*o.ib_sl).c_str(), 1);
-  if (o.ib_traffic_class) setenv("UCX_IB_TRAFFIC_CLASS", std::to_string(*o.ib_traffic_class).c_str(), 1);
-
-  ucp_config_t* config = nullptr;
-  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-  if (s != UCS_OK) return ucsError("ucp_config_read", s);
-  if (!o.tls.empty()) {
-    s = ucp_config_modify(config, "TLS", o.tls.c_str());
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      return absl::InvalidArgumentError(strCat("UCX transports \"", o.tls, "\": ", ucs_status_string(s)));
-    }
+  ucs_status_t s = UCS_OK;
+  if (o.pool) {
+    impl->pool = o.pool;
+    impl->ctx = o.pool->impl_->ctx;
+    impl->memh = o.pool->impl_->memh;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(impl->ctx, createContext(o));
   }
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-  s = ucp_init(&params, config, &impl->ctx);
-  ucp_config_release(config);
-  if (s != UCS_OK) return ucsError("ucp_init", s);
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -381,21 +493,24 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const Transpor
   if (s != UCS_OK) return ucsError("ucp_worker_set_am_recv_handler", s);
 
   // The region peers read: registered once, for the life of the transport.
-  if (!o.region.empty()) {
+  std::span<std::byte> region = o.pool ? o.pool->bytes() : o.region;
+  if (!o.pool && !region.empty()) {
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = o.region.data();
-    mp.length = o.region.size();
+    mp.address = region.data();
+    mp.length = region.size();
     s = ucp_mem_map(impl->ctx, &mp, &impl->memh);
     if (s != UCS_OK) return ucsError("ucp_mem_map of the KV region", s);
+  }
+  if (impl->memh != nullptr) {
     void* rkey = nullptr;
     size_t rkey_size = 0;
     s = ucp_rkey_pack(impl->ctx, impl->memh, &rkey, &rkey_size);
     if (s != UCS_OK) return ucsError("ucp_rkey_pack", s);
     impl->packed_rkey.assign(static_cast<const char*>(rkey), rkey_size);
     ucp_rkey_buffer_release(rkey);
-    impl->region_base = reinterpret_cast<uint64_t>(o.region.data());
-    impl->region_length = o.region.size();
+    impl->region_base = reinterpret_cast<uint64_t>(region.data());
+    impl->region_length = region.size();
   }
 
   sockaddr_in addr{};
@@ -468,10 +583,14 @@ void UcxTransport::setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, 
 
 GetId UcxTransport::get(ConnId conn, void* local, uint64_t remote_offset, size_t length,
                         std::function<void(absl::Status)> done) {
+  return getv(conn, {Segment{.local = local, .remote_offset = remote_offset, .length = length}}, std::move(done));
+}
+
+GetId UcxTransport::getv(ConnId conn, std::vector<Segment> segments, std::function<void(absl::Status)> done) {
   GetId id = impl_->next_get.fetch_add(1);
   impl_->inflight.fetch_add(1);
-  impl_->post([impl = impl_.get(), id, conn, local, remote_offset, length, d = std::move(done)]() mutable {
-    impl->doGet(id, conn, local, remote_offset, length, std::move(d));
+  impl_->post([impl = impl_.get(), id, conn, s = std::move(segments), d = std::move(done)]() mutable {
+    impl->doGet(id, conn, std::move(s), std::move(d));
   });
   return id;
 }
@@ -486,5 +605,6 @@ void UcxTransport::close(ConnId conn) {
 
 uint64_t UcxTransport::bytesRead() const { return impl_->bytes_read.load(); }
 int64_t UcxTransport::getsInFlight() const { return impl_->inflight.load(); }
+uint64_t UcxTransport::ucxGetsIssued() const { return impl_->ucx_gets.load(); }
 
 }  // namespace tandem::transport

@@ -35,12 +35,17 @@ namespace tandem::transport {
 
 using ConnId = uint64_t;
 using GetId = uint64_t;
+class UcxRegion;
 
 struct TransportOptions {
   std::string host = "127.0.0.1";  // listen address
   int port = 8200;                 // 0: any free port (see port())
   // Memory peers may read (the KV pool); registered once at start.
   std::span<std::byte> region;
+  // Or memory UCX allocated (preferred, see UcxRegion): the transport then
+  // uses the pool's UCX context and registration, and `region`, `tls` and
+  // the QoS fields are those the pool was allocated with.
+  std::shared_ptr<UcxRegion> pool;
   // UCX_TLS for this worker, e.g. "tcp" or "posix,cma,tcp"; empty = UCX's default.
   std::string tls;
   std::optional<int> ib_sl;             // UCX_IB_SL for KV traffic
@@ -55,6 +60,31 @@ struct TransportCallbacks {
   // A connection failed or was closed by the peer. Outstanding gets on it
   // complete with an error first.
   std::function<void(ConnId, absl::Status)> on_disconnect;
+};
+
+// KV pool memory allocated and registered by UCX (ucp_mem_map with
+// UCP_MEM_MAP_ALLOCATE). On one machine UCX's shared-memory transports
+// (posix, sysv) can map memory *they* allocated into a peer process, so a
+// get from such a region is a plain memcpy; memory from malloc can be read
+// there only through tcp (UCX then emulates gets with active messages). The
+// agent allocates the pool here, gives bytes() to the engine
+// (EngineOptions::kv_memory) and starts the transport with it
+// (TransportOptions::pool). UCX falls back to ordinary memory when no
+// shared-memory method can allocate (e.g. a small /dev/shm): still correct,
+// only slower on one machine.
+class UcxRegion {
+ public:
+  // `options` gives the UCX transports (tls) and QoS settings of the context.
+  static absl::StatusOr<std::shared_ptr<UcxRegion>> allocate(size_t bytes, const TransportOptions& options);
+  ~UcxRegion();
+  std::span<std::byte> bytes() const;
+
+  struct Impl;
+
+ private:
+  friend class UcxTransport;
+  explicit UcxRegion(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 class UcxTransport {
@@ -83,14 +113,29 @@ class UcxTransport {
   // `local` (which must stay valid until `done` runs). `done` runs exactly
   // once on the progress thread.
   GetId get(ConnId conn, void* local, uint64_t remote_offset, size_t length, std::function<void(absl::Status)> done);
+  // One logical get of several segments (e.g. every block of one layer):
+  // one command and one `done`, which runs once after every part finished —
+  // OK only if all of them succeeded. Segments that are adjacent both here
+  // and in the peer's region are merged into one UCX get, so a request whose
+  // blocks are contiguous on both sides moves a layer in one message. If any
+  // segment is out of range nothing is read. Cancellation covers all parts.
+  struct Segment {
+    void* local = nullptr;
+    uint64_t remote_offset = 0;
+    size_t length = 0;
+  };
+  GetId getv(ConnId conn, std::vector<Segment> segments, std::function<void(absl::Status)> done);
   // Requests cancellation; the get's `done` still runs (Cancelled, or OK if
   // it completed first).
   void cancelGet(GetId id);
   void close(ConnId conn);
 
-  // Counters for metrics (thread-safe).
+  // Counters for metrics (thread-safe). getsInFlight counts logical gets
+  // (one per get()/getv() call); ucxGetsIssued counts the UCX gets they
+  // became after merging.
   uint64_t bytesRead() const;
   int64_t getsInFlight() const;
+  uint64_t ucxGetsIssued() const;
 
   struct Impl;
 

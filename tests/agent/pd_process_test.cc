@@ -108,10 +108,11 @@ TEST_F(PdProcessTest, NothingLeaksOnEitherSide) {
   EXPECT_GE(metricValueWith(scrape(*prefill_), "tandem_prompt_tokens_total", "role=\"prefill\""), 500);
 }
 
-TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) {
-  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp"});
+// P is SIGKILLed while D pulls from it over `tls`.
+void prefillKilledMidTransfer(const std::string& tls) {
+  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", tls});
   ASSERT_NE(prefill, nullptr);
-  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "256",
+  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", tls, "--num-blocks", "256",
                                      "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
   ASSERT_NE(decode, nullptr);
   // Long prompts keep P busy; kill it while they are in flight.
@@ -145,6 +146,38 @@ TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) {
   EXPECT_EQ(metricValue(scrape(*decode), "tandem_kv_transfer_inflight{"), 0);
   EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
 }
+
+TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) { prefillKilledMidTransfer("tcp"); }
+
+// Over shared memory D reads P's KV pool mapped into its own address space
+// (UCX allocated the pool): outputs must not change, and P's death must
+// still be detected and handled like any failure.
+TEST(PdSharedMemoryTest, OutputEqualsMonolithic) {
+  const std::string tls = "posix,cma,tcp";
+  auto mono = AgentProcess::start({"--num-blocks", "256"});
+  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", tls, "--num-blocks", "256"});
+  ASSERT_TRUE(mono && prefill);
+  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", tls, "--num-blocks", "256",
+                                     "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
+  ASSERT_NE(decode, nullptr);
+  std::mt19937 rng(41);
+  for (int len : {1, 16, 17, 300, 1500}) {
+    json req = {{"model", "tiny"}, {"prompt", randomText(rng, len)}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+    auto want = http::httpPost(mono->url("/v1/completions"), req, std::chrono::seconds(60));
+    auto got = http::httpPost(decode->url("/v1/completions"), req, std::chrono::seconds(60));
+    ASSERT_TRUE(want.ok() && got.ok());
+    ASSERT_EQ(got->status, 200) << got->body;
+    EXPECT_EQ(json::parse(got->body)["choices"][0]["text"], json::parse(want->body)["choices"][0]["text"]) << "length " << len;
+  }
+  const std::string d = scrape(*decode);
+  EXPECT_EQ(metricValueWith(d, "tandem_request_path_total", "path=\"disagg\""), 5);
+  EXPECT_GT(metricValue(d, "tandem_kv_checksum_verified_total{"), 0);
+  EXPECT_EQ(metricValueWith(d, "tandem_kv_transfer_failures_total", "reason=\"checksum_mismatch\""), 0);
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*decode), "tandem_kv_blocks_free{") == 256; }));
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*prefill), "tandem_kv_leases_active{") == 0; }));
+}
+
+TEST(PdSharedMemoryTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) { prefillKilledMidTransfer("posix,cma,tcp"); }
 
 }  // namespace
 }  // namespace tandem::agent

@@ -187,6 +187,70 @@ TEST_P(UcxTransportTest, PeerGoneFailsOutstandingGetsAndReportsDisconnect) {
   EXPECT_FALSE(after.wait().ok());
 }
 
+TEST_P(UcxTransportTest, SegmentedGetMergesNeighboursAndCompletesOnce) {
+  Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  std::fill(d.region.begin(), d.region.end(), std::byte{0});
+  constexpr size_t kBlock = 8192;
+  using Seg = UcxTransport::Segment;
+  std::byte* dst = d.region.data();
+  // Blocks 0-3 are contiguous on both sides (one UCX get); block 4 is
+  // contiguous locally but not remotely, block 5 remotely but not locally.
+  std::vector<Seg> segs;
+  for (size_t i = 0; i < 4; ++i) segs.push_back({dst + i * kBlock, 65536 + i * kBlock, kBlock});
+  segs.push_back({dst + 4 * kBlock, 0, kBlock});
+  segs.push_back({dst + 10 * kBlock, kBlock, kBlock});
+  segs.push_back({dst + 20 * kBlock, 0, 0});  // empty segments are skipped
+  const uint64_t issued_before = d.t->ucxGetsIssued();
+  GetWaiter w;
+  d.t->getv(c, segs, w.callback());
+  ASSERT_TRUE(w.wait().ok()) << w.status;
+  EXPECT_EQ(d.t->ucxGetsIssued() - issued_before, 3u);
+  EXPECT_EQ(std::memcmp(dst, p.region.data() + 65536, 4 * kBlock), 0);
+  EXPECT_EQ(std::memcmp(dst + 4 * kBlock, p.region.data(), kBlock), 0);
+  EXPECT_EQ(std::memcmp(dst + 10 * kBlock, p.region.data() + kBlock, kBlock), 0);
+  EXPECT_EQ(dst[5 * kBlock], std::byte{0});  // nothing between the destinations
+  EXPECT_EQ(d.t->bytesRead(), 6 * kBlock);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(w.calls, 1);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
+TEST_P(UcxTransportTest, SegmentedGetWithOneBadSegmentReadsNothing) {
+  Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  std::fill(d.region.begin(), d.region.end(), std::byte{0});
+  const uint64_t issued_before = d.t->ucxGetsIssued();
+  GetWaiter w;
+  d.t->getv(c, {{d.region.data(), 0, 4096}, {d.region.data() + 4096, (1 << 20) - 100, 4096}}, w.callback());
+  absl::Status s = w.wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(std::string(s.message()).find("outside the peer's region"), std::string::npos) << s;
+  EXPECT_EQ(d.t->ucxGetsIssued(), issued_before);
+  EXPECT_EQ(d.region[0], std::byte{0});
+  EXPECT_EQ(d.t->bytesRead(), 0u);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
+TEST_P(UcxTransportTest, CancelledSegmentedGetCompletesOnceAfterAllParts) {
+  Side p(64 << 20, GetParam()), d(64 << 20, GetParam());
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  // 64 parts of 1 MiB, none mergeable (reversed order on the remote side).
+  std::vector<UcxTransport::Segment> segs;
+  for (size_t i = 0; i < 64; ++i) segs.push_back({d.region.data() + i * (1 << 20), (63 - i) * (1 << 20), 1 << 20});
+  GetWaiter w;
+  GetId g = d.t->getv(c, segs, w.callback());
+  d.t->cancelGet(g);
+  absl::Status s = w.wait();
+  EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled) << s;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(w.calls, 1);
+  EXPECT_EQ(d.t->getsInFlight(), 0);
+}
+
 TEST(UcxTransportStartTest, BadOptionsAreClearErrors) {
   std::vector<std::byte> region(4096);
   auto bad_host = UcxTransport::start({.host = "not-an-ip", .port = 0, .region = region}, {});
