@@ -1,6 +1,7 @@
 #include "agent/transport/ucx_transport.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -25,6 +26,7 @@ namespace tandem::transport {
 namespace {
 
 constexpr unsigned kControlAmId = 1;
+constexpr std::chrono::nanoseconds kGetPollInterval{20'000};
 
 absl::Status ucsError(std::string_view what, ucs_status_t s) {
   return absl::UnavailableError(strCat(what, ": ", ucs_status_string(s)));
@@ -37,6 +39,10 @@ absl::StatusOr<ucp_context_h> createContext(const TransportOptions& o) {
   // failure by keepalive: without this a "posix" pull silently runs over
   // tcp. (Not overridden when the operator set it.)
   setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+  // A shared-memory peer that died is noticed only by UCX's keepalive (its
+  // memory stays mapped, so gets from it still succeed): check every
+  // second, not every 20 s (UCX's default), so D fails over promptly.
+  setenv("UCX_KEEPALIVE_INTERVAL", "1s", /*overwrite=*/0);
   // QoS of KV traffic on InfiniBand / RoCE: UCX reads these from the environment.
   if (o.ib_sl) setenv("UCX_IB_SL", std::to_string(*o.ib_sl).c_str(), 1);
   if (o.ib_traffic_class) setenv("UCX_IB_TRAFFIC_CLASS", std::to_string(*o.ib_traffic_class).c_str(), 1);
@@ -424,16 +430,25 @@ struct UcxTransport::Impl {
       for (auto& fn : batch) fn();
       if (stopping) break;
       if (ucp_worker_progress(worker) != 0) continue;
-      // While gets are in flight, poll: completions of shared-memory gets
-      // raise no wakeup event, so sleeping until one would stall the pull
-      // (by tens of ms). The core is yielded between polls.
+      // While gets are in flight, poll UCX every kGetPollInterval: the
+      // completion of a shared-memory get raises no wakeup event, so
+      // sleeping until one would stall the pull by tens of ms. Between polls
+      // the thread sleeps (new commands wake it), leaving the core to the
+      // engine.
       if (!gets.empty()) {
-        std::this_thread::yield();
+        pollfd pfd{.fd = wake_fd, .events = POLLIN, .revents = 0};
+        const timespec interval{.tv_sec = 0, .tv_nsec = kGetPollInterval.count()};
+        if (ppoll(&pfd, 1, &interval, nullptr) > 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = read(wake_fd, &v, sizeof(v));
+        }
         continue;
       }
       ucs_status_t s = ucp_worker_arm(worker);
       if (s == UCS_ERR_BUSY) continue;
-      int n = epoll_wait(epoll_fd, ev, 4, 100);
+      // Wake up now and then even when idle: UCX's keepalive runs from
+      // progress calls.
+      int n = epoll_wait(epoll_fd, ev, 4, conns.empty() ? 100 : 10);
       for (int i = 0; i < n; ++i) {
         if (ev[i].data.fd == wake_fd) {
           uint64_t v;

@@ -128,6 +128,8 @@ void prefillKilledMidTransfer(const std::string& tls) {
         statuses[i] = r->status;
         auto j = json::parse(r->body, nullptr, false);
         if (j.contains("error")) codes[i] = j["error"]["code"].get<std::string>();
+      } else {
+        codes[i] = std::string(r.status().message());
       }
     });
   }
@@ -138,7 +140,7 @@ void prefillKilledMidTransfer(const std::string& tls) {
   for (int i = 0; i < 4; ++i) {
     if (statuses[i] == 200) continue;
     ++failed;
-    EXPECT_EQ(statuses[i], 503) << codes[i];
+    EXPECT_EQ(statuses[i], 503) << codes[i] << "\n" << decode->log();
     EXPECT_TRUE(codes[i] == "peer_unhealthy" || codes[i] == "transfer_failed") << codes[i];
   }
   EXPECT_GT(failed, 0) << "P died after every request finished; the test did not exercise a failure";
