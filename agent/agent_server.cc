@@ -84,7 +84,7 @@ struct AgentServer::Impl {
     metrics->onFinish(u, path);
     if (trace) {
       trace->write(traceRecord({.request_id = call.id, .model = limits.model_name, .role = config.role,
-                                .worker = config.worker, .path = path},
+                                .worker = config.worker, .path = path, .kv = info.timings ? &*info.timings : nullptr},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},

@@ -395,6 +395,13 @@ struct DecodeService::Impl {
     // may deliver messages out of order while an endpoint switches lanes
     // (e.g. from tcp to shared memory after wire-up). At most num_layers.
     std::vector<kvproto::LayerReady> early_layers;
+    // Phase times (PdTimings).
+    std::optional<MonoTime> last_layer_at;              // the latest layer announcement arrived
+    std::vector<MonoTime> pull_issued;                  // [layer]
+    std::vector<std::pair<MonoTime, MonoTime>> pulls;   // [issued, completed] of finished layer pulls
+    std::optional<MonoTime> kv_done_at;
+    std::optional<PdTimings> timings;
+    bool first_token_out = false;
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -463,11 +470,39 @@ struct DecodeService::Impl {
     const size_t total = tr.d_blocks.size() * static_cast<size_t>(layout.num_layers);
     if (tr.failed || tr.completed || !tr.first_token || tr.layer_blocks_done < total || !tr.outstanding.empty()) return;
     tr.completed = true;
+    tr.kv_done_at = SystemClock::instance().now();
+    tr.timings = phaseTimings(tr);
     metrics.bytes.increment(static_cast<double>(total * layout.bytesPerLayerBlock()));
     metrics.seconds.observe(secondsSince(tr.started));
     metrics.inflight.decrement();
     send(tr.conn, tid, kvproto::Release{});
     loop.post([id = tr.id, tok = *tr.first_token](engine::Engine& e) { e.completeImport(id, static_cast<TokenId>(tok)); });
+  }
+
+  // PdTimings of a transfer whose KV is all in, but for first_step_ms.
+  static PdTimings phaseTimings(const Transfer& tr) {
+    auto ms = [](Duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    PdTimings t;
+    const MonoTime p_done = tr.last_layer_at.value_or(tr.started);
+    t.prefill_ms = ms(p_done - tr.started);
+    // The union of the layer pulls' intervals, and its part before P's last announcement.
+    std::vector<std::pair<MonoTime, MonoTime>> pulls = tr.pulls;
+    std::sort(pulls.begin(), pulls.end());
+    std::optional<std::pair<MonoTime, MonoTime>> run;
+    auto add = [&](MonoTime a, MonoTime b) {
+      t.transfer_ms += ms(b - a);
+      if (a < p_done) t.transfer_hidden_ms += ms(std::min(b, p_done) - a);
+    };
+    for (const auto& [a, b] : pulls) {
+      if (run && a <= run->second) {
+        run->second = std::max(run->second, b);
+      } else {
+        if (run) add(run->first, run->second);
+        run = {a, b};
+      }
+    }
+    if (run) add(run->first, run->second);
+    return t;
   }
 
   // `id` is read only under mu: the issuer stores it there after get() returns.
@@ -485,6 +520,7 @@ struct DecodeService::Impl {
       return;
     }
     tr.layer_blocks_done += tr.d_blocks.size();
+    tr.pulls.emplace_back(tr.pull_issued[layer], SystemClock::instance().now());
     for (size_t i = 0; tr.verify && !tr.failed && i < tr.d_blocks.size(); ++i) {
       const std::byte* p = region + layerBlockOffset(layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
                                                      static_cast<uint32_t>(layout.num_blocks), layout.bytesPerLayerBlock());
@@ -510,6 +546,7 @@ struct DecodeService::Impl {
       return;
     }
     tr.layer_requested[l.layer] = true;
+    tr.pull_issued[l.layer] = SystemClock::instance().now();
     tr.checksums[l.layer] = l.checksums;
     // The whole layer is one logical get; the transport merges blocks that
     // are contiguous on both sides into one UCX get.
@@ -605,6 +642,7 @@ struct DecodeService::Impl {
       }
       drainEarlyLayers(tid, tr);
     } else if (auto* l = std::get_if<kvproto::LayerReady>(&m->body)) {
+      tr.last_layer_at = SystemClock::instance().now();
       if (!tr.accepted || !peer) {
         if (tr.early_layers.size() >= static_cast<size_t>(layout.num_layers)) {
           fail(tid, tr, FailureReason::kTransferFailed, "more layer announcements than layers before the request was accepted");
@@ -670,6 +708,7 @@ struct DecodeService::Impl {
       tr.sampling = spec.sampling;
       tr.checksums.resize(static_cast<size_t>(layout.num_layers));
       tr.layer_requested.assign(static_cast<size_t>(layout.num_layers), false);
+      tr.pull_issued.resize(static_cast<size_t>(layout.num_layers));
       tr.verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
     }
     uint64_t handle = loop.submit(std::move(spec), [this, tid](const engine::RequestUpdate& u) { onUpdate(tid, u); });
@@ -718,6 +757,14 @@ struct DecodeService::Impl {
       cb = tr.cb;
       if (tr.failed) info.failure = tr.reason;
       info.path = tr.has_id ? PdPath::kDisagg : PdPath::kDirect;
+      if (tr.timings && tr.kv_done_at) {
+        if (!tr.first_token_out && !u.new_tokens.empty()) {
+          tr.first_token_out = true;
+          tr.timings->first_step_ms =
+              std::chrono::duration<double, std::milli>(SystemClock::instance().now() - *tr.kv_done_at).count();
+        }
+        info.timings = tr.timings;
+      }
       if (u.finished) {
         if (tr.has_id && !tr.completed && !tr.failed) metrics.inflight.decrement();
         if (tr.failed && tr.d_blocks.size() > 0) metrics.inflight.decrement();

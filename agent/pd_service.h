@@ -114,9 +114,18 @@ class PrefillService {
 
 // What a client request learns about how it was served: the typed
 // transfer failure that ended it, if any, and its path (final update).
+// Where a disaggregated request's time to first token went, on D's clock.
+struct PdTimings {
+  double prefill_ms = 0;          // D asked P → P's last layer announcement arrived (P queue + compute)
+  double transfer_ms = 0;         // time with at least one layer being pulled
+  double transfer_hidden_ms = 0;  // of that, before P's last announcement: overlapped with P's compute
+  double first_step_ms = 0;       // all KV in D → D emitted the first token
+};
+
 struct PdInfo {
   std::optional<kvproto::FailureReason> failure;
   PdPath path = PdPath::kDirect;
+  std::optional<PdTimings> timings;  // disaggregated requests, once the first token is out
 };
 using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, const PdInfo&)>;
 

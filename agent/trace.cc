@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/pd_service.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
@@ -45,7 +46,11 @@ nlohmann::json traceRecord(const TraceContext& ctx, const engine::RequestUpdate&
               {"worker", ctx.worker},
               {"path", ctx.path},
               {"kv_blocks_peak", u.kv_blocks_peak},
-              {"preemptions", u.num_preemptions}};
+              {"preemptions", u.num_preemptions},
+              {"kv_prefill_ms", ctx.kv ? json(ctx.kv->prefill_ms) : json(nullptr)},
+              {"kv_transfer_ms", ctx.kv ? json(ctx.kv->transfer_ms) : json(nullptr)},
+              {"kv_transfer_hidden_ms", ctx.kv ? json(ctx.kv->transfer_hidden_ms) : json(nullptr)},
+              {"kv_first_step_ms", ctx.kv ? json(ctx.kv->first_step_ms) : json(nullptr)}};
 }
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::string& target) {

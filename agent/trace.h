@@ -15,12 +15,15 @@
 
 namespace tandem::agent {
 
+struct PdTimings;  // pd_service.h
+
 struct TraceContext {
   std::string request_id;  // the API id (cmpl-…, chatcmpl-…)
   std::string model;
   std::string role;
   std::string worker;
   std::string path = "direct";
+  const PdTimings* kv = nullptr;  // phases of a disaggregated request (D side)
 };
 
 // The trace record of one finished request.

@@ -18,6 +18,14 @@
 // Caveat on the yardstick: ucx_perftest reads the same buffer every
 // iteration, so small messages are cache-hot on its side; the pull reads a
 // prompt's worth of distinct bytes.
+//
+// TTFT of disaggregated vs monolithic serving: in-process agents (a
+// monolithic one, and a prefill + decode pair per transport) serve the same
+// fresh prompts of 1K/4K/8K tokens (max_tokens 1, no prefix-cache hits).
+// From the decode agent's trace (docs/trace-schema.md): TTFT split into
+// P's prefill (as D sees it), the transfer time not hidden behind P's
+// compute, and D's first step; and the share of transfer time hidden by
+// the layer-wise overlap. Yardstick: the monolithic agent's TTFT.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -30,6 +38,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -38,8 +47,19 @@
 #include <thread>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/agent_server.h"
 #include "agent/transport/ucx_transport.h"
 #include "bench/bench_report.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/weights.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+#include "src/http/client.h"
 
 extern char** environ;
 
@@ -96,9 +116,150 @@ double ucxPerftest(const std::string& tls, size_t size, int outstanding) {
   return mbs;
 }
 
+// --- TTFT of disaggregated vs monolithic ---------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<nlohmann::json> readTrace(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line, nullptr, false));
+  return out;
+}
+
+struct Agent {
+  std::unique_ptr<agent::AgentServer> server;
+  std::string trace;
+  std::string url;
+};
+
+absl::StatusOr<Agent> startAgent(const std::string& dir, const std::string& name, const std::string& model_dir,
+                                 const std::string& role, const std::string& tls, int prefill_kv_port) {
+  agent::AgentConfig c;
+  c.model_dir = model_dir;
+  c.model_name = "tiny";
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.role = role;
+  c.worker = name;
+  c.engine.num_blocks = 1024;  // 16K tokens: one 8K prompt at a time
+  c.engine.seed = 1;
+  c.trace_file = dir + "/" + name + ".jsonl";
+  c.kv_host = "127.0.0.1";
+  c.kv_port = 0;
+  c.kv_tls = tls;
+  if (prefill_kv_port > 0) c.prefill_peer = strCat("127.0.0.1:", prefill_kv_port);
+  TANDEM_ASSIGN_OR_RETURN(auto server, agent::AgentServer::start(c));
+  Agent a{.server = std::move(server), .trace = c.trace_file, .url = ""};
+  a.url = strCat("http://127.0.0.1:", a.server->port(), "/v1/completions");
+  return a;
+}
+
+// Sends `prompts` one at a time; returns false on any failure.
+bool serve(const Agent& a, const std::vector<std::string>& prompts) {
+  for (const std::string& p : prompts) {
+    auto r = http::httpPost(a.url, nlohmann::json{{"model", "tiny"}, {"prompt", p}, {"max_tokens", 1}, {"temperature", 0}},
+                            std::chrono::seconds(120));
+    if (!r.ok() || r->status != 200) {
+      std::fprintf(stderr, "bench_transport: request failed: %s\n",
+                   r.ok() ? r->body.c_str() : std::string(r.status().message()).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ttftSplit(std::vector<bench::Result>& results, const std::string& dir) {
+  const std::string model_dir = dir + "/tiny";
+  absl::Status written =
+      engine::writeModelDir(model_dir, *engine::makeRandomWeights(engine::tinyModelConfig(), 1234), engine::DType::kF32);
+  if (!written.ok()) return false;
+  std::mt19937 rng(3);
+  auto fresh = [&](int n) {  // printable ASCII: one token per byte, never a prefix of another prompt
+    std::string s(static_cast<size_t>(n), ' ');
+    for (char& ch : s) ch = static_cast<char>('!' + rng() % 90);
+    return s;
+  };
+  const std::vector<std::pair<int, int>> sizes = {{1024, 7}, {4096, 5}, {8192, 3}};  // tokens, repetitions
+  auto mono = startAgent(dir, "mono", model_dir, "both", "", 0);
+  if (!mono.ok()) return false;
+  std::vector<std::string> warmup = {fresh(512), fresh(512)};
+  if (!serve(*mono, warmup)) return false;
+  std::map<int, double> mono_ttft;
+  for (auto [n, reps] : sizes) {
+    std::vector<std::string> prompts;
+    for (int i = 0; i < reps; ++i) prompts.push_back(fresh(n - 1));  // + BOS
+    if (!serve(*mono, prompts)) return false;
+  }
+  std::map<int, std::vector<double>> by_size;
+  for (const auto& r : readTrace(mono->trace)) {
+    if (r["prompt_tokens"].get<int>() > 1000) by_size[r["prompt_tokens"].get<int>()].push_back(r["ttft_ms"].get<double>());
+  }
+  for (auto& [n, v] : by_size) mono_ttft[n] = median(v);
+  mono->server.reset();
+
+  for (const std::string tls : {"tcp", "posix,cma,tcp"}) {
+    const std::string tname = tls == "tcp" ? "tcp" : "shm";
+    auto p = startAgent(dir, "prefill-" + tname, model_dir, "prefill", tls, 0);
+    if (!p.ok()) return false;
+    auto d = startAgent(dir, "decode-" + tname, model_dir, "decode", tls, p->server->kvPort());
+    if (!d.ok()) return false;
+    if (!serve(*d, warmup)) return false;
+    for (auto [n, reps] : sizes) {
+      std::vector<std::string> prompts;
+      for (int i = 0; i < reps; ++i) prompts.push_back(fresh(n - 1));
+      if (!serve(*d, prompts)) return false;
+    }
+    struct Split {
+      std::vector<double> ttft, prefill, exposed, first_step, transfer, hidden;
+    };
+    std::map<int, Split> split;
+    for (const auto& r : readTrace(d->trace)) {
+      const int n = r["prompt_tokens"].get<int>();
+      if (n < 1000 || r["path"] != "disagg" || !r["kv_prefill_ms"].is_number()) continue;
+      Split& s = split[n];
+      s.ttft.push_back(r["ttft_ms"].get<double>());
+      s.prefill.push_back(r["kv_prefill_ms"].get<double>());
+      s.transfer.push_back(r["kv_transfer_ms"].get<double>());
+      s.hidden.push_back(r["kv_transfer_hidden_ms"].get<double>());
+      s.exposed.push_back(r["kv_transfer_ms"].get<double>() - r["kv_transfer_hidden_ms"].get<double>());
+      s.first_step.push_back(r["kv_first_step_ms"].get<double>());
+    }
+    for (auto& [n, s] : split) {
+      const std::string k = strCat("_", tname, "_", n / 1024, "k");
+      const double ttft = median(s.ttft);
+      results.push_back({.name = "ttft_disagg_ms" + k, .value = ttft, .unit = "ms", .reference = mono_ttft[n],
+                         .reference_name = "monolithic TTFT ms"});
+      results.push_back({.name = "ttft_split_prefill_ms" + k, .value = median(s.prefill), .unit = "ms", .reference = ttft,
+                         .reference_name = "disagg TTFT ms"});
+      results.push_back({.name = "ttft_split_transfer_exposed_ms" + k, .value = median(s.exposed), .unit = "ms",
+                         .reference = ttft, .reference_name = "disagg TTFT ms"});
+      results.push_back({.name = "ttft_split_first_step_ms" + k, .value = median(s.first_step), .unit = "ms",
+                         .reference = ttft, .reference_name = "disagg TTFT ms"});
+      double hidden = 0, transfer = 0;
+      for (size_t i = 0; i < s.transfer.size(); ++i) {
+        hidden += s.hidden[i];
+        transfer += s.transfer[i];
+      }
+      results.push_back({.name = "transfer_hidden_ms" + k, .value = hidden / static_cast<double>(s.transfer.size()),
+                         .unit = "ms", .reference = transfer / static_cast<double>(s.transfer.size()),
+                         .reference_name = "transfer ms (mean)"});
+    }
+    d->server.reset();
+    p->server.reset();
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!configureLogging({.spec = "warn"}).ok()) return 1;
   std::vector<bench::Result> results;
   const int max_tokens = 32768;
   const size_t max_blocks = max_tokens / 16;
@@ -169,5 +330,17 @@ int main(int argc, char** argv) {
   double memcpy_s = bench::medianSeconds([&] { std::memcpy(b.data(), a.data(), bytes_max); }, 9);
   results.push_back({.name = "memcpy_32k_tokens_kv", .value = static_cast<double>(bytes_max) / memcpy_s / 1e6, .unit = "MB/s",
                      .reference = static_cast<double>(bytes_max) / memcpy_s / 1e6, .reference_name = "memcpy (itself)"});
+  std::string dir = (std::filesystem::temp_directory_path() / "tandem-bench-transport-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) {
+    std::perror("bench_transport: mkdtemp");
+    return 1;
+  }
+  const bool split_ok = ttftSplit(results, dir);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  if (!split_ok) {
+    std::fprintf(stderr, "bench_transport: the TTFT comparison failed\n");
+    return 1;
+  }
   return bench::writeReport("transport", results, argc, argv);
 }

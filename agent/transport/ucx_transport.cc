@@ -135,6 +135,12 @@ struct UcxTransport::Impl {
     uint64_t remote_base = 0;
     uint64_t remote_length = 0;
     std::unordered_set<GetId> gets;
+    // Control messages wait until the endpoint's wire-up finished (a flush
+    // completes then). UCX 1.13 can pick a protocol for the lane being
+    // replaced while an endpoint moves from tcp to shared memory, and the
+    // message is lost ("Invalid am_short_iov length").
+    bool ready = false;
+    std::vector<std::vector<uint8_t>> queued;
   };
   std::unordered_map<ConnId, Conn> conns;
   std::unordered_map<ucp_ep_h, ConnId> by_ep;
@@ -183,6 +189,15 @@ struct UcxTransport::Impl {
     ucp_request_free(request);
     (void)status;  // a failed send is followed by the endpoint's error callback
   }
+  struct FlushTag {
+    Impl* impl;
+    ConnId conn;
+  };
+  static void onFlushDone(void* request, ucs_status_t, void* user_data) {
+    std::unique_ptr<FlushTag> tag(static_cast<FlushTag*>(user_data));
+    tag->impl->connReady(tag->conn);
+    ucp_request_free(request);
+  }
   static void onCloseDone(void* request, ucs_status_t, void* user_data) {
     static_cast<Impl*>(user_data)->closing.erase(request);
     ucp_request_free(request);
@@ -210,7 +225,30 @@ struct UcxTransport::Impl {
     ConnId id = next_conn.fetch_add(1);
     conns[id].ep = ep;
     by_ep[ep] = id;
+    awaitWireup(id, ep);
     if (cb.on_accept) cb.on_accept(id);
+  }
+
+  // Marks the connection ready once a flush of its endpoint completes.
+  void awaitWireup(ConnId id, ucp_ep_h ep) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = onFlushDone;
+    auto* tag = new FlushTag{this, id};
+    p.user_data = tag;
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete tag;
+      connReady(id);  // done at once; on error the endpoint's error callback follows
+    }
+  }
+
+  void connReady(ConnId id) {
+    auto c = conns.find(id);
+    if (c == conns.end() || c->second.ready) return;
+    c->second.ready = true;
+    std::vector<std::vector<uint8_t>> queued = std::move(c->second.queued);
+    for (auto& m : queued) doSend(id, std::move(m));
   }
 
   void epFailed(ucp_ep_h ep, ucs_status_t status) {
@@ -289,11 +327,16 @@ struct UcxTransport::Impl {
     }
     conns[id].ep = ep;
     by_ep[ep] = id;
+    awaitWireup(id, ep);
   }
 
   void doSend(ConnId id, std::vector<uint8_t> bytes) {
     auto c = conns.find(id);
     if (c == conns.end()) return;  // closed: the caller learnt through on_disconnect
+    if (!c->second.ready) {
+      c->second.queued.push_back(std::move(bytes));
+      return;
+    }
     auto* buf = new std::vector<uint8_t>(std::move(bytes));
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;

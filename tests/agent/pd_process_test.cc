@@ -224,6 +224,22 @@ TEST(PdDirectTest, ShortSessionAppendIsComputedOnDecodeWithoutTransfer) {
   EXPECT_EQ(t[1]["path"], "direct");
   EXPECT_GT(t[1]["cached_tokens"].get<int>(), 300);
   EXPECT_EQ(t[2]["path"], "disagg");
+  // Disaggregated requests carry their TTFT phases; direct ones do not.
+  for (int i : {0, 2}) {
+    const auto& r = t[static_cast<size_t>(i)];
+    ASSERT_TRUE(r["kv_prefill_ms"].is_number()) << r.dump();
+    EXPECT_GT(r["kv_prefill_ms"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["kv_transfer_ms"].get<double>(), 0) << r.dump();
+    EXPECT_GE(r["kv_transfer_hidden_ms"].get<double>(), 0) << r.dump();
+    EXPECT_LE(r["kv_transfer_hidden_ms"].get<double>(), r["kv_transfer_ms"].get<double>()) << r.dump();
+    EXPECT_GE(r["kv_first_step_ms"].get<double>(), 0) << r.dump();
+    // The phases happen one after another inside D's TTFT (hidden transfer overlaps the prefill).
+    EXPECT_LE(r["kv_prefill_ms"].get<double>() + r["kv_transfer_ms"].get<double>() - r["kv_transfer_hidden_ms"].get<double>() +
+                  r["kv_first_step_ms"].get<double>(),
+              r["ttft_ms"].get<double>() + 0.01)
+        << r.dump();
+  }
+  EXPECT_TRUE(t[1]["kv_prefill_ms"].is_null());
   EXPECT_EQ(metricValue(scrape(*decode), "tandem_request_path_total{path=\"direct\""), 1);
 }
 
