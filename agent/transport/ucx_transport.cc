@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -27,6 +28,7 @@ namespace {
 
 constexpr unsigned kControlAmId = 1;
 constexpr std::chrono::nanoseconds kGetPollInterval{20'000};
+constexpr std::chrono::nanoseconds kGetSpin{200'000};
 
 absl::Status ucsError(std::string_view what, ucs_status_t s) {
   return absl::UnavailableError(strCat(what, ": ", ucs_status_string(s)));
@@ -462,6 +464,9 @@ struct UcxTransport::Impl {
 
   void run() {
     epoll_event ev[4];
+    // Progress has found nothing since then (while gets are in flight); zero: it found something.
+    std::chrono::steady_clock::time_point idle_since{};
+    prctl(PR_SET_TIMERSLACK, 1000UL);  // sleep-polls wake on time (default slack: 50 us)
     for (;;) {
       std::deque<std::function<void()>> batch;
       bool stopping;
@@ -472,13 +477,20 @@ struct UcxTransport::Impl {
       }
       for (auto& fn : batch) fn();
       if (stopping) break;
-      if (ucp_worker_progress(worker) != 0) continue;
-      // While gets are in flight, poll UCX every kGetPollInterval: the
-      // completion of a shared-memory get raises no wakeup event, so
-      // sleeping until one would stall the pull by tens of ms. Between polls
-      // the thread sleeps (new commands wake it), leaving the core to the
-      // engine.
+      if (ucp_worker_progress(worker) != 0) {
+        idle_since = {};
+        continue;
+      }
+      // While gets are in flight, keep polling UCX: the completion of a
+      // shared-memory get raises no wakeup event, so sleeping until one
+      // would stall the pull by tens of ms. Poll back to back for up to
+      // kGetSpin after the last progress, then sleep kGetPollInterval
+      // between polls (new commands wake the thread), leaving the core to
+      // the engine.
       if (!gets.empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        if (idle_since == std::chrono::steady_clock::time_point{}) idle_since = now;
+        if (now - idle_since < kGetSpin) continue;
         pollfd pfd{.fd = wake_fd, .events = POLLIN, .revents = 0};
         const timespec interval{.tv_sec = 0, .tv_nsec = kGetPollInterval.count()};
         if (ppoll(&pfd, 1, &interval, nullptr) > 0) {
