@@ -135,6 +135,7 @@ const std::vector<Option>& options() {
     o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens", "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1, 1 << 24));
     o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)", &AgentConfig::max_body_bytes, 1024, 1 << 30));
     o.push_back(durationOption("request-timeout", "limits", "request_timeout", "deadline of one request, queueing included", &AgentConfig::request_timeout));
+    o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive", "idle streams get a keepalive comment this often; a client that hung up is noticed (and its request cancelled) at the next one", &AgentConfig::sse_keepalive));
     o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish", &AgentConfig::drain_grace));
     o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
                  [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
@@ -166,6 +167,7 @@ const std::vector<Option>& options() {
     o.push_back(numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens", "decode: compute here when the session is resident and at most this many tokens are new (0: never)", &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
     o.push_back(numberOption("fault-layer-delay-ms", "faults", "layer_delay_ms", "TESTS ONLY: prefill announces each layer this much later", &AgentConfig::fault_layer_delay_ms, 0, 600000));
     o.push_back(numberOption("fault-get-delay-ms", "faults", "get_delay_ms", "TESTS ONLY: decode starts each layer's gets this much later", &AgentConfig::fault_get_delay_ms, 0, 600000));
+    o.push_back(numberOption("fault-get-complete-delay-ms", "faults", "get_complete_delay_ms", "TESTS ONLY: decode handles each finished layer pull this much later", &AgentConfig::fault_get_complete_delay_ms, 0, 600000));
     o.push_back(numberOption("fault-fail-first-transfers", "faults", "fail_first_transfers", "TESTS ONLY: prefill aborts this many transfers first", &AgentConfig::fault_fail_first_transfers, 0, 1000000));
     o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
     o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)", &AgentConfig::log_level));

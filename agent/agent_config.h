@@ -25,6 +25,7 @@ struct AgentConfig {
   int default_max_tokens = 256;                       // chat requests without max_tokens
   size_t max_body_bytes = 8u << 20;                   // larger request bodies get 413
   std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
+  std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   std::string trace_file;     // per-request trace lines: "" off, "-" stdout, else a file (appended)
   // P/D (roles prefill and decode): the UCX KV transport.
@@ -41,6 +42,7 @@ struct AgentConfig {
   // Fault injection for tests (never in production): see PdOptions::Faults.
   int fault_layer_delay_ms = 0;
   int fault_get_delay_ms = 0;
+  int fault_get_complete_delay_ms = 0;
   int fault_fail_first_transfers = 0;
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json

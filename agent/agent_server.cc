@@ -248,8 +248,10 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     pd.faults.layer_delay = std::chrono::milliseconds(config.fault_layer_delay_ms);
     pd.faults.get_delay = std::chrono::milliseconds(config.fault_get_delay_ms);
+    pd.faults.get_complete_delay = std::chrono::milliseconds(config.fault_get_complete_delay_ms);
     pd.faults.fail_first_transfers = config.fault_fail_first_transfers;
-    if (config.fault_layer_delay_ms || config.fault_get_delay_ms || config.fault_fail_first_transfers) {
+    if (config.fault_layer_delay_ms || config.fault_get_delay_ms || config.fault_get_complete_delay_ms ||
+        config.fault_fail_first_transfers) {
       impl->log.warn("FAULT INJECTION IS ON: this agent misbehaves on purpose (test configuration)");
     }
     if (config.role == "prefill") {
@@ -269,7 +271,8 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
                                                              .port = config.port,
                                                              .maxBodyBytes = config.max_body_bytes,
-                                                             .requestTimeout = config.request_timeout},
+                                                             .requestTimeout = config.request_timeout,
+                                                             .sseKeepalive = config.sse_keepalive},
                                                             impl->routes()));
   impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
                              {"kv_port", impl->kv_port},

@@ -54,7 +54,8 @@ kvproto::Hello helloFor(uint16_t role, const engine::KvLayout& l, const transpor
 }
 
 // Runs tasks at a due time on one thread (fault injection's delays). The
-// destructor drops what has not run yet.
+// destructor runs what is still pending at once: a held get completion
+// must still be processed, or its transfer would never end.
 class DelayedRunner {
  public:
   DelayedRunner() : thread_([this] { run(); }) {}
@@ -85,6 +86,13 @@ class DelayedRunner {
       auto first = tasks_.begin();
       if (cv_.wait_until(lock, first->first, [&] { return stop_; })) break;
       if (tasks_.empty() || tasks_.begin()->first > std::chrono::steady_clock::now()) continue;
+      auto fn = std::move(tasks_.begin()->second);
+      tasks_.erase(tasks_.begin());
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+    while (!tasks_.empty()) {
       auto fn = std::move(tasks_.begin()->second);
       tasks_.erase(tasks_.begin());
       lock.unlock();
@@ -419,7 +427,9 @@ struct DecodeService::Impl {
 
   Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o)
       : loop(l), metrics(m), options(o), health(o.unhealthy_failures, o.failure_window) {
-    if (o.faults.get_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
+    if (o.faults.get_delay.count() > 0 || o.faults.get_complete_delay.count() > 0) {
+      delayed = std::make_unique<DelayedRunner>();
+    }
   }
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
@@ -563,6 +573,13 @@ struct DecodeService::Impl {
     // run before we record it because it needs mu, which we hold.
     auto holder = std::make_shared<GetId>(0);
     GetId g = t->getv(tr.conn, std::move(segments), [this, tid, holder, layer = l.layer](absl::Status s) {
+      if (options.faults.get_complete_delay.count() > 0) {
+        // Fault injection: the completion is held, so the get stays
+        // outstanding (its blocks must not be freed meanwhile).
+        delayed->at(SystemClock::instance().now() + options.faults.get_complete_delay,
+                    [this, tid, holder, layer, s = std::move(s)]() mutable { onGetDone(tid, holder, layer, std::move(s)); });
+        return;
+      }
       onGetDone(tid, holder, layer, std::move(s));
     });
     *holder = g;

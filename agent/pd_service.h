@@ -55,6 +55,7 @@ struct PdOptions {
   struct Faults {
     std::chrono::milliseconds layer_delay{0};  // P: announce each layer this much later
     std::chrono::milliseconds get_delay{0};    // D: issue each layer's gets this much later
+    std::chrono::milliseconds get_complete_delay{0};  // D: handle each finished layer pull this much later
     int fail_first_transfers = 0;              // P: abort this many transfers, then behave
   } faults;
 };

@@ -156,6 +156,97 @@ TEST_F(PdFaultTest, DeadlinesInEveryPhaseLeakNothingAndSparedRequestsAreCorrect)
   expectNoLeaks(pair);
 }
 
+// A streaming request the test hangs up on (client cancel) when it decides.
+struct Stream {
+  std::unique_ptr<http::SseClient> sse;
+  std::thread reader;
+  std::atomic<int> events{0};
+  static std::unique_ptr<Stream> open(const AgentProcess& a, const std::string& prompt, int max_tokens) {
+    json body = request(prompt, max_tokens);
+    body["stream"] = true;
+    auto s = http::SseClient::open(
+        {.method = "POST", .url = a.url("/v1/completions"), .body = body.dump(), .timeout = std::chrono::seconds(60)});
+    if (!s.ok() || (*s)->status() != 200) return nullptr;
+    auto st = std::make_unique<Stream>();
+    st->sse = std::move(*s);
+    st->reader = std::thread([p = st.get()] {
+      (void)p->sse->readEvents([p](const http::SseEvent&) {
+        p->events.fetch_add(1);
+        return true;
+      });
+    });
+    return st;
+  }
+  void hangUp() {
+    sse->stop();
+    reader.join();
+  }
+};
+
+// The client hangs up in each phase of a disaggregated request, chosen
+// deterministically (fault hooks hold the request in that phase): queued on
+// D, waiting for P's layers, pulls finished but their completions held
+// (gets outstanding), and decoding. Each time: nothing leaks on either side,
+// D never frees blocks under an outstanding get, and the peer stays usable.
+TEST_F(PdFaultTest, ClientCancelInEveryPhaseLeaksNothing) {
+  const std::string prompt = "cancel phase " + std::string(200, 'c');
+  const std::string want = reference(prompt, 8);
+  {
+    SCOPED_TRACE("queued on D behind a running request, then decoding");
+    Pair pair = startPair({}, {"--max-num-seqs", "1", "--sse-keepalive", "100ms"});
+    ASSERT_TRUE(pair.prefill && pair.decode);
+    auto running = Stream::open(*pair.decode, prompt, 2000);
+    ASSERT_NE(running, nullptr);
+    ASSERT_TRUE(waitFor([&] { return running->events.load() > 0; }));  // decoding
+    auto queued = Stream::open(*pair.decode, prompt + " second", 8);
+    ASSERT_NE(queued, nullptr);
+    ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.decode), "tandem_requests_waiting{") == 1; }));
+    queued->hangUp();
+    // Noticed at the next keepalive: the queued request goes, the running one stays.
+    ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.decode), "tandem_requests_waiting{") == 0; }));
+    EXPECT_EQ(metricValue(scrape(*pair.decode), "tandem_requests_running{"), 1);
+    running->hangUp();  // cancel while decoding
+    expectNoLeaks(pair);
+    EXPECT_EQ(post(*pair.decode, request(prompt, 8)).text, want);
+  }
+  {
+    SCOPED_TRACE("waiting for P's layer announcements");
+    Pair pair = startPair({"--fault-layer-delay-ms", "3000"}, {"--sse-keepalive", "100ms"});
+    ASSERT_TRUE(pair.prefill && pair.decode);
+    auto st = Stream::open(*pair.decode, prompt, 8);
+    ASSERT_NE(st, nullptr);
+    ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.prefill), "tandem_kv_leases_active{") == 1; }));
+    EXPECT_EQ(metricValue(scrape(*pair.decode), "tandem_kv_transfer_inflight{"), 1);
+    st->hangUp();
+    ASSERT_TRUE(waitFor([&] {
+      return metricValueWith(scrape(*pair.decode), "tandem_kv_transfer_failures_total", "reason=\"cancelled\"") == 1;
+    }));
+    // D told P: the lease goes now, not when it would expire or the late layers come.
+    const auto cancelled_at = std::chrono::steady_clock::now();
+    ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.prefill), "tandem_kv_leases_active{") == 0; }));
+    EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, std::chrono::milliseconds(2000));
+    expectNoLeaks(pair);
+  }
+  {
+    SCOPED_TRACE("pulls done but their completions held: gets outstanding");
+    Pair pair = startPair({}, {"--fault-get-complete-delay-ms", "2500", "--sse-keepalive", "100ms"});
+    ASSERT_TRUE(pair.prefill && pair.decode);
+    auto st = Stream::open(*pair.decode, prompt, 8);
+    ASSERT_NE(st, nullptr);
+    ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.decode), "tandem_kv_transfer_inflight{") == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // P announced, D's gets ran; completions are held
+    st->hangUp();
+    // The hang-up is noticed at the next keepalive and the request cancelled,
+    // but the held gets count as outstanding: the blocks stay allocated.
+    ASSERT_TRUE(waitFor([&] {
+      return metricValueWith(scrape(*pair.decode), "tandem_kv_transfer_failures_total", "reason=\"cancelled\"") == 1;
+    }));
+    EXPECT_LT(metricValue(scrape(*pair.decode), "tandem_kv_blocks_free{"), kBlocks);
+    expectNoLeaks(pair);  // once the completions are handled, everything returns
+    EXPECT_EQ(post(*pair.decode, request(prompt, 8)).text, want);
+  }
+}
+
 TEST_F(PdFaultTest, SoakConcurrentRequestsWithHangupsAndDelays) {
   Pair pair = startPair({"--fault-layer-delay-ms", "15"}, {"--fault-get-delay-ms", "5", "--max-num-seqs", "16"});
   ASSERT_TRUE(pair.prefill && pair.decode);
