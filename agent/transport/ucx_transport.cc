@@ -40,11 +40,18 @@ absl::StatusOr<ucp_context_h> createContext(const TransportOptions& o) {
   // shared-memory transports out of such endpoints unless they detect peer
   // failure by keepalive: without this a "posix" pull silently runs over
   // tcp. (Not overridden when the operator set it.)
-  setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+  // (Only when shared memory may be used: UCX warns about unused settings.)
+  const bool may_use_shm = o.tls.empty() || o.tls.find("posix") != std::string::npos ||
+                           o.tls.find("sysv") != std::string::npos || o.tls.find("sm") != std::string::npos ||
+                           o.tls.find("mm") != std::string::npos || o.tls.find("all") != std::string::npos;
+  if (may_use_shm) setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
   // A shared-memory peer that died is noticed only by UCX's keepalive (its
   // memory stays mapped, so gets from it still succeed): check every
   // second, not every 20 s (UCX's default), so D fails over promptly.
   setenv("UCX_KEEPALIVE_INTERVAL", "1s", /*overwrite=*/0);
+  // A restarted agent must be able to listen on its port again at once,
+  // while connections of its previous life linger in TIME_WAIT.
+  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
   // QoS of KV traffic on InfiniBand / RoCE: UCX reads these from the environment.
   if (o.ib_sl) setenv("UCX_IB_SL", std::to_string(*o.ib_sl).c_str(), 1);
   if (o.ib_traffic_class) setenv("UCX_IB_TRAFFIC_CLASS", std::to_string(*o.ib_traffic_class).c_str(), 1);

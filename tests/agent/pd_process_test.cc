@@ -244,7 +244,6 @@ TEST(PdDirectTest, ShortSessionAppendIsComputedOnDecodeWithoutTransfer) {
 }
 
 TEST(PdHealthTest, UnhealthyPeerFallsBackToLocalPrefillAndIsUsedAgainAfterRecovery) {
-  setenv("UCX_TCP_CM_REUSEADDR", "y", 1);  // the restarted prefill agent reuses the port at once
   auto mono = AgentProcess::start({});
   auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp"});
   ASSERT_TRUE(mono && prefill);
