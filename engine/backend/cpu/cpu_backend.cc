@@ -68,6 +68,19 @@ void growTo(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// Adds the wall time of its scope to *total.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(std::chrono::nanoseconds* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() { *total_ += std::chrono::steady_clock::now() - start_; }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  std::chrono::nanoseconds* total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // ---- SwiGLU ----------------------------------------------------------------
 // kmath::swiglu's formula, gate / (1 + e^-gate) * up, with e^x computed from
 // IEEE operations only (+ - * / and fma, all exactly rounded), so that the
@@ -141,7 +154,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : pool_(threadsFor(options)), attention_(options.simd, &pool_), swiglu_(swigluFor(attention_.simdLevel())) {}
 
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
-  const auto start = std::chrono::steady_clock::now();
+  const ScopedTimer timer(&stats_.gemm_time);
   const int32_t min_rows = minRowsFor(n);
   if (m >= min_rows) {
     sgemmRowMajorNt(x, w, y, m, n, k, accumulate);
@@ -157,12 +170,12 @@ void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32
     sgemmRowMajorNt(pad_x_.data(), w, pad_y_.data(), min_rows, n, k, accumulate);
     std::memcpy(y, pad_y_.data(), y_floats * sizeof(float));
   }
-  stats_.gemm_time += std::chrono::steady_clock::now() - start;
   stats_.gemm_calls += 1;
   stats_.gemm_flops += 2.0 * m * n * k;
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   for (int32_t r = 0; r < rows; ++r) {
     const float* xr = x + static_cast<size_t>(r) * static_cast<size_t>(dim);
     float* outr = out + static_cast<size_t>(r) * static_cast<size_t>(dim);
@@ -175,6 +188,7 @@ void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_
 
 void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
                       float theta) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   const int32_t half = head_dim / 2;
   if (theta != rope_theta_ || head_dim != rope_head_dim_) {
     rope_theta_ = theta;
@@ -213,9 +227,13 @@ void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_di
   }
 }
 
-void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) { swiglu_(gate, up, out, n); }
+void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  const ScopedTimer timer(&stats_.elementwise_time);
+  swiglu_(gate, up, out, n);
+}
 
 void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   for (int32_t r = 0; r < num_rows; ++r) {
     std::memcpy(dst + static_cast<size_t>(r) * static_cast<size_t>(dim),
                 src + static_cast<size_t>(rows[r]) * static_cast<size_t>(dim),
@@ -225,6 +243,7 @@ void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_r
 
 void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                          KvStorage& kv) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   const int32_t block_size = kv.layout().block_size;
   const size_t width = kv.layout().floatsPerToken();  // [num_kv_heads * head_dim]
   for (const ChunkDesc& c : chunks) {
@@ -241,6 +260,7 @@ void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::spa
 
 void CpuBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                            const AttentionShape& shape, float* out) {
+  const ScopedTimer timer(&stats_.attention_time);
   attention_.run(layer, q, chunks, kv, shape, out);
 }
 

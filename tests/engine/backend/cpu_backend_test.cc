@@ -104,10 +104,19 @@ TEST(CpuBackendGemm, StatsCountCallsFlopsAndTime) {
   // Requested shapes only: the padding of small calls is not counted.
   EXPECT_DOUBLE_EQ(stats.gemm_flops, 2.0 * 64 * 32 * (4 + 1 + 2));
   EXPECT_GT(stats.gemm_time.count(), 0);
+  EXPECT_EQ(stats.attention_time.count(), 0);
+  EXPECT_EQ(stats.elementwise_time.count(), 0);
+  // Element-wise kernels count apart from the GEMMs.
+  std::vector<float> norm(4 * 64);
+  const std::vector<float> weight(64, 1.0f);
+  backend.rmsNorm(x.data(), weight.data(), norm.data(), 4, 64, 1e-5f);
+  EXPECT_GT(backend.stats().elementwise_time.count(), 0);
+  EXPECT_EQ(backend.stats().gemm_time, stats.gemm_time);
   backend.resetStats();
   EXPECT_EQ(backend.stats().gemm_calls, 0);
   EXPECT_EQ(backend.stats().gemm_time.count(), 0);
   EXPECT_EQ(backend.stats().gemm_flops, 0.0);
+  EXPECT_EQ(backend.stats().elementwise_time.count(), 0);
 }
 
 TEST(CpuBackend, RmsNormMatchesFormula) {
