@@ -189,7 +189,7 @@ class Engine {
   absl::flat_hash_map<uint64_t, Lease> leases_;
   LayerObserverFn layer_observer_;
   std::vector<float> logits_;
-  std::vector<std::pair<float, TokenId>> sample_scratch_;
+  SamplerScratch sample_scratch_;
 };
 
 }  // namespace tandem::engine

@@ -39,11 +39,16 @@ struct ChunkDesc {
   std::span<const BlockId> block_table;  // host; covers positions [0, start_pos + num_rows)
 };
 
-// Cumulative counters since construction or the last resetStats().
+// Cumulative counters since construction or the last resetStats(). The
+// times are wall time (steady_clock) inside the calls, so a forward pass's
+// time splits into GEMMs, attention, the element-wise kernels and the rest
+// (the model's own bookkeeping).
 struct BackendStats {
   int64_t gemm_calls = 0;
-  std::chrono::nanoseconds gemm_time{0};  // wall time inside gemm(), steady_clock
+  std::chrono::nanoseconds gemm_time{0};  // inside gemm() and logits()
   double gemm_flops = 0;                  // 2·m·n·k summed over calls (requested shapes, not padding)
+  std::chrono::nanoseconds attention_time{0};    // inside attention()
+  std::chrono::nanoseconds elementwise_time{0};  // inside rmsNorm, rope, swiglu, gatherRows and writeKv
 };
 
 // Shape of multi-head attention with grouped-query KV heads.

@@ -25,11 +25,18 @@ class SamplerRng {
   uint64_t s_[4];
 };
 
-// Picks the next token from `logits` ([vocab]). `scratch` is reused between calls.
+// Buffers sampleToken reuses between calls (no allocation once warmed up).
+struct SamplerScratch {
+  std::vector<uint64_t> order;  // candidates (key, id), sorted into logit descending, then id ascending
+  std::vector<uint64_t> tmp;    // the sort's other buffer
+  std::vector<double> probs;    // unnormalised probabilities, in candidate order
+};
+
+// Picks the next token from `logits` ([vocab]).
 // Greedy (temperature 0) takes the lowest id among equal maxima and draws
 // nothing from `rng`; otherwise exactly one draw (Engine::completeImport
 // relies on this to continue a stream begun on another engine).
 TokenId sampleToken(std::span<const float> logits, const SamplingParams& params, SamplerRng& rng,
-                    std::vector<std::pair<float, TokenId>>* scratch);
+                    SamplerScratch* scratch);
 
 }  // namespace tandem::engine

@@ -50,13 +50,21 @@ void sgemmRowMajorNt(const float* x, const float* w, float* y, int32_t m, int32_
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, accumulate ? 1.0f : 0.0f, y, n);
 }
 
-// Dot product with a fixed association (8 partial sums, combined pairwise),
-// so every caller gets the same bits for the same inputs.
-float dot(const float* a, const float* b, int32_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// Dot product with a fixed association (8 partial sums, lane l taking the
+// elements i = l mod 8 in order, combined pairwise), so every caller gets
+// the same bits for the same inputs. The sums are an 8-lane vector (GCC's
+// vector extension: one ymm register, or two xmm ones on the baseline ISA),
+// spelled out because GCC vectorised the equivalent scalar loop for
+// AVX-512 with shuffles that made it 2x slower than for the baseline ISA.
+[[gnu::always_inline]] inline float dot(const float* a, const float* b, int32_t n) {
+  using Lanes8 = float __attribute__((vector_size(32)));
+  Lanes8 acc = {0, 0, 0, 0, 0, 0, 0, 0};
   int32_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    Lanes8 x, y;
+    std::memcpy(&x, a + i, sizeof(x));
+    std::memcpy(&y, b + i, sizeof(y));
+    acc += x * y;  // no contraction: this file is compiled with -ffp-contract=off
   }
   float tail = 0.0f;
   for (; i < n; ++i) tail += a[i] * b[i];
@@ -67,6 +75,19 @@ template <typename T>
 void growTo(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
+
+// Adds the wall time of its scope to *total.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(std::chrono::nanoseconds* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() { *total_ += std::chrono::steady_clock::now() - start_; }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  std::chrono::nanoseconds* total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // ---- SwiGLU ----------------------------------------------------------------
 // kmath::swiglu's formula, gate / (1 + e^-gate) * up, with e^x computed from
@@ -108,26 +129,110 @@ void growTo(std::vector<T>& v, size_t n) {
   }
 }
 
-// The same loop compiled for each level; fma is one instruction there.
-[[gnu::target("avx512f,avx2,fma")]] void swigluAvx512(const float* gate, const float* up, float* out, int64_t n) {
-  swigluLoop(gate, up, out, n);
-}
-[[gnu::target("avx2,fma")]] void swigluAvx2(const float* gate, const float* up, float* out, int64_t n) {
-  swigluLoop(gate, up, out, n);
-}
-void swigluPortable(const float* gate, const float* up, float* out, int64_t n) { swigluLoop(gate, up, out, n); }
+// ---- RMSNorm and RoPE rows --------------------------------------------------
+// The row loops, written once and compiled per SIMD level like swiglu. Each
+// is the plain per-element arithmetic (this file is compiled with
+// -ffp-contract=off, so no level fuses a multiply and an add), so every level
+// gives the same bits; the levels differ in vector width only. (Compiled for
+// the baseline ISA alone they ran 2-4 floats per instruction.)
 
-using SwigluFn = void (*)(const float*, const float*, float*, int64_t);
+[[gnu::always_inline]] inline void rmsNormLoop(const float* x, const float* weight, float* out, int32_t r0, int32_t r1,
+                                               int32_t dim, float eps) {
+  for (int32_t r = r0; r < r1; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * static_cast<size_t>(dim);
+    float* outr = out + static_cast<size_t>(r) * static_cast<size_t>(dim);
+    const float mean_sq = dot(xr, xr, dim) / static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(mean_sq + eps);
+    // HF order: (x * rsqrt(var + eps)) * weight.
+    for (int32_t i = 0; i < dim; ++i) outr[i] = (xr[i] * inv) * weight[i];
+  }
+}
 
-SwigluFn swigluFor(SimdLevel level) {
+// Rows [r0, r1) of x [rows][num_heads * head_dim], row r at positions[r],
+// cos/sin from the table ([position][head_dim / 2], kmath::ropeCosSin's bits);
+// kmath::ropeRotateHead's arithmetic.
+[[gnu::always_inline]] inline void ropeLoop(float* x, int32_t r0, int32_t r1, int32_t num_heads, int32_t head_dim,
+                                            const int32_t* positions, const float* cos_table, const float* sin_table) {
+  const int32_t half = head_dim / 2;
+  const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
+  for (int32_t r = r0; r < r1; ++r) {
+    const float* cos_t = cos_table + static_cast<size_t>(positions[r]) * static_cast<size_t>(half);
+    const float* sin_t = sin_table + static_cast<size_t>(positions[r]) * static_cast<size_t>(half);
+    float* xr = x + static_cast<size_t>(r) * row_width;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      float* xh = xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
+      for (int32_t i = 0; i < half; ++i) {
+        const float a = xh[i];
+        const float b = xh[i + half];
+        xh[i] = a * cos_t[i] - b * sin_t[i];
+        xh[i + half] = b * cos_t[i] + a * sin_t[i];
+      }
+    }
+  }
+}
+
+// Each loop compiled for each level; fma is one instruction there.
+#define TANDEM_ELEMENTWISE_LEVEL(name, ...)                                                                       \
+  __VA_ARGS__ void swiglu##name(const float* gate, const float* up, float* out, int64_t n) {                     \
+    swigluLoop(gate, up, out, n);                                                                                \
+  }                                                                                                              \
+  __VA_ARGS__ void rmsNorm##name(const float* x, const float* weight, float* out, int32_t r0, int32_t r1,        \
+                                 int32_t dim, float eps) {                                                       \
+    rmsNormLoop(x, weight, out, r0, r1, dim, eps);                                                               \
+  }                                                                                                              \
+  __VA_ARGS__ void rope##name(float* x, int32_t r0, int32_t r1, int32_t num_heads, int32_t head_dim,             \
+                              const int32_t* positions, const float* cos_table, const float* sin_table) {        \
+    ropeLoop(x, r0, r1, num_heads, head_dim, positions, cos_table, sin_table);                                   \
+  }
+TANDEM_ELEMENTWISE_LEVEL(Avx512, [[gnu::target("avx512f,avx2,fma")]])
+TANDEM_ELEMENTWISE_LEVEL(Avx2, [[gnu::target("avx2,fma")]])
+TANDEM_ELEMENTWISE_LEVEL(Portable)
+#undef TANDEM_ELEMENTWISE_LEVEL
+
+}  // namespace
+
+struct CpuBackend::ElementwiseKernels {
+  void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
+  void (*rms_norm)(const float* x, const float* weight, float* out, int32_t r0, int32_t r1, int32_t dim, float eps);
+  void (*rope)(float* x, int32_t r0, int32_t r1, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+               const float* cos_table, const float* sin_table);
+};
+
+namespace {
+
+const CpuBackend::ElementwiseKernels* elementwiseFor(SimdLevel level) {
+  static constexpr CpuBackend::ElementwiseKernels kAvx512{&swigluAvx512, &rmsNormAvx512, &ropeAvx512};
+  static constexpr CpuBackend::ElementwiseKernels kAvx2{&swigluAvx2, &rmsNormAvx2, &ropeAvx2};
+  static constexpr CpuBackend::ElementwiseKernels kPortable{&swigluPortable, &rmsNormPortable, &ropePortable};
   switch (level) {
     case SimdLevel::kAvx512:
-      return &swigluAvx512;
+      return &kAvx512;
     case SimdLevel::kAvx2:
-      return &swigluAvx2;
+      return &kAvx2;
     default:
-      return &swigluPortable;
+      return &kPortable;
   }
+}
+
+// SwiGLU calls below this many floats run on the calling thread alone:
+// waking the pool's workers costs more than sharing them saves (decode
+// steps). A prefill chunk's SwiGLU (512 x 688 for the tiny model, ~0.2 ms,
+// bound by reading gate and up from beyond L2) runs ~1.5x faster on two
+// cores. RMSNorm and RoPE of a 512-row chunk take ~20 us each, about what a
+// parallelFor's hand-off costs, so they stay on the calling thread.
+constexpr int64_t kMinParallelFloats = int64_t{1} << 15;
+
+// Calls fn(begin, end) on pieces covering [0, n) units of `floats_per_unit`
+// floats each: inline for small n, else spread over the pool. The kernels
+// compute each element (row) on its own, so the split does not change a bit.
+void forRanges(WorkerPool& pool, int64_t n, int64_t floats_per_unit,
+               absl::FunctionRef<void(int64_t begin, int64_t end)> fn) {
+  if (pool.numThreads() == 1 || n * floats_per_unit < kMinParallelFloats) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  const int64_t pieces = std::min<int64_t>(n, 4 * static_cast<int64_t>(pool.numThreads()));
+  pool.parallelFor(pieces, [&](int64_t i, int /*thread*/) { fn(n * i / pieces, n * (i + 1) / pieces); });
 }
 
 int threadsFor(const CpuBackendOptions& options) {
@@ -138,10 +243,12 @@ int threadsFor(const CpuBackendOptions& options) {
 }  // namespace
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
-    : pool_(threadsFor(options)), attention_(options.simd, &pool_), swiglu_(swigluFor(attention_.simdLevel())) {}
+    : pool_(threadsFor(options)),
+      attention_(options.simd, &pool_),
+      elementwise_(elementwiseFor(attention_.simdLevel())) {}
 
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
-  const auto start = std::chrono::steady_clock::now();
+  const ScopedTimer timer(&stats_.gemm_time);
   const int32_t min_rows = minRowsFor(n);
   if (m >= min_rows) {
     sgemmRowMajorNt(x, w, y, m, n, k, accumulate);
@@ -157,24 +264,16 @@ void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32
     sgemmRowMajorNt(pad_x_.data(), w, pad_y_.data(), min_rows, n, k, accumulate);
     std::memcpy(y, pad_y_.data(), y_floats * sizeof(float));
   }
-  stats_.gemm_time += std::chrono::steady_clock::now() - start;
   stats_.gemm_calls += 1;
   stats_.gemm_flops += 2.0 * m * n * k;
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
-  for (int32_t r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * static_cast<size_t>(dim);
-    float* outr = out + static_cast<size_t>(r) * static_cast<size_t>(dim);
-    const float mean_sq = dot(xr, xr, dim) / static_cast<float>(dim);
-    const float inv = 1.0f / std::sqrt(mean_sq + eps);
-    // HF order: (x * rsqrt(var + eps)) * weight.
-    for (int32_t i = 0; i < dim; ++i) outr[i] = (xr[i] * inv) * weight[i];
-  }
+  const ScopedTimer timer(&stats_.elementwise_time);
+  elementwise_->rms_norm(x, weight, out, 0, rows, dim, eps);
 }
 
-void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
-                      float theta) {
+void CpuBackend::growRopeTable(int32_t positions, int32_t head_dim, float theta) {
   const int32_t half = head_dim / 2;
   if (theta != rope_theta_ || head_dim != rope_head_dim_) {
     rope_theta_ = theta;
@@ -182,40 +281,62 @@ void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_di
     rope_cos_.clear();
     rope_sin_.clear();
   }
-  growTo(cos_, static_cast<size_t>(half));
-  growTo(sin_, static_cast<size_t>(half));
-  const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
-  for (int32_t r = 0; r < rows; ++r) {
-    const float* cos_t = cos_.data();
-    const float* sin_t = sin_.data();
-    const int32_t pos = positions[r];
-    if (pos < kRopeTablePositions) {
-      const size_t cached = rope_cos_.size() / static_cast<size_t>(half);  // positions in the table
-      if (static_cast<size_t>(pos) >= cached) {
-        rope_cos_.resize(static_cast<size_t>(pos + 1) * static_cast<size_t>(half));
-        rope_sin_.resize(rope_cos_.size());
-        for (size_t p = cached; p <= static_cast<size_t>(pos); ++p) {
-          for (int32_t i = 0; i < half; ++i) {
-            const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
-            kmath::ropeCosSin(static_cast<int32_t>(p), i, head_dim, theta, &rope_cos_[at], &rope_sin_[at]);
-          }
-        }
-      }
-      cos_t = rope_cos_.data() + static_cast<size_t>(pos) * static_cast<size_t>(half);
-      sin_t = rope_sin_.data() + static_cast<size_t>(pos) * static_cast<size_t>(half);
-    } else {
-      for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(pos, i, head_dim, theta, &cos_[i], &sin_[i]);
-    }
-    float* xr = x + static_cast<size_t>(r) * row_width;
-    for (int32_t h = 0; h < num_heads; ++h) {
-      kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_t, sin_t, head_dim);
+  const size_t cached = rope_cos_.size() / static_cast<size_t>(half);  // positions in the table
+  if (static_cast<size_t>(positions) <= cached) return;
+  rope_cos_.resize(static_cast<size_t>(positions) * static_cast<size_t>(half));
+  rope_sin_.resize(rope_cos_.size());
+  for (size_t p = cached; p < static_cast<size_t>(positions); ++p) {
+    for (int32_t i = 0; i < half; ++i) {
+      const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
+      kmath::ropeCosSin(static_cast<int32_t>(p), i, head_dim, theta, &rope_cos_[at], &rope_sin_[at]);
     }
   }
 }
 
-void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) { swiglu_(gate, up, out, n); }
+void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+                      float theta) {
+  const ScopedTimer timer(&stats_.elementwise_time);
+  const int32_t half = head_dim / 2;
+  int32_t max_pos = 0;
+  for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
+  if (max_pos < kRopeTablePositions) {
+    growRopeTable(max_pos + 1, head_dim, theta);
+    elementwise_->rope(x, 0, rows, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
+    return;
+  }
+  // Some position is past the table: cos/sin of those rows are computed here.
+  growRopeTable(kRopeTablePositions, head_dim, theta);
+  growTo(cos_, static_cast<size_t>(half));
+  growTo(sin_, static_cast<size_t>(half));
+  const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
+  for (int32_t r = 0; r < rows; ++r) {
+    const int32_t pos = positions[r];
+    if (pos < kRopeTablePositions) {
+      elementwise_->rope(x, r, r + 1, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
+      continue;
+    }
+    for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(pos, i, head_dim, theta, &cos_[i], &sin_[i]);
+    float* xr = x + static_cast<size_t>(r) * row_width;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_.data(), sin_.data(),
+                            head_dim);
+    }
+  }
+}
+
+void CpuBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  const ScopedTimer timer(&stats_.elementwise_time);
+  // Pieces of whole vectors (the result does not depend on the split).
+  constexpr int64_t kUnit = 64;
+  forRanges(pool_, (n + kUnit - 1) / kUnit, kUnit, [&](int64_t u0, int64_t u1) {
+    const int64_t begin = u0 * kUnit;
+    const int64_t end = std::min(n, u1 * kUnit);
+    elementwise_->swiglu(gate + begin, up + begin, out + begin, end - begin);
+  });
+}
 
 void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   for (int32_t r = 0; r < num_rows; ++r) {
     std::memcpy(dst + static_cast<size_t>(r) * static_cast<size_t>(dim),
                 src + static_cast<size_t>(rows[r]) * static_cast<size_t>(dim),
@@ -225,6 +346,7 @@ void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_r
 
 void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                          KvStorage& kv) {
+  const ScopedTimer timer(&stats_.elementwise_time);
   const int32_t block_size = kv.layout().block_size;
   const size_t width = kv.layout().floatsPerToken();  // [num_kv_heads * head_dim]
   for (const ChunkDesc& c : chunks) {
@@ -241,6 +363,7 @@ void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::spa
 
 void CpuBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                            const AttentionShape& shape, float* out) {
+  const ScopedTimer timer(&stats_.attention_time);
   attention_.run(layer, q, chunks, kv, shape, out);
 }
 

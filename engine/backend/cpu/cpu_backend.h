@@ -1,12 +1,14 @@
 #pragma once
 // The reference backend: OpenBLAS sgemm for the projections, vectorised
-// paged attention (paged_attention.h) and SwiGLU, plain loops for everything
-// else. What the tests and the CPU engine run.
+// paged attention (paged_attention.h), RMSNorm, RoPE and SwiGLU, plain loops
+// for everything else. What the tests and the CPU engine run.
 //
 // Threads: OpenBLAS's own pool runs the GEMMs (sized by OPENBLAS_NUM_THREADS;
 // the results do not depend on it, see cpu_backend.cc); attention runs on a
 // WorkerPool owned here (CpuBackendOptions::num_threads; the results do not
-// depend on it either). Everything else runs on the calling thread.
+// depend on it either), and so does SwiGLU when a call is large enough (a
+// prefill chunk; decode steps stay on the calling thread). Everything else
+// runs on the calling thread.
 // Not thread-safe: one engine thread owns it (it keeps scratch buffers).
 
 #include <memory>
@@ -22,7 +24,7 @@ struct CpuBackendOptions {
   // Threads attention runs on, the calling thread included; 0: one per
   // hardware thread. Outputs are bitwise the same for every value.
   int num_threads = 0;
-  // Vector code attention and swiglu run; every level gives the same bits
+  // Vector code attention, swiglu, rmsNorm and rope run; every level gives the same bits
   // (paged_attention.h, cpu_backend.cc).
   SimdLevel simd = SimdLevel::kAuto;
 };
@@ -48,11 +50,16 @@ class CpuBackend final : public Backend {
   BackendStats stats() const override { return stats_; }
   void resetStats() override { stats_ = BackendStats{}; }
 
+  struct ElementwiseKernels;  // swiglu, rmsNorm and rope rows of one SIMD level (cpu_backend.cc)
+
  private:
+  // Makes the RoPE table cover positions [0, positions) for theta and head_dim.
+  void growRopeTable(int32_t positions, int32_t head_dim, float theta);
+
   BackendStats stats_;
   WorkerPool pool_;
-  PagedAttention attention_;                                                   // runs on pool_
-  void (*swiglu_)(const float* gate, const float* up, float* out, int64_t n);  // of attention_'s SIMD level
+  PagedAttention attention_;               // runs on pool_
+  const ElementwiseKernels* elementwise_;  // of attention_'s SIMD level
   // Scratch, grown on demand and reused (no allocation once warmed up).
   std::vector<float> pad_x_;  // [min_rows, k] gemm input padded with zero rows
   std::vector<float> pad_y_;  // [min_rows, n] gemm output of the padded call

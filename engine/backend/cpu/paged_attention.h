@@ -21,7 +21,9 @@
 // operations; so a row's bits depend only on its query, its position and the
 // cached KV — not on the chunk, the batch, the rows it is processed with, or
 // the thread that runs it (backend.h's determinism contract). Rows are
-// grouped only to reuse each packed key block and to overlap FMA chains.
+// grouped only to reuse each packed key block and to overlap FMA chains; on
+// the causal diagonal a group skips the 16-key tiles none of its rows sees,
+// which would only add weights of exactly 0.
 //
 // Work: items of up to a few dozen rows x one KV head's query heads, spread
 // over the pool, longest first. A prefill chunk's keys are first packed once

@@ -104,10 +104,19 @@ TEST(CpuBackendGemm, StatsCountCallsFlopsAndTime) {
   // Requested shapes only: the padding of small calls is not counted.
   EXPECT_DOUBLE_EQ(stats.gemm_flops, 2.0 * 64 * 32 * (4 + 1 + 2));
   EXPECT_GT(stats.gemm_time.count(), 0);
+  EXPECT_EQ(stats.attention_time.count(), 0);
+  EXPECT_EQ(stats.elementwise_time.count(), 0);
+  // Element-wise kernels count apart from the GEMMs.
+  std::vector<float> norm(4 * 64);
+  const std::vector<float> weight(64, 1.0f);
+  backend.rmsNorm(x.data(), weight.data(), norm.data(), 4, 64, 1e-5f);
+  EXPECT_GT(backend.stats().elementwise_time.count(), 0);
+  EXPECT_EQ(backend.stats().gemm_time, stats.gemm_time);
   backend.resetStats();
   EXPECT_EQ(backend.stats().gemm_calls, 0);
   EXPECT_EQ(backend.stats().gemm_time.count(), 0);
   EXPECT_EQ(backend.stats().gemm_flops, 0.0);
+  EXPECT_EQ(backend.stats().elementwise_time.count(), 0);
 }
 
 TEST(CpuBackend, RmsNormMatchesFormula) {
@@ -224,6 +233,43 @@ TEST(CpuBackend, SwigluIsBitwiseStableAcrossOffsetsAndLevels) {
     std::vector<float> out(gate.size());
     at_level.swiglu(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()));
     EXPECT_EQ(std::memcmp(out.data(), whole.data(), out.size() * sizeof(float)), 0) << static_cast<int>(level);
+  }
+}
+
+// RMSNorm and RoPE rows: the same bits on every SIMD level, alone or in a
+// call large enough to be shared out over the worker pool, and for RMSNorm
+// the bits of the plain loop (8 partial sums combined pairwise) it replaced.
+TEST(CpuBackend, RmsNormAndRopeAreBitwiseStableAcrossCallsAndLevels) {
+  const int rows = 300, dim = 256, heads = 8, head_dim = 32;
+  const auto x = randomVector(rows * dim, 12, 3.0f), weight = randomVector(dim, 13);
+  std::vector<int32_t> positions(rows);
+  for (int r = 0; r < rows; ++r) positions[static_cast<size_t>(r)] = (r * 37) % 1000;
+  std::vector<float> want_norm(x.size());
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x.data() + r * dim;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < dim; i += 8) {
+      for (int l = 0; l < 8; ++l) acc[l] += xr[i + l] * xr[i + l];
+    }
+    const float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + 0.0f;
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
+    for (int i = 0; i < dim; ++i) want_norm[static_cast<size_t>(r * dim + i)] = (xr[i] * inv) * weight[i];
+  }
+  CpuBackend reference;
+  std::vector<float> want_rope = x;
+  for (int r = 0; r < rows; ++r) {
+    reference.rope(want_rope.data() + r * dim, 1, heads, head_dim, &positions[static_cast<size_t>(r)], 10000.0f);
+  }
+  for (SimdLevel level : {SimdLevel::kAuto, SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!simdLevelSupported(level)) continue;
+    CpuBackend backend(CpuBackendOptions{.simd = level});
+    std::vector<float> norm(x.size());
+    backend.rmsNorm(x.data(), weight.data(), norm.data(), rows, dim, 1e-5f);
+    EXPECT_EQ(std::memcmp(norm.data(), want_norm.data(), norm.size() * sizeof(float)), 0) << static_cast<int>(level);
+    std::vector<float> rotated = x;
+    backend.rope(rotated.data(), rows, heads, head_dim, positions.data(), 10000.0f);
+    EXPECT_EQ(std::memcmp(rotated.data(), want_rope.data(), rotated.size() * sizeof(float)), 0)
+        << static_cast<int>(level);
   }
 }
 
