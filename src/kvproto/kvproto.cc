@@ -79,6 +79,7 @@ class Reader {
       return {};
     }
     std::vector<T> v(n);
+    if (n == 0) return v;  // memcpy with a null pointer is undefined even for 0 bytes
     std::memcpy(v.data(), data_.data() + pos_, static_cast<size_t>(n) * sizeof(T));
     pos_ += static_cast<size_t>(n) * sizeof(T);
     return v;
