@@ -120,12 +120,30 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
       checksum_checked(metrics::buildCounter().name("tandem_kv_checksum_verified_total").help("Layer blocks whose checksum was verified after the pull.")
                            .labels(labels).registerOn(r).add({})),
       failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
-                    .labels(labels).registerOn(r)) {
+                    .labels(labels).registerOn(r)),
+      phase_seconds_(metrics::buildHistogram().name("tandem_disagg_ttft_phase_seconds")
+                         .help("TTFT of disaggregated requests by phase (decode side): prefill (P's queue and compute), "
+                               "transfer_exposed (pull time after P's last layer), first_step (D's first token).")
+                         .labels(labels).buckets(metrics::exponentialBuckets(0.0001, 2, 20)).registerOn(r)),
+      transfer_busy_(metrics::buildCounter().name("tandem_kv_transfer_busy_seconds_total")
+                         .help("Time during which a request had layer pulls in flight (decode side).")
+                         .labels(labels).registerOn(r).add({})),
+      transfer_hidden_(metrics::buildCounter().name("tandem_kv_transfer_hidden_seconds_total")
+                           .help("The part of tandem_kv_transfer_busy_seconds_total overlapped with the prefill agent's compute.")
+                           .labels(labels).registerOn(r).add({})) {
   for (auto reason : {FailureReason::kPrefillTimeout, FailureReason::kTransferFailed, FailureReason::kPeerUnhealthy,
                       FailureReason::kLeaseExpired, FailureReason::kCapacity, FailureReason::kChecksumMismatch,
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
+}
+
+void PdMetrics::phases(const PdTimings& t) {
+  phase_seconds_.add({{"phase", "prefill"}}).observe(t.prefill_ms / 1e3);
+  phase_seconds_.add({{"phase", "transfer_exposed"}}).observe((t.transfer_ms - t.transfer_hidden_ms) / 1e3);
+  phase_seconds_.add({{"phase", "first_step"}}).observe(t.first_step_ms / 1e3);
+  transfer_busy_.increment(t.transfer_ms / 1e3);
+  transfer_hidden_.increment(t.transfer_hidden_ms / 1e3);
 }
 
 void PdMetrics::failure(FailureReason reason) {
@@ -779,6 +797,7 @@ struct DecodeService::Impl {
           tr.first_token_out = true;
           tr.timings->first_step_ms =
               std::chrono::duration<double, std::milli>(SystemClock::instance().now() - *tr.kv_done_at).count();
+          metrics.phases(*tr.timings);
         }
         info.timings = tr.timings;
       }

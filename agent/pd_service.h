@@ -81,11 +81,21 @@ class PeerHealth {
   bool unhealthy_ = false;         // guarded by mu_
 };
 
+// Where a disaggregated request's time to first token went, on D's clock.
+struct PdTimings {
+  double prefill_ms = 0;          // D asked P → P's last layer announcement arrived (P queue + compute)
+  double transfer_ms = 0;         // time with at least one layer being pulled
+  double transfer_hidden_ms = 0;  // of that, before P's last announcement: overlapped with P's compute
+  double first_step_ms = 0;       // all KV in D → D emitted the first token
+};
+
 // Metrics of the transport, registered with the agent's labels.
 class PdMetrics {
  public:
   PdMetrics(metrics::Registry& registry, const metrics::Labels& labels);
   void failure(kvproto::FailureReason reason);
+  // A disaggregated request's TTFT phases (D side), once its first token is out.
+  void phases(const PdTimings& t);
   metrics::Counter& bytes;
   metrics::Histogram& seconds;
   metrics::Gauge& inflight;
@@ -94,6 +104,9 @@ class PdMetrics {
 
  private:
   metrics::Family<metrics::Counter>& failures_;
+  metrics::Family<metrics::Histogram>& phase_seconds_;
+  metrics::Counter& transfer_busy_;
+  metrics::Counter& transfer_hidden_;
 };
 
 class PrefillService {
@@ -115,13 +128,6 @@ class PrefillService {
 
 // What a client request learns about how it was served: the typed
 // transfer failure that ended it, if any, and its path (final update).
-// Where a disaggregated request's time to first token went, on D's clock.
-struct PdTimings {
-  double prefill_ms = 0;          // D asked P → P's last layer announcement arrived (P queue + compute)
-  double transfer_ms = 0;         // time with at least one layer being pulled
-  double transfer_hidden_ms = 0;  // of that, before P's last announcement: overlapped with P's compute
-  double first_step_ms = 0;       // all KV in D → D emitted the first token
-};
 
 struct PdInfo {
   std::optional<kvproto::FailureReason> failure;

@@ -240,6 +240,14 @@ TEST(PdDirectTest, ShortSessionAppendIsComputedOnDecodeWithoutTransfer) {
         << r.dump();
   }
   EXPECT_TRUE(t[1]["kv_prefill_ms"].is_null());
+  // The same phases as metrics: one observation per disaggregated request.
+  const std::string m = scrape(*decode);
+  for (const char* phase : {"phase=\"prefill\"", "phase=\"transfer_exposed\"", "phase=\"first_step\""}) {
+    EXPECT_EQ(metricValueWith(m, "tandem_disagg_ttft_phase_seconds_count", phase), 2) << phase << "\n" << m;
+  }
+  const double busy = metricValue(m, "tandem_kv_transfer_busy_seconds_total{");
+  EXPECT_GT(busy, 0);
+  EXPECT_LE(metricValue(m, "tandem_kv_transfer_hidden_seconds_total{"), busy);
   EXPECT_EQ(metricValue(scrape(*decode), "tandem_request_path_total{path=\"direct\""), 1);
 }
 
