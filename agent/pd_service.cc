@@ -221,6 +221,7 @@ struct PrefillService::Impl {
       if (k == by_request.end()) continue;
       kvproto::LayerReady msg;
       msg.layer = static_cast<uint16_t>(layer);
+      msg.first_block = static_cast<uint32_t>(r.first_block);
       for (BlockId b : r.blocks) {
         const float* p = kv->layerBlock(layer, b);
         msg.checksums.push_back(kvproto::layerBlockChecksum(
@@ -402,10 +403,10 @@ struct DecodeService::Impl {
     ConnId conn = 0;
     std::vector<BlockId> d_blocks;
     std::vector<uint32_t> p_blocks;
-    std::vector<std::vector<uint64_t>> checksums;  // [layer][block]
+    std::vector<uint64_t> checksums;               // [layer * blocks + block], as announced
     std::unordered_set<GetId> outstanding;
     size_t layer_blocks_done = 0;                  // pulled and verified
-    std::vector<bool> layer_requested;             // [layer]: its pull was issued
+    std::vector<uint8_t> requested;                // [layer * blocks + block]: its pull was issued
     std::optional<uint32_t> first_token;
     bool verify = true;
     bool completed = false;
@@ -419,11 +420,11 @@ struct DecodeService::Impl {
     bool accepted = false;                   // PrefillAccepted arrived
     // Layer announcements that overtook PrefillAccepted or P's Hello: UCX
     // may deliver messages out of order while an endpoint switches lanes
-    // (e.g. from tcp to shared memory after wire-up). At most num_layers.
+    // (e.g. from tcp to shared memory after wire-up). Bounded by the number
+    // of layer blocks.
     std::vector<kvproto::LayerReady> early_layers;
     // Phase times (PdTimings).
     std::optional<MonoTime> last_layer_at;              // the latest layer announcement arrived
-    std::vector<MonoTime> pull_issued;                  // [layer]
     std::vector<std::pair<MonoTime, MonoTime>> pulls;   // [issued, completed] of finished layer pulls
     std::optional<MonoTime> kv_done_at;
     std::optional<PdTimings> timings;
@@ -533,9 +534,14 @@ struct DecodeService::Impl {
     return t;
   }
 
-  // `id` is read only under mu: the issuer stores it there after get() returns.
-  // One layer of one transfer arrived (or failed): verify its blocks.
-  void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, uint32_t layer, absl::Status s) {
+  // A block range of one layer arrived (or failed): verify its blocks.
+  // `id` is read only under mu: the issuer stores it there after getv() returns.
+  struct Pull {
+    uint32_t layer = 0;
+    size_t first = 0, count = 0;
+    MonoTime issued;
+  };
+  void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, const Pull& pull, absl::Status s) {
     std::lock_guard lock(mu);
     const GetId g = *id;
     auto it = transfers.find(tid);
@@ -547,15 +553,16 @@ struct DecodeService::Impl {
       maybeEnd(tid, tr);
       return;
     }
-    tr.layer_blocks_done += tr.d_blocks.size();
-    tr.pulls.emplace_back(tr.pull_issued[layer], SystemClock::instance().now());
-    for (size_t i = 0; tr.verify && !tr.failed && i < tr.d_blocks.size(); ++i) {
-      const std::byte* p = region + layerBlockOffset(layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
+    tr.layer_blocks_done += pull.count;
+    tr.pulls.emplace_back(pull.issued, SystemClock::instance().now());
+    const size_t n = tr.d_blocks.size();
+    for (size_t i = pull.first; tr.verify && !tr.failed && i < pull.first + pull.count; ++i) {
+      const std::byte* p = region + layerBlockOffset(pull.layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
                                                      static_cast<uint32_t>(layout.num_blocks), layout.bytesPerLayerBlock());
       uint64_t got = kvproto::layerBlockChecksum(std::span<const std::byte>(p, layout.bytesPerLayerBlock()));
       metrics.checksum_checked.increment();
-      if (got != tr.checksums[layer][i]) {
-        fail(tid, tr, FailureReason::kChecksumMismatch, strCat("layer ", layer, " block ", i, " checksum differs"));
+      if (got != tr.checksums[pull.layer * n + i]) {
+        fail(tid, tr, FailureReason::kChecksumMismatch, strCat("layer ", pull.layer, " block ", i, " checksum differs"));
         return;
       }
     }
@@ -565,40 +572,48 @@ struct DecodeService::Impl {
 
   void onLayerReady(uint64_t tid, Transfer& tr, const kvproto::LayerReady& l) {
     if (tr.failed) return;
-    if (tr.p_blocks.size() != tr.d_blocks.size() || l.checksums.size() != tr.p_blocks.size() || !peer) {
-      fail(tid, tr, FailureReason::kTransferFailed, "layer announcement does not match the accepted blocks");
+    const size_t n = tr.d_blocks.size();
+    if (tr.p_blocks.size() != n || !peer || static_cast<uint64_t>(l.first_block) + l.checksums.size() > n) {
+      fail(tid, tr, FailureReason::kTransferFailed,
+           strCat("layer announcement (blocks [", l.first_block, ", ", static_cast<uint64_t>(l.first_block) + l.checksums.size(),
+                  ")) does not match the ", n, " accepted blocks"));
       return;
     }
-    if (tr.layer_requested[l.layer]) {
-      fail(tid, tr, FailureReason::kTransferFailed, strCat("layer ", l.layer, " was announced twice"));
-      return;
+    if (l.checksums.empty()) return;
+    for (size_t i = l.first_block; i < l.first_block + l.checksums.size(); ++i) {
+      if (tr.requested[l.layer * n + i]) {
+        fail(tid, tr, FailureReason::kTransferFailed, strCat("layer ", l.layer, " block ", i, " was announced twice"));
+        return;
+      }
     }
-    tr.layer_requested[l.layer] = true;
-    tr.pull_issued[l.layer] = SystemClock::instance().now();
-    tr.checksums[l.layer] = l.checksums;
-    // The whole layer is one logical get; the transport merges blocks that
-    // are contiguous on both sides into one UCX get.
+    for (size_t i = 0; i < l.checksums.size(); ++i) {
+      tr.requested[l.layer * n + l.first_block + i] = 1;
+      tr.checksums[l.layer * n + l.first_block + i] = l.checksums[i];
+    }
+    // The range is one logical get; the transport merges blocks that are
+    // contiguous on both sides into one UCX get.
     const uint64_t bytes = layout.bytesPerLayerBlock();
     std::vector<transport::UcxTransport::Segment> segments;
-    segments.reserve(tr.d_blocks.size());
-    for (size_t i = 0; i < tr.d_blocks.size(); ++i) {
+    segments.reserve(l.checksums.size());
+    for (size_t i = l.first_block; i < l.first_block + l.checksums.size(); ++i) {
       std::byte* local = region + layerBlockOffset(l.layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
                                                    static_cast<uint32_t>(layout.num_blocks), bytes);
       segments.push_back({.local = local, .remote_offset = layerBlockOffset(l.layer, tr.p_blocks[i], peer->num_blocks, bytes),
                           .length = bytes});
     }
+    const Pull pull{.layer = l.layer, .first = l.first_block, .count = l.checksums.size(), .issued = SystemClock::instance().now()};
     // The id is known only after getv() returns; the completion may not
     // run before we record it because it needs mu, which we hold.
     auto holder = std::make_shared<GetId>(0);
-    GetId g = t->getv(tr.conn, std::move(segments), [this, tid, holder, layer = l.layer](absl::Status s) {
+    GetId g = t->getv(tr.conn, std::move(segments), [this, tid, holder, pull](absl::Status s) {
       if (options.faults.get_complete_delay.count() > 0) {
         // Fault injection: the completion is held, so the get stays
         // outstanding (its blocks must not be freed meanwhile).
         delayed->at(SystemClock::instance().now() + options.faults.get_complete_delay,
-                    [this, tid, holder, layer, s = std::move(s)]() mutable { onGetDone(tid, holder, layer, std::move(s)); });
+                    [this, tid, holder, pull, s = std::move(s)]() mutable { onGetDone(tid, holder, pull, std::move(s)); });
         return;
       }
-      onGetDone(tid, holder, layer, std::move(s));
+      onGetDone(tid, holder, pull, std::move(s));
     });
     *holder = g;
     tr.outstanding.insert(g);
@@ -679,8 +694,9 @@ struct DecodeService::Impl {
     } else if (auto* l = std::get_if<kvproto::LayerReady>(&m->body)) {
       tr.last_layer_at = SystemClock::instance().now();
       if (!tr.accepted || !peer) {
-        if (tr.early_layers.size() >= static_cast<size_t>(layout.num_layers)) {
-          fail(tid, tr, FailureReason::kTransferFailed, "more layer announcements than layers before the request was accepted");
+        // Every announcement names at least one block of one layer.
+        if (tr.early_layers.size() >= static_cast<size_t>(layout.num_layers) * std::max<size_t>(tr.d_blocks.size(), 1)) {
+          fail(tid, tr, FailureReason::kTransferFailed, "more layer announcements than layer blocks before the request was accepted");
         } else {
           tr.early_layers.push_back(std::move(*l));
         }
@@ -741,9 +757,6 @@ struct DecodeService::Impl {
       tr.cb = std::move(cb);
       tr.prompt = spec.prompt;
       tr.sampling = spec.sampling;
-      tr.checksums.resize(static_cast<size_t>(layout.num_layers));
-      tr.layer_requested.assign(static_cast<size_t>(layout.num_layers), false);
-      tr.pull_issued.resize(static_cast<size_t>(layout.num_layers));
       tr.verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
     }
     uint64_t handle = loop.submit(std::move(spec), [this, tid](const engine::RequestUpdate& u) { onUpdate(tid, u); });
@@ -766,6 +779,8 @@ struct DecodeService::Impl {
         tr.id = u.id;
         tr.has_id = true;
         tr.d_blocks = u.kv_blocks;
+        tr.checksums.assign(tr.d_blocks.size() * static_cast<size_t>(layout.num_layers), 0);
+        tr.requested.assign(tr.d_blocks.size() * static_cast<size_t>(layout.num_layers), 0);
         if (tr.failed) {
           maybeEnd(tid, tr);
           return;

@@ -283,15 +283,19 @@ StepStats Engine::step() {
   }
   st.num_scheduled_tokens = st.num_prefill_tokens + st.num_decode_tokens;
 
-  // Leased prefills whose last prompt chunk runs now: report their blocks
-  // before the model writes them, then each layer as it lands.
+  // Leased prefills: their prompt blocks are reported before the model
+  // first writes them. Those whose last prompt chunk runs now announce their
+  // remaining blocks layer by layer as each lands; the others announce what
+  // their chunk completed after the step.
   std::vector<LayerReady> finishing;
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence* s = c.seq;
-    if (s->spec.lease && s->numOutputTokens() == 0 && s->num_computed + c.num_tokens == s->num_prompt_tokens) {
-      const size_t n = static_cast<size_t>(ceilDiv(s->num_prompt_tokens, options_.block_size));
-      reportKvBlocks(s, n);
-      finishing.push_back({s->id, std::span<const BlockId>(s->blocks).first(n)});
+    if (!s->spec.lease || s->numOutputTokens() != 0) continue;
+    const size_t n = static_cast<size_t>(ceilDiv(s->num_prompt_tokens, options_.block_size));
+    reportKvBlocks(s, n);
+    if (s->num_computed + c.num_tokens == s->num_prompt_tokens) {
+      const auto first = static_cast<size_t>(s->blocks_announced);
+      finishing.push_back({s->id, first, std::span<const BlockId>(s->blocks).subspan(first, n - first)});
     }
   }
   LayerObserver on_layer = [&](int layer) { layer_observer_(layer, finishing); };
@@ -308,14 +312,30 @@ StepStats Engine::step() {
   } else {
     const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
     size_t row = 0;
+    std::vector<LayerReady> completed;  // leased prefills' blocks an earlier chunk finished
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       Sequence* s = plan.chunks[i].seq;
       s->num_computed += plan.chunks[i].num_tokens;
       scheduler_.commitComputedBlocks(s);
+      if (s->spec.lease && s->kv_blocks_reported && s->numOutputTokens() == 0) {
+        const int n = ceilDiv(s->num_prompt_tokens, options_.block_size);
+        const int done = s->num_computed == s->num_prompt_tokens ? n : s->num_computed / options_.block_size;
+        if (done > s->blocks_announced && !batch[i].want_logits) {
+          completed.push_back({s->id, static_cast<size_t>(s->blocks_announced),
+                               std::span<const BlockId>(s->blocks).subspan(static_cast<size_t>(s->blocks_announced),
+                                                                          static_cast<size_t>(done - s->blocks_announced))});
+        }
+        s->blocks_announced = std::max(s->blocks_announced, done);
+      }
       if (batch[i].want_logits) {
         postprocess(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
         ++row;
       }
+    }
+    // (Only sequences without logits are in `completed`: none of them
+    // finished in the loop above, so their block spans are intact.)
+    if (layer_observer_ && !completed.empty()) {
+      for (int layer = 0; layer < weights_->config.num_layers; ++layer) layer_observer_(layer, completed);
     }
   }
   MonoTime t3 = clock_.now();

@@ -111,11 +111,16 @@ class Engine {
 
   // --- P/D (see RequestSpec::lease and ::import_kv) ---
 
-  // Called during a step, after layer `layer` of the KV of `prefills` (the
-  // leased requests whose last prompt chunk runs in this step, with the
-  // blocks reported in their kv_blocks update) is in kv().
+  // Announces final KV of leased prefills, so a peer can pull it while the
+  // rest computes: blocks [first_block, first_block + blocks.size()) of the
+  // list reported in the request's kv_blocks update hold their final KV for
+  // layer `layer`. Called during the step that runs a prompt's last chunk,
+  // once per layer as it lands (for the blocks not announced yet); and after
+  // a step that ran an earlier chunk, for every layer, for the blocks that
+  // chunk completed. Every block is announced exactly once per layer.
   struct LayerReady {
     RequestId id;
+    size_t first_block = 0;
     std::span<const BlockId> blocks;
   };
   using LayerObserverFn = std::function<void(int layer, std::span<const LayerReady> prefills)>;

@@ -28,7 +28,7 @@ namespace {
 
 constexpr unsigned kControlAmId = 1;
 constexpr std::chrono::nanoseconds kGetPollInterval{20'000};
-constexpr std::chrono::nanoseconds kGetSpin{200'000};
+constexpr std::chrono::nanoseconds kGetSpin{50'000};
 
 absl::Status ucsError(std::string_view what, ucs_status_t s) {
   return absl::UnavailableError(strCat(what, ": ", ucs_status_string(s)));

@@ -166,11 +166,12 @@ bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* resu
       ++result->num_session_evictions;
       continue;
     }
-    // The newest running sequence that is not importing: an importing
-    // sequence's blocks are being written by gets, so they cannot be freed.
+    // The newest running sequence that is not pinned: an importing
+    // sequence's blocks are being written by gets, a reported leased
+    // prefill's may be being read by a peer, so neither can be freed.
     Sequence* victim = seq;
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-      if (!(*it)->importing) {
+      if (!(*it)->pinned()) {
         victim = *it;
         break;
       }
@@ -236,8 +237,11 @@ ScheduleResult Scheduler::schedule() {
       continue;
     }
     int n = std::min(s->numUncomputed(), budget);
-    // Within its own reservation, which tryAdmit checked, so this cannot preempt.
-    if (!ensureBlocks(s, s->num_computed + n, &result)) break;
+    // Within its own reservation, which tryAdmit checked, so this cannot
+    // preempt. A leased prefill gets all its prompt blocks now: they are
+    // reported to the peer before the first chunk runs.
+    const bool leased = s->spec.lease.has_value() && s->numOutputTokens() == 0;
+    if (!ensureBlocks(s, leased ? s->num_prompt_tokens : s->num_computed + n, &result)) break;
     result.chunks.push_back({s, n});
     budget -= n;
   }

@@ -44,6 +44,12 @@ struct Sequence {
   // nothing is computed until completeImport().
   bool importing = false;
   bool kv_blocks_reported = false;
+  // Leased prefill (RequestSpec::lease): its prompt blocks are allocated and
+  // reported at admission, and blocks [0, blocks_announced) are announced to
+  // the layer observer as final. Once reported, a peer may be reading them:
+  // such a sequence is never preempted (pinned()).
+  int blocks_announced = 0;
+  bool pinned() const { return importing || (spec.lease.has_value() && kv_blocks_reported); }
 
   // Admission reservation, in blocks: prompt + expected output.
   int reserved_blocks = 0;

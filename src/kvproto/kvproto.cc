@@ -126,6 +126,7 @@ void encodeBody(const PrefillAccepted& a, Writer& w) {
 }
 void encodeBody(const LayerReady& l, Writer& w) {
   w.put(l.layer);
+  w.put(l.first_block);
   w.list(l.checksums);
 }
 void encodeBody(const PrefillDone& d, Writer& w) { w.put(d.first_token); }
@@ -255,8 +256,13 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
     case MessageType::kLayerReady: {
       LayerReady l;
       l.layer = r.get<uint16_t>("layer");
+      l.first_block = r.get<uint32_t>("first_block");
       l.checksums = r.list<uint64_t>("checksums", limits.max_blocks);
       if (r.ok() && l.layer >= limits.num_layers) r.fail(strCat("layer ", l.layer, " is outside the model's ", limits.num_layers, " layers"));
+      if (r.ok() && static_cast<uint64_t>(l.first_block) + l.checksums.size() > limits.max_blocks) {
+        r.fail(strCat("blocks [", l.first_block, ", ", static_cast<uint64_t>(l.first_block) + l.checksums.size(),
+                      ") exceed the limit of ", limits.max_blocks, " blocks"));
+      }
       m.body = std::move(l);
       break;
     }

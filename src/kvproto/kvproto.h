@@ -8,7 +8,7 @@
 //
 //   offset size field
 //   0      4    magic        0x3156_4B54 ("TKV1" in memory order)
-//   4      2    version      kVersion (1). A receiver rejects any other.
+//   4      2    version      kVersion (2). A receiver rejects any other.
 //   6      2    type         MessageType
 //   8      8    transfer_id  chosen by D, unique per D; names one prefill/transfer
 //   16     4    payload_len  bytes after the header; must equal what remains
@@ -25,7 +25,9 @@
 //   kPrefillAccepted  u32 num_cached_tokens, u32 lease_ms (how long P keeps the blocks
 //                     pinned from now: D must not read them later), list<u32> block_ids
 //                     (P's blocks, in logical order)
-//   kLayerReady       u16 layer, list<u64> checksums (one per block of kPrefillAccepted)
+//   kLayerReady       u16 layer, u32 first_block, list<u64> checksums: blocks
+//                     [first_block, first_block + count) of kPrefillAccepted's list
+//                     hold their final KV for this layer; one checksum each
 //   kPrefillDone      u32 first_token
 //   kRelease          (empty) D is done reading; P unpins
 //   kAbort            u16 reason (FailureReason), bytes message
@@ -50,7 +52,7 @@
 namespace tandem::kvproto {
 
 inline constexpr uint32_t kMagic = 0x31564B54;
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: LayerReady names a block range
 inline constexpr size_t kHeaderSize = 24;
 
 enum class MessageType : uint16_t {
@@ -106,6 +108,7 @@ struct PrefillAccepted {
 };
 struct LayerReady {
   uint16_t layer = 0;
+  uint32_t first_block = 0;  // index into PrefillAccepted::block_ids
   std::vector<uint64_t> checksums;
 };
 struct PrefillDone {

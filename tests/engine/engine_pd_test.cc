@@ -27,32 +27,15 @@ EngineOptions opts() {
 
 TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
   std::mt19937 rng(21);
-  for (int len : {5, 16, 40, 150}) {
+  for (int len : {5, 16, 40, 150, 300}) {
     auto prompt = randomPrompt(rng, len);
+    const size_t num_blocks = static_cast<size_t>((len + 15) / 16);
     // Monolithic reference.
     Harness mono(opts());
     RequestId ref = mono.add(greedy(prompt, 12));
     mono.runToCompletion();
 
-    // P: prefill with a lease; capture the blocks from the kv_blocks update.
-    Harness p(opts());
-    std::vector<BlockId> p_blocks;
-    std::vector<int> layers;
-    p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
-      ASSERT_EQ(ready.size(), 1u);
-      p_blocks.assign(ready[0].blocks.begin(), ready[0].blocks.end());
-      layers.push_back(layer);
-    });
-    RequestSpec ps = greedy(prompt, 1);
-    ps.lease = LeaseSpec{7, p.clock.now() + std::chrono::seconds(30)};
-    RequestId pid = p.add(ps);
-    p.runToCompletion();
-    ASSERT_EQ(p.outcome(pid).tokens.size(), 1u);
-    EXPECT_EQ(layers, (std::vector<int>{0, 1, 2, 3}));
-    ASSERT_EQ(p_blocks.size(), static_cast<size_t>((len + 15) / 16));
-    EXPECT_EQ(p.engine->numLeases(), 1);
-
-    // D: import; copy every layer block from P's pool into D's blocks.
+    // D: import first, so its blocks exist when P announces.
     Harness d(opts());
     std::vector<BlockId> d_blocks;
     RequestSpec ds = greedy(prompt, 12);
@@ -68,15 +51,52 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
     });
     d.outcomes[did] = std::make_shared<testing::Outcome>();
     for (int i = 0; i < 3; ++i) d.step();  // admitted; nothing is computed while importing
-    ASSERT_EQ(d_blocks.size(), p_blocks.size());
+    ASSERT_EQ(d_blocks.size(), num_blocks);
     EXPECT_TRUE(d.engine->hasWork());
-    const KvLayout& lay = p.engine->kv().layout();
-    for (int l = 0; l < lay.num_layers; ++l) {
-      for (size_t b = 0; b < p_blocks.size(); ++b) {
-        std::memcpy(const_cast<float*>(d.engine->kv().layerBlock(l, d_blocks[b])), p.engine->kv().layerBlock(l, p_blocks[b]),
-                    lay.bytesPerLayerBlock());
+
+    // P: prefill with a lease. Its blocks are reported before any chunk
+    // runs; each announced range is copied into D at once, the way D's gets
+    // read it while P goes on computing, so an announcement of a block that
+    // is not final yet would change D's output.
+    Harness p(opts());
+    std::vector<BlockId> p_blocks;
+    std::vector<std::vector<int>> announced(4, std::vector<int>(num_blocks, 0));  // [layer][block]
+    int early = 0;  // announcements made before the last chunk
+    p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
+      ASSERT_EQ(ready.size(), 1u);
+      ASSERT_EQ(p_blocks.size(), num_blocks) << "announced before the blocks were reported";
+      const Engine::LayerReady& r = ready[0];
+      ASSERT_LE(r.first_block + r.blocks.size(), num_blocks);
+      if (r.first_block + r.blocks.size() < num_blocks) ++early;
+      const KvLayout& lay = p.engine->kv().layout();
+      for (size_t i = 0; i < r.blocks.size(); ++i) {
+        const size_t b = r.first_block + i;
+        EXPECT_EQ(r.blocks[i], p_blocks[b]);
+        ++announced[static_cast<size_t>(layer)][b];
+        std::memcpy(const_cast<float*>(d.engine->kv().layerBlock(layer, d_blocks[b])),
+                    p.engine->kv().layerBlock(layer, r.blocks[i]), lay.bytesPerLayerBlock());
       }
+    });
+    RequestSpec ps = greedy(prompt, 1);
+    ps.lease = LeaseSpec{7, p.clock.now() + std::chrono::seconds(30)};
+    RequestId pid = p.engine->addRequest(ps, [&](const RequestUpdate& u) {
+      if (!u.kv_blocks.empty()) p_blocks = u.kv_blocks;
+      auto& o = *p.outcomes[RequestId(1)];
+      o.tokens.insert(o.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.finished) {
+        o.finished = true;
+        o.final = u;
+      }
+    });
+    p.outcomes[pid] = std::make_shared<testing::Outcome>();
+    p.runToCompletion();
+    ASSERT_EQ(p.outcome(pid).tokens.size(), 1u);
+    for (const auto& layer : announced) EXPECT_EQ(layer, std::vector<int>(num_blocks, 1)) << "each block once per layer";
+    if (len > opts().max_num_batched_tokens + 16) {
+      EXPECT_GT(early, 0) << "blocks of earlier chunks are announced early";
     }
+    EXPECT_EQ(p.engine->numLeases(), 1);
+
     ASSERT_TRUE(d.engine->completeImport(did, p.outcome(pid).tokens[0]));
     d.runToCompletion();
     EXPECT_EQ(d.outcome(did).tokens, mono.outcome(ref).tokens) << "prompt length " << len;
@@ -89,6 +109,36 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
     EXPECT_EQ(d.engine->numAvailableBlocks(), opts().num_blocks);
     EXPECT_TRUE(p.engine->checkInvariants().ok());
   }
+}
+
+TEST(EnginePdTest, ReportedLeasedPrefillIsNeverPreempted) {
+  // A decode that outgrows its reservation needs a block while the only
+  // other running request is a leased prefill whose blocks a peer may be
+  // reading: the decode waits, the prefill keeps its blocks.
+  EngineOptions o = opts();
+  o.num_blocks = 12;
+  o.expected_output_tokens = 1;  // reservations that decodes outgrow
+  Harness p(o);
+  std::mt19937 rng(24);
+  RequestId b = p.add(greedy(randomPrompt(rng, 16), 40));  // 2 blocks reserved, needs 4 by the end
+  p.step();
+  RequestSpec ls = greedy(randomPrompt(rng, 150), 1);      // 10 blocks, taken at admission
+  ls.lease = LeaseSpec{3, p.clock.now() + std::chrono::seconds(30)};
+  RequestId a = p.add(ls);
+  for (int i = 0; i < 200 && !p.outcome(a).finished; ++i) p.step();
+  ASSERT_TRUE(p.outcome(a).finished);
+  EXPECT_EQ(p.outcome(a).tokens.size(), 1u);
+  EXPECT_EQ(p.outcome(a).final.num_preemptions, 0);
+  // The decode waits while the lease pins the prefill's blocks, and
+  // finishes once D released them.
+  for (int i = 0; i < 50; ++i) p.step();
+  EXPECT_FALSE(p.outcome(b).finished);
+  EXPECT_TRUE(p.engine->releaseLease(3));
+  p.runToCompletion();
+  EXPECT_EQ(p.outcome(b).tokens.size(), 40u);
+  EXPECT_GT(p.outcome(b).final.num_preemptions, 0) << "the decode, not the leased prefill, had to give way";
+  EXPECT_TRUE(p.engine->checkInvariants().ok());
+  EXPECT_EQ(p.engine->numAvailableBlocks(), o.num_blocks);
 }
 
 TEST(EnginePdTest, WrongKvChangesTheOutput) {

@@ -16,7 +16,7 @@ std::vector<Message> samples() {
           {2, pr},
           {2, PrefillRequest{.tokens = {9}}},
           {3, PrefillAccepted{.num_cached_tokens = 32, .block_ids = {4, 9, 2}}},
-          {3, LayerReady{.layer = 3, .checksums = {1, 2, 0xffffffffffffffffULL}}},
+          {3, LayerReady{.layer = 3, .first_block = 5, .checksums = {1, 2, 0xffffffffffffffffULL}}},
           {4, PrefillDone{.first_token = 42}},
           {5, Release{}},
           {6, Abort{.reason = FailureReason::kLeaseExpired, .message = "lease expired after 30s"}},
@@ -44,7 +44,7 @@ TEST(KvProtoTest, HeaderLayoutIsAsDocumented) {
   std::vector<uint8_t> wire = encode({0x0102030405060708ULL, PrefillDone{.first_token = 5}});
   ASSERT_EQ(wire.size(), kHeaderSize + 4);
   EXPECT_EQ(std::string(wire.begin(), wire.begin() + 4), "TKV1");
-  EXPECT_EQ(wire[4], 1);  // version, little-endian
+  EXPECT_EQ(wire[4], 2);  // version, little-endian
   EXPECT_EQ(wire[6], static_cast<uint8_t>(MessageType::kPrefillDone));
   EXPECT_EQ(wire[8], 0x08);  // transfer id, little-endian
   EXPECT_EQ(wire[16], 4);    // payload length
@@ -72,8 +72,8 @@ TEST(KvProtoTest, BadHeadersAreRejectedWithReason) {
   bad[0] ^= 0xff;
   EXPECT_NE(errorOf(bad).find("bad magic"), std::string::npos);
   bad = wire;
-  bad[4] = 2;
-  EXPECT_NE(errorOf(bad).find("unsupported version 2"), std::string::npos);
+  bad[4] = 1;  // the previous version: LayerReady had no block range
+  EXPECT_NE(errorOf(bad).find("unsupported version 1"), std::string::npos);
   bad = wire;
   bad[6] = 99;
   EXPECT_NE(errorOf(bad).find("unknown message type 99"), std::string::npos);
@@ -101,6 +101,13 @@ TEST(KvProtoTest, OutOfRangeBlocksAndLayersAreRejected) {
             std::string::npos);
   EXPECT_TRUE(decode(encode({3, PrefillAccepted{.block_ids = {0, 7}}}), peer).ok());
   EXPECT_NE(errorOf(encode({3, LayerReady{.layer = 4, .checksums = {1}}}), peer).find("layer 4 is outside"), std::string::npos);
+  // A block range past any request's list (the receiver checks it against the request).
+  EXPECT_NE(errorOf(encode({3, LayerReady{.layer = 0, .first_block = 0xffffffffu, .checksums = {1, 2}}}), peer)
+                .find("exceed the limit"),
+            std::string::npos);
+  auto l = decode(encode({3, LayerReady{.layer = 1, .first_block = 6, .checksums = {1, 2}}}), peer);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(std::get<LayerReady>(l->body).first_block, 6u);
 }
 
 TEST(KvProtoTest, SemanticGarbageIsRejected) {
