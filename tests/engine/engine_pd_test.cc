@@ -37,20 +37,11 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
 
     // D: import first, so its blocks exist when P announces.
     Harness d(opts());
-    std::vector<BlockId> d_blocks;
     RequestSpec ds = greedy(prompt, 12);
     ds.import_kv = true;
-    RequestId did = d.engine->addRequest(ds, [&](const RequestUpdate& u) {
-      if (!u.kv_blocks.empty()) d_blocks = u.kv_blocks;
-      auto& o = *d.outcomes[RequestId(1)];
-      o.tokens.insert(o.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
-      if (u.finished) {
-        o.finished = true;
-        o.final = u;
-      }
-    });
-    d.outcomes[did] = std::make_shared<testing::Outcome>();
+    RequestId did = d.add(ds);
     for (int i = 0; i < 3; ++i) d.step();  // admitted; nothing is computed while importing
+    const std::vector<BlockId>& d_blocks = d.outcome(did).kv_blocks;
     ASSERT_EQ(d_blocks.size(), num_blocks);
     EXPECT_TRUE(d.engine->hasWork());
 
@@ -59,11 +50,12 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
     // read it while P goes on computing, so an announcement of a block that
     // is not final yet would change D's output.
     Harness p(opts());
-    std::vector<BlockId> p_blocks;
+    RequestId pid;
     std::vector<std::vector<int>> announced(4, std::vector<int>(num_blocks, 0));  // [layer][block]
     int early = 0;  // announcements made before the last chunk
     p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
       ASSERT_EQ(ready.size(), 1u);
+      const std::vector<BlockId>& p_blocks = p.outcome(pid).kv_blocks;
       ASSERT_EQ(p_blocks.size(), num_blocks) << "announced before the blocks were reported";
       const Engine::LayerReady& r = ready[0];
       ASSERT_LE(r.first_block + r.blocks.size(), num_blocks);
@@ -79,16 +71,7 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
     });
     RequestSpec ps = greedy(prompt, 1);
     ps.lease = LeaseSpec{7, p.clock.now() + std::chrono::seconds(30)};
-    RequestId pid = p.engine->addRequest(ps, [&](const RequestUpdate& u) {
-      if (!u.kv_blocks.empty()) p_blocks = u.kv_blocks;
-      auto& o = *p.outcomes[RequestId(1)];
-      o.tokens.insert(o.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
-      if (u.finished) {
-        o.finished = true;
-        o.final = u;
-      }
-    });
-    p.outcomes[pid] = std::make_shared<testing::Outcome>();
+    pid = p.add(ps);
     p.runToCompletion();
     ASSERT_EQ(p.outcome(pid).tokens.size(), 1u);
     for (const auto& layer : announced) EXPECT_EQ(layer, std::vector<int>(num_blocks, 1)) << "each block once per layer";

@@ -32,6 +32,7 @@ inline std::vector<TokenId> randomPrompt(std::mt19937& rng, int n) {
 
 struct Outcome {
   std::vector<TokenId> tokens;
+  std::vector<BlockId> kv_blocks;  // from the kv_blocks update (P/D: leases and imports)
   std::string text;
   bool finished = false;
   int num_finished_updates = 0;
@@ -51,6 +52,7 @@ class Harness {
   RequestId add(RequestSpec spec) {
     auto out = std::make_shared<Outcome>();
     RequestId id = engine->addRequest(std::move(spec), [out](const RequestUpdate& u) {
+      if (!u.kv_blocks.empty()) out->kv_blocks = u.kv_blocks;
       out->tokens.insert(out->tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
       out->text += u.text_delta;
       if (u.finished) {

@@ -86,6 +86,13 @@ struct GetWaiter {
   }
 };
 
+// D connects to P and learns P's region, ready for gets.
+ConnId connectForGets(Side& d, Side& p) {
+  ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  return c;
+}
+
 class UcxTransportTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UcxTransportTest, MessagesBothWaysAndGetIntoOwnMemory) {
@@ -117,8 +124,7 @@ TEST_P(UcxTransportTest, MessagesBothWaysAndGetIntoOwnMemory) {
 
 TEST_P(UcxTransportTest, ManyConcurrentGetsEachCompleteOnce) {
   Side p(8 << 20, GetParam()), d(8 << 20, GetParam());
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  ConnId c = connectForGets(d, p);
   constexpr int kGets = 64;
   std::atomic<int> ok{0}, calls{0};
   for (int i = 0; i < kGets; ++i) {
@@ -151,8 +157,7 @@ TEST_P(UcxTransportTest, BadGetsFailWithoutTouchingThePeer) {
 
 TEST_P(UcxTransportTest, CancelledGetStillCompletesExactlyOnce) {
   Side p(64 << 20, GetParam()), d(64 << 20, GetParam());
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  ConnId c = connectForGets(d, p);
   GetWaiter w;
   GetId g = d.t->get(c, d.region.data(), 0, 64 << 20, w.callback());
   d.t->cancelGet(g);
@@ -189,8 +194,7 @@ TEST_P(UcxTransportTest, PeerGoneFailsOutstandingGetsAndReportsDisconnect) {
 
 TEST_P(UcxTransportTest, SegmentedGetMergesNeighboursAndCompletesOnce) {
   Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  ConnId c = connectForGets(d, p);
   std::fill(d.region.begin(), d.region.end(), std::byte{0});
   constexpr size_t kBlock = 8192;
   using Seg = UcxTransport::Segment;
@@ -219,8 +223,7 @@ TEST_P(UcxTransportTest, SegmentedGetMergesNeighboursAndCompletesOnce) {
 
 TEST_P(UcxTransportTest, SegmentedGetWithOneBadSegmentReadsNothing) {
   Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  ConnId c = connectForGets(d, p);
   std::fill(d.region.begin(), d.region.end(), std::byte{0});
   const uint64_t issued_before = d.t->ucxGetsIssued();
   GetWaiter w;
@@ -236,8 +239,7 @@ TEST_P(UcxTransportTest, SegmentedGetWithOneBadSegmentReadsNothing) {
 
 TEST_P(UcxTransportTest, CancelledSegmentedGetCompletesOnceAfterAllParts) {
   Side p(64 << 20, GetParam()), d(64 << 20, GetParam());
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+  ConnId c = connectForGets(d, p);
   // 64 parts of 1 MiB, none mergeable (reversed order on the remote side).
   std::vector<UcxTransport::Segment> segs;
   for (size_t i = 0; i < 64; ++i) segs.push_back({d.region.data() + i * (1 << 20), (63 - i) * (1 << 20), 1 << 20});
