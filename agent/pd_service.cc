@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -121,6 +122,9 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                            .labels(labels).registerOn(r).add({})),
       failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
                     .labels(labels).registerOn(r)),
+      rejected_(metrics::buildCounter().name("tandem_kv_control_messages_rejected_total")
+                    .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, after_end.")
+                    .labels(labels).registerOn(r)),
       phase_seconds_(metrics::buildHistogram().name("tandem_disagg_ttft_phase_seconds")
                          .help("TTFT of disaggregated requests by phase (decode side): prefill (P's queue and compute), "
                                "transfer_exposed (pull time after P's last layer), first_step (D's first token).")
@@ -136,7 +140,10 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
+  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end"}) rejected_.add({{"reason", reason}});
 }
+
+void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }
 
 void PdMetrics::phases(const PdTimings& t) {
   phase_seconds_.add({{"phase", "prefill"}}).observe(t.prefill_ms / 1e3);
@@ -201,6 +208,15 @@ struct PrefillService::Impl {
   using Key = std::pair<ConnId, uint64_t>;
   std::mutex mu;
   std::map<Key, Transfer> transfers;                           // guarded by mu
+  // Transfers D ended (Release or Abort) that P does not hold: normally
+  // ones already over here, but possibly an Abort that overtook its
+  // PrefillRequest. Such a request is refused when it arrives rather than
+  // computed and pinned for nobody until the lease runs out. Kept for one
+  // lease TTL (a later request would be dropped by lease expiry anyway),
+  // at most kMaxEnded (the oldest is forgotten first). Guarded by mu.
+  static constexpr size_t kMaxEnded = 1 << 16;
+  std::deque<std::pair<MonoTime, Key>> ended_order;
+  std::set<Key> ended;
   std::unordered_map<uint64_t, Key> by_request;                // engine RequestId -> transfer; guarded by mu
   std::atomic<uint64_t> next_lease{1};
   std::atomic<int> injected_failures{0};
@@ -261,6 +277,12 @@ struct PrefillService::Impl {
     const Key key{conn, tid};
     {
       std::lock_guard lock(mu);
+      forgetExpiredEnds(now);
+      if (ended.contains(key)) {
+        log.warn("refused a prefill request that its decode agent already ended", {{"conn", conn}, {"transfer", tid}});
+        metrics.rejected("after_end");
+        return;
+      }
       if (transfers.contains(key)) {
         send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, "duplicate transfer id"});
         return;
@@ -304,11 +326,26 @@ struct PrefillService::Impl {
     if (auto it = transfers.find(key); it != transfers.end()) it->second.handle = handle;
   }
 
+  // Requires mu.
+  void forgetExpiredEnds(MonoTime now) {
+    while (!ended_order.empty() && (ended_order.front().first <= now || ended_order.size() > kMaxEnded)) {
+      ended.erase(ended_order.front().second);
+      ended_order.pop_front();
+    }
+  }
+
   // D is done with (or gave up on) a transfer: unpin, or stop the prefill.
+  // A transfer P does not hold is remembered as ended (see `ended`).
   void endTransfer(const Key& key) {
     std::lock_guard lock(mu);
     auto it = transfers.find(key);
-    if (it == transfers.end()) return;
+    if (it == transfers.end()) {
+      const MonoTime now = SystemClock::instance().now();
+      forgetExpiredEnds(now);
+      if (ended.insert(key).second) ended_order.emplace_back(now + options.lease_ttl, key);
+      metrics.rejected("unknown_transfer");
+      return;
+    }
     Transfer tr = std::move(it->second);
     transfers.erase(it);
     if (tr.leased) loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
@@ -324,7 +361,7 @@ struct PrefillService::Impl {
                                      .num_layers = static_cast<uint16_t>(layout.num_layers)});
     if (!m.ok()) {
       log.warn("rejected a control message", {{"conn", conn}, {"error", toStd(m.status().message())}});
-      metrics.failure(FailureReason::kTransferFailed);
+      metrics.rejected("malformed");
       return;
     }
     const uint64_t tid = m->transfer_id;
@@ -338,6 +375,7 @@ struct PrefillService::Impl {
       send(conn, tid, kvproto::Pong{});
     } else {
       log.warn("unexpected message for the prefill role", {{"conn", conn}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unexpected_type");
     }
   }
 
@@ -465,7 +503,7 @@ struct DecodeService::Impl {
 
   // Marks a transfer failed: cancels its own gets, tells P, and ends the
   // request once no get is outstanding. Requires mu.
-  void fail(uint64_t tid, Transfer& tr, FailureReason reason, std::string message) {
+  void fail(uint64_t tid, Transfer& tr, FailureReason reason, std::string message, bool tell_peer = true) {
     if (tr.failed || tr.completed) return;
     tr.failed = true;
     tr.reason = reason;
@@ -477,7 +515,7 @@ struct DecodeService::Impl {
     }
     log.warn("kv transfer failed", {{"transfer", tid}, {"reason", kvproto::failureReasonName(reason)}, {"detail", message}});
     for (GetId g : tr.outstanding) t->cancelGet(g);
-    if (tr.conn != 0 && reason != FailureReason::kPeerUnhealthy) send(tr.conn, tid, kvproto::Abort{reason, message});
+    if (tell_peer && tr.conn != 0 && reason != FailureReason::kPeerUnhealthy) send(tr.conn, tid, kvproto::Abort{reason, message});
     maybeEnd(tid, tr);
   }
 
@@ -644,7 +682,7 @@ struct DecodeService::Impl {
     auto m = kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
     if (!m.ok()) {
       log.warn("rejected a control message", {{"error", toStd(m.status().message())}});
-      metrics.failure(FailureReason::kTransferFailed);
+      metrics.rejected("malformed");
       return;
     }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
@@ -667,9 +705,20 @@ struct DecodeService::Impl {
       }
       return;
     }
+    const bool for_a_transfer = std::holds_alternative<kvproto::PrefillAccepted>(m->body) ||
+                                std::holds_alternative<kvproto::LayerReady>(m->body) ||
+                                std::holds_alternative<kvproto::PrefillDone>(m->body) ||
+                                std::holds_alternative<kvproto::Abort>(m->body);
+    if (!for_a_transfer) {
+      log.warn("unexpected message for the decode role", {{"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unexpected_type");
+      return;
+    }
     auto it = transfers.find(m->transfer_id);
     if (it == transfers.end() || it->second.conn != c) {
-      if (!std::holds_alternative<kvproto::Pong>(m->body)) log.debug("message for an unknown transfer", {{"transfer", m->transfer_id}});
+      // Also P's messages that crossed this side's abort of the transfer.
+      log.debug("message for an unknown transfer", {{"transfer", m->transfer_id}});
+      metrics.rejected("unknown_transfer");
       return;
     }
     Transfer& tr = it->second;
@@ -707,7 +756,7 @@ struct DecodeService::Impl {
       tr.first_token = d->first_token;
       maybeComplete(tid, tr);
     } else if (auto* ab = std::get_if<kvproto::Abort>(&m->body)) {
-      fail(tid, tr, ab->reason, ab->message);
+      fail(tid, tr, ab->reason, ab->message, /*tell_peer=*/false);  // P ended it already
     }
   }
 

@@ -94,6 +94,11 @@ class PdMetrics {
  public:
   PdMetrics(metrics::Registry& registry, const metrics::Labels& labels);
   void failure(kvproto::FailureReason reason);
+  // A control message this side refused (tandem_kv_control_messages_rejected_total):
+  // "malformed" (kvproto::decode failed), "unknown_transfer" (names no
+  // transfer this side has), "unexpected_type" (not one this role takes),
+  // "after_end" (P: a PrefillRequest for a transfer D already ended).
+  void rejected(std::string_view reason);
   // A disaggregated request's TTFT phases (D side), once its first token is out.
   void phases(const PdTimings& t);
   metrics::Counter& bytes;
@@ -104,6 +109,7 @@ class PdMetrics {
 
  private:
   metrics::Family<metrics::Counter>& failures_;
+  metrics::Family<metrics::Counter>& rejected_;
   metrics::Family<metrics::Histogram>& phase_seconds_;
   metrics::Counter& transfer_busy_;
   metrics::Counter& transfer_hidden_;

@@ -1,0 +1,304 @@
+// Bad input on the P/D control channel, against real agent processes: a raw
+// kvproto peer in this process (a real UcxTransport over tcp) plays D
+// towards a prefill agent and P towards a decode agent, and sends what a
+// broken or hostile peer could: truncated messages, a wrong version,
+// oversized lengths, out-of-range blocks and layers, unknown transfer ids,
+// messages the role does not take, an Abort that overtakes its request.
+// Each must be refused and counted in
+// tandem_kv_control_messages_rejected_total{reason}; the agent keeps
+// serving correctly and leaks nothing.
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "agent/transport/ucx_transport.h"
+#include "engine/model/weights.h"
+#include "src/http/client.h"
+#include "src/kvproto/kvproto.h"
+#include "tests/agent/agent_process.h"
+
+namespace tandem::agent {
+namespace {
+
+using nlohmann::json;
+using testing::AgentProcess;
+using testing::metricValue;
+using testing::metricValueWith;
+using testing::scrape;
+using testing::waitFor;
+using transport::ConnId;
+
+constexpr int kBlocks = 64;
+constexpr int kBlockSize = 16;  // the agent's default
+
+const engine::ModelConfig& tiny() {
+  static const engine::ModelConfig c = engine::tinyModelConfig();
+  return c;
+}
+uint64_t bytesPerLayerBlock() {
+  return static_cast<uint64_t>(kBlockSize) * static_cast<uint64_t>(tiny().num_kv_heads) * static_cast<uint64_t>(tiny().head_dim) * 2 *
+         sizeof(float);
+}
+
+// A kvproto peer with its own registered memory; received messages are
+// decoded (they come from our agents, which encode correctly) and queued.
+struct RawPeer {
+  std::vector<std::byte> memory;
+  std::unique_ptr<transport::UcxTransport> t;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<ConnId, kvproto::Message>> inbox;  // guarded by mu
+
+  RawPeer() : memory(static_cast<size_t>(kBlocks) * static_cast<size_t>(tiny().num_layers) * bytesPerLayerBlock()) {
+    transport::TransportOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.tls = "tcp";
+    o.region = memory;
+    transport::TransportCallbacks cb;
+    cb.on_message = [this](ConnId c, std::vector<uint8_t> bytes) {
+      auto m = kvproto::decode(bytes);
+      ASSERT_TRUE(m.ok()) << "an agent sent a message that does not decode: " << m.status();
+      std::lock_guard l(mu);
+      inbox.emplace_back(c, std::move(*m));
+      cv.notify_all();
+    };
+    auto started = transport::UcxTransport::start(o, std::move(cb));
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) t = std::move(*started);
+  }
+
+  kvproto::Hello hello(uint16_t role) const {
+    return {.role = role,
+            .num_layers = static_cast<uint16_t>(tiny().num_layers),
+            .num_blocks = kBlocks,
+            .block_size = kBlockSize,
+            .num_kv_heads = static_cast<uint16_t>(tiny().num_kv_heads),
+            .head_dim = static_cast<uint16_t>(tiny().head_dim),
+            .dtype = 1,
+            .region_base = t->regionBase(),
+            .rkey = t->packedRkey(),
+            .peer_name = "raw-test-peer"};
+  }
+
+  void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
+
+  // The next message whose type is `type` (others stay queued); nullopt after 30 s.
+  std::optional<std::pair<ConnId, kvproto::Message>> next(kvproto::MessageType type) {
+    std::unique_lock l(mu);
+    std::optional<std::pair<ConnId, kvproto::Message>> found;
+    cv.wait_for(l, std::chrono::seconds(30), [&] {
+      for (auto it = inbox.begin(); it != inbox.end(); ++it) {
+        if (kvproto::typeOf(it->second.body) == type) {
+          found = std::move(*it);
+          inbox.erase(it);
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+
+  // Every queued message for transfer `tid`, removed from the queue.
+  std::vector<kvproto::Message> takeFor(uint64_t tid) {
+    std::lock_guard l(mu);
+    std::vector<kvproto::Message> out;
+    for (auto it = inbox.begin(); it != inbox.end();) {
+      if (it->second.transfer_id == tid) {
+        out.push_back(std::move(it->second));
+        it = inbox.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+};
+
+// Wire-level damage to a well-formed message.
+std::vector<uint8_t> truncated(std::vector<uint8_t> wire) {
+  wire.resize(wire.size() - 3);
+  return wire;
+}
+std::vector<uint8_t> wrongVersion(std::vector<uint8_t> wire) {
+  wire[4] = 9;  // version, offset 4 (kvproto.h)
+  return wire;
+}
+// A PrefillRequest whose token list claims 2^31 entries.
+std::vector<uint8_t> oversizedTokenList(uint64_t tid) {
+  std::vector<uint8_t> wire = kvproto::encode({tid, kvproto::PrefillRequest{.tokens = {}}});
+  const uint32_t huge = 0x80000000u;
+  std::memcpy(wire.data() + kvproto::kHeaderSize + 8, &huge, sizeof(huge));  // after deadline_ms, lease_ms
+  return wire;
+}
+
+double rejected(const AgentProcess& a, const std::string& reason) {
+  return metricValueWith(scrape(a), "tandem_kv_control_messages_rejected_total", "reason=\"" + reason + "\"");
+}
+
+std::vector<uint32_t> promptTokens(int n) {
+  std::vector<uint32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<uint32_t>(5 + (i * 7) % 90));
+  return t;
+}
+
+TEST(PdControlChannelTest, PrefillAgentRefusesBadMessagesAndKeepsServing) {
+  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks)});
+  ASSERT_NE(p, nullptr);
+  RawPeer d;
+  ASSERT_NE(d.t, nullptr);
+  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+  d.send(c, 0, d.hello(2));
+  auto hello = d.next(kvproto::MessageType::kHello);
+  ASSERT_TRUE(hello);
+  const auto& ph = std::get<kvproto::Hello>(hello->second.body);
+  ASSERT_EQ(ph.num_blocks, static_cast<uint32_t>(kBlocks));
+  d.t->setRemoteRegion(c, ph.region_base, static_cast<uint64_t>(ph.num_blocks) * ph.num_layers * bytesPerLayerBlock(), ph.rkey);
+
+  // Malformed: refused by the decoder.
+  const std::vector<uint8_t> request = kvproto::encode({10, kvproto::PrefillRequest{.tokens = promptTokens(20)}});
+  d.t->send(c, truncated(request));
+  d.t->send(c, wrongVersion(request));
+  d.t->send(c, oversizedTokenList(10));
+  d.send(c, 10, kvproto::PrefillAccepted{.block_ids = {static_cast<uint32_t>(kBlocks)}});  // block id out of P's range
+  // Well-formed but not for a prefill agent.
+  d.send(c, 10, kvproto::PrefillAccepted{.block_ids = {1}});
+  d.send(c, 10, kvproto::LayerReady{.layer = 0, .first_block = 0, .checksums = {1}});
+  // A transfer P never saw.
+  d.send(c, 777, kvproto::Release{});
+  // An Abort that overtook its PrefillRequest: the request must not be computed.
+  d.send(c, 12, kvproto::Abort{.reason = kvproto::FailureReason::kCancelled, .message = "client went away"});
+  d.send(c, 12, kvproto::PrefillRequest{.tokens = promptTokens(30)});
+  // Tokens outside the vocabulary: a typed Abort, nothing computed.
+  d.send(c, 11, kvproto::PrefillRequest{.tokens = {5, 999999}});
+  auto abort = d.next(kvproto::MessageType::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->second.transfer_id, 11u);
+  EXPECT_EQ(std::get<kvproto::Abort>(abort->second.body).reason, kvproto::FailureReason::kTransferFailed);
+
+  EXPECT_TRUE(waitFor([&] { return rejected(*p, "malformed") == 4; })) << scrape(*p);
+  EXPECT_EQ(rejected(*p, "unexpected_type"), 2);
+  EXPECT_EQ(rejected(*p, "unknown_transfer"), 2);  // the Release, and the early Abort
+  EXPECT_EQ(rejected(*p, "after_end"), 1);
+
+  // A good request on the same connection still works end to end: every
+  // announced layer block is pulled and matches P's checksum.
+  const std::vector<uint32_t> prompt = promptTokens(40);
+  d.send(c, 13, kvproto::PrefillRequest{.tokens = prompt, .temperature = 0});
+  auto done = d.next(kvproto::MessageType::kPrefillDone);
+  ASSERT_TRUE(done) << p->log();
+  ASSERT_EQ(done->second.transfer_id, 13u);
+  std::vector<uint32_t> blocks;
+  size_t announced = 0;
+  for (const kvproto::Message& m : d.takeFor(13)) {
+    if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m.body)) blocks = a->block_ids;
+    const auto* l = std::get_if<kvproto::LayerReady>(&m.body);
+    if (l == nullptr) continue;
+    ASSERT_FALSE(blocks.empty()) << "a layer was announced before the request was accepted";
+    for (size_t i = 0; i < l->checksums.size(); ++i) {
+      const uint64_t offset = (static_cast<uint64_t>(l->layer) * kBlocks + blocks[l->first_block + i]) * bytesPerLayerBlock();
+      std::promise<absl::Status> got;
+      d.t->get(c, d.memory.data(), offset, bytesPerLayerBlock(), [&](absl::Status s) { got.set_value(s); });
+      ASSERT_TRUE(got.get_future().get().ok());
+      EXPECT_EQ(kvproto::layerBlockChecksum(std::span<const std::byte>(d.memory.data(), bytesPerLayerBlock())), l->checksums[i]);
+      ++announced;
+    }
+  }
+  EXPECT_EQ(blocks.size(), (prompt.size() + kBlockSize - 1) / kBlockSize);
+  EXPECT_EQ(announced, blocks.size() * static_cast<size_t>(tiny().num_layers));
+  EXPECT_TRUE(d.takeFor(12).empty()) << "the prefill agent answered a request whose Abort came first";
+  d.send(c, 13, kvproto::Release{});
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_blocks_free{") == kBlocks; }));
+  d.t->close(c);
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+struct Reply {
+  int status = -1;
+  std::string code;
+};
+
+std::future<Reply> postAsync(const AgentProcess& a, const std::string& prompt) {
+  return std::async(std::launch::async, [url = a.url("/v1/completions"), prompt] {
+    Reply r;
+    auto resp = http::httpPost(url, json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}},
+                               std::chrono::seconds(60));
+    if (!resp.ok()) return r;
+    r.status = resp->status;
+    auto j = json::parse(resp->body, nullptr, false);
+    if (j.contains("error") && j["error"]["code"].is_string()) r.code = j["error"]["code"];
+    return r;
+  });
+}
+
+TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferCleanly) {
+  RawPeer fake_p;
+  ASSERT_NE(fake_p.t, nullptr);
+  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port())});
+  ASSERT_NE(d, nullptr);
+  const std::string prompt(40, 'x');
+  std::future<Reply> first = postAsync(*d, prompt);
+  auto hello = fake_p.next(kvproto::MessageType::kHello);
+  ASSERT_TRUE(hello);
+  const ConnId c = hello->first;
+  auto req = fake_p.next(kvproto::MessageType::kPrefillRequest);
+  ASSERT_TRUE(req);
+  const uint64_t tid = req->second.transfer_id;
+  fake_p.send(c, 0, fake_p.hello(1));
+
+  const std::vector<uint8_t> accepted = kvproto::encode({tid, kvproto::PrefillAccepted{.lease_ms = 30000, .block_ids = {0, 1, 2}}});
+  fake_p.t->send(c, truncated(accepted));
+  fake_p.t->send(c, wrongVersion(accepted));
+  fake_p.send(c, tid, kvproto::PrefillAccepted{.lease_ms = 30000, .block_ids = {0, static_cast<uint32_t>(kBlocks)}});  // past our Hello's blocks
+  fake_p.send(c, tid, kvproto::LayerReady{.layer = static_cast<uint16_t>(tiny().num_layers), .first_block = 0, .checksums = {1}});
+  fake_p.send(c, tid + 100, kvproto::PrefillDone{.first_token = 65});  // unknown transfer
+  fake_p.send(c, tid, kvproto::PrefillRequest{.tokens = {1, 2, 3}});    // not for a decode agent
+  fake_p.send(c, tid, kvproto::Ping{});
+  // Garbage does not end the transfer; this does: P claims one block for a
+  // prompt that needs three.
+  EXPECT_TRUE(waitFor([&] { return rejected(*d, "unexpected_type") == 2; })) << scrape(*d);
+  fake_p.send(c, tid, kvproto::PrefillAccepted{.lease_ms = 30000, .block_ids = {0}});
+
+  Reply r = first.get();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.code, "transfer_failed");
+  EXPECT_EQ(rejected(*d, "malformed"), 4);
+  EXPECT_EQ(rejected(*d, "unknown_transfer"), 1);
+  auto told = fake_p.next(kvproto::MessageType::kAbort);  // D tells P it gave up
+  ASSERT_TRUE(told);
+  EXPECT_EQ(told->second.transfer_id, tid);
+
+  // P's own Abort ends the next request with its typed reason, and D does
+  // not echo it back (the request after it arrives with nothing before it).
+  std::future<Reply> second = postAsync(*d, prompt + "y");
+  auto req2 = fake_p.next(kvproto::MessageType::kPrefillRequest);
+  ASSERT_TRUE(req2);
+  fake_p.send(c, req2->second.transfer_id, kvproto::Abort{.reason = kvproto::FailureReason::kCapacity, .message = "full"});
+  Reply r2 = second.get();
+  EXPECT_EQ(r2.status, 503);
+  EXPECT_EQ(r2.code, "capacity");
+  std::future<Reply> third = postAsync(*d, prompt + "z");
+  auto req3 = fake_p.next(kvproto::MessageType::kPrefillRequest);
+  ASSERT_TRUE(req3);
+  EXPECT_TRUE(fake_p.takeFor(req2->second.transfer_id).empty()) << "D echoed P's Abort";
+  fake_p.send(c, req3->second.transfer_id, kvproto::Abort{.reason = kvproto::FailureReason::kCapacity, .message = "full"});
+  EXPECT_EQ(third.get().code, "capacity");
+
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; })) << scrape(*d);
+  EXPECT_EQ(metricValue(scrape(*d), "tandem_kv_transfer_inflight{"), 0);
+  EXPECT_EQ(metricValueWith(scrape(*d), "tandem_kv_transfer_failures_total", "reason=\"transfer_failed\""), 1);
+  EXPECT_EQ(metricValueWith(scrape(*d), "tandem_kv_transfer_failures_total", "reason=\"capacity\""), 2);
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+}
+
+}  // namespace
+}  // namespace tandem::agent
