@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -150,6 +151,16 @@ struct UcxTransport::Impl {
     // message is lost ("Invalid am_short_iov length").
     bool ready = false;
     std::vector<std::vector<uint8_t>> queued;
+    // The peer's packed rkey if it was set before the wire-up finished: it
+    // is unpacked again then. UCX 1.13 unpacks only the parts of an rkey
+    // for transports the endpoint reaches at that moment, which before
+    // wire-up is tcp alone; a get through such an rkey is emulated with
+    // active messages (the peer's progress thread copies each 8 KiB into
+    // a shared-memory FIFO and we copy it out) instead of one memcpy from
+    // the peer's mapped pool, at half the speed and with the peer's CPU.
+    std::optional<std::string> rkey_at_ready;
+    // Rkeys replaced while gets used them; destroyed once no get is left.
+    std::vector<ucp_rkey_h> retired_rkeys;
   };
   std::unordered_map<ConnId, Conn> conns;
   std::unordered_map<ucp_ep_h, ConnId> by_ep;
@@ -256,6 +267,11 @@ struct UcxTransport::Impl {
     auto c = conns.find(id);
     if (c == conns.end() || c->second.ready) return;
     c->second.ready = true;
+    if (c->second.rkey_at_ready) {
+      std::string packed = std::move(*c->second.rkey_at_ready);
+      c->second.rkey_at_ready.reset();
+      unpackRkey(id, c->second, packed);
+    }
     std::vector<std::vector<uint8_t>> queued = std::move(c->second.queued);
     for (auto& m : queued) doSend(id, std::move(m));
   }
@@ -301,7 +317,10 @@ struct UcxTransport::Impl {
     const ucs_status_t status = g.status;
     GetId id = it->first;
     gets.erase(it);
-    if (auto c = conns.find(g.conn); c != conns.end()) c->second.gets.erase(id);
+    if (auto c = conns.find(g.conn); c != conns.end()) {
+      c->second.gets.erase(id);
+      if (c->second.gets.empty()) destroyRetiredRkeys(c->second);
+    }
     inflight.fetch_sub(1);
     absl::Status result;
     if (status == UCS_OK) {
@@ -361,19 +380,41 @@ struct UcxTransport::Impl {
     }
   }
 
+  // Replaces the connection's rkey by one unpacked from `packed` (none if
+  // that fails). An rkey gets may still be using is destroyed after them.
+  bool unpackRkey(ConnId id, Conn& conn, const std::string& packed) {
+    if (conn.rkey != nullptr) {
+      if (conn.gets.empty()) {
+        ucp_rkey_destroy(conn.rkey);
+      } else {
+        conn.retired_rkeys.push_back(conn.rkey);
+      }
+      conn.rkey = nullptr;
+    }
+    ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, packed.data(), &conn.rkey);
+    if (s != UCS_OK) {
+      log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
+      conn.rkey = nullptr;
+      return false;
+    }
+    return true;
+  }
+
+  static void destroyRetiredRkeys(Conn& conn) {
+    for (ucp_rkey_h k : conn.retired_rkeys) ucp_rkey_destroy(k);
+    conn.retired_rkeys.clear();
+  }
+
   void doSetRemote(ConnId id, uint64_t base, uint64_t length, std::string rkey) {
     auto c = conns.find(id);
     if (c == conns.end()) return;
-    if (c->second.rkey) ucp_rkey_destroy(c->second.rkey);
-    c->second.rkey = nullptr;
-    ucs_status_t s = ucp_ep_rkey_unpack(c->second.ep, rkey.data(), &c->second.rkey);
-    if (s != UCS_OK) {
-      log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
-      c->second.rkey = nullptr;
-      return;
-    }
-    c->second.remote_base = base;
-    c->second.remote_length = length;
+    Conn& conn = c->second;
+    // Unpacked now so that gets work at once, and again after the wire-up
+    // (see rkey_at_ready).
+    if (!unpackRkey(id, conn, rkey)) return;
+    conn.remote_base = base;
+    conn.remote_length = length;
+    if (!conn.ready) conn.rkey_at_ready = std::move(rkey);
   }
 
   void doGet(GetId id, ConnId conn_id, std::vector<Segment> segments, std::function<void(absl::Status)> done) {
@@ -459,6 +500,7 @@ struct UcxTransport::Impl {
     // Cancel what is still in flight; completions arrive through onGetDone.
     for (GetId g : conn.gets) cancelParts(g);
     if (conn.rkey) ucp_rkey_destroy(conn.rkey);
+    destroyRetiredRkeys(conn);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;

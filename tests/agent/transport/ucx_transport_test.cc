@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -260,6 +261,50 @@ TEST(UcxTransportStartTest, BadOptionsAreClearErrors) {
   EXPECT_NE(std::string(bad_host.status().message()).find("not-an-ip"), std::string::npos);
   auto bad_tls = UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = region, .tls = "no_such_transport"}, {});
   EXPECT_FALSE(bad_tls.ok());
+}
+
+// Over shared memory, a get from a pool UCX allocated is a copy from the
+// peer's mapped memory by the reader alone: it completes while the peer's
+// progress thread is stuck. That must hold even when the peer's region was
+// set right after connect(), before the endpoint's wire-up (UCX 1.13 would
+// otherwise emulate every such get with active messages the peer serves).
+TEST(UcxTransportSharedMemoryTest, GetNeedsNoPeerProgressEvenIfTheRegionWasSetBeforeWireup) {
+  const std::string tls = "posix,cma,tcp";
+  constexpr size_t kBytes = 1 << 20;
+  auto p_pool = UcxRegion::allocate(kBytes, {.tls = tls});
+  auto d_pool = UcxRegion::allocate(kBytes, {.tls = tls});
+  ASSERT_TRUE(p_pool.ok() && d_pool.ok());
+  std::span<std::byte> p_mem = (*p_pool)->bytes();
+  std::span<std::byte> d_mem = (*d_pool)->bytes();
+  for (size_t i = 0; i < kBytes; ++i) p_mem[i] = static_cast<std::byte>((i * 13 + 5) & 0xff);
+  std::fill(d_mem.begin(), d_mem.end(), std::byte{0});
+  // P's progress thread blocks in its first message callback until released.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> p_blocked{false};
+  TransportCallbacks p_cb;
+  p_cb.on_message = [&](ConnId, std::vector<uint8_t>) {
+    p_blocked = true;
+    released.wait();
+  };
+  auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *p_pool, .tls = tls}, p_cb);
+  auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *d_pool, .tls = tls}, {});
+  ASSERT_TRUE(p.ok() && d.ok());
+  ConnId c = (*d)->connect("127.0.0.1", (*p)->port());
+  (*d)->setRemoteRegion(c, (*p)->regionBase(), (*p)->regionLength(), (*p)->packedRkey());
+  (*d)->send(c, {1});
+  ASSERT_TRUE(waitFor([&] { return p_blocked.load(); }));
+  GetWaiter w;
+  (*d)->get(c, d_mem.data(), 4096, 256 << 10, w.callback());
+  bool done_while_blocked = false;
+  {
+    std::unique_lock l(w.mu);
+    done_while_blocked = w.cv.wait_for(l, std::chrono::seconds(10), [&] { return w.calls > 0; });
+  }
+  release.set_value();
+  EXPECT_TRUE(done_while_blocked) << "the get waited for the peer's progress thread (emulated, not a direct copy)";
+  ASSERT_TRUE(w.wait().ok()) << w.status;
+  EXPECT_EQ(std::memcmp(d_mem.data(), p_mem.data() + 4096, 256 << 10), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "posix,cma,tcp"),
