@@ -187,7 +187,7 @@ bool PeerHealth::healthy(MonoTime now) {
 
 // ---------------------------------------------------------------- prefill --
 
-struct PrefillService::Impl {
+struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl> {
   engine::EngineLoop& loop;
   PdMetrics& metrics;
   PdOptions options;
@@ -222,12 +222,18 @@ struct PrefillService::Impl {
   std::atomic<int> injected_failures{0};
   std::unique_ptr<DelayedRunner> delayed;  // fault injection only
   std::function<void(const engine::RequestUpdate&)> on_finished;
+  // The service is shutting down: nothing is sent any more (set under mu,
+  // so an engine callback holding mu either sent before or sees it).
+  std::atomic<bool> stopping{false};
 
   Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {
     if (o.faults.layer_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
   }
 
-  void send(ConnId conn, uint64_t tid, kvproto::Body body) { t->send(conn, kvproto::encode({tid, std::move(body)})); }
+  void send(ConnId conn, uint64_t tid, kvproto::Body body) {
+    if (stopping.load()) return;
+    t->send(conn, kvproto::encode({tid, std::move(body)}));
+  }
 
   // Engine thread: layer `layer` of these prefills is in the cache.
   void onLayer(int layer, std::span<const engine::Engine::LayerReady> ready) {
@@ -289,38 +295,8 @@ struct PrefillService::Impl {
       }
       transfers[key] = Transfer{.conn = conn, .transfer_id = tid, .lease_id = lease_id};
     }
-    uint64_t handle = loop.submit(std::move(spec), [this, key, lease_end](const engine::RequestUpdate& u) {
-      std::lock_guard lock(mu);
-      auto it = transfers.find(key);
-      if (it == transfers.end()) return;
-      Transfer& tr = it->second;
-      if (!u.kv_blocks.empty()) {
-        tr.blocks = u.kv_blocks;
-        by_request[u.id.value()] = key;
-        kvproto::PrefillAccepted a;
-        // What is left of the lease (it started when the request arrived).
-        a.lease_ms = static_cast<uint32_t>(std::max<int64_t>(
-            0, std::chrono::duration_cast<std::chrono::milliseconds>(lease_end - SystemClock::instance().now()).count()));
-        for (BlockId b : tr.blocks) a.block_ids.push_back(static_cast<uint32_t>(b.value()));
-        send(key.first, key.second, std::move(a));
-      }
-      if (!u.finished) return;
-      if (on_finished) on_finished(u);
-      tr.finished = true;
-      by_request.erase(u.id.value());
-      const bool ok = (u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos) &&
-                      !tr.blocks.empty() && !u.new_tokens.empty();
-      if (ok) {
-        tr.leased = true;
-        send(key.first, key.second, kvproto::PrefillDone{static_cast<uint32_t>(u.new_tokens.back())});
-        return;
-      }
-      FailureReason reason = u.finish_reason == engine::FinishReason::kTimeout ? FailureReason::kPrefillTimeout
-                             : u.finish_reason == engine::FinishReason::kRejected && u.reject_reason != engine::RejectReason::kInvalid
-                                 ? FailureReason::kCapacity
-                                 : FailureReason::kTransferFailed;
-      send(key.first, key.second, kvproto::Abort{reason, strCat("prefill ended: ", engine::finishReasonName(u.finish_reason), " ", u.message)});
-      transfers.erase(it);
+    uint64_t handle = loop.submit(std::move(spec), [self = shared_from_this(), key, lease_end](const engine::RequestUpdate& u) {
+      self->onUpdate(key, lease_end, u);
     });
     std::lock_guard lock(mu);
     if (auto it = transfers.find(key); it != transfers.end()) it->second.handle = handle;
@@ -328,18 +304,56 @@ struct PrefillService::Impl {
 
   // Requires mu.
   void forgetExpiredEnds(MonoTime now) {
-    while (!ended_order.empty() && (ended_order.front().first <= now || ended_order.size() > kMaxEnded)) {
+    while (!ended_order.empty() && (ended_order.front().first <= now || ended_order.size() >= kMaxEnded)) {
       ended.erase(ended_order.front().second);
       ended_order.pop_front();
     }
   }
 
-  // D is done with (or gave up on) a transfer: unpin, or stop the prefill.
-  // A transfer P does not hold is remembered as ended (see `ended`).
-  void endTransfer(const Key& key) {
+  // Engine thread: progress of the prefill of transfer `key`.
+  void onUpdate(const Key& key, MonoTime lease_end, const engine::RequestUpdate& u) {
+    std::lock_guard lock(mu);
+    auto it = transfers.find(key);
+    Transfer* tr = it == transfers.end() ? nullptr : &it->second;  // gone: D ended it already
+    if (tr != nullptr && !u.kv_blocks.empty()) {
+      tr->blocks = u.kv_blocks;
+      by_request[u.id.value()] = key;
+      kvproto::PrefillAccepted a;
+      // What is left of the lease (it started when the request arrived).
+      a.lease_ms = static_cast<uint32_t>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(lease_end - SystemClock::instance().now()).count()));
+      for (BlockId b : tr->blocks) a.block_ids.push_back(static_cast<uint32_t>(b.value()));
+      send(key.first, key.second, std::move(a));
+    }
+    if (!u.finished) return;
+    by_request.erase(u.id.value());
+    if (on_finished) on_finished(u);
+    if (tr == nullptr) return;
+    tr->finished = true;
+    const bool ok = (u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos) &&
+                    !tr->blocks.empty() && !u.new_tokens.empty();
+    if (ok) {
+      tr->leased = true;
+      send(key.first, key.second, kvproto::PrefillDone{static_cast<uint32_t>(u.new_tokens.back())});
+      return;
+    }
+    FailureReason reason = u.finish_reason == engine::FinishReason::kTimeout ? FailureReason::kPrefillTimeout
+                           : u.finish_reason == engine::FinishReason::kRejected && u.reject_reason != engine::RejectReason::kInvalid
+                               ? FailureReason::kCapacity
+                               : FailureReason::kTransferFailed;
+    send(key.first, key.second,
+         kvproto::Abort{reason, strCat("prefill ended: ", engine::finishReasonName(u.finish_reason), " ", u.message)});
+    transfers.erase(it);
+  }
+
+  // D is done with (or gave up on) a transfer, or went away: unpin, or stop
+  // the prefill. A Release or Abort for a transfer P does not hold is
+  // counted and remembered as ended (see `ended`).
+  void endTransfer(const Key& key, bool by_message) {
     std::lock_guard lock(mu);
     auto it = transfers.find(key);
     if (it == transfers.end()) {
+      if (!by_message) return;
       const MonoTime now = SystemClock::instance().now();
       forgetExpiredEnds(now);
       if (ended.insert(key).second) ended_order.emplace_back(now + options.lease_ttl, key);
@@ -370,7 +384,7 @@ struct PrefillService::Impl {
     } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
       onPrefillRequest(conn, tid, std::move(*req));
     } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
-      endTransfer({conn, tid});
+      endTransfer({conn, tid}, /*by_message=*/true);
     } else if (std::holds_alternative<kvproto::Ping>(m->body)) {
       send(conn, tid, kvproto::Pong{});
     } else {
@@ -387,14 +401,14 @@ struct PrefillService::Impl {
         if (k.first == conn) keys.push_back(k);
       }
     }
-    for (const Key& k : keys) endTransfer(k);
+    for (const Key& k : keys) endTransfer(k, /*by_message=*/false);
   }
 };
 
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
     engine::EngineLoop& loop, const PdOptions& options, PdMetrics& metrics,
     std::function<void(const engine::RequestUpdate&)> on_finished) {
-  auto impl = std::make_unique<Impl>(loop, metrics, options);
+  auto impl = std::make_shared<Impl>(loop, metrics, options);
   impl->on_finished = std::move(on_finished);
   std::span<std::byte> region;
   Impl* raw = impl.get();
@@ -412,8 +426,12 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
   return std::unique_ptr<PrefillService>(new PrefillService(std::move(impl)));
 }
 
-PrefillService::PrefillService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PrefillService::PrefillService(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PrefillService::~PrefillService() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;  // from here on nothing uses the transport
+  }
   impl_->delayed.reset();
   impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });
   impl_->t.reset();
@@ -422,7 +440,7 @@ int PrefillService::port() const { return impl_->t->port(); }
 
 // ----------------------------------------------------------------- decode --
 
-struct DecodeService::Impl {
+struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   engine::EngineLoop& loop;
   PdMetrics& metrics;
   PdOptions options;
@@ -467,6 +485,7 @@ struct DecodeService::Impl {
     std::optional<MonoTime> kv_done_at;
     std::optional<PdTimings> timings;
     bool first_token_out = false;
+    bool inflight_counted = false;  // counted in tandem_kv_transfer_inflight
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -478,6 +497,9 @@ struct DecodeService::Impl {
   std::mt19937_64 rng{std::random_device{}()};       // guarded by mu
   std::thread watchdog;
   bool stopping = false;                             // guarded by mu
+  // The transport is being destroyed: nothing is sent or pulled any more
+  // (set under mu; every send and get is issued under mu).
+  std::atomic<bool> transport_closed{false};
   PeerHealth health;
   MonoTime last_probe;                               // guarded by mu
   std::unique_ptr<DelayedRunner> delayed;            // fault injection only
@@ -489,10 +511,14 @@ struct DecodeService::Impl {
     }
   }
 
-  void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
+  void send(ConnId c, uint64_t tid, kvproto::Body body) {
+    if (transport_closed.load()) return;
+    t->send(c, kvproto::encode({tid, std::move(body)}));
+  }
 
   // Connects (again) if needed. Requires mu.
   ConnId ensureConnected() {
+    if (transport_closed.load()) return 0;
     if (conn == 0) {
       conn = t->connect(options.peer_host, options.peer_port);
       peer.reset();
@@ -542,6 +568,7 @@ struct DecodeService::Impl {
     metrics.bytes.increment(static_cast<double>(total * layout.bytesPerLayerBlock()));
     metrics.seconds.observe(secondsSince(tr.started));
     metrics.inflight.decrement();
+    tr.inflight_counted = false;
     send(tr.conn, tid, kvproto::Release{});
     loop.post([id = tr.id, tok = *tr.first_token](engine::Engine& e) { e.completeImport(id, static_cast<TokenId>(tok)); });
   }
@@ -591,8 +618,14 @@ struct DecodeService::Impl {
       maybeEnd(tid, tr);
       return;
     }
+    const MonoTime now = SystemClock::instance().now();
+    if (tr.lease_deadline && now > *tr.lease_deadline) {
+      // The read may have overlapped P unpinning the blocks: not trusted.
+      fail(tid, tr, FailureReason::kLeaseExpired, "a layer pull finished after the prefill peer's lease (with margin) ended");
+      return;
+    }
     tr.layer_blocks_done += pull.count;
-    tr.pulls.emplace_back(pull.issued, SystemClock::instance().now());
+    tr.pulls.emplace_back(pull.issued, now);
     const size_t n = tr.d_blocks.size();
     for (size_t i = pull.first; tr.verify && !tr.failed && i < pull.first + pull.count; ++i) {
       const std::byte* p = region + layerBlockOffset(pull.layer, static_cast<uint32_t>(tr.d_blocks[i].value()),
@@ -609,13 +642,25 @@ struct DecodeService::Impl {
   }
 
   void onLayerReady(uint64_t tid, Transfer& tr, const kvproto::LayerReady& l) {
-    if (tr.failed) return;
+    if (tr.failed || transport_closed.load()) return;
     const size_t n = tr.d_blocks.size();
     if (tr.p_blocks.size() != n || !peer || static_cast<uint64_t>(l.first_block) + l.checksums.size() > n) {
       fail(tid, tr, FailureReason::kTransferFailed,
            strCat("layer announcement (blocks [", l.first_block, ", ", static_cast<uint64_t>(l.first_block) + l.checksums.size(),
                   ")) does not match the ", n, " accepted blocks"));
       return;
+    }
+    if (tr.lease_deadline && SystemClock::instance().now() >= *tr.lease_deadline) {
+      fail(tid, tr, FailureReason::kLeaseExpired, "a layer was announced too close to the end of the prefill peer's lease");
+      return;
+    }
+    for (size_t i = l.first_block; i < l.first_block + l.checksums.size(); ++i) {
+      // PrefillAccepted may have arrived before P's Hello, unchecked then.
+      if (tr.p_blocks[i] >= peer->num_blocks) {
+        fail(tid, tr, FailureReason::kTransferFailed,
+             strCat("accepted block ", i, " is block ", tr.p_blocks[i], ", outside the prefill peer's ", peer->num_blocks));
+        return;
+      }
     }
     if (l.checksums.empty()) return;
     for (size_t i = l.first_block; i < l.first_block + l.checksums.size(); ++i) {
@@ -732,7 +777,7 @@ struct DecodeService::Impl {
       tr.p_blocks = a->block_ids;
       // Never read P's blocks after its lease ends: finish (or fail) with a
       // margin before it, whatever our own deadline says.
-      const auto lease_end = SystemClock::instance().now() + std::chrono::milliseconds(a->lease_ms * 9 / 10);
+      const auto lease_end = SystemClock::instance().now() + std::chrono::milliseconds(static_cast<int64_t>(a->lease_ms) * 9 / 10);
       if (!tr.lease_deadline || lease_end < *tr.lease_deadline) tr.lease_deadline = lease_end;
       if (tr.p_blocks.size() != tr.d_blocks.size()) {
         fail(tid, tr, FailureReason::kTransferFailed,
@@ -808,7 +853,8 @@ struct DecodeService::Impl {
       tr.sampling = spec.sampling;
       tr.verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
     }
-    uint64_t handle = loop.submit(std::move(spec), [this, tid](const engine::RequestUpdate& u) { onUpdate(tid, u); });
+    uint64_t handle =
+        loop.submit(std::move(spec), [self = shared_from_this(), tid](const engine::RequestUpdate& u) { self->onUpdate(tid, u); });
     std::lock_guard lock(mu);
     if (auto it = transfers.find(tid); it != transfers.end()) it->second.handle = handle;
     by_handle[handle] = tid;
@@ -831,6 +877,10 @@ struct DecodeService::Impl {
         tr.checksums.assign(tr.d_blocks.size() * static_cast<size_t>(layout.num_layers), 0);
         tr.requested.assign(tr.d_blocks.size() * static_cast<size_t>(layout.num_layers), 0);
         if (tr.failed) {
+          // It failed while still queued here: the cancel posted then may
+          // have come too late (it only flags an importing request), so
+          // end the import now that it has an id.
+          tr.abort_posted = false;
           maybeEnd(tid, tr);
           return;
         }
@@ -838,6 +888,7 @@ struct DecodeService::Impl {
         tr.started = SystemClock::instance().now();
         tr.deadline = tr.started + options.prefill_timeout;
         metrics.inflight.increment();
+        tr.inflight_counted = true;
         kvproto::PrefillRequest req;
         req.deadline_ms = static_cast<uint32_t>(options.prefill_timeout.count());
         req.lease_ms = static_cast<uint32_t>(options.lease_ttl.count());
@@ -866,8 +917,7 @@ struct DecodeService::Impl {
         info.timings = tr.timings;
       }
       if (u.finished) {
-        if (tr.has_id && !tr.completed && !tr.failed) metrics.inflight.decrement();
-        if (tr.failed && tr.d_blocks.size() > 0) metrics.inflight.decrement();
+        if (tr.inflight_counted) metrics.inflight.decrement();
         by_handle.erase(tr.handle);
         transfers.erase(it);
       }
@@ -879,7 +929,7 @@ struct DecodeService::Impl {
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(engine::EngineLoop& loop, const PdOptions& options,
                                                                     PdMetrics& metrics) {
   if (options.peer_host.empty()) return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peer HOST:PORT)");
-  auto impl = std::make_unique<Impl>(loop, metrics, options);
+  auto impl = std::make_shared<Impl>(loop, metrics, options);
   Impl* raw = impl.get();
   std::span<std::byte> region;
   loop.runOnLoop([&](engine::Engine& e) {
@@ -900,20 +950,27 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(engine::Engi
   return std::unique_ptr<DecodeService>(new DecodeService(std::move(impl)));
 }
 
-DecodeService::DecodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DecodeService::DecodeService(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 DecodeService::~DecodeService() {
-  impl_->delayed.reset();  // no delayed work after this point
   {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;
+    // Cancels each transfer's gets and tells P (the transport still runs).
     for (auto& [tid, tr] : impl_->transfers) impl_->fail(tid, tr, FailureReason::kCancelled, "the agent is shutting down");
   }
   impl_->cv.notify_all();
   impl_->watchdog.join();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->transport_closed = true;
+  }
   // Destroying the transport completes every outstanding get (cancelled);
-  // their callbacks post the abortImports.
+  // their callbacks (held back by fault injection until `delayed` goes)
+  // post the abortImports. Requests still live after this end when the
+  // engine loop stops; their callbacks keep impl_ alive.
   impl_->t.reset();
+  impl_->delayed.reset();
 }
 
 uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update) {

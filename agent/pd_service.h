@@ -128,8 +128,10 @@ class PrefillService {
   struct Impl;
 
  private:
-  explicit PrefillService(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit PrefillService(std::shared_ptr<Impl> impl);
+  // Shared with the engine requests' callbacks, which may run after this
+  // service is gone (the engine loop ends its requests when it stops).
+  std::shared_ptr<Impl> impl_;
 };
 
 // What a client request learns about how it was served: the typed
@@ -157,8 +159,9 @@ class DecodeService {
   struct Impl;
 
  private:
-  explicit DecodeService(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit DecodeService(std::shared_ptr<Impl> impl);
+  // Shared with the engine requests' callbacks (see PrefillService).
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace tandem::agent

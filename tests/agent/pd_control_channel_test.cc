@@ -73,6 +73,8 @@ struct RawPeer {
     if (started.ok()) t = std::move(*started);
   }
 
+  ~RawPeer() { t.reset(); }  // no callback may run once the members below it are gone
+
   kvproto::Hello hello(uint16_t role) const {
     return {.role = role,
             .num_layers = static_cast<uint16_t>(tiny().num_layers),
@@ -221,6 +223,51 @@ TEST(PdControlChannelTest, PrefillAgentRefusesBadMessagesAndKeepsServing) {
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
 }
 
+// D aborts while P is still computing the prompt: P stops, keeps nothing,
+// and still accounts the prefill (its request metrics and trace).
+TEST(PdControlChannelTest, AbortDuringThePrefillStopsItAndItIsAccounted) {
+  constexpr int kManyBlocks = 512;
+  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kManyBlocks)});
+  ASSERT_NE(p, nullptr);
+  RawPeer d;
+  ASSERT_NE(d.t, nullptr);
+  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+  d.send(c, 0, d.hello(2));
+  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  // ~8K tokens: P computes for a while after accepting (16 chunks of 512).
+  d.send(c, 30, kvproto::PrefillRequest{.tokens = promptTokens(8000)});
+  auto accepted = d.next(kvproto::MessageType::kPrefillAccepted);
+  ASSERT_TRUE(accepted);
+  d.send(c, 30, kvproto::Abort{.reason = kvproto::FailureReason::kCancelled, .message = "client went away"});
+  EXPECT_TRUE(waitFor([&] {
+    return metricValueWith(scrape(*p), "tandem_requests_total", "finish_reason=\"cancelled\"") == 1;
+  })) << scrape(*p);
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_blocks_free{") == kManyBlocks; })) << scrape(*p);
+  EXPECT_EQ(metricValue(scrape(*p), "tandem_kv_leases_active{"), 0);
+  for (const kvproto::Message& m : d.takeFor(30)) {
+    EXPECT_FALSE(std::holds_alternative<kvproto::PrefillDone>(m.body)) << "the prefill ran to the end despite the Abort";
+  }
+  EXPECT_NE(p->trace().find("\"finish_reason\":\"cancelled\""), std::string::npos) << p->trace();
+  d.t->close(c);
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+// SIGTERM while a prefill is being computed: the engine ends the request
+// after the prefill service is gone; the agent must still exit cleanly.
+TEST(PdControlChannelTest, PrefillAgentStopsCleanlyWithAPrefillInFlight) {
+  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "512"});
+  ASSERT_NE(p, nullptr);
+  RawPeer d;
+  ASSERT_NE(d.t, nullptr);
+  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+  d.send(c, 0, d.hello(2));
+  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  d.send(c, 40, kvproto::PrefillRequest{.tokens = promptTokens(8000)});
+  ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillAccepted));
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
 struct Reply {
   int status = -1;
   std::string code;
@@ -298,6 +345,23 @@ TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferClean
   EXPECT_EQ(metricValueWith(scrape(*d), "tandem_kv_transfer_failures_total", "reason=\"transfer_failed\""), 1);
   EXPECT_EQ(metricValueWith(scrape(*d), "tandem_kv_transfer_failures_total", "reason=\"capacity\""), 2);
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+}
+
+// SIGTERM while a request waits for its prefill peer (which never answers):
+// the transfer is failed, the client hears back, the agent exits cleanly.
+TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
+  RawPeer fake_p;
+  ASSERT_NE(fake_p.t, nullptr);
+  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port()),
+                                "--drain-grace", "0s"});
+  ASSERT_NE(d, nullptr);
+  std::future<Reply> pending = postAsync(*d, std::string(40, 'w'));
+  auto req = fake_p.next(kvproto::MessageType::kPrefillRequest);
+  ASSERT_TRUE(req);
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+  Reply r = pending.get();
+  EXPECT_NE(r.status, 200);
 }
 
 }  // namespace
