@@ -204,6 +204,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     std::vector<BlockId> blocks;
     bool finished = false;  // the engine request ended
     bool leased = false;
+    MonoTime lease_end;
   };
   using Key = std::pair<ConnId, uint64_t>;
   std::mutex mu;
@@ -225,6 +226,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // The service is shutting down: nothing is sent any more (set under mu,
   // so an engine callback holding mu either sent before or sees it).
   std::atomic<bool> stopping{false};
+  MonoTime last_sweep;  // guarded by mu
 
   Impl(engine::EngineLoop& l, PdMetrics& m, const PdOptions& o) : loop(l), metrics(m), options(o) {
     if (o.faults.layer_delay.count() > 0) delayed = std::make_unique<DelayedRunner>();
@@ -293,13 +295,23 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
         send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, "duplicate transfer id"});
         return;
       }
-      transfers[key] = Transfer{.conn = conn, .transfer_id = tid, .lease_id = lease_id};
+      transfers[key] = Transfer{.conn = conn, .transfer_id = tid, .lease_id = lease_id, .lease_end = lease_end};
+      sweepExpiredLeases(now);
     }
     uint64_t handle = loop.submit(std::move(spec), [self = shared_from_this(), key, lease_end](const engine::RequestUpdate& u) {
       self->onUpdate(key, lease_end, u);
     });
     std::lock_guard lock(mu);
     if (auto it = transfers.find(key); it != transfers.end()) it->second.handle = handle;
+  }
+
+  // Forgets, at most once a second, transfers whose lease ran out while D
+  // neither released nor aborted them (a D that misbehaves): the engine
+  // already unpinned their blocks. Requires mu.
+  void sweepExpiredLeases(MonoTime now) {
+    if (now - last_sweep < std::chrono::seconds(1)) return;
+    last_sweep = now;
+    std::erase_if(transfers, [&](const auto& entry) { return entry.second.leased && entry.second.lease_end <= now; });
   }
 
   // Requires mu.

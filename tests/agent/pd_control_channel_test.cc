@@ -14,6 +14,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "agent/transport/ucx_transport.h"
@@ -249,6 +250,32 @@ TEST(PdControlChannelTest, AbortDuringThePrefillStopsItAndItIsAccounted) {
     EXPECT_FALSE(std::holds_alternative<kvproto::PrefillDone>(m.body)) << "the prefill ran to the end despite the Abort";
   }
   EXPECT_NE(p->trace().find("\"finish_reason\":\"cancelled\""), std::string::npos) << p->trace();
+  d.t->close(c);
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+// A D that never releases: P's lease expiry frees the blocks, and P forgets
+// the transfer (a Release that comes later names an unknown transfer).
+TEST(PdControlChannelTest, PrefillAgentForgetsTransfersWhoseLeaseRanOut) {
+  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks), "--lease-ttl", "200ms"});
+  ASSERT_NE(p, nullptr);
+  RawPeer d;
+  ASSERT_NE(d.t, nullptr);
+  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+  d.send(c, 0, d.hello(2));
+  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  d.send(c, 50, kvproto::PrefillRequest{.tokens = promptTokens(40)});
+  ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillDone));
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_blocks_free{") == kBlocks; }));
+  // P sweeps expired transfers at most once a second, on a new request.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  d.send(c, 51, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+  ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillDone));
+  d.send(c, 50, kvproto::Release{});
+  d.send(c, 51, kvproto::Release{});
+  EXPECT_TRUE(waitFor([&] { return rejected(*p, "unknown_transfer") == 1; })) << scrape(*p);
   d.t->close(c);
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
 }
