@@ -111,7 +111,7 @@ const std::vector<Option>& options() {
                      if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
                    }
                  }});
-    o.push_back(stringOption("port-file", "", "port_file", "once serving, write the bound HTTP port (line 1) and KV port (line 2, role prefill) here", &AgentConfig::port_file));
+    o.push_back(stringOption("port-file", "", "port_file", "once serving, write the bound HTTP port (line 1) and KV port (line 2, roles prefill and decode) here", &AgentConfig::port_file));
     o.push_back(stringOption("model-dir", "model", "dir", "model directory (config.json, model.safetensors, tokenizer) [required]", &AgentConfig::model_dir));
     o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)", &AgentConfig::model_name));
     o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1, 1 << 24));

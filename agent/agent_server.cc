@@ -59,7 +59,7 @@ struct AgentServer::Impl {
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   int max_live = 0;
-  int kv_port = 0;  // role prefill: the bound UCX port
+  int kv_port = 0;  // roles prefill and decode: the bound UCX port
 
   // One request's progress, shared by the engine callback and the HTTP side.
   struct Call {
@@ -266,6 +266,7 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       pd.peer_host = config.prefill_peer.substr(0, colon);
       pd.peer_port = std::stoi(config.prefill_peer.substr(colon + 1));
       TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(*impl->loop, pd, *impl->pd_metrics));
+      impl->kv_port = impl->decode->port();
     }
   }
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,

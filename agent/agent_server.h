@@ -28,7 +28,7 @@ class AgentServer {
   ~AgentServer();
 
   int port() const;
-  // Role prefill: the bound UCX KV port (else 0).
+  // Roles prefill and decode: the bound UCX KV port (else 0).
   int kvPort() const;
   // Graceful drain: readiness goes false, new requests get 503, in-flight
   // requests may finish for config.drain_grace; then the rest are cancelled.

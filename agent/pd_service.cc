@@ -123,7 +123,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
       failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
                     .labels(labels).registerOn(r)),
       rejected_(metrics::buildCounter().name("tandem_kv_control_messages_rejected_total")
-                    .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, after_end.")
+                    .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, after_end, unknown_peer.")
                     .labels(labels).registerOn(r)),
       phase_seconds_(metrics::buildHistogram().name("tandem_disagg_ttft_phase_seconds")
                          .help("TTFT of disaggregated requests by phase (decode side): prefill (P's queue and compute), "
@@ -140,7 +140,9 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
-  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end"}) rejected_.add({{"reason", reason}});
+  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer"}) {
+    rejected_.add({{"reason", reason}});
+  }
 }
 
 void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }
@@ -506,6 +508,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   std::atomic<uint64_t> next_tid{1};
   ConnId conn = 0;                                   // guarded by mu; 0 = not connected
   std::optional<kvproto::Hello> peer;                // guarded by mu
+  // Why the prefill peer cannot serve this agent (its Hello showed another
+  // KV layout); transfers fail at once instead of waiting for a deadline.
+  std::optional<std::string> peer_incompatible;      // guarded by mu
   std::mt19937_64 rng{std::random_device{}()};       // guarded by mu
   std::thread watchdog;
   bool stopping = false;                             // guarded by mu
@@ -534,6 +539,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (conn == 0) {
       conn = t->connect(options.peer_host, options.peer_port);
       peer.reset();
+      peer_incompatible.reset();
       send(conn, 0, helloFor(2, layout, *t, "decode"));
     }
     return conn;
@@ -742,17 +748,38 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       metrics.rejected("malformed");
       return;
     }
+    if (c != conn) {
+      // Only the connection this agent opened to its prefill peer speaks
+      // for P; anyone may connect to the KV listener.
+      log.warn("dropped a control message from a connection that is not to the prefill peer",
+               {{"conn", c}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unknown_peer");
+      return;
+    }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
       if (!health.healthy(SystemClock::instance().now())) log.info("prefill peer answers probes again; using it");
       health.recordProbeSuccess();
       return;
     }
     if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
-      if (h->num_layers != layout.num_layers || h->block_size != layout.block_size || h->num_kv_heads != layout.num_kv_heads ||
-          h->head_dim != layout.head_dim) {
-        log.error("the prefill peer runs a different KV layout; no transfer can work", {{"peer", h->peer_name}});
+      if (h->role != 1) {
+        log.error("the prefill peer's Hello names another role", {{"peer", h->peer_name}, {"role", h->role}});
+        metrics.rejected("unexpected_type");
         return;
       }
+      if (h->num_layers != layout.num_layers || h->block_size != layout.block_size || h->num_kv_heads != layout.num_kv_heads ||
+          h->head_dim != layout.head_dim || h->dtype != 1) {
+        peer_incompatible = strCat("the prefill peer ", h->peer_name, " has a different KV layout (", h->num_layers, " layers, block size ",
+                                   h->block_size, ", ", h->num_kv_heads, " kv heads, head_dim ", h->head_dim, ", dtype ", h->dtype,
+                                   ") than this agent (", layout.num_layers, ", ", layout.block_size, ", ", layout.num_kv_heads,
+                                   ", ", layout.head_dim, ", 1): do both serve the same model?");
+        log.error("no transfer can work", {{"detail", *peer_incompatible}});
+        for (auto& [tid, tr] : transfers) {
+          if (tr.conn == c) fail(tid, tr, FailureReason::kTransferFailed, *peer_incompatible);
+        }
+        return;
+      }
+      peer_incompatible.reset();
       peer = *h;
       t->setRemoteRegion(c, h->region_base,
                          static_cast<uint64_t>(h->num_blocks) * static_cast<uint64_t>(h->num_layers) * layout.bytesPerLayerBlock(),
@@ -897,6 +924,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
           return;
         }
         tr.conn = ensureConnected();
+        if (peer_incompatible) {
+          fail(tid, tr, FailureReason::kTransferFailed, *peer_incompatible, /*tell_peer=*/false);  // P never saw it
+          return;
+        }
         tr.started = SystemClock::instance().now();
         tr.deadline = tr.started + options.prefill_timeout;
         metrics.inflight.increment();
@@ -990,5 +1021,6 @@ uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_upd
 }
 
 void DecodeService::cancel(uint64_t handle) { impl_->loop.cancel(handle); }
+int DecodeService::port() const { return impl_->t->port(); }
 
 }  // namespace tandem::agent

@@ -97,7 +97,8 @@ class PdMetrics {
   // A control message this side refused (tandem_kv_control_messages_rejected_total):
   // "malformed" (kvproto::decode failed), "unknown_transfer" (names no
   // transfer this side has), "unexpected_type" (not one this role takes),
-  // "after_end" (P: a PrefillRequest for a transfer D already ended).
+  // "after_end" (P: a PrefillRequest for a transfer D already ended),
+  // "unknown_peer" (D: from a connection other than the one to its P).
   void rejected(std::string_view reason);
   // A disaggregated request's TTFT phases (D side), once its first token is out.
   void phases(const PdTimings& t);
@@ -155,6 +156,8 @@ class DecodeService {
   // handle for cancel().
   uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update);
   void cancel(uint64_t handle);
+  // The KV listener's port (D only pulls, but listens like every agent).
+  int port() const;
 
   struct Impl;
 

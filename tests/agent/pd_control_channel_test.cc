@@ -374,6 +374,44 @@ TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferClean
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }
 
+// A prefill peer with another KV layout (another model): requests fail at
+// once with a typed error naming the mismatch, not at the prefill deadline.
+// Control messages from a connection other than the one to P are dropped.
+TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStrangers) {
+  RawPeer fake_p;
+  ASSERT_NE(fake_p.t, nullptr);
+  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port()),
+                                "--prefill-timeout", "120s"});
+  ASSERT_NE(d, nullptr);
+  // A stranger connects to D's KV listener and claims to be a prefill agent.
+  RawPeer stranger;
+  ASSERT_NE(stranger.t, nullptr);
+  const ConnId s = stranger.t->connect("127.0.0.1", d->kvPort());
+  stranger.send(s, 0, stranger.hello(1));
+  stranger.send(s, 0, kvproto::Pong{});
+  EXPECT_TRUE(waitFor([&] { return rejected(*d, "unknown_peer") == 2; })) << scrape(*d);
+
+  std::future<Reply> first = postAsync(*d, std::string(40, 'v'));
+  auto hello = fake_p.next(kvproto::MessageType::kHello);
+  ASSERT_TRUE(hello);
+  const ConnId c = hello->first;
+  ASSERT_TRUE(fake_p.next(kvproto::MessageType::kPrefillRequest));
+  kvproto::Hello other = fake_p.hello(1);
+  other.head_dim = static_cast<uint16_t>(2 * tiny().head_dim);
+  fake_p.send(c, 0, other);
+  Reply r = first.get();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.code, "transfer_failed");
+  // The next request fails at once too: no PrefillRequest is sent.
+  Reply again = postAsync(*d, std::string(40, 'u')).get();
+  EXPECT_EQ(again.code, "transfer_failed");
+  EXPECT_NE(d->log().find("different KV layout"), std::string::npos) << d->log();
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
+  stranger.t->close(s);
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+}
+
 // SIGTERM while a request waits for its prefill peer (which never answers):
 // the transfer is failed, the client hears back, the agent exits cleanly.
 TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
