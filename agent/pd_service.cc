@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -207,6 +208,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     bool finished = false;  // the engine request ended
     bool leased = false;
     MonoTime lease_end;
+    uint64_t request_id = 0;  // the engine's, once admitted (by_request's key)
   };
   using Key = std::pair<ConnId, uint64_t>;
   std::mutex mu;
@@ -331,6 +333,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     Transfer* tr = it == transfers.end() ? nullptr : &it->second;  // gone: D ended it already
     if (tr != nullptr && !u.kv_blocks.empty()) {
       tr->blocks = u.kv_blocks;
+      tr->request_id = u.id.value();
       by_request[u.id.value()] = key;
       kvproto::PrefillAccepted a;
       // What is left of the lease (it started when the request arrived).
@@ -376,6 +379,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     }
     Transfer tr = std::move(it->second);
     transfers.erase(it);
+    if (tr.request_id != 0) by_request.erase(tr.request_id);  // no more announcements for it
     if (tr.leased) loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
     if (!tr.finished) {
       loop.cancel(tr.handle);
@@ -430,13 +434,31 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
     raw->layout = e.kv().layout();
     raw->kv = &e.kv();
     region = e.kvRegion();
-    e.setLayerObserver([raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });
   });
   TANDEM_ASSIGN_OR_RETURN(transport::TransportOptions to, transportFor(options, region));
+  // A peer may connect as soon as the listener exists, before `t` is set:
+  // its messages wait for it.
+  auto started = std::make_shared<std::promise<void>>();
+  std::shared_future<void> t_set = started->get_future().share();
   transport::TransportCallbacks cb;
-  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
-  cb.on_disconnect = [raw](ConnId c, absl::Status) { raw->onDisconnect(c); };
-  TANDEM_ASSIGN_OR_RETURN(impl->t, transport::UcxTransport::start(to, std::move(cb)));
+  cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
+    t_set.wait();
+    raw->onMessage(c, std::move(b));
+  };
+  cb.on_disconnect = [raw, t_set](ConnId c, absl::Status) {
+    t_set.wait();
+    raw->onDisconnect(c);
+  };
+  auto t = transport::UcxTransport::start(to, std::move(cb));
+  if (!t.ok()) {
+    started->set_value();
+    return t.status();
+  }
+  impl->t = std::move(*t);
+  started->set_value();
+  loop.runOnLoop([raw](engine::Engine& e) {
+    e.setLayerObserver([raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });
+  });
   return std::unique_ptr<PrefillService>(new PrefillService(std::move(impl)));
 }
 
@@ -446,8 +468,9 @@ PrefillService::~PrefillService() {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;  // from here on nothing uses the transport
   }
+  impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });  // onLayer may use `delayed`
   impl_->delayed.reset();
-  impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });
+  impl_->t->shutdown();  // no transport callback after this; `t` stays valid until it returns
   impl_->t.reset();
 }
 int PrefillService::port() const { return impl_->t->port(); }
@@ -548,7 +571,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // Marks a transfer failed: cancels its own gets, tells P, and ends the
   // request once no get is outstanding. Requires mu.
   void fail(uint64_t tid, Transfer& tr, FailureReason reason, std::string message, bool tell_peer = true) {
-    if (tr.failed || tr.completed) return;
+    if (tr.failed) return maybeEnd(tid, tr);
+    if (tr.completed) return;
     tr.failed = true;
     tr.reason = reason;
     tr.message = strCat("kv transfer failed (", kvproto::failureReasonName(reason), "): ", message);
@@ -631,9 +655,12 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (it == transfers.end()) return;
     Transfer& tr = it->second;
     tr.outstanding.erase(g);
+    if (tr.failed) {
+      maybeEnd(tid, tr);  // its last get may just have completed
+      return;
+    }
     if (!s.ok()) {
       fail(tid, tr, FailureReason::kTransferFailed, toStd(s.message()).data());
-      maybeEnd(tid, tr);
       return;
     }
     const MonoTime now = SystemClock::instance().now();
@@ -741,6 +768,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   void onMessage(ConnId c, std::vector<uint8_t> bytes) {
     std::lock_guard lock(mu);
+    if (transport_closed.load()) return;
     const uint32_t peer_blocks = peer ? peer->num_blocks : UINT32_MAX;
     auto m = kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
     if (!m.ok()) {
@@ -1012,8 +1040,9 @@ DecodeService::~DecodeService() {
   // their callbacks (held back by fault injection until `delayed` goes)
   // post the abortImports. Requests still live after this end when the
   // engine loop stops; their callbacks keep impl_ alive.
-  impl_->t.reset();
+  impl_->t->shutdown();  // joins the transport's thread; `t` stays valid for callers until then
   impl_->delayed.reset();
+  impl_->t.reset();
 }
 
 uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update) {

@@ -132,6 +132,7 @@ struct UcxTransport::Impl {
   std::deque<std::function<void()>> commands;  // guarded by mu
   bool stop = false;                           // guarded by mu
   std::thread thread;
+  std::mutex join_mu;                          // one shutdown() joins
 
   std::atomic<uint64_t> next_conn{1}, next_get{1};
   std::atomic<uint64_t> bytes_read{0};
@@ -176,6 +177,13 @@ struct UcxTransport::Impl {
   };
   std::unordered_map<GetId, Get> gets;
   std::unordered_set<void*> closing;  // ep close requests in flight
+  // Rkeys of dropped connections whose gets have not all completed yet
+  // (cancelling a get does not complete it at once): destroyed after them.
+  struct Orphan {
+    std::vector<ucp_rkey_h> rkeys;
+    std::unordered_set<GetId> gets;
+  };
+  std::unordered_map<ConnId, Orphan> orphans;
 
   void post(std::function<void()> fn) {
     {
@@ -320,6 +328,12 @@ struct UcxTransport::Impl {
     if (auto c = conns.find(g.conn); c != conns.end()) {
       c->second.gets.erase(id);
       if (c->second.gets.empty()) destroyRetiredRkeys(c->second);
+    } else if (auto o = orphans.find(g.conn); o != orphans.end()) {
+      o->second.gets.erase(id);
+      if (o->second.gets.empty()) {
+        for (ucp_rkey_h k : o->second.rkeys) ucp_rkey_destroy(k);
+        orphans.erase(o);
+      }
     }
     inflight.fetch_sub(1);
     absl::Status result;
@@ -383,21 +397,29 @@ struct UcxTransport::Impl {
   // Replaces the connection's rkey by one unpacked from `packed` (none if
   // that fails). An rkey gets may still be using is destroyed after them.
   bool unpackRkey(ConnId id, Conn& conn, const std::string& packed) {
+    ucp_rkey_h fresh = nullptr;
+    ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, packed.data(), &fresh);
+    if (s != UCS_OK) {
+      log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
+      return false;
+    }
     if (conn.rkey != nullptr) {
       if (conn.gets.empty()) {
         ucp_rkey_destroy(conn.rkey);
       } else {
         conn.retired_rkeys.push_back(conn.rkey);
       }
-      conn.rkey = nullptr;
     }
-    ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, packed.data(), &conn.rkey);
-    if (s != UCS_OK) {
-      log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
-      conn.rkey = nullptr;
-      return false;
-    }
+    conn.rkey = fresh;
     return true;
+  }
+
+  static void retireRkey(Conn& conn, ucp_rkey_h k) {
+    if (conn.gets.empty()) {
+      ucp_rkey_destroy(k);
+    } else {
+      conn.retired_rkeys.push_back(k);
+    }
   }
 
   static void destroyRetiredRkeys(Conn& conn) {
@@ -411,7 +433,12 @@ struct UcxTransport::Impl {
     Conn& conn = c->second;
     // Unpacked now so that gets work at once, and again after the wire-up
     // (see rkey_at_ready).
-    if (!unpackRkey(id, conn, rkey)) return;
+    if (!unpackRkey(id, conn, rkey)) {
+      // Gets must not go on with the region of an earlier Hello.
+      if (conn.rkey != nullptr) retireRkey(conn, conn.rkey);
+      conn.rkey = nullptr;
+      return;
+    }
     conn.remote_base = base;
     conn.remote_length = length;
     if (!conn.ready) conn.rkey_at_ready = std::move(rkey);
@@ -499,8 +526,15 @@ struct UcxTransport::Impl {
     by_ep.erase(conn.ep);
     // Cancel what is still in flight; completions arrive through onGetDone.
     for (GetId g : conn.gets) cancelParts(g);
-    if (conn.rkey) ucp_rkey_destroy(conn.rkey);
-    destroyRetiredRkeys(conn);
+    if (conn.rkey) conn.retired_rkeys.push_back(conn.rkey);
+    conn.rkey = nullptr;
+    // A cancelled part may have completed inside cancelParts.
+    for (auto g = conn.gets.begin(); g != conn.gets.end();) g = gets.contains(*g) ? std::next(g) : conn.gets.erase(g);
+    if (conn.gets.empty()) {
+      destroyRetiredRkeys(conn);
+    } else {
+      orphans[id] = Orphan{std::move(conn.retired_rkeys), std::move(conn.gets)};
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -670,14 +704,17 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const Transpor
 
 UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-UcxTransport::~UcxTransport() {
+void UcxTransport::shutdown() {
   {
     std::lock_guard lock(impl_->mu);
     impl_->stop = true;
   }
   impl_->post([] {});
-  impl_->thread.join();
+  std::lock_guard lock(impl_->join_mu);
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
+
+UcxTransport::~UcxTransport() { shutdown(); }
 
 int UcxTransport::port() const { return impl_->port; }
 uint64_t UcxTransport::regionBase() const { return impl_->region_base; }

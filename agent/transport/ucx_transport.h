@@ -92,7 +92,10 @@ class UcxTransport {
   static absl::StatusOr<std::unique_ptr<UcxTransport>> start(const TransportOptions& options,
                                                              TransportCallbacks callbacks);
   // Closes every connection (outstanding gets complete with Cancelled or an
-  // error before this returns) and stops the progress thread.
+  // error before this returns) and stops the progress thread: no callback
+  // runs after it returns. Idempotent; the destructor calls it. After it,
+  // commands (send, get, ...) are ignored and their callbacks never run.
+  void shutdown();
   ~UcxTransport();
 
   int port() const;

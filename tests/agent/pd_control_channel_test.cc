@@ -408,6 +408,12 @@ TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStr
   EXPECT_EQ(again.code, "transfer_failed");
   EXPECT_NE(d->log().find("different KV layout"), std::string::npos) << d->log();
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
+  {
+    std::lock_guard l(fake_p.mu);
+    for (const auto& [conn, m] : fake_p.inbox) {
+      EXPECT_NE(kvproto::typeOf(m.body), kvproto::MessageType::kPrefillRequest) << "a request went to the incompatible peer";
+    }
+  }
   stranger.t->close(s);
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }

@@ -109,6 +109,18 @@ TEST_F(PdFaultTest, SlowReaderStopsBeforeTheLeaseEnds) {
   expectNoLeaks(pair);
 }
 
+// Pulls in flight when D's lease deadline passes: the transfer fails
+// (lease_expired), and ends once the held completions arrive after the
+// deadline; nothing is trusted or leaked.
+TEST_F(PdFaultTest, PullsOutstandingPastTheLeaseEndTheTransfer) {
+  Pair pair = startPair({"--lease-ttl", "400ms"}, {"--fault-get-complete-delay-ms", "1000"});
+  ASSERT_TRUE(pair.prefill && pair.decode);
+  Reply r = post(*pair.decode, request("held completions", 4));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.code, "lease_expired");
+  expectNoLeaks(pair);
+}
+
 TEST_F(PdFaultTest, PeerThatFailsOnceIsUsedAgainRightAway) {
   Pair pair = startPair({"--fault-fail-first-transfers", "1"}, {});
   ASSERT_TRUE(pair.prefill && pair.decode);
