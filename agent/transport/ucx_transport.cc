@@ -403,17 +403,12 @@ struct UcxTransport::Impl {
       log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
       return false;
     }
-    if (conn.rkey != nullptr) {
-      if (conn.gets.empty()) {
-        ucp_rkey_destroy(conn.rkey);
-      } else {
-        conn.retired_rkeys.push_back(conn.rkey);
-      }
-    }
+    if (conn.rkey != nullptr) retireRkey(conn, conn.rkey);
     conn.rkey = fresh;
     return true;
   }
 
+  // Destroys `k` now, or once the connection's gets (which may use it) are done.
   static void retireRkey(Conn& conn, ucp_rkey_h k) {
     if (conn.gets.empty()) {
       ucp_rkey_destroy(k);
