@@ -161,6 +161,9 @@ const std::vector<Option>& options() {
     o.push_back(stringOption("kv-tls", "kv", "tls", "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice", &AgentConfig::kv_tls));
     o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset", &AgentConfig::ib_sl, -1, 15));
     o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class", "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset", &AgentConfig::ib_traffic_class, -1, 255));
+    o.push_back(numberOption("kv-copy-threads", "kv", "copy_threads",
+                             "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
+                             &AgentConfig::kv_copy_threads, 1, 64));
     o.push_back(durationOption("lease-ttl", "kv", "lease_ttl", "prefill: how long computed KV stays pinned for the decode agent", &AgentConfig::lease_ttl));
     o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout", "decode: deadline for the prefill agent to deliver the KV", &AgentConfig::prefill_timeout));
     o.push_back(numberOption("checksum-rate", "kv", "checksum_rate", "decode: fraction of transfers whose checksums are verified (0..1)", &AgentConfig::checksum_rate, 0, 1));

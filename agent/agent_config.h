@@ -35,6 +35,7 @@ struct AgentConfig {
   std::string kv_tls;         // UCX_TLS for KV traffic ("" = UCX's choice; "tcp"; "posix,cma,tcp")
   int ib_sl = -1;             // InfiniBand service level for KV traffic (UCX_IB_SL); -1 = unset
   int ib_traffic_class = -1;  // RoCE traffic class for KV traffic (UCX_IB_TRAFFIC_CLASS); -1 = unset
+  int kv_copy_threads = 2;    // decode over shared memory: threads copying a large pull
   std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0; // decode: fraction of transfers whose per-block checksums are verified

@@ -206,7 +206,8 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       .port = config.kv_port,
       .tls = config.kv_tls,
       .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
-      .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt};
+      .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt,
+      .copy_threads = config.kv_copy_threads};
   engine::EngineOptions engine_options = config.engine;
   std::shared_ptr<transport::UcxRegion> kv_pool;
   if (pd_role) {

@@ -50,6 +50,11 @@ struct TransportOptions {
   std::string tls;
   std::optional<int> ib_sl;             // UCX_IB_SL for KV traffic
   std::optional<int> ib_traffic_class;  // UCX_IB_TRAFFIC_CLASS (RoCE) for KV traffic
+  // Shared memory: a get from a peer whose pool UCX mapped into this process
+  // is a plain copy; one of at least kParallelCopyMinBytes is shared by the
+  // progress thread and copy_threads - 1 helper threads (1: the progress
+  // thread alone). Single-thread memcpy leaves memory bandwidth unused.
+  int copy_threads = 2;
 };
 
 struct TransportCallbacks {
@@ -89,6 +94,8 @@ class UcxRegion {
 
 class UcxTransport {
  public:
+  static constexpr size_t kParallelCopyMinBytes = size_t{4} << 20;
+
   static absl::StatusOr<std::unique_ptr<UcxTransport>> start(const TransportOptions& options,
                                                              TransportCallbacks callbacks);
   // Closes every connection (outstanding gets complete with Cancelled or an
@@ -134,7 +141,8 @@ class UcxTransport {
   void close(ConnId conn);
 
   // Counters for metrics (thread-safe). getsInFlight counts logical gets
-  // (one per get()/getv() call); ucxGetsIssued counts the UCX gets they
+  // (one per get()/getv() call); ucxGetsIssued counts the UCX gets (or,
+  // from a peer pool mapped here, the copies) they
   // became after merging.
   uint64_t bytesRead() const;
   int64_t getsInFlight() const;

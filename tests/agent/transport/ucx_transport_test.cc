@@ -307,6 +307,57 @@ TEST(UcxTransportSharedMemoryTest, GetNeedsNoPeerProgressEvenIfTheRegionWasSetBe
   EXPECT_EQ(std::memcmp(d_mem.data(), p_mem.data() + 4096, 256 << 10), 0);
 }
 
+// A large get over shared memory is shared by several copy threads: every
+// byte lands where it should (pieces split across segment boundaries, at
+// odd sizes), and nothing between the segments is touched.
+TEST(UcxTransportSharedMemoryTest, LargeGetsCopiedByEveryThreadCountAreExact) {
+  const std::string tls = "posix,cma,tcp";
+  constexpr size_t kBytes = 24 << 20;
+  auto p_pool = UcxRegion::allocate(kBytes, {.tls = tls});
+  auto d_pool = UcxRegion::allocate(kBytes, {.tls = tls});
+  ASSERT_TRUE(p_pool.ok() && d_pool.ok());
+  std::span<std::byte> p_mem = (*p_pool)->bytes();
+  std::span<std::byte> d_mem = (*d_pool)->bytes();
+  for (size_t i = 0; i < kBytes; ++i) p_mem[i] = static_cast<std::byte>((i * 31 + i / 4093) & 0xff);
+  for (int threads : {1, 2, 3}) {
+    std::fill(d_mem.begin(), d_mem.end(), std::byte{0xEE});
+    std::atomic<bool> hello{false};
+    TransportCallbacks p_cb;
+    p_cb.on_message = [&](ConnId, std::vector<uint8_t>) { hello = true; };
+    auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *p_pool, .tls = tls}, p_cb);
+    auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *d_pool, .tls = tls, .copy_threads = threads}, {});
+    ASSERT_TRUE(p.ok() && d.ok());
+    ConnId c = (*d)->connect("127.0.0.1", (*p)->port());
+    (*d)->setRemoteRegion(c, (*p)->regionBase(), (*p)->regionLength(), (*p)->packedRkey());
+    (*d)->send(c, {1});
+    ASSERT_TRUE(waitFor([&] { return hello.load(); }));
+    // Five segments of odd sizes (3 MiB + 1 .. 3 MiB + 5), 17 bytes apart
+    // here and 4 KiB apart on P: nothing merges, 15 MiB in all.
+    std::vector<UcxTransport::Segment> segs;
+    size_t local = 100, remote = 5000;
+    for (size_t k = 1; k <= 5; ++k) {
+      const size_t len = (size_t{3} << 20) + k;
+      segs.push_back({d_mem.data() + local, remote, len});
+      local += len + 17;
+      remote += len + 4096;
+    }
+    GetWaiter w;
+    (*d)->getv(c, segs, w.callback());
+    ASSERT_TRUE(w.wait().ok()) << w.status;
+    size_t at = 0;
+    for (const auto& seg : segs) {
+      const auto* dst = static_cast<const std::byte*>(seg.local);
+      for (; d_mem.data() + at < dst; ++at) ASSERT_EQ(d_mem[at], std::byte{0xEE}) << "threads " << threads << " byte " << at;
+      ASSERT_EQ(std::memcmp(dst, p_mem.data() + seg.remote_offset, seg.length), 0) << "threads " << threads;
+      at += seg.length;
+    }
+    EXPECT_EQ(d_mem[at], std::byte{0xEE});
+    EXPECT_EQ((*d)->bytesRead(), 5 * (size_t{3} << 20) + 15);
+  }
+  std::vector<std::byte> region(4096);
+  EXPECT_FALSE(UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = region, .copy_threads = 0}, {}).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "posix,cma,tcp"),
                          [](const auto& info) { return info.param == "tcp" ? std::string("Tcp") : std::string("SharedMemory"); });
 
