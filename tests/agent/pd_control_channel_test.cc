@@ -283,7 +283,8 @@ TEST(PdControlChannelTest, PrefillAgentForgetsTransfersWhoseLeaseRanOut) {
 // SIGTERM while a prefill is being computed: the engine ends the request
 // after the prefill service is gone; the agent must still exit cleanly.
 TEST(PdControlChannelTest, PrefillAgentStopsCleanlyWithAPrefillInFlight) {
-  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "512"});
+  auto p = AgentProcess::start(
+      {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "512", "--drain-grace", "0s"});
   ASSERT_NE(p, nullptr);
   RawPeer d;
   ASSERT_NE(d.t, nullptr);
@@ -293,6 +294,8 @@ TEST(PdControlChannelTest, PrefillAgentStopsCleanlyWithAPrefillInFlight) {
   d.send(c, 40, kvproto::PrefillRequest{.tokens = promptTokens(8000)});
   ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillAccepted));
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+  // No drain grace: the prefill (~16 chunks) was cut off, and still accounted.
+  EXPECT_NE(p->trace().find("\"finish_reason\":\"cancelled\""), std::string::npos) << p->trace();
 }
 
 struct Reply {
