@@ -69,6 +69,50 @@ void sortCandidates(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp) {
   }
 }
 
+// The steps both samplers share, so that they do the same arithmetic.
+
+// s.probs[i] = exp((logit of candidate i - max_logit) / T) for the first
+// `keep` candidates of s.order; returns their sum, added in that order.
+double weightCandidates(std::span<const float> logits, size_t keep, double max_logit, double inv_t, SamplerScratch& s) {
+  s.probs.resize(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    s.probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idOf(s.order[i]))]) - max_logit) * inv_t);
+    sum += s.probs[i];
+  }
+  return sum;
+}
+
+// The shortest prefix of probs[0, keep) whose normalised mass reaches
+// top_p, or all `keep` if none does (*reached says which).
+size_t topPPrefix(const std::vector<double>& probs, size_t keep, double sum, float top_p, bool* reached) {
+  double acc = 0;
+  size_t n = 0;
+  bool hit = false;
+  while (n < keep && !hit) {
+    acc += probs[n] / sum;
+    ++n;
+    hit = acc >= static_cast<double>(top_p);
+  }
+  *reached = hit;
+  return n;
+}
+
+double sumOf(const std::vector<double>& probs, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += probs[i];
+  return sum;
+}
+
+// The first i < n at which r minus probs[0..i] drops below 0; n if none.
+size_t walk(const std::vector<double>& probs, size_t n, double r) {
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs[i];
+    if (r < 0) return i;
+  }
+  return n;
+}
+
 // The definition of temperature / top-k / top-p sampling, over the whole
 // vocabulary, given the one uniform draw u:
 //   candidates in order (logit descending, id ascending), the first top_k kept;
@@ -87,30 +131,14 @@ TokenId sampleExact(std::span<const float> logits, const SamplingParams& p, doub
   size_t keep = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab ? static_cast<size_t>(p.top_k) : vocab;
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   const double max_logit = logits[static_cast<size_t>(idOf(s.order[0]))];
-  s.probs.resize(keep);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    s.probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idOf(s.order[i]))]) - max_logit) * inv_t);
-    sum += s.probs[i];
-  }
+  double sum = weightCandidates(logits, keep, max_logit, inv_t, s);
   if (p.top_p < 1.0f) {
-    double acc = 0;
-    size_t n = 0;
-    while (n < keep) {
-      acc += s.probs[n] / sum;
-      ++n;
-      if (acc >= static_cast<double>(p.top_p)) break;
-    }
-    keep = n;
-    sum = 0;
-    for (size_t i = 0; i < keep; ++i) sum += s.probs[i];
+    bool reached;
+    keep = topPPrefix(s.probs, keep, sum, p.top_p, &reached);
+    sum = sumOf(s.probs, keep);
   }
-  double r = u * sum;
-  for (size_t i = 0; i < keep; ++i) {
-    r -= s.probs[i];
-    if (r < 0) return idOf(s.order[i]);
-  }
-  return idOf(s.order[keep - 1]);
+  const size_t i = walk(s.probs, keep, u * sum);
+  return idOf(s.order[i < keep ? i : keep - 1]);
 }
 
 // A candidate whose exponent argument (logit - max) / T is below this has
@@ -150,32 +178,15 @@ TokenId sampleToken(std::span<const float> logits, const SamplingParams& p, Samp
   // Whether sampleExact's kept candidates go on past ours (with negligible ones).
   const bool truncated = keep < limit;
   sortCandidates(s.order, s.tmp);
-  s.probs.resize(keep);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    s.probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idOf(s.order[i]))]) - max_logit) * inv_t);
-    sum += s.probs[i];
-  }
+  double sum = weightCandidates(logits, keep, max_logit, inv_t, s);
   size_t nucleus = keep;
   if (p.top_p < 1.0f) {
-    double acc = 0;
-    size_t n = 0;
-    bool reached = false;
-    while (n < keep && !reached) {
-      acc += s.probs[n] / sum;
-      ++n;
-      reached = acc >= static_cast<double>(p.top_p);
-    }
+    bool reached;
+    nucleus = topPPrefix(s.probs, keep, sum, p.top_p, &reached);
     if (!reached && truncated) return sampleExact(logits, p, u, s);
-    nucleus = n;
-    sum = 0;
-    for (size_t i = 0; i < nucleus; ++i) sum += s.probs[i];
+    sum = sumOf(s.probs, nucleus);
   }
-  double r = u * sum;
-  for (size_t i = 0; i < nucleus; ++i) {
-    r -= s.probs[i];
-    if (r < 0) return idOf(s.order[i]);
-  }
+  if (const size_t i = walk(s.probs, nucleus, u * sum); i < nucleus) return idOf(s.order[i]);
   // sampleExact would walk on into the negligible candidates when there are any.
   if (truncated && nucleus == keep) return sampleExact(logits, p, u, s);
   return idOf(s.order[nucleus - 1]);
