@@ -14,6 +14,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -151,17 +152,40 @@ std::vector<uint32_t> promptTokens(int n) {
   return t;
 }
 
+// A prefill agent over tcp with `blocks` KV blocks.
+std::unique_ptr<AgentProcess> startPrefill(int blocks, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                   std::to_string(blocks)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return AgentProcess::start(args);
+}
+
+// A decode agent over tcp whose prefill peer is `fake_p`.
+std::unique_ptr<AgentProcess> startDecode(const RawPeer& fake_p, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                   std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port())};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return AgentProcess::start(args);
+}
+
+// `d` connects to the prefill agent at `port` as a decode agent would:
+// Hello both ways. Returns the connection and P's Hello (nullopt: no Hello).
+std::optional<std::pair<ConnId, kvproto::Hello>> connectAsDecode(RawPeer& d, int port) {
+  const ConnId c = d.t->connect("127.0.0.1", port);
+  d.send(c, 0, d.hello(2));
+  auto hello = d.next(kvproto::MessageType::kHello);
+  if (!hello) return std::nullopt;
+  return std::make_pair(c, std::get<kvproto::Hello>(hello->second.body));
+}
+
 TEST(PdControlChannelTest, PrefillAgentRefusesBadMessagesAndKeepsServing) {
-  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kBlocks)});
+  auto p = startPrefill(kBlocks);
   ASSERT_NE(p, nullptr);
   RawPeer d;
   ASSERT_NE(d.t, nullptr);
-  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
-  d.send(c, 0, d.hello(2));
-  auto hello = d.next(kvproto::MessageType::kHello);
-  ASSERT_TRUE(hello);
-  const auto& ph = std::get<kvproto::Hello>(hello->second.body);
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  const auto& [c, ph] = *connected;
   ASSERT_EQ(ph.num_blocks, static_cast<uint32_t>(kBlocks));
   d.t->setRemoteRegion(c, ph.region_base, static_cast<uint64_t>(ph.num_blocks) * ph.num_layers * bytesPerLayerBlock(), ph.rkey);
 
@@ -228,14 +252,13 @@ TEST(PdControlChannelTest, PrefillAgentRefusesBadMessagesAndKeepsServing) {
 // and still accounts the prefill (its request metrics and trace).
 TEST(PdControlChannelTest, AbortDuringThePrefillStopsItAndItIsAccounted) {
   constexpr int kManyBlocks = 512;
-  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kManyBlocks)});
+  auto p = startPrefill(kManyBlocks);
   ASSERT_NE(p, nullptr);
   RawPeer d;
   ASSERT_NE(d.t, nullptr);
-  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
-  d.send(c, 0, d.hello(2));
-  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  const ConnId c = connected->first;
   // ~8K tokens: P computes for a while after accepting (16 chunks of 512).
   d.send(c, 30, kvproto::PrefillRequest{.tokens = promptTokens(8000)});
   auto accepted = d.next(kvproto::MessageType::kPrefillAccepted);
@@ -257,14 +280,13 @@ TEST(PdControlChannelTest, AbortDuringThePrefillStopsItAndItIsAccounted) {
 // A D that never releases: P's lease expiry frees the blocks, and P forgets
 // the transfer (a Release that comes later names an unknown transfer).
 TEST(PdControlChannelTest, PrefillAgentForgetsTransfersWhoseLeaseRanOut) {
-  auto p = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kBlocks), "--lease-ttl", "200ms"});
+  auto p = startPrefill(kBlocks, {"--lease-ttl", "200ms"});
   ASSERT_NE(p, nullptr);
   RawPeer d;
   ASSERT_NE(d.t, nullptr);
-  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
-  d.send(c, 0, d.hello(2));
-  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  const ConnId c = connected->first;
   d.send(c, 50, kvproto::PrefillRequest{.tokens = promptTokens(40)});
   ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillDone));
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
@@ -283,14 +305,13 @@ TEST(PdControlChannelTest, PrefillAgentForgetsTransfersWhoseLeaseRanOut) {
 // SIGTERM while a prefill is being computed: the engine ends the request
 // after the prefill service is gone; the agent must still exit cleanly.
 TEST(PdControlChannelTest, PrefillAgentStopsCleanlyWithAPrefillInFlight) {
-  auto p = AgentProcess::start(
-      {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "512", "--drain-grace", "0s"});
+  auto p = startPrefill(512, {"--drain-grace", "0s"});
   ASSERT_NE(p, nullptr);
   RawPeer d;
   ASSERT_NE(d.t, nullptr);
-  const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
-  d.send(c, 0, d.hello(2));
-  ASSERT_TRUE(d.next(kvproto::MessageType::kHello));
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  const ConnId c = connected->first;
   d.send(c, 40, kvproto::PrefillRequest{.tokens = promptTokens(8000)});
   ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillAccepted));
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
@@ -319,8 +340,7 @@ std::future<Reply> postAsync(const AgentProcess& a, const std::string& prompt) {
 TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferCleanly) {
   RawPeer fake_p;
   ASSERT_NE(fake_p.t, nullptr);
-  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port())});
+  auto d = startDecode(fake_p);
   ASSERT_NE(d, nullptr);
   const std::string prompt(40, 'x');
   std::future<Reply> first = postAsync(*d, prompt);
@@ -383,9 +403,7 @@ TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferClean
 TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStrangers) {
   RawPeer fake_p;
   ASSERT_NE(fake_p.t, nullptr);
-  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port()),
-                                "--prefill-timeout", "120s"});
+  auto d = startDecode(fake_p, {"--prefill-timeout", "120s"});
   ASSERT_NE(d, nullptr);
   // A stranger connects to D's KV listener and claims to be a prefill agent.
   RawPeer stranger;
@@ -426,9 +444,7 @@ TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStr
 TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
   RawPeer fake_p;
   ASSERT_NE(fake_p.t, nullptr);
-  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
-                                std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port()),
-                                "--drain-grace", "0s"});
+  auto d = startDecode(fake_p, {"--drain-grace", "0s"});
   ASSERT_NE(d, nullptr);
   std::future<Reply> pending = postAsync(*d, std::string(40, 'w'));
   auto req = fake_p.next(kvproto::MessageType::kPrefillRequest);

@@ -88,11 +88,34 @@ struct GetWaiter {
 };
 
 // D connects to P and learns P's region, ready for gets.
-ConnId connectForGets(Side& d, Side& p) {
-  ConnId c = d.t->connect("127.0.0.1", p.t->port());
-  d.t->setRemoteRegion(c, p.t->regionBase(), p.t->regionLength(), p.t->packedRkey());
+ConnId connectForGets(UcxTransport& d, UcxTransport& p) {
+  ConnId c = d.connect("127.0.0.1", p.port());
+  d.setRemoteRegion(c, p.regionBase(), p.regionLength(), p.packedRkey());
   return c;
 }
+ConnId connectForGets(Side& d, Side& p) { return connectForGets(*d.t, *p.t); }
+
+// Two KV pools allocated by UCX for shared memory (as the agents allocate
+// theirs): P's filled with `pattern(i)`, D's zeroed.
+struct SharedMemoryPools {
+  static constexpr const char* kTls = "posix,cma,tcp";
+  std::shared_ptr<UcxRegion> p_pool, d_pool;
+  std::span<std::byte> p_mem, d_mem;
+
+  SharedMemoryPools(size_t bytes, std::byte (*pattern)(size_t)) {
+    auto p = UcxRegion::allocate(bytes, {.tls = kTls});
+    auto d = UcxRegion::allocate(bytes, {.tls = kTls});
+    EXPECT_TRUE(p.ok() && d.ok());
+    if (!p.ok() || !d.ok()) return;
+    p_pool = *p;
+    d_pool = *d;
+    p_mem = p_pool->bytes();
+    d_mem = d_pool->bytes();
+    for (size_t i = 0; i < bytes; ++i) p_mem[i] = pattern(i);
+    std::fill(d_mem.begin(), d_mem.end(), std::byte{0});
+  }
+  bool ok() const { return p_pool && d_pool; }
+};
 
 class UcxTransportTest : public ::testing::TestWithParam<std::string> {};
 
@@ -269,15 +292,9 @@ TEST(UcxTransportStartTest, BadOptionsAreClearErrors) {
 // set right after connect(), before the endpoint's wire-up (UCX 1.13 would
 // otherwise emulate every such get with active messages the peer serves).
 TEST(UcxTransportSharedMemoryTest, GetNeedsNoPeerProgressEvenIfTheRegionWasSetBeforeWireup) {
-  const std::string tls = "posix,cma,tcp";
-  constexpr size_t kBytes = 1 << 20;
-  auto p_pool = UcxRegion::allocate(kBytes, {.tls = tls});
-  auto d_pool = UcxRegion::allocate(kBytes, {.tls = tls});
-  ASSERT_TRUE(p_pool.ok() && d_pool.ok());
-  std::span<std::byte> p_mem = (*p_pool)->bytes();
-  std::span<std::byte> d_mem = (*d_pool)->bytes();
-  for (size_t i = 0; i < kBytes; ++i) p_mem[i] = static_cast<std::byte>((i * 13 + 5) & 0xff);
-  std::fill(d_mem.begin(), d_mem.end(), std::byte{0});
+  SharedMemoryPools pools(1 << 20, [](size_t i) { return static_cast<std::byte>((i * 13 + 5) & 0xff); });
+  ASSERT_TRUE(pools.ok());
+  const std::span<std::byte> p_mem = pools.p_mem, d_mem = pools.d_mem;
   // P's progress thread blocks in its first message callback until released.
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
@@ -287,11 +304,10 @@ TEST(UcxTransportSharedMemoryTest, GetNeedsNoPeerProgressEvenIfTheRegionWasSetBe
     p_blocked = true;
     released.wait();
   };
-  auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *p_pool, .tls = tls}, p_cb);
-  auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *d_pool, .tls = tls}, {});
+  auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = pools.p_pool}, p_cb);
+  auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = pools.d_pool}, {});
   ASSERT_TRUE(p.ok() && d.ok());
-  ConnId c = (*d)->connect("127.0.0.1", (*p)->port());
-  (*d)->setRemoteRegion(c, (*p)->regionBase(), (*p)->regionLength(), (*p)->packedRkey());
+  ConnId c = connectForGets(**d, **p);  // the region set before the wire-up
   (*d)->send(c, {1});
   ASSERT_TRUE(waitFor([&] { return p_blocked.load(); }));
   GetWaiter w;
@@ -311,24 +327,18 @@ TEST(UcxTransportSharedMemoryTest, GetNeedsNoPeerProgressEvenIfTheRegionWasSetBe
 // byte lands where it should (pieces split across segment boundaries, at
 // odd sizes), and nothing between the segments is touched.
 TEST(UcxTransportSharedMemoryTest, LargeGetsCopiedByEveryThreadCountAreExact) {
-  const std::string tls = "posix,cma,tcp";
-  constexpr size_t kBytes = 24 << 20;
-  auto p_pool = UcxRegion::allocate(kBytes, {.tls = tls});
-  auto d_pool = UcxRegion::allocate(kBytes, {.tls = tls});
-  ASSERT_TRUE(p_pool.ok() && d_pool.ok());
-  std::span<std::byte> p_mem = (*p_pool)->bytes();
-  std::span<std::byte> d_mem = (*d_pool)->bytes();
-  for (size_t i = 0; i < kBytes; ++i) p_mem[i] = static_cast<std::byte>((i * 31 + i / 4093) & 0xff);
+  SharedMemoryPools pools(24 << 20, [](size_t i) { return static_cast<std::byte>((i * 31 + i / 4093) & 0xff); });
+  ASSERT_TRUE(pools.ok());
+  const std::span<std::byte> p_mem = pools.p_mem, d_mem = pools.d_mem;
   for (int threads : {1, 2, 3}) {
     std::fill(d_mem.begin(), d_mem.end(), std::byte{0xEE});
     std::atomic<bool> hello{false};
     TransportCallbacks p_cb;
     p_cb.on_message = [&](ConnId, std::vector<uint8_t>) { hello = true; };
-    auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *p_pool, .tls = tls}, p_cb);
-    auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = *d_pool, .tls = tls, .copy_threads = threads}, {});
+    auto p = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = pools.p_pool}, p_cb);
+    auto d = UcxTransport::start({.host = "127.0.0.1", .port = 0, .pool = pools.d_pool, .copy_threads = threads}, {});
     ASSERT_TRUE(p.ok() && d.ok());
-    ConnId c = (*d)->connect("127.0.0.1", (*p)->port());
-    (*d)->setRemoteRegion(c, (*p)->regionBase(), (*p)->regionLength(), (*p)->packedRkey());
+    ConnId c = connectForGets(**d, **p);
     (*d)->send(c, {1});
     ASSERT_TRUE(waitFor([&] { return hello.load(); }));
     // Five segments of odd sizes (3 MiB + 1 .. 3 MiB + 5), 17 bytes apart
