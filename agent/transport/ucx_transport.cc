@@ -530,20 +530,21 @@ struct UcxTransport::Impl {
   }
 
   void doGet(GetId id, ConnId conn_id, std::vector<Segment> segments, std::function<void(absl::Status)> done) {
-    auto fail = [&](absl::Status s) {
+    // Ends a get that issues no UCX get (refused, empty, or copied here).
+    auto finish = [&](absl::Status s) {
       inflight.fetch_sub(1);
       done(std::move(s));
     };
     auto c = conns.find(conn_id);
-    if (c == conns.end()) return fail(absl::UnavailableError(strCat("get on closed connection ", conn_id)));
+    if (c == conns.end()) return finish(absl::UnavailableError(strCat("get on closed connection ", conn_id)));
     Conn& conn = c->second;
-    if (conn.rkey == nullptr) return fail(absl::FailedPreconditionError(strCat("connection ", conn_id, " has no remote region yet")));
+    if (conn.rkey == nullptr) return finish(absl::FailedPreconditionError(strCat("connection ", conn_id, " has no remote region yet")));
     // Check every segment before reading anything; merge neighbours.
     std::vector<Segment> parts;
     size_t total = 0;
     for (const Segment& s : segments) {
       if (s.remote_offset > conn.remote_length || s.length > conn.remote_length - s.remote_offset) {
-        return fail(absl::OutOfRangeError(strCat("get of ", s.length, " bytes at offset ", s.remote_offset,
+        return finish(absl::OutOfRangeError(strCat("get of ", s.length, " bytes at offset ", s.remote_offset,
                                                  " is outside the peer's region of ", conn.remote_length, " bytes")));
       }
       if (s.length == 0) continue;
@@ -557,13 +558,11 @@ struct UcxTransport::Impl {
       }
       parts.push_back(s);
     }
-    if (parts.empty()) return fail(absl::OkStatus());
+    if (parts.empty()) return finish(absl::OkStatus());
     if (copyDirectly(conn, parts, total)) {
       ucx_gets.fetch_add(parts.size());
       bytes_read.fetch_add(total);
-      inflight.fetch_sub(1);
-      done(absl::OkStatus());
-      return;
+      return finish(absl::OkStatus());
     }
     Get& g = gets[id];  // a reference into a node-based map: stays valid as other gets come and go
     g.conn = conn_id;
