@@ -1,5 +1,6 @@
 #include "engine/kv/block_manager.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "src/common/strings.h"
@@ -43,6 +44,13 @@ BlockId BlockManager::allocate() {
   assert(b.ref == 0 && !b.hashed);
   b.ref = 1;
   return id;
+}
+
+void BlockManager::allocateMany(int n, std::vector<BlockId>& out) {
+  const size_t first = out.size();
+  for (int i = 0; i < n; ++i) out.push_back(allocate());
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+            [](BlockId a, BlockId b) { return a.value() < b.value(); });
 }
 
 BlockId BlockManager::acquireCached(BlockHash hash) {

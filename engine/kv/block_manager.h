@@ -57,6 +57,14 @@ class BlockManager {
   // Takes a block for writing (ref = 1, no hash). Evicts the least recently
   // used cached block when the free list is empty. Call only if canAllocate(1).
   BlockId allocate();
+  // Takes n blocks for writing, the same blocks n allocate() calls would take
+  // (free list first, then LRU eviction), and appends them to `out` in
+  // ascending id order. A sequence's consecutive blocks then sit next to each
+  // other in KvStorage wherever the chosen blocks allow, so a KV transfer
+  // moves each such run of a layer as one get: n allocate() calls hand out
+  // blocks evicted from the LRU in descending order, because releaseAll()
+  // caches a sequence tail first. Call only if canAllocate(n).
+  void allocateMany(int n, std::vector<BlockId>& out);
   // Takes another reference on the cached block holding `hash` (which must be
   // present: call after matchPrefix()). Returns its id.
   BlockId acquireCached(BlockHash hash);

@@ -158,8 +158,9 @@ bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* resu
   while (static_cast<int>(seq->blocks.size()) < need) {
     // Blocks this sequence may take: what is available minus what the others reserved.
     int others = outstandingReservation() - std::max(0, seq->reserved_blocks - static_cast<int>(seq->blocks.size()));
-    if (blocks_.numAvailable() - others >= 1) {
-      seq->blocks.push_back(blocks_.allocate());
+    const int take = std::min(need - static_cast<int>(seq->blocks.size()), blocks_.numAvailable() - others);
+    if (take >= 1) {
+      blocks_.allocateMany(take, seq->blocks);
       continue;
     }
     if (sessions_.evictOne()) {

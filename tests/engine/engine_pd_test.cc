@@ -94,6 +94,35 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
   }
 }
 
+TEST(EnginePdTest, PrefillAfterCacheChurnTakesOneAscendingRunOfBlocks) {
+  // A pull merges blocks adjacent on both sides into one get per layer, so
+  // a prompt's blocks should be one ascending run wherever the pool allows.
+  // Here the pool is full of cached prompts; the new one evicts the oldest
+  // prompt's blocks, which one-at-a-time allocation would hand out in
+  // reverse (the LRU holds a released sequence tail first).
+  EngineOptions o = opts();
+  o.num_blocks = 24;
+  o.max_num_batched_tokens = 512;  // one chunk: one allocation for the prompt
+  Harness p(o);
+  std::mt19937 rng(29);
+  for (int i = 0; i < 4; ++i) {
+    p.add(greedy(randomPrompt(rng, 96), 1));  // 6 full blocks each, cached at the end
+    p.runToCompletion();
+  }
+  ASSERT_EQ(p.engine->numAvailableBlocks(), o.num_blocks);
+  RequestSpec ps = greedy(randomPrompt(rng, 96), 1);
+  ps.lease = LeaseSpec{11, p.clock.now() + std::chrono::seconds(5)};
+  RequestId pid = p.add(ps);
+  p.runToCompletion();
+  const std::vector<BlockId>& blocks = p.outcome(pid).kv_blocks;
+  ASSERT_EQ(blocks.size(), 6u);
+  for (size_t i = 1; i < blocks.size(); ++i) {
+    EXPECT_EQ(blocks[i].value(), blocks[i - 1].value() + 1) << "block " << i << " of the prompt";
+  }
+  EXPECT_TRUE(p.engine->releaseLease(11));
+  EXPECT_TRUE(p.engine->checkInvariants().ok());
+}
+
 TEST(EnginePdTest, ReportedLeasedPrefillIsNeverPreempted) {
   // A decode that outgrows its reservation needs a block while the only
   // other running request is a leased prefill whose blocks a peer may be

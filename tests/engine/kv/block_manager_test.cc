@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 
 namespace tandem::engine {
 namespace {
@@ -97,6 +100,52 @@ TEST(BlockManagerTest, ReleaseAllCachesTailFirstSoPrefixIsEvictedLast) {
   m.releaseAll(seq);
   EXPECT_EQ(m.allocate(), seq[2]);  // the tail goes first
   EXPECT_EQ(m.allocate(), seq[1]);
+}
+
+// Fills an 8-block pool with two cached 4-block sequences, the second
+// released before the first, so the LRU holds [4..7] tail first, then [0..3].
+BlockManager churnedPool() {
+  BlockManager m(8);
+  std::vector<BlockId> first, second;
+  for (int i = 0; i < 4; ++i) {
+    first.push_back(m.allocate());
+    m.commit(first.back(), BlockHash(100 + i));
+  }
+  for (int i = 0; i < 4; ++i) {
+    second.push_back(m.allocate());
+    m.commit(second.back(), BlockHash(200 + i));
+  }
+  m.releaseAll(second);
+  m.releaseAll(first);
+  m.drainEvents();
+  return m;
+}
+
+TEST(BlockManagerTest, AllocateManyTakesWhatAllocateWouldInAscendingOrder) {
+  BlockManager one_by_one = churnedPool();
+  std::vector<BlockId> expected;
+  for (int i = 0; i < 6; ++i) expected.push_back(one_by_one.allocate());
+  // One at a time, eviction hands a cached sequence back tail first.
+  EXPECT_EQ(expected[0], BlockId(7));
+  EXPECT_EQ(expected[3], BlockId(4));
+
+  BlockManager many = churnedPool();
+  std::vector<BlockId> got{BlockId(42)};  // appended after what is there
+  many.allocateMany(6, got);
+  ASSERT_EQ(got.size(), 7u);
+  EXPECT_EQ(got[0], BlockId(42));
+  got.erase(got.begin());
+  EXPECT_TRUE(std::is_sorted(got.begin(), got.end(), [](BlockId a, BlockId b) { return a.value() < b.value(); }));
+  std::vector<BlockId> expected_sorted = expected;
+  std::sort(expected_sorted.begin(), expected_sorted.end(), [](BlockId a, BlockId b) { return a.value() < b.value(); });
+  EXPECT_EQ(got, expected_sorted);  // the same blocks: LRU order decides which, not the sort
+  EXPECT_EQ(got, (std::vector<BlockId>{BlockId(2), BlockId(3), BlockId(4), BlockId(5), BlockId(6), BlockId(7)}));
+  // The same hashes were evicted, in the same order.
+  auto a = one_by_one.drainEvents(), b = many.drainEvents();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].hash, b[i].hash);
+  EXPECT_TRUE(many.checkInvariants().ok());
+  for (BlockId id : got) EXPECT_TRUE(many.isWritable(id));
 }
 
 }  // namespace
