@@ -121,6 +121,10 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                  .labels(labels).registerOn(r).add({})),
       checksum_checked(metrics::buildCounter().name("tandem_kv_checksum_verified_total").help("Layer blocks whose checksum was verified after the pull.")
                            .labels(labels).registerOn(r).add({})),
+      gets(metrics::buildCounter().name("tandem_kv_transfer_gets_total")
+               .help("UCX gets (or copies from a peer pool mapped here) that KV pulls became after merging blocks "
+                     "adjacent on both sides; per transfer, one per layer when both sides' blocks are one run.")
+               .labels(labels).registerOn(r).add({})),
       failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
                     .labels(labels).registerOn(r)),
       rejected_(metrics::buildCounter().name("tandem_kv_control_messages_rejected_total")
@@ -535,6 +539,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // KV layout); transfers fail at once instead of waiting for a deadline.
   std::optional<std::string> peer_incompatible;      // guarded by mu
   std::mt19937_64 rng{std::random_device{}()};       // guarded by mu
+  uint64_t gets_counted = 0;                         // guarded by mu; transport gets already in the metric
   std::thread watchdog;
   bool stopping = false;                             // guarded by mu
   // The transport is being destroyed: nothing is sent or pulled any more
@@ -648,8 +653,17 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     size_t first = 0, count = 0;
     MonoTime issued;
   };
+  // Brings tandem_kv_transfer_gets_total up to the transport's count (only
+  // pulls issue gets on this transport). Requires mu.
+  void countUcxGets() {
+    const uint64_t issued = t->ucxGetsIssued();
+    metrics.gets.increment(static_cast<double>(issued - gets_counted));
+    gets_counted = issued;
+  }
+
   void onGetDone(uint64_t tid, const std::shared_ptr<GetId>& id, const Pull& pull, absl::Status s) {
     std::lock_guard lock(mu);
+    countUcxGets();
     const GetId g = *id;
     auto it = transfers.find(tid);
     if (it == transfers.end()) return;

@@ -107,6 +107,7 @@ class PdMetrics {
   metrics::Gauge& inflight;
   metrics::Gauge& leases;
   metrics::Counter& checksum_checked;
+  metrics::Counter& gets;
 
  private:
   metrics::Family<metrics::Counter>& failures_;

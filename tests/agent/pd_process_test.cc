@@ -151,6 +151,39 @@ void prefillKilledMidTransfer(const std::string& tls) {
 
 TEST(PdFailureTest, PrefillKilledMidTransferGivesTypedErrorAndNoLeak) { prefillKilledMidTransfer("tcp"); }
 
+// A pull merges blocks adjacent on both sides into one UCX get, and both
+// engines hand a prompt its blocks in ascending runs, so a prompt on fresh
+// pools moves as one get per layer, and after the pools churn (every
+// prompt evicts older cached ones) as a few runs, not one get per block.
+TEST(PdTransferTest, PromptsMoveInRunsOfBlocksNotBlockByBlock) {
+  auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "64"});
+  ASSERT_NE(prefill, nullptr);
+  auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", "64",
+                                     "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
+  ASSERT_NE(decode, nullptr);
+  constexpr int kLayers = 4;          // the built-in tiny model
+  constexpr int kBlocksPerPrompt = 19;  // 300 tokens of 16 per block, in one prefill chunk
+  std::mt19937 rng(43);
+  double gets_before = 0;
+  for (int i = 0; i < 8; ++i) {  // the pools hold 3 such prompts: from the 4th on, each evicts
+    json req = {{"model", "tiny"}, {"prompt", randomText(rng, 300)}, {"max_tokens", 4}, {"ignore_eos", true}};
+    auto r = http::httpPost(decode->url("/v1/completions"), req, std::chrono::seconds(60));
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->status, 200) << r->body;
+    const double gets = metricValue(scrape(*decode), "tandem_kv_transfer_gets_total{");
+    if (i == 0) {
+      EXPECT_EQ(gets, kLayers) << "fresh pools: each layer is one run on both sides";
+    } else {
+      // Holes left by freed partial blocks split a prompt into a few runs.
+      EXPECT_LE(gets - gets_before, kLayers * 6) << "prompt " << i << " of " << kBlocksPerPrompt << " blocks per layer";
+    }
+    gets_before = gets;
+  }
+  EXPECT_EQ(metricValue(scrape(*decode), "tandem_kv_transfer_bytes_total{"),
+            8.0 * kLayers * kBlocksPerPrompt * 2 * 16 * 2 * 32 * 4);  // K and V: 16 tokens x 2 KV heads x 32 floats
+}
+
+
 // Over shared memory D reads P's KV pool mapped into its own address space
 // (UCX allocated the pool): outputs must not change, and P's death must
 // still be detected and handled like any failure.
