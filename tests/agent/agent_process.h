@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,10 +31,34 @@ extern char** environ;
 
 namespace tandem::agent::testing {
 
+// This test binary's scratch directory: the tiny model and each agent's log,
+// trace and port file. Removed when the binary exits with every test passed;
+// kept (and named on stderr) when one failed, so the agents' logs can be read.
+inline const std::filesystem::path& testScratchDir() {
+  // Never freed: a static finished after the exit hook was registered (as a
+  // path here would be) is destroyed before the hook runs.
+  static const std::filesystem::path* const dir = [] {
+    auto* d = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                        ("tandem-agent-test-" + std::to_string(getpid())));
+    std::filesystem::create_directories(*d);
+    std::atexit([] {
+      const std::filesystem::path& path = testScratchDir();
+      if (::testing::UnitTest::GetInstance()->Failed()) {
+        std::fprintf(stderr, "agent logs and traces kept in %s\n", path.c_str());
+        return;
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
 // The tiny model, written once per test binary.
 inline const std::string& tinyModelDir() {
   static const std::string dir = [] {
-    std::string d = std::filesystem::temp_directory_path() / ("tandem-agent-test-" + std::to_string(getpid())) / "tiny";
+    std::string d = testScratchDir() / "tiny";
     std::filesystem::create_directories(d);
     absl::Status s = engine::writeModelDir(d, *engine::makeRandomWeights(engine::tinyModelConfig(), 1234), engine::DType::kF32);
     if (!s.ok()) ADD_FAILURE() << s;
@@ -47,7 +72,7 @@ class AgentProcess {
   static std::unique_ptr<AgentProcess> start(std::vector<std::string> extra_args) {
     auto p = std::unique_ptr<AgentProcess>(new AgentProcess());
     static int counter = 0;
-    p->dir_ = std::filesystem::path(tinyModelDir()).parent_path() / ("agent-" + std::to_string(counter++));
+    p->dir_ = testScratchDir() / ("agent-" + std::to_string(counter++));
     std::filesystem::create_directories(p->dir_);
     const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
     std::string bin = std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent";
