@@ -123,7 +123,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                            .labels(labels).registerOn(r).add({})),
       gets(metrics::buildCounter().name("tandem_kv_transfer_gets_total")
                .help("UCX gets (or copies from a peer pool mapped here) that KV pulls became after merging blocks "
-                     "adjacent on both sides; per transfer, one per layer when both sides' blocks are one run.")
+                     "adjacent on both sides; one per layer and prefill chunk when both sides' blocks are one run.")
                .labels(labels).registerOn(r).add({})),
       failures_(metrics::buildCounter().name("tandem_kv_transfer_failures_total").help("Failed KV transfers by typed reason.")
                     .labels(labels).registerOn(r)),
