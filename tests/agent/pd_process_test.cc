@@ -181,6 +181,8 @@ TEST(PdTransferTest, PromptsMoveInRunsOfBlocksNotBlockByBlock) {
   }
   EXPECT_EQ(metricValue(scrape(*decode), "tandem_kv_transfer_bytes_total{"),
             8.0 * kLayers * kBlocksPerPrompt * 2 * 16 * 2 * 32 * 4);  // K and V: 16 tokens x 2 KV heads x 32 floats
+  EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
+  EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
 }
 
 
