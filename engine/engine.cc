@@ -258,6 +258,12 @@ StepStats Engine::step() {
     if (s->num_preemptions > options_.max_preemptions) {
       finish(s, FinishReason::kPreempted, RejectReason::kNone,
              strCat("preempted ", s->num_preemptions, " times (limit ", options_.max_preemptions, ")"));
+    } else if (const int need = scheduler_.admissionBlocks(*s); need > options_.num_blocks) {
+      // It outgrew its reservation (expected_output_tokens below max_tokens)
+      // and the whole pool: waiting would never admit it again.
+      finish(s, FinishReason::kPreempted, RejectReason::kNone,
+             strCat("preempted: its ", s->tokens.size(), " tokens need ", need, " KV blocks but the pool has only ",
+                    options_.num_blocks));
     }
   }
   std::erase_if(plan.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });

@@ -51,7 +51,7 @@ struct EngineOptions {
   int expected_output_tokens = 0;
   int max_preemptions = 8;  // beyond this a request finishes kPreempted
   int session_low_watermark_blocks = 0;
-  int max_session_evictions_per_step = 4;
+  int max_session_evictions_per_step = 4;  // for the watermark, admission and running requests together
   uint64_t seed = 0;  // seeds unseeded requests' sampling; 0 = from std::random_device
   // Where the KV pool lives. Unset: the engine allocates it. Set: called
   // once by create() with the pool's size in bytes (the agent returns memory

@@ -17,6 +17,10 @@ int Scheduler::reservationBlocks(int reserved_tokens) const {
   return ceilDiv(std::min(reserved_tokens, options_.max_model_len), options_.block_size);
 }
 
+int Scheduler::admissionBlocks(const Sequence& seq) const {
+  return std::max(reservationBlocks(seq.reserved_tokens), ceilDiv(static_cast<int>(seq.tokens.size()), options_.block_size));
+}
+
 int Scheduler::outstandingReservation() const {
   int n = 0;
   for (const Sequence* s : running_) n += std::max(0, s->reserved_blocks - static_cast<int>(s->blocks.size()));
@@ -53,6 +57,12 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
       if (common % bs != 0) {
         BlockId last = s->blocks[static_cast<size_t>(plan.reuse_blocks - 1)];
         plan.needs_copy = !blocks_.isWritable(last);
+        // Not writable and held by the session alone: hashed, so the copy
+        // hands it to the prefix cache's LRU.
+        if (plan.needs_copy && blocks_.refCount(last) == 1) ++plan.blocks_returned;
+      }
+      for (size_t i = static_cast<size_t>(plan.reuse_blocks); i < s->blocks.size(); ++i) {
+        if (blocks_.refCount(s->blocks[i]) == 1) ++plan.blocks_returned;  // released at commit
       }
     }
   }
@@ -68,7 +78,11 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
         if (blocks_.isCachedUnreferenced(hashes[static_cast<size_t>(i)])) ++plan.blocks_from_lru;
       }
       // A cached block is immutable; writing its tail needs a private copy.
+      // If nobody else holds it, the copy returns it to the LRU.
       plan.needs_copy = common % bs != 0;
+      if (plan.needs_copy && blocks_.isCachedUnreferenced(hashes[static_cast<size_t>(plan.reuse_blocks - 1)])) {
+        ++plan.blocks_returned;
+      }
     }
   }
   return plan;
@@ -88,9 +102,9 @@ bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evi
   }
   for (;;) {
     ReusePlan plan = planReuse(*seq);
-    const int need_total = std::max(reservationBlocks(seq->reserved_tokens), ceilDiv(static_cast<int>(seq->tokens.size()), bs));
+    const int need_total = admissionBlocks(*seq);
     const int need_new = need_total - plan.reuse_blocks + (plan.needs_copy ? 1 : 0);
-    const int room = blocks_.numAvailable() - plan.blocks_from_lru - outstandingReservation();
+    const int room = blocks_.numAvailable() - plan.blocks_from_lru + plan.blocks_returned - outstandingReservation();
     if (need_new <= room) {
       // Commit the plan.
       std::vector<BlockId> reused;
@@ -130,7 +144,15 @@ bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evi
     }
     // Make room by evicting resident sessions (never the one this request would reuse).
     if (*session_evictions >= options_.max_session_evictions_per_step || sessions_.numResident() == 0) return false;
-    if (seq->spec.session && sessions_.contains(*seq->spec.session) && sessions_.numResident() == 1) return false;
+    if (seq->spec.session && sessions_.contains(*seq->spec.session) && sessions_.numResident() == 1) {
+      // Only this request's own session is left. Dropping it releases what
+      // the plan could not count (all of it when the plan does not reuse
+      // it); its full blocks stay in the prefix cache for the next plan.
+      sessions_.drop(*seq->spec.session);
+      ++*session_evictions;
+      ++result->num_session_evictions;
+      continue;
+    }
     std::optional<ResidentSession> keep;
     if (seq->spec.session) keep = sessions_.take(*seq->spec.session);
     bool evicted = sessions_.evictOne();
@@ -153,7 +175,7 @@ void Scheduler::preempt(Sequence* victim, ScheduleResult* result) {
   result->preempted.push_back(victim);
 }
 
-bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* result) {
+bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* result, int* session_evictions) {
   const int need = ceilDiv(num_tokens, options_.block_size);
   while (static_cast<int>(seq->blocks.size()) < need) {
     // Blocks this sequence may take: what is available minus what the others reserved.
@@ -163,7 +185,12 @@ bool Scheduler::ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* resu
       blocks_.allocateMany(take, seq->blocks);
       continue;
     }
-    if (sessions_.evictOne()) {
+    if (sessions_.numResident() > 0) {
+      // Evicting a session whose blocks others share frees nothing, so this
+      // could go through every session: a few per step, never one long pause.
+      if (*session_evictions >= options_.max_session_evictions_per_step) return false;
+      sessions_.evictOne();
+      ++*session_evictions;
       ++result->num_session_evictions;
       continue;
     }
@@ -205,7 +232,7 @@ ScheduleResult Scheduler::schedule() {
   for (Sequence* s : decoding) {
     if (budget == 0) break;
     if (s->state != SeqState::kRunning) continue;  // preempted by an earlier iteration
-    if (!ensureBlocks(s, s->num_computed + 1, &result)) continue;
+    if (!ensureBlocks(s, s->num_computed + 1, &result, &session_evictions)) continue;
     result.chunks.push_back({s, 1});
     --budget;
   }
@@ -221,7 +248,7 @@ ScheduleResult Scheduler::schedule() {
     if (budget == 0) break;
     if (s->state != SeqState::kRunning) continue;
     int n = std::min(s->numUncomputed(), budget);
-    if (!ensureBlocks(s, s->num_computed + n, &result)) continue;
+    if (!ensureBlocks(s, s->num_computed + n, &result, &session_evictions)) continue;
     result.chunks.push_back({s, n});
     budget -= n;
   }
@@ -233,7 +260,7 @@ ScheduleResult Scheduler::schedule() {
     waiting_.pop_front();
     if (s->spec.import_kv && s->num_computed == 0 && s->numOutputTokens() == 0) {
       // All prompt blocks now (within its reservation); they are filled from outside.
-      if (!ensureBlocks(s, static_cast<int>(s->tokens.size()), &result)) break;
+      if (!ensureBlocks(s, static_cast<int>(s->tokens.size()), &result, &session_evictions)) break;
       s->importing = true;
       continue;
     }
@@ -242,7 +269,7 @@ ScheduleResult Scheduler::schedule() {
     // preempt. A leased prefill gets all its prompt blocks now: they are
     // reported to the peer before the first chunk runs.
     const bool leased = s->spec.lease.has_value() && s->numOutputTokens() == 0;
-    if (!ensureBlocks(s, leased ? s->num_prompt_tokens : s->num_computed + n, &result)) break;
+    if (!ensureBlocks(s, leased ? s->num_prompt_tokens : s->num_computed + n, &result, &session_evictions)) break;
     result.chunks.push_back({s, n});
     budget -= n;
   }

@@ -32,9 +32,10 @@ struct SchedulerOptions {
   int max_num_seqs = 64;             // running sequences at most
   int max_model_len = 2048;
   bool enable_prefix_cache = true;
-  // Keep at least this many blocks available by evicting resident sessions,
-  // at most max_session_evictions_per_step per step.
+  // Keep at least this many blocks available by evicting resident sessions.
   int session_low_watermark_blocks = 0;
+  // Sessions evicted per step at most, for the watermark, admission and
+  // running requests' blocks together.
   int max_session_evictions_per_step = 4;
 };
 
@@ -60,6 +61,10 @@ class Scheduler {
 
   // Blocks a sequence would reserve (prompt + expected output, capped at the context).
   int reservationBlocks(int reserved_tokens) const;
+  // Blocks `seq` must be able to hold to be admitted: its reservation, or
+  // more once its tokens (prompt + output so far, after a preemption)
+  // outgrew it. Above the pool's size it can never be admitted.
+  int admissionBlocks(const Sequence& seq) const;
 
   void addWaiting(Sequence* seq) { waiting_.push_back(seq); }
   // Removes a sequence from the queues and releases its blocks (part of the
@@ -86,12 +91,18 @@ class Scheduler {
     int reuse_blocks = 0;      // leading blocks kept
     int blocks_from_lru = 0;   // reused cached blocks that are unreferenced now (they stop being available)
     bool needs_copy = false;   // the last reused block is partial and not writable
+    // Blocks that committing the plan makes available again: on the session
+    // path, the session's blocks past the reused prefix that only it holds,
+    // and a copy-on-write source whose last reference the copy drops.
+    int blocks_returned = 0;
   };
   ReusePlan planReuse(const Sequence& seq) const;
   bool tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions);
-  // Makes sure seq has blocks for `num_tokens` tokens; may preempt others (or
-  // seq itself). Returns false when seq was preempted.
-  bool ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* result);
+  // Makes sure seq has blocks for `num_tokens` tokens: evicts resident
+  // sessions (within the step's limit, counted in *session_evictions), then
+  // preempts others (or seq itself). Returns false when seq cannot run this
+  // step: it was preempted, or it waits for later steps' session evictions.
+  bool ensureBlocks(Sequence* seq, int num_tokens, ScheduleResult* result, int* session_evictions);
   void preempt(Sequence* victim, ScheduleResult* result);
 
   SchedulerOptions options_;

@@ -370,6 +370,118 @@ TEST(EngineTest, SessionsEvictedToKeepLowWatermark) {
   EXPECT_GE(h.engine->numAvailableBlocks(), 20);
 }
 
+// ---- Admission counts what committing the plan hands back -----------------
+// Each scenario fits the pool exactly; a wrong count would leave the request
+// waiting for blocks that never come (until its deadline).
+
+TEST(EngineAdmissionTest, WholePromptCachedFitsWhenTheCopySourceGoesBackToTheCache) {
+  // 3 full blocks cached; the same prompt again reuses them, copying the last
+  // (its final token is recomputed). The copy's source goes back to the LRU,
+  // so the request needs 1 new block now plus 1 reserved: 4 of 4.
+  EngineOptions o = baseOptions();
+  o.num_blocks = 4;
+  std::mt19937 rng(40);
+  auto prompt = randomPrompt(rng, 48);
+  Harness h(o);
+  RequestId a = h.add(greedy(prompt, 16));  // 64 tokens: the whole pool
+  h.runToCompletion();
+  RequestId b = h.add(greedy(prompt, 16));
+  h.runToCompletion();
+  EXPECT_EQ(h.outcome(b).final.finish_reason, FinishReason::kLength) << h.outcome(b).final.message;
+  EXPECT_EQ(h.outcome(b).final.num_cached_tokens, 47);
+  EXPECT_EQ(h.outcome(b).tokens, h.outcome(a).tokens);
+  EXPECT_EQ(h.engine->numAvailableBlocks(), o.num_blocks);
+  EXPECT_TRUE(h.engine->checkInvariants().ok());
+}
+
+TEST(EngineAdmissionTest, SessionFillingThePoolDoesNotBlockItsNextTurn) {
+  // Turn 1 leaves 127 tokens resident in all 8 blocks. Turn 2 regenerates
+  // from the same prompt: it reuses 7 blocks (copying the 7th), and the
+  // session's 8th block is released. Turn 3 shares nothing with the
+  // session, which then only stands in the way.
+  EngineOptions o = baseOptions();
+  o.num_blocks = 8;
+  std::mt19937 rng(41);
+  auto prompt = randomPrompt(rng, 100);
+  auto other = randomPrompt(rng, 100);
+  Harness h(o);
+  for (const auto* p : {&prompt, &prompt, &other}) {
+    RequestSpec turn = greedy(*p, 28);  // 128 tokens: the whole pool
+    turn.session = SessionId("conv");
+    RequestId id = h.add(turn);
+    h.runToCompletion();
+    EXPECT_EQ(h.outcome(id).final.finish_reason, FinishReason::kLength) << h.outcome(id).final.message;
+    EXPECT_EQ(h.outcome(id).tokens, runAlone(*p, 28, o));
+    EXPECT_TRUE(h.engine->checkInvariants().ok());
+  }
+  EXPECT_EQ(h.engine->numSessionsResident(), 1);
+}
+
+TEST(EngineAdmissionTest, RequestOutgrowingThePoolFinishesPreemptedInsteadOfWaiting) {
+  // Admitted on an estimate of 16 output tokens (64 tokens: the whole pool),
+  // it asks for 100. At token 65 it preempts itself and could never be
+  // admitted again: it ends, typed, with the output it has.
+  EngineOptions o = baseOptions();
+  o.num_blocks = 4;
+  o.expected_output_tokens = 16;
+  o.max_preemptions = 1000;
+  std::mt19937 rng(42);
+  Harness h(o);
+  RequestId id = h.add(greedy(randomPrompt(rng, 48), 100));
+  h.runToCompletion();
+  const auto& out = h.outcome(id);
+  EXPECT_EQ(out.final.finish_reason, FinishReason::kPreempted);
+  EXPECT_NE(out.final.message.find("need 5 KV blocks but the pool has only 4"), std::string::npos) << out.final.message;
+  EXPECT_EQ(out.final.num_preemptions, 1);
+  EXPECT_EQ(out.tokens.size(), 17u);  // tokens 49..65; the 65th has no block for its KV
+  EXPECT_EQ(h.engine->numAvailableBlocks(), o.num_blocks);
+}
+
+TEST(EngineAdmissionTest, SessionEvictionsForBlocksStayWithinTheStepLimit) {
+  // Twelve sessions hold one block each, leaving 4 free. Four decodes in
+  // lockstep each need a new block in the same step: at most
+  // max_session_evictions_per_step sessions go per step (never one long
+  // pause), the decodes left without a block wait a step instead of being
+  // preempted, and every output is what it would have been alone.
+  EngineOptions o = baseOptions();
+  o.num_blocks = 16;
+  o.expected_output_tokens = 1;
+  o.max_session_evictions_per_step = 2;
+  std::mt19937 rng(43);
+  Harness h(o);
+  for (int i = 0; i < 12; ++i) {
+    RequestSpec s = greedy(randomPrompt(rng, 15), 1);
+    s.session = SessionId("s" + std::to_string(i));
+    h.add(s);
+    h.runToCompletion();
+  }
+  ASSERT_EQ(h.engine->numSessionsResident(), 12);
+  ASSERT_EQ(h.engine->numAvailableBlocks(), 4);
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(randomPrompt(rng, 15));
+    ids.push_back(h.add(greedy(prompts.back(), 40)));  // 55 tokens: 4 blocks each, 1 reserved
+  }
+  int resident = h.engine->numSessionsResident();
+  int most_in_a_step = 0;
+  for (int i = 0; i < 2000 && h.engine->hasWork(); ++i) {
+    h.step();
+    const int now = h.engine->numSessionsResident();
+    most_in_a_step = std::max(most_in_a_step, resident - now);
+    resident = now;
+  }
+  ASSERT_FALSE(h.engine->hasWork());
+  EXPECT_EQ(most_in_a_step, o.max_session_evictions_per_step);
+  EXPECT_EQ(h.engine->numSessionsResident(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(h.outcome(ids[i]).final.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(h.outcome(ids[i]).final.num_preemptions, 0) << "request " << i;
+    EXPECT_EQ(h.outcome(ids[i]).tokens, runAlone(prompts[i], 40)) << "request " << i;
+  }
+  EXPECT_EQ(h.engine->numAvailableBlocks(), o.num_blocks);
+}
+
 TEST(EngineTest, RandomizedOperationsKeepInvariantsAndLeakNothing) {
   std::mt19937 rng(15);
   for (int round = 0; round < 6; ++round) {
