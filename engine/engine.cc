@@ -204,8 +204,10 @@ RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
   seq->tokens = std::move(seq->spec.prompt);
   seq->spec.prompt.clear();
   const SamplingParams& p = seq->spec.sampling;
-  const int expected_output =
-      options_.expected_output_tokens > 0 ? std::min(p.max_tokens, options_.expected_output_tokens) : p.max_tokens;
+  // A leased prefill is pinned once its blocks are reported (a peer may be
+  // reading them) and is never preempted, so it reserves all it may need.
+  const bool estimate = options_.expected_output_tokens > 0 && !seq->spec.lease;
+  const int expected_output = estimate ? std::min(p.max_tokens, options_.expected_output_tokens) : p.max_tokens;
   seq->reserved_tokens = std::min(options_.max_model_len, seq->num_prompt_tokens + std::max(1, expected_output));
   if (reject == RejectReason::kNone && scheduler_.reservationBlocks(seq->reserved_tokens) > options_.num_blocks) {
     reject = RejectReason::kCapacity;

@@ -153,6 +153,40 @@ TEST(EnginePdTest, ReportedLeasedPrefillIsNeverPreempted) {
   EXPECT_EQ(p.engine->numAvailableBlocks(), o.num_blocks);
 }
 
+TEST(EnginePdTest, LeasedPrefillReservesItsWholeOutputDespiteTheEstimate) {
+  // With expected_output_tokens a request may outgrow its reservation and
+  // then preempts, itself if nothing else can give way. A reported leased
+  // prefill must never be preempted (a peer may be reading its blocks), so it
+  // reserves max_tokens and waits for room at admission instead.
+  EngineOptions o = opts();
+  o.num_blocks = 4;
+  o.expected_output_tokens = 1;
+  Harness p(o);
+  std::mt19937 rng(30);
+  RequestSpec first = greedy(randomPrompt(rng, 16), 1);
+  first.lease = LeaseSpec{11, p.clock.now() + std::chrono::seconds(5)};
+  p.add(first);
+  p.runToCompletion();
+  ASSERT_EQ(p.engine->numAvailableBlocks(), 3);  // one block pinned for a peer
+  RequestSpec ls = greedy(randomPrompt(rng, 16), 40);  // 56 tokens: 4 blocks
+  ls.lease = LeaseSpec{12, p.clock.now() + std::chrono::seconds(5)};
+  RequestId id = p.add(ls);
+  for (int i = 0; i < 50; ++i) p.step();
+  EXPECT_FALSE(p.outcome(id).finished);
+  EXPECT_TRUE(p.engine->releaseLease(11));
+  p.runToCompletion();
+  EXPECT_EQ(p.outcome(id).final.finish_reason, FinishReason::kLength) << p.outcome(id).final.message;
+  EXPECT_EQ(p.outcome(id).final.num_reserved_tokens, 56);
+  EXPECT_EQ(p.outcome(id).final.num_preemptions, 0);
+  EXPECT_TRUE(p.engine->releaseLease(12));
+  // An unleased request with the same numbers reserves the estimate.
+  RequestId plain = p.add(greedy(randomPrompt(rng, 16), 40));
+  p.runToCompletion();
+  EXPECT_EQ(p.outcome(plain).final.num_reserved_tokens, 17);
+  EXPECT_EQ(p.engine->numAvailableBlocks(), o.num_blocks);
+  EXPECT_TRUE(p.engine->checkInvariants().ok());
+}
+
 TEST(EnginePdTest, WrongKvChangesTheOutput) {
   // The equivalence above is meaningful only if imported KV matters.
   std::mt19937 rng(22);
