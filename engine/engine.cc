@@ -177,6 +177,17 @@ RejectReason Engine::validate(const RequestSpec& spec, std::string* message) con
     *message = strCat("lease ", spec.lease->id, " is already held");
     return RejectReason::kInvalid;
   }
+  if (spec.lease) {
+    // Another live request's lease id: when both finished, one lease would
+    // replace the other and leak its blocks.
+    for (const auto& [id, other] : live_) {
+      if (&other->spec != &spec && other->state != SeqState::kFinished && other->spec.lease &&
+          other->spec.lease->id == spec.lease->id) {
+        *message = strCat("lease ", spec.lease->id, " is already used by request ", id.value());
+        return RejectReason::kInvalid;
+      }
+    }
+  }
   const int prompt = static_cast<int>(spec.prompt.size());
   if (prompt + 1 > options_.max_model_len) {
     *message = strCat("prompt has ", prompt, " tokens; this model's context is ", options_.max_model_len,

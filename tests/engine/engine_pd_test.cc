@@ -187,6 +187,37 @@ TEST(EnginePdTest, LeasedPrefillReservesItsWholeOutputDespiteTheEstimate) {
   EXPECT_TRUE(p.engine->checkInvariants().ok());
 }
 
+TEST(EnginePdTest, ALeaseIdIsUsedByOneRequestAtATime) {
+  // Two requests with one lease id would pin one set of blocks under it and
+  // leak the other's: the second is rejected while the first is running and
+  // while its lease is held, and accepted once the lease is released.
+  Harness p(opts());
+  std::mt19937 rng(31);
+  auto leased = [&](uint64_t lease_id) {
+    RequestSpec s = greedy(randomPrompt(rng, 40), 1);
+    s.lease = LeaseSpec{lease_id, p.clock.now() + std::chrono::seconds(5)};
+    return s;
+  };
+  RequestId first = p.add(leased(5));
+  RequestId while_running = p.add(leased(5));
+  EXPECT_EQ(p.outcome(while_running).final.finish_reason, FinishReason::kRejected);
+  EXPECT_EQ(p.outcome(while_running).final.reject_reason, RejectReason::kInvalid);
+  EXPECT_NE(p.outcome(while_running).final.message.find("lease 5 is already used by request"), std::string::npos)
+      << p.outcome(while_running).final.message;
+  p.runToCompletion();
+  EXPECT_EQ(p.outcome(first).final.finish_reason, FinishReason::kLength);
+  RequestId while_held = p.add(leased(5));
+  EXPECT_EQ(p.outcome(while_held).final.reject_reason, RejectReason::kInvalid);
+  EXPECT_NE(p.outcome(while_held).final.message.find("lease 5 is already held"), std::string::npos);
+  EXPECT_TRUE(p.engine->releaseLease(5));
+  RequestId again = p.add(leased(5));
+  p.runToCompletion();
+  EXPECT_EQ(p.outcome(again).final.finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(p.engine->releaseLease(5));
+  EXPECT_EQ(p.engine->numAvailableBlocks(), opts().num_blocks);
+  EXPECT_TRUE(p.engine->checkInvariants().ok());
+}
+
 TEST(EnginePdTest, WrongKvChangesTheOutput) {
   // The equivalence above is meaningful only if imported KV matters.
   std::mt19937 rng(22);
