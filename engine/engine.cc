@@ -194,7 +194,7 @@ RejectReason Engine::validate(const RequestSpec& spec, std::string* message) con
                       " tokens including at least one generated token");
     return RejectReason::kPromptTooLong;
   }
-  if (static_cast<int>(live_.size()) - scheduler_.running().size() >= static_cast<size_t>(options_.max_waiting)) {
+  if (scheduler_.waiting().size() >= static_cast<size_t>(options_.max_waiting)) {
     *message = strCat("waiting queue is full (", options_.max_waiting, " requests)");
     return RejectReason::kQueueFull;
   }

@@ -245,9 +245,12 @@ TEST(EngineTest, RejectionsAreTypedAndLeakNothing) {
   Harness small(o);
   RequestId cap = small.add(greedy(std::vector<TokenId>(60, 7), 40));
   EXPECT_EQ(small.outcome(cap).final.reject_reason, RejectReason::kCapacity);
-  // Queue bound.
-  h.add(greedy({5, 6}, 4));
-  h.add(greedy({5, 6}, 4));
+  // Queue bound: max_waiting requests wait (the rejected ones above do not
+  // count), the next is rejected.
+  RequestId first = h.add(greedy({5, 6}, 4));
+  RequestId second = h.add(greedy({5, 6}, 4));
+  EXPECT_FALSE(h.outcome(first).finished);
+  EXPECT_FALSE(h.outcome(second).finished) << h.outcome(second).final.message;
   expectReject(greedy({5, 6}, 4), RejectReason::kQueueFull);
   h.runToCompletion();
   EXPECT_EQ(h.engine->numAvailableBlocks(), 8);
