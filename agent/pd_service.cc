@@ -511,6 +511,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     bool abort_posted = false;
     FailureReason reason = FailureReason::kTransferFailed;
     std::string message;
+    // How the request ends when the transfer failed: error, unless the
+    // engine was asked to end it (a cancel: the requested reason).
+    engine::FinishReason end_reason = engine::FinishReason::kError;
     MonoTime started;
     std::optional<MonoTime> deadline;
     std::optional<MonoTime> lease_deadline;  // from PrefillAccepted: P unpins after this
@@ -597,11 +600,11 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (!tr.failed || !tr.outstanding.empty() || tr.abort_posted) return;
     tr.abort_posted = true;
     if (tr.has_id) {
-      loop.post([id = tr.id, msg = tr.message](engine::Engine& e) {
-        if (!e.abortImport(id, engine::FinishReason::kError, msg)) e.cancel(id, engine::FinishReason::kError, msg);
+      loop.post([id = tr.id, msg = tr.message, why = tr.end_reason](engine::Engine& e) {
+        if (!e.abortImport(id, why, msg)) e.cancel(id, why, msg);
       });
     } else {
-      loop.cancel(tr.handle, engine::FinishReason::kError);  // still queued in the engine
+      loop.cancel(tr.handle, tr.end_reason);  // still queued in the engine
     }
     (void)tid;
   }
@@ -986,7 +989,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         return;
       }
       if (u.import_abort_requested) {
-        fail(tid, tr, FailureReason::kCancelled, "the request was cancelled");
+        // Ends as asked (e.g. cancelled: the client went away), not as an error.
+        tr.end_reason = u.finish_reason;
+        fail(tid, tr, FailureReason::kCancelled,
+             strCat("the request was ended (", engine::finishReasonName(u.finish_reason), ")"));
         return;
       }
       cb = tr.cb;

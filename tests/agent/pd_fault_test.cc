@@ -238,6 +238,10 @@ TEST_F(PdFaultTest, ClientCancelInEveryPhaseLeaksNothing) {
     ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.prefill), "tandem_kv_leases_active{") == 0; }));
     EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, std::chrono::milliseconds(2000));
     expectNoLeaks(pair);
+    // The client went away: the request ends cancelled, not as an error.
+    const std::string d = scrape(*pair.decode);
+    EXPECT_EQ(metricValueWith(d, "tandem_requests_total", "finish_reason=\"cancelled\""), 1) << d;
+    EXPECT_EQ(metricValueWith(d, "tandem_requests_total", "finish_reason=\"error\""), 0);
   }
   {
     SCOPED_TRACE("pulls done but their completions held: gets outstanding");
