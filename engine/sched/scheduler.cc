@@ -45,7 +45,10 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
   // At least one token must be computed to produce logits.
   const int cap = n - 1;
   ReusePlan plan;
-  if (seq.spec.import_kv) return plan;  // the whole prompt arrives from the prefill agent
+  // The whole prompt arrives from the prefill agent. (Once it arrived the
+  // request is an ordinary decode: a recompute after preemption reuses what
+  // the import committed to the prefix cache.)
+  if (seq.spec.import_kv && seq.numOutputTokens() == 0) return plan;
   if (seq.spec.session) {
     if (const ResidentSession* s = sessions_.find(*seq.spec.session)) {
       const int limit = std::min({static_cast<int>(s->tokens.size()), cap});

@@ -281,6 +281,41 @@ TEST(EnginePdTest, ImportingRequestIsNeverTimedOutOrPreemptedOnlyCancelled) {
   EXPECT_FALSE(d.engine->completeImport(imp, 5));
 }
 
+TEST(EnginePdTest, CompletedImportPreemptedLaterReusesTheImportedBlocks) {
+  // Once its KV is in, an imported request is an ordinary decode: it may be
+  // preempted. Its recompute then starts from the prompt blocks the import
+  // committed to D's prefix cache rather than from nothing. (The KV here is
+  // not a real prefill's: only what is recomputed is checked.)
+  EngineOptions o = opts();
+  o.num_blocks = 10;
+  o.expected_output_tokens = 1;
+  Harness d(o);
+  std::mt19937 rng(32);
+  RequestId older = d.add(greedy(randomPrompt(rng, 10), 100));  // grows to 7 blocks on a 1-block reservation
+  d.step();
+  RequestSpec is = greedy(randomPrompt(rng, 64), 40);  // 4 full prompt blocks
+  is.import_kv = true;
+  RequestId imp = d.add(is);
+  for (int i = 0; i < 3; ++i) d.step();
+  ASSERT_EQ(d.outcome(imp).kv_blocks.size(), 4u);
+  ASSERT_TRUE(d.engine->completeImport(imp, 7));
+  int preemptions = 0, recomputed = 0;
+  for (int i = 0; i < 2000 && d.engine->hasWork(); ++i) {
+    StepStats st = d.step();
+    preemptions += st.num_preemptions;
+    if (preemptions > 0) recomputed += st.num_prefill_tokens;  // the older request's prompt is long done
+  }
+  ASSERT_FALSE(d.engine->hasWork());
+  EXPECT_GT(d.outcome(imp).final.num_preemptions, 0) << "the import was meant to be preempted";
+  EXPECT_EQ(d.outcome(imp).final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(d.outcome(older).final.finish_reason, FinishReason::kLength);
+  // At most the last prompt block (the LRU evicts a released sequence's tail
+  // first) and the output so far are computed again, never the whole prompt.
+  EXPECT_LT(recomputed, 64) << "recompute ignored the imported blocks in the prefix cache";
+  EXPECT_EQ(d.engine->numAvailableBlocks(), o.num_blocks);
+  EXPECT_TRUE(d.engine->checkInvariants().ok());
+}
+
 TEST(EnginePdTest, LeaseAndImportTogetherAreRejected) {
   Harness h(opts());
   RequestSpec s = greedy({5, 6}, 1);
