@@ -39,7 +39,7 @@ std::vector<BlockId> Scheduler::detachBlocks(Sequence* seq) {
   return out;
 }
 
-Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
+Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq, bool imports) const {
   const int bs = options_.block_size;
   const int n = static_cast<int>(seq.tokens.size());
   // At least one token must be computed to produce logits.
@@ -48,7 +48,7 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
   // The whole prompt arrives from the prefill agent. (Once it arrived the
   // request is an ordinary decode: a recompute after preemption reuses what
   // the import committed to the prefix cache.)
-  if (seq.spec.import_kv && seq.numOutputTokens() == 0) return plan;
+  if (imports && seq.numOutputTokens() == 0) return plan;
   if (seq.spec.session) {
     if (const ResidentSession* s = sessions_.find(*seq.spec.session)) {
       const int limit = std::min({static_cast<int>(s->tokens.size()), cap});
@@ -91,25 +91,33 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq) const {
   return plan;
 }
 
+bool Scheduler::directToD(const Sequence& seq) const {
+  if (!seq.spec.import_kv || seq.spec.direct_max_suffix_tokens <= 0 || !seq.spec.session || seq.numOutputTokens() != 0) {
+    return false;
+  }
+  const ResidentSession* s = sessions_.find(*seq.spec.session);
+  if (s == nullptr) return false;
+  const size_t limit = std::min(s->tokens.size(), seq.tokens.size() - 1);
+  size_t common = 0;
+  while (common < limit && s->tokens[common] == seq.tokens[common]) ++common;
+  return static_cast<int>(seq.tokens.size() - common) <= seq.spec.direct_max_suffix_tokens;
+}
+
 bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
   const int bs = options_.block_size;
-  // Direct-to-D: the session's KV is resident here and only a short suffix
-  // is new, so computing it locally beats a round trip to a prefill agent.
-  if (seq->spec.import_kv && seq->spec.direct_max_suffix_tokens > 0 && seq->spec.session && seq->numOutputTokens() == 0) {
-    if (const ResidentSession* s = sessions_.find(*seq->spec.session)) {
-      const size_t limit = std::min(s->tokens.size(), seq->tokens.size() - 1);
-      size_t common = 0;
-      while (common < limit && s->tokens[common] == seq->tokens[common]) ++common;
-      if (static_cast<int>(seq->tokens.size() - common) <= seq->spec.direct_max_suffix_tokens) seq->spec.import_kv = false;
-    }
-  }
   for (;;) {
-    ReusePlan plan = planReuse(*seq);
+    // Direct-to-D: the session's KV is resident here and only a short suffix
+    // is new, so computing it locally beats a round trip to a prefill agent.
+    // Decided for each plan, and taken only when the plan is committed: the
+    // session may be evicted before the request fits.
+    const bool direct = directToD(*seq);
+    ReusePlan plan = planReuse(*seq, /*imports=*/seq->spec.import_kv && !direct);
     const int need_total = admissionBlocks(*seq);
     const int need_new = need_total - plan.reuse_blocks + (plan.needs_copy ? 1 : 0);
     const int room = blocks_.numAvailable() - plan.blocks_from_lru + plan.blocks_returned - outstandingReservation();
     if (need_new <= room) {
       // Commit the plan.
+      if (direct) seq->spec.import_kv = false;
       std::vector<BlockId> reused;
       if (plan.from_session) {
         ResidentSession s = *sessions_.take(*seq->spec.session);
@@ -148,9 +156,12 @@ bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evi
     // Make room by evicting resident sessions (never the one this request would reuse).
     if (*session_evictions >= options_.max_session_evictions_per_step || sessions_.numResident() == 0) return false;
     if (seq->spec.session && sessions_.contains(*seq->spec.session) && sessions_.numResident() == 1) {
-      // Only this request's own session is left. Dropping it releases what
-      // the plan could not count (all of it when the plan does not reuse
-      // it); its full blocks stay in the prefix cache for the next plan.
+      // Only this request's own session is left. While others run, their
+      // blocks come back: wait. With nothing running, waiting is hopeless:
+      // dropping the session releases what the plan could not count (all of
+      // it when the plan does not reuse it); its full blocks stay in the
+      // prefix cache for the next plan.
+      if (!running_.empty()) return false;
       sessions_.drop(*seq->spec.session);
       ++*session_evictions;
       ++result->num_session_evictions;

@@ -96,7 +96,11 @@ class Scheduler {
     // and a copy-on-write source whose last reference the copy drops.
     int blocks_returned = 0;
   };
-  ReusePlan planReuse(const Sequence& seq) const;
+  // `imports`: the prompt's KV is to come from a prefill agent (nothing is reused).
+  ReusePlan planReuse(const Sequence& seq, bool imports) const;
+  // Whether an import request should compute its prompt here instead: its
+  // session is resident and at most direct_max_suffix_tokens are new.
+  bool directToD(const Sequence& seq) const;
   bool tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions);
   // Makes sure seq has blocks for `num_tokens` tokens: evicts resident
   // sessions (within the step's limit, counted in *session_evictions), then

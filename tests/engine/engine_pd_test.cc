@@ -316,6 +316,65 @@ TEST(EnginePdTest, CompletedImportPreemptedLaterReusesTheImportedBlocks) {
   EXPECT_TRUE(d.engine->checkInvariants().ok());
 }
 
+TEST(EnginePdTest, DirectToDComputesAShortAppendToAResidentSessionLocally) {
+  EngineOptions o = opts();
+  Harness d(o);
+  std::mt19937 rng(33);
+  auto history = randomPrompt(rng, 100);
+  RequestSpec first = greedy(history, 1);
+  first.session = SessionId("conv");
+  d.add(first);
+  d.runToCompletion();
+  auto prompt = history;
+  for (TokenId t : randomPrompt(rng, 10)) prompt.push_back(t);
+  RequestSpec append = greedy(prompt, 6);
+  append.session = SessionId("conv");
+  append.import_kv = true;
+  append.direct_max_suffix_tokens = 32;
+  RequestId id = d.add(append);
+  d.runToCompletion();
+  EXPECT_EQ(d.outcome(id).final.finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(d.outcome(id).kv_blocks.empty()) << "computed here, not imported";
+  EXPECT_EQ(d.outcome(id).final.num_cached_tokens, 100);
+  Harness mono(o);
+  RequestId ref = mono.add(greedy(prompt, 6));
+  mono.runToCompletion();
+  EXPECT_EQ(d.outcome(id).tokens, mono.outcome(ref).tokens);
+}
+
+TEST(EnginePdTest, DirectToDIsDecidedWhenThePlanIsCommitted) {
+  // The append fits only once a running request finishes; meanwhile the
+  // watermark evicts its session. With the session gone the prompt is not
+  // here any more: the request imports it rather than computing it all.
+  EngineOptions o = opts();
+  o.num_blocks = 10;
+  o.session_low_watermark_blocks = 3;
+  Harness d(o);
+  std::mt19937 rng(34);
+  auto history = randomPrompt(rng, 100);
+  RequestSpec first = greedy(history, 1);
+  first.session = SessionId("conv");
+  d.add(first);
+  d.runToCompletion();  // 7 blocks resident, 3 available
+  RequestId running = d.add(greedy(randomPrompt(rng, 40), 8));  // 3 blocks
+  auto prompt = history;
+  for (TokenId t : randomPrompt(rng, 10)) prompt.push_back(t);
+  RequestSpec append = greedy(prompt, 4);
+  append.session = SessionId("conv");
+  append.import_kv = true;
+  append.direct_max_suffix_tokens = 32;
+  RequestId id = d.add(append);
+  for (int i = 0; i < 100 && d.outcome(id).kv_blocks.empty() && d.engine->hasWork(); ++i) d.step();
+  EXPECT_EQ(d.engine->numSessionsResident(), 0);
+  EXPECT_TRUE(d.outcome(running).finished);
+  ASSERT_EQ(d.outcome(id).kv_blocks.size(), 7u) << "the append should import its prompt";
+  EXPECT_FALSE(d.outcome(id).finished);
+  EXPECT_TRUE(d.engine->abortImport(id, FinishReason::kCancelled, "test done"));
+  d.runToCompletion();
+  EXPECT_EQ(d.engine->numAvailableBlocks(), o.num_blocks);
+  EXPECT_TRUE(d.engine->checkInvariants().ok());
+}
+
 TEST(EnginePdTest, LeaseAndImportTogetherAreRejected) {
   Harness h(opts());
   RequestSpec s = greedy({5, 6}, 1);
