@@ -256,6 +256,7 @@ bool Engine::cancel(RequestId id, FinishReason reason, std::string message) {
 StepStats Engine::step() {
   StepStats st;
   MonoTime t0 = clock_.now();
+  const uint64_t finished_before = num_finished_;
 
   // Deadlines first, so expired work does not take a slot this step.
   // (An importing request is someone else's to end: its blocks are being written.)
@@ -363,6 +364,7 @@ StepStats Engine::step() {
   st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
   st.prefix_query_tokens = plan.num_prefix_query_tokens;
   st.num_preemptions = static_cast<int>(plan.preempted.size());
+  st.num_finished = static_cast<int>(num_finished_ - finished_before);
   st.schedule_time = t1 - t0;
   st.model_time = t2 - t1;
   st.postprocess_time = t3 - t2;
@@ -508,6 +510,7 @@ void Engine::flushUpdate(Sequence* seq) {
 
 void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std::string message) {
   if (seq->state == SeqState::kFinished) return;
+  ++num_finished_;
   const bool normal = reason == FinishReason::kEos || reason == FinishReason::kLength || reason == FinishReason::kStop;
   if (normal && seq->spec.lease && seq->kv_blocks_reported) {
     // Pin the prompt's KV for the decode agent; the rest is released.

@@ -75,7 +75,7 @@ struct StepStats {
   int prefix_hit_tokens = 0;    // of sequences admitted this step
   int prefix_query_tokens = 0;
   int num_preemptions = 0;
-  int num_finished = 0;
+  int num_finished = 0;         // requests that ended during the step (any reason)
   Duration schedule_time{0};
   Duration model_time{0};
   Duration postprocess_time{0};
@@ -192,6 +192,7 @@ class Engine {
     MonoTime expires;
   };
   absl::flat_hash_map<uint64_t, Lease> leases_;
+  uint64_t num_finished_ = 0;  // requests ended so far, by any path
   LayerObserverFn layer_observer_;
   std::vector<float> logits_;
   SamplerScratch sample_scratch_;

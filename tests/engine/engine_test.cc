@@ -545,9 +545,14 @@ TEST(EngineTest, StepStatsAddUp) {
   EXPECT_EQ(s.prefix_query_tokens, 60);
   EXPECT_EQ(s.num_total_blocks, 256);
   EXPECT_EQ(s.num_free_blocks, 256 - 3 - 2);  // reservations are not allocations
+  EXPECT_EQ(s.num_finished, 0);
   s = h.step();
   EXPECT_EQ(s.num_decode_tokens, 2);
   EXPECT_EQ(s.num_prefill_tokens, 0);
+  EXPECT_EQ(s.num_finished, 0);
+  s = h.step();  // the third token of each: both end (length)
+  EXPECT_EQ(s.num_finished, 2);
+  EXPECT_EQ(s.num_running, 0);
 }
 
 TEST(EngineTest, CreateValidatesOptions) {
