@@ -73,9 +73,26 @@ std::optional<ApiError> readString(const json& body, const char* key, std::optio
   return std::nullopt;
 }
 
-bool isDefault(const json& v) {
-  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<int64_t>() <= 1) ||
-         (v.is_array() && v.empty()) || (v.is_object() && v.empty()) || (v.is_string() && v.get<std::string>().empty());
+bool isStringEqual(const json& v, std::string_view want) { return v.is_string() && v.get<std::string>() == want; }
+
+// Whether `v` is the value that leaves unsupported feature `key` off (the
+// API's default, or an explicit "none"), so the request means nothing
+// this server would ignore.
+bool isNoOp(std::string_view key, const json& v) {
+  if (v.is_null()) return true;
+  if (key == "best_of") return v.is_number_integer() && v == json(1);
+  if (key == "echo" || key == "logprobs") return v.is_boolean() && !v.get<bool>();
+  if (key == "top_logprobs") return v.is_number_integer() && v == json(0);
+  if (key == "suffix") return isStringEqual(v, "");
+  if (key == "tools" || key == "functions") return v.is_array() && v.empty();
+  if (key == "logit_bias") return v.is_object() && v.empty();
+  if (key == "tool_choice") return isStringEqual(v, "none");
+  if (key == "response_format") {
+    if (!v.is_object()) return false;
+    auto type = v.find("type");
+    return v.empty() || (v.size() == 1 && type != v.end() && isStringEqual(*type, "text"));
+  }
+  return false;
 }
 
 // Message content: a string, or an array of {type:"text", text} parts.
@@ -89,7 +106,8 @@ std::optional<ApiError> messageText(const json& content, size_t index, std::stri
     out->clear();
     for (size_t i = 0; i < content.size(); ++i) {
       const json& part = content[i];
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      if (!part.is_object() || !part.contains("type") || !isStringEqual(part["type"], "text") || !part.contains("text") ||
+          !part["text"].is_string()) {
         return invalid(param, strCat("'", param, "[", i, "]' must be {\"type\": \"text\", \"text\": string}; only text content is supported"));
       }
       *out += part["text"].get<std::string>();
@@ -174,7 +192,7 @@ std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const json
   for (const char* key : {"best_of", "echo", "logprobs", "top_logprobs", "suffix", "tools", "functions", "logit_bias",
                           "tool_choice", "response_format"}) {
     auto it = body.find(key);
-    if (it != body.end() && !isDefault(*it)) return invalid(key, strCat("'", key, "' is not supported by this server"));
+    if (it != body.end() && !isNoOp(key, *it)) return invalid(key, strCat("'", key, "' is not supported by this server"));
   }
   std::optional<int64_t> n;
   if (auto e = readInt(body, "n", &n)) return *e;

@@ -103,7 +103,7 @@ whc::http_client_config configWithTimeout(Duration timeout) {
 absl::StatusOr<nlohmann::json> ClientResponse::json() const {
   try {
     return nlohmann::json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // bad syntax, or e.g. a number beyond a double's range
     return absl::InvalidArgumentError(strCat("response body is not valid JSON: ", e.what()));
   }
 }

@@ -53,7 +53,7 @@ void observe(pplx::task<T> task) {
   });
 }
 
-std::string invalidJsonMessage(const nlohmann::json::parse_error& e) {
+std::string invalidJsonMessage(const nlohmann::json::exception& e) {
   std::string_view what = e.what();
   // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." -> from "parse error".
   if (size_t end = what.find("] "); what.starts_with("[json.exception.") && end != std::string_view::npos) {
@@ -183,7 +183,10 @@ std::optional<std::string> Request::header(std::string_view name) const {
 absl::StatusOr<nlohmann::json> Request::json() const {
   try {
     return nlohmann::json::parse(body_);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Bad syntax (parse_error), and valid syntax the parser still refuses:
+    // a number beyond a double's range (out_of_range.406, "number overflow
+    // parsing '1e400'").
     return absl::InvalidArgumentError(invalidJsonMessage(e));
   }
 }

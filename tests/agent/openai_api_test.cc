@@ -123,11 +123,33 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "top_k", -2), 400, "top_k", "must not be negative");
   bad(Endpoint::kCompletions, with(base_c, "n", 2), 400, "n", "'n' must be 1");
   bad(Endpoint::kCompletions, with(base_c, "logprobs", 3), 400, "logprobs", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "logprobs", 1), 400, "logprobs", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "logprobs", 0), 400, "logprobs", "not supported");
+  bad(Endpoint::kChat, with(base_m, "logprobs", true), 400, "logprobs", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "best_of", -5), 400, "best_of", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "best_of", 2), 400, "best_of", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "echo", 1), 400, "echo", "not supported");
+  bad(Endpoint::kCompletions, with(base_c, "echo", true), 400, "echo", "not supported");
+  bad(Endpoint::kChat, with(base_m, "tool_choice", "auto"), 400, "tool_choice", "not supported");
+  bad(Endpoint::kChat, with(base_m, "response_format", {{"type", "json_object"}}), 400, "response_format", "not supported");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "hi"}}}}}}), 400,
+      "messages[0].content", "only text");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", nullptr}, {"text", "hi"}}}}}}),
+      400, "messages[0].content", "only text");
   bad(Endpoint::kCompletions, with(base_c, "stream_options", {{"include_usage", true}}), 400, "stream_options", "only allowed");
   // prompt longer than the context
   bad(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')), 400, "prompt", "maximum context length is 64");
   auto r = parse(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')));
   EXPECT_EQ(std::get<ApiError>(r).code, "context_length_exceeded");
+}
+
+TEST_F(OpenAiApiTest, UnsupportedFeaturesLeftOffAreAccepted) {
+  // What SDKs send for features left off (defaults, or explicit "none").
+  ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "hi"}, {"best_of", 1}, {"echo", false}, {"logprobs", nullptr},
+                              {"suffix", ""}, {"logit_bias", json::object()}});
+  ok(Endpoint::kChat, {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"logprobs", false},
+                       {"top_logprobs", 0}, {"tools", json::array()}, {"tool_choice", "none"},
+                       {"response_format", {{"type", "text"}}}});
 }
 
 TEST_F(OpenAiApiTest, FinishErrorsMapToStatuses) {

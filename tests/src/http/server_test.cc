@@ -202,6 +202,12 @@ TEST(ServerTest, InvalidJsonIs400SayingWhere) {
   EXPECT_NE(message.find("line 1, column 9"), std::string::npos) << message;
   EXPECT_EQ(errorOf(r)["type"], kInvalidRequestError);
 
+  // Valid syntax, but a number no double holds: the parser refuses it too.
+  ClientResponse huge = mustSend({.method = "POST", .url = server->baseUrl() + "/parse", .body = "{\"t\": 1e400}"});
+  EXPECT_EQ(huge.status, 400) << huge.body;
+  EXPECT_NE(errorOf(huge)["message"].get<std::string>().find("number overflow parsing '1e400'"), std::string::npos)
+      << huge.body;
+
   ClientResponse ok = mustSend({.method = "POST", .url = server->baseUrl() + "/parse", .body = "{\"a\": 1}"});
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
