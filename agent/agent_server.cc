@@ -49,6 +49,7 @@ struct AgentServer::Impl {
   Logger log{"agent"};
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   ApiLimits limits;
+  engine::EngineOptions engine_options;  // the engine's, for checks made before a request reaches it
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
@@ -102,6 +103,15 @@ struct AgentServer::Impl {
     auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"));
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
+    if (auto why = engine::capacityRejection(engine_options, static_cast<int>(p.spec.prompt.size()), p.spec)) {
+      // Before a stream opens, so the client gets a 400 status, not an error event in a 200 stream.
+      engine::RequestUpdate u;
+      u.finished = true;
+      u.finish_reason = engine::FinishReason::kRejected;
+      u.reject_reason = engine::RejectReason::kCapacity;
+      u.message = std::move(*why);
+      return apiError(errorForFinish(u));
+    }
     if (loop->numLive() >= max_live) {
       return apiError({.status = 429, .type = "rate_limit_error",
                        .message = strCat("too many requests in flight (", max_live, "); retry later"),
@@ -225,6 +235,8 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                   .max_model_len = engine->options().max_model_len,
                   .default_max_tokens = config.default_max_tokens};
   impl->max_live = engine->options().max_num_seqs + engine->options().max_waiting;
+  impl->engine_options = engine->options();  // resolved, immutable: read on HTTP threads
+  impl->engine_options.kv_memory = nullptr;  // holds references to this function's locals
   impl->metrics = std::make_unique<AgentMetrics>(impl->registry, config.pool, config.role);
   if (!config.trace_file.empty()) {
     TANDEM_ASSIGN_OR_RETURN(impl->trace, TraceWriter::open(config.trace_file));

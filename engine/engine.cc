@@ -201,6 +201,23 @@ RejectReason Engine::validate(const RequestSpec& spec, std::string* message) con
   return RejectReason::kNone;
 }
 
+int reservedTokens(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec) {
+  const SamplingParams& p = spec.sampling;
+  // A leased prefill is pinned once its blocks are reported (a peer may be
+  // reading them) and is never preempted, so it reserves all it may need.
+  const bool estimate = options.expected_output_tokens > 0 && !spec.lease;
+  const int expected_output = estimate ? std::min(p.max_tokens, options.expected_output_tokens) : p.max_tokens;
+  return std::min(options.max_model_len, num_prompt_tokens + std::max(1, expected_output));
+}
+
+std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec) {
+  const int reserved = reservedTokens(options, num_prompt_tokens, spec);
+  const int blocks = ceilDiv(reserved, options.block_size);
+  if (blocks <= options.num_blocks) return std::nullopt;
+  return strCat("request needs ", blocks, " KV blocks (prompt ", num_prompt_tokens, " + expected output ",
+                reserved - num_prompt_tokens, " tokens) but the pool has only ", options.num_blocks);
+}
+
 RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
   RequestId id(next_id_++);
   auto owned = std::make_unique<Sequence>(id, std::move(spec), options_.block_size);
@@ -215,16 +232,12 @@ RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
   seq->tokens = std::move(seq->spec.prompt);
   seq->spec.prompt.clear();
   const SamplingParams& p = seq->spec.sampling;
-  // A leased prefill is pinned once its blocks are reported (a peer may be
-  // reading them) and is never preempted, so it reserves all it may need.
-  const bool estimate = options_.expected_output_tokens > 0 && !seq->spec.lease;
-  const int expected_output = estimate ? std::min(p.max_tokens, options_.expected_output_tokens) : p.max_tokens;
-  seq->reserved_tokens = std::min(options_.max_model_len, seq->num_prompt_tokens + std::max(1, expected_output));
-  if (reject == RejectReason::kNone && scheduler_.reservationBlocks(seq->reserved_tokens) > options_.num_blocks) {
-    reject = RejectReason::kCapacity;
-    message = strCat("request needs ", scheduler_.reservationBlocks(seq->reserved_tokens), " KV blocks (prompt ",
-                     seq->num_prompt_tokens, " + expected output ", expected_output,
-                     " tokens) but the pool has only ", options_.num_blocks);
+  seq->reserved_tokens = reservedTokens(options_, seq->num_prompt_tokens, seq->spec);
+  if (reject == RejectReason::kNone) {
+    if (auto why = capacityRejection(options_, seq->num_prompt_tokens, seq->spec)) {
+      reject = RejectReason::kCapacity;
+      message = std::move(*why);
+    }
   }
   if (reject != RejectReason::kNone) {
     finish(seq, FinishReason::kRejected, reject, std::move(message));

@@ -81,6 +81,16 @@ struct StepStats {
   Duration postprocess_time{0};
 };
 
+// Tokens a request reserves at admission: prompt + expected output
+// (max_tokens, or expected_output_tokens for requests that may be
+// preempted), capped at the context. `options` must be resolved (an
+// engine's options()).
+int reservedTokens(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec);
+// Why a pool with `options` could never admit the request (the
+// RejectReason::kCapacity message), or nothing. Pure: the agent checks it
+// before opening a stream; Engine::addRequest rejects with it.
+std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec);
+
 class Engine {
  public:
   // Validates options against the model and allocates the KV pool.

@@ -161,6 +161,9 @@ TEST_F(AgentProcessTest, BadInputGetsDocumentedStatusAndMessage) {
   };
   expectError(raw("/v1/completions", "{\"model\": \"tiny\", \"prompt\": "), 400, "JSON");
   expectError(raw("/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"\xff\xfe\"}"), 400, "UTF-8");
+  expectError(raw("/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"temperature\":1e400}"), 400, "1e400");
+  expectError(raw("/v1/chat/completions", "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":5}]}]}"),
+              400, "only text");
   expectError(raw("/v1/completions", json{{"model", "tiny"}, {"prompt", std::string(70000, 'a')}}.dump()), 413, "");
   expectError(raw("/v1/completions", json{{"model", "nope"}, {"prompt", "x"}}.dump()), 404, "does not exist");
   expectError(raw("/v1/completions", json{{"model", "tiny"}}.dump()), 400, "'prompt' is required");
@@ -178,6 +181,25 @@ TEST_F(AgentProcessTest, BadInputGetsDocumentedStatusAndMessage) {
   EXPECT_EQ(r->status, 404);
   // The agent survived all of it.
   EXPECT_EQ(http::httpGet(agent_->url("/healthz"))->status, 200);
+}
+
+TEST(AgentCapacityTest, RequestThePoolCanNeverHoldIs400EvenWhenStreamed) {
+  // 8 blocks of 16 tokens: a request reserving more can never be admitted.
+  // A stream must not open (200) and then carry the error as an event.
+  auto agent = AgentProcess::start({"--num-blocks", "8"});
+  ASSERT_NE(agent, nullptr);
+  for (bool streamed : {false, true}) {
+    json req = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 200}, {"stream", streamed}};
+    auto r = http::httpSend({.method = "POST", .url = agent->url("/v1/completions"), .body = req.dump()});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 400) << "stream " << streamed << ": " << r->body;
+    auto j = r->json();
+    ASSERT_TRUE(j.ok()) << r->body;
+    EXPECT_EQ((*j)["error"]["code"], "kv_capacity_exceeded") << r->body;
+    EXPECT_NE((*j)["error"]["message"].get<std::string>().find("the pool has only 8"), std::string::npos) << r->body;
+  }
+  json fits = post(*agent, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 100}, {"ignore_eos", true}});
+  EXPECT_EQ(fits["choices"][0]["finish_reason"], "length") << fits.dump();
 }
 
 TEST_F(AgentProcessTest, LiveScrapePassesPromtool) {
