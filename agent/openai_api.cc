@@ -214,17 +214,23 @@ std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const json
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
       if (tok.bosId() >= 0) prompt.push_back(tok.bosId());
       appendText(prompt, tok, p[0].get<std::string>());
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      for (size_t i = 0; i < p.size(); ++i) {
-        if (!p[i].is_number_integer()) return invalid("prompt", strCat("'prompt[", i, "]' must be a token id (integer)"));
-        int64_t t = p[i].get<int64_t>();
-        if (t < 0 || t >= tok.vocabSize()) {
-          return invalid("prompt", strCat("'prompt[", i, "]' = ", t, " is not a token id of this model (0..", tok.vocabSize() - 1, ")"));
+    } else if (const json& ids = p.is_array() && p.size() == 1 && p[0].is_array() ? p[0] : p;  // [ids] or a batch of one
+               ids.is_array() && !ids.empty() && ids[0].is_number_integer()) {
+      const std::string where = &ids == &p ? "prompt" : "prompt[0]";
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const json& v = ids[i];
+        if (!v.is_number_integer()) return invalid("prompt", strCat("'", where, "[", i, "]' must be a token id (integer)"));
+        const uint64_t vocab = static_cast<uint64_t>(tok.vocabSize());
+        const bool known = v.is_number_unsigned() ? v.get<uint64_t>() < vocab
+                                                  : v.get<int64_t>() >= 0 && static_cast<uint64_t>(v.get<int64_t>()) < vocab;
+        if (!known) {
+          return invalid("prompt", strCat("'", where, "[", i, "]' = ", v.dump(), " is not a token id of this model (0..",
+                                          tok.vocabSize() - 1, ")"));
         }
-        prompt.push_back(static_cast<TokenId>(t));
+        prompt.push_back(static_cast<TokenId>(v.get<int64_t>()));
       }
-    } else if (p.is_array() && p.size() > 1 && p[0].is_string()) {
-      return invalid("prompt", "batched prompts (an array of several strings) are not supported; send one prompt per request");
+    } else if (p.is_array() && p.size() > 1 && (p[0].is_string() || p[0].is_array())) {
+      return invalid("prompt", "batched prompts (several strings or token arrays) are not supported; send one prompt per request");
     } else {
       return invalid("prompt", strCat("'prompt' must be a string, [string] or an array of token ids, got ", typeName(p)));
     }

@@ -54,6 +54,9 @@ TEST_F(OpenAiApiTest, CompletionDefaultsAndFields) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.spec.session, SessionId("u1"));
+  // A batch of one token array, as the SDKs' types allow.
+  r = ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", {{5, 6, 7}}}});
+  EXPECT_EQ(r.spec.prompt, (std::vector<TokenId>{5, 6, 7}));
 }
 
 TEST_F(OpenAiApiTest, SessionHeaderWinsOverUser) {
@@ -122,6 +125,11 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "top_p", 1.5), 400, "top_p", "at most 1");
   bad(Endpoint::kCompletions, with(base_c, "top_k", -2), 400, "top_k", "must not be negative");
   bad(Endpoint::kCompletions, with(base_c, "n", 2), 400, "n", "'n' must be 1");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {json(18446744073709551615ULL)}), 400, "prompt",
+      "'prompt[0]' = 18446744073709551615 is not a token id");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {5, -1}), 400, "prompt", "'prompt[1]' = -1 is not a token id");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {{5, 6}, {7}}), 400, "prompt", "batched prompts");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", {{5, 100000}}), 400, "prompt", "'prompt[0][1]' = 100000");
   bad(Endpoint::kCompletions, with(base_c, "logprobs", 3), 400, "logprobs", "not supported");
   bad(Endpoint::kCompletions, with(base_c, "logprobs", 1), 400, "logprobs", "not supported");
   bad(Endpoint::kCompletions, with(base_c, "logprobs", 0), 400, "logprobs", "not supported");
