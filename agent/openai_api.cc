@@ -164,6 +164,11 @@ std::vector<TokenId> renderChat(const std::vector<std::pair<std::string, std::st
     first_user = false;
     appendText(out, tok, strCat("[INST] ", user, " [/INST]"));
   }
+  if (first_user && !system.empty()) {
+    // No user turn: the system prompt still opens an instruction block.
+    if (tok.bosId() >= 0) out.push_back(tok.bosId());
+    appendText(out, tok, strCat("[INST] <<SYS>>\n", system, "\n<</SYS>>\n\n [/INST]"));
+  }
   return out;
 }
 

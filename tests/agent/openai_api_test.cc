@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/engine/model/scratch_dir.h"
+#include "tests/engine/model/sentencepiece_train_util.h"
+
 namespace tandem::agent {
 namespace {
 
@@ -198,6 +201,77 @@ TEST_F(OpenAiApiTest, ResponseShapes) {
   json u = usageChunkBody(Endpoint::kCompletions, "cmpl-1", 5, "tiny", {3, 4});
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 4);
+}
+
+
+// Llama-2 checkpoints (a SentencePiece tokenizer) get Llama-2's chat format:
+// <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST]
+class Llama2ChatTemplateTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new engine::testing::ScratchDir();
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "be brief. hi there, tell me more about the cache and the engine.\n";
+    engine::testing::writeText(dir_->file("corpus.txt"), text);
+    error_ = new std::string(engine::testing::trainSentencePiece(
+        "--input=" + dir_->file("corpus.txt") + " --model_prefix=" + dir_->file("tokenizer") +
+        " --vocab_size=400 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true --character_coverage=1.0 --unk_id=0 --bos_id=1"
+        " --eos_id=2 --pad_id=-1 --num_threads=1 --minloglevel=2"));
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete error_;
+  }
+  void SetUp() override {
+    ASSERT_EQ(*error_, "");
+    auto t = engine::SentencePieceTokenizer::open(dir_->file("tokenizer.model"));
+    ASSERT_TRUE(t.ok()) << t.status();
+    tok_ = std::move(t).value();
+  }
+  std::vector<TokenId> render(const json& messages) {
+    ApiLimits limits{.model_name = "llama", .max_model_len = 4096, .default_max_tokens = 8};
+    auto r = parseRequest(Endpoint::kChat, {{"model", "llama"}, {"messages", messages}}, *tok_, limits, {});
+    if (auto* e = std::get_if<ApiError>(&r)) {
+      ADD_FAILURE() << e->message;
+      return {};
+    }
+    return std::get<ParsedRequest>(r).spec.prompt;
+  }
+  // <s> (when `bos`) + the encoding of `text`.
+  std::vector<TokenId> piece(const std::string& text, bool bos = true) {
+    std::vector<TokenId> out;
+    if (bos) out.push_back(tok_->bosId());
+    auto t = tok_->encode(text);
+    out.insert(out.end(), t.begin(), t.end());
+    return out;
+  }
+  static std::vector<TokenId> cat(std::initializer_list<std::vector<TokenId>> parts) {
+    std::vector<TokenId> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  }
+
+  static engine::testing::ScratchDir* dir_;
+  static std::string* error_;
+  std::unique_ptr<engine::SentencePieceTokenizer> tok_;
+};
+engine::testing::ScratchDir* Llama2ChatTemplateTest::dir_ = nullptr;
+std::string* Llama2ChatTemplateTest::error_ = nullptr;
+
+TEST_F(Llama2ChatTemplateTest, TurnsFollowLlama2Format) {
+  const json messages = {{{"role", "system"}, {"content", "be brief"}},
+                         {{"role", "user"}, {"content", "hi"}},
+                         {{"role", "assistant"}, {"content", "hi there"}},
+                         {{"role", "user"}, {"content", "tell me more"}}};
+  const std::vector<TokenId> want =
+      cat({piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhi [/INST]"), piece(" hi there ", false),
+           {tok_->eosId()}, piece("[INST] tell me more [/INST]")});
+  EXPECT_EQ(render(messages), want);
+}
+
+TEST_F(Llama2ChatTemplateTest, SystemPromptAloneStillOpensAnInstructionBlock) {
+  const std::vector<TokenId> got = render({{{"role", "system"}, {"content", "be brief"}}});
+  EXPECT_EQ(got, piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\n [/INST]"));
 }
 
 }  // namespace
