@@ -42,7 +42,9 @@ std::optional<ApiError> readInt(const json& body, const char* key, std::optional
     *out = it->get<int64_t>();
     return std::nullopt;
   }
-  if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() && std::abs(it->get<double>()) < 9e15) {
+  if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
+    // A whole number written as a float (e.g. 1e3); beyond 2^53 it is no longer exact.
+    if (std::abs(it->get<double>()) >= 9e15) return invalid(key, strCat("'", key, "' is too large"));
     *out = static_cast<int64_t>(it->get<double>());
     return std::nullopt;
   }

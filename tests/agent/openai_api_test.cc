@@ -121,6 +121,8 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", 0), 400, "max_tokens", "at least 1");
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", 1000000000), 400, "max_tokens", "at most");
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", json(18446744073709551615ULL)), 400, "max_tokens", "too large");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", 1e20), 400, "max_tokens", "too large");
+  bad(Endpoint::kCompletions, with(base_c, "seed", -1e300), 400, "seed", "too large");
   bad(Endpoint::kChat, with(base_m, "max_completion_tokens", 100), 400, "max_completion_tokens", "at most");
   bad(Endpoint::kCompletions, with(base_c, "temperature", -0.1), 400, "temperature", "between 0 and 2");
   bad(Endpoint::kCompletions, with(base_c, "temperature", 2.5), 400, "temperature", "between 0 and 2");
