@@ -316,21 +316,29 @@ TEST(EnginePdTest, CompletedImportPreemptedLaterReusesTheImportedBlocks) {
   EXPECT_TRUE(d.engine->checkInvariants().ok());
 }
 
-TEST(EnginePdTest, DirectToDComputesAShortAppendToAResidentSessionLocally) {
-  EngineOptions o = opts();
-  Harness d(o);
-  std::mt19937 rng(33);
+// Runs a 100-token turn that stays resident on `d` under session "conv",
+// and returns the next turn: that history plus 10 new tokens, to be imported
+// from a prefill agent unless it goes direct-to-D (up to 32 new tokens).
+RequestSpec appendToResidentSession(Harness& d, std::mt19937& rng, int max_tokens) {
   auto history = randomPrompt(rng, 100);
   RequestSpec first = greedy(history, 1);
   first.session = SessionId("conv");
   d.add(first);
-  d.runToCompletion();
-  auto prompt = history;
-  for (TokenId t : randomPrompt(rng, 10)) prompt.push_back(t);
-  RequestSpec append = greedy(prompt, 6);
+  d.runToCompletion();  // 7 blocks resident
+  for (TokenId t : randomPrompt(rng, 10)) history.push_back(t);
+  RequestSpec append = greedy(std::move(history), max_tokens);
   append.session = SessionId("conv");
   append.import_kv = true;
   append.direct_max_suffix_tokens = 32;
+  return append;
+}
+
+TEST(EnginePdTest, DirectToDComputesAShortAppendToAResidentSessionLocally) {
+  EngineOptions o = opts();
+  Harness d(o);
+  std::mt19937 rng(33);
+  RequestSpec append = appendToResidentSession(d, rng, 6);
+  const std::vector<TokenId> prompt = append.prompt;
   RequestId id = d.add(append);
   d.runToCompletion();
   EXPECT_EQ(d.outcome(id).final.finish_reason, FinishReason::kLength);
@@ -351,18 +359,8 @@ TEST(EnginePdTest, DirectToDIsDecidedWhenThePlanIsCommitted) {
   o.session_low_watermark_blocks = 3;
   Harness d(o);
   std::mt19937 rng(34);
-  auto history = randomPrompt(rng, 100);
-  RequestSpec first = greedy(history, 1);
-  first.session = SessionId("conv");
-  d.add(first);
-  d.runToCompletion();  // 7 blocks resident, 3 available
+  RequestSpec append = appendToResidentSession(d, rng, 4);  // 3 blocks left available
   RequestId running = d.add(greedy(randomPrompt(rng, 40), 8));  // 3 blocks
-  auto prompt = history;
-  for (TokenId t : randomPrompt(rng, 10)) prompt.push_back(t);
-  RequestSpec append = greedy(prompt, 4);
-  append.session = SessionId("conv");
-  append.import_kv = true;
-  append.direct_max_suffix_tokens = 32;
   RequestId id = d.add(append);
   for (int i = 0; i < 100 && d.outcome(id).kv_blocks.empty() && d.engine->hasWork(); ++i) d.step();
   EXPECT_EQ(d.engine->numSessionsResident(), 0);
