@@ -2,16 +2,22 @@
 //
 // Yardsticks, measured in the same run:
 //  * prefill/decode tokens/s are set against "bare GEMM" tokens/s: the same
-//    projection GEMMs (QKV, O, gate/up, down, lm_head) for the same number of
-//    rows, called directly on the backend with nothing else. ratio = how
-//    close the whole forward pass gets to its GEMMs alone.
-//  * the prefill GEMM share is GEMM time inside the prefill steps of one
-//    prompt (chunks of 512 tokens, the engine's default budget) against the
-//    time of those steps (target: >= 0.70), measured after one warm-up
-//    prefill of that prompt (median of 5). Beside it, the same steps' time
-//    in attention and in the element-wise kernels (RMSNorm, RoPE, SwiGLU,
-//    row gathers, KV writes); what none of the three covers is the model's
-//    own bookkeeping.
+//    projection GEMMs (QKV, O, gate/up, down) for the same number of rows,
+//    through OpenBLAS's cblas_sgemm with nothing else (its own threads, its
+//    best kernel for this CPU). ratio = how close the whole forward pass gets
+//    to the best GEMMs a BLAS offers here; the engine itself does not use
+//    OpenBLAS (its GEMM has a fixed reduction order, gemm.h).
+//  * the invariant GEMM (the backend's) against OpenBLAS's sgemm on the same
+//    shapes (the tiny model's and Llama 3.2 1B's projections, prefill chunk
+//    and decode batch rows): GFLOP/s, ratio = the price of invariance.
+//  * the prefill model-compute share is GEMM + attention time inside the
+//    prefill steps of one prompt (chunks of 512 tokens, the engine's default
+//    budget) against the time of those steps (target at 1K: >= 0.85, on the
+//    tiny model and the Llama 3.2 1B layer shape), measured after one
+//    warm-up prefill of that prompt (median of 5). Beside it, the GEMM,
+//    attention and element-wise (RMSNorm, RoPE, SwiGLU, row gathers, KV
+//    writes) parts alone; what none of them covers is the model's own
+//    bookkeeping.
 //  * engine overhead is time per decode step outside the model (schedule +
 //    postprocess: sampling, bookkeeping) against the whole step (target at
 //    batch 32: <= 0.05).
@@ -22,6 +28,8 @@
 // token-budget chunks, so batch 32 at 8K (256K tokens, minutes of CPU) adds
 // no information beyond batch 8. Decode uses LlamaModel directly with a KV
 // cache of the given context (its values do not change the work).
+
+#include <cblas.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -75,7 +83,12 @@ std::vector<TokenId> tokensOf(int n, std::mt19937& rng) {
   return t;
 }
 
-// Seconds to run the model's projection GEMMs alone for `rows` rows.
+// y = x · wᵀ through OpenBLAS (the yardstick; see the header comment).
+void openblasGemm(const float* x, const float* w, float* y, int m, int n, int k) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+}
+
+// Seconds to run the model's projection GEMMs alone for `rows` rows, through OpenBLAS.
 double bareGemmSeconds(Setup& s, int rows) {
   const ModelConfig& c = s.weights->config;
   std::vector<float> x(static_cast<size_t>(rows) * std::max(c.hidden_size, c.intermediate_size), 0.01f);
@@ -83,18 +96,45 @@ double bareGemmSeconds(Setup& s, int rows) {
   return bench::medianSeconds(
       [&] {
         for (const LayerWeights& l : s.weights->layers) {
-          s.backend->gemm(x.data(), l.wq.data(), y.data(), rows, c.qDim(), c.hidden_size, false);
-          s.backend->gemm(x.data(), l.wk.data(), y.data(), rows, c.kvDim(), c.hidden_size, false);
-          s.backend->gemm(x.data(), l.wv.data(), y.data(), rows, c.kvDim(), c.hidden_size, false);
-          s.backend->gemm(x.data(), l.wo.data(), y.data(), rows, c.hidden_size, c.qDim(), false);
-          s.backend->gemm(x.data(), l.w_gate.data(), y.data(), rows, c.intermediate_size, c.hidden_size, false);
-          s.backend->gemm(x.data(), l.w_up.data(), y.data(), rows, c.intermediate_size, c.hidden_size, false);
-          s.backend->gemm(x.data(), l.w_down.data(), y.data(), rows, c.hidden_size, c.intermediate_size, false);
+          openblasGemm(x.data(), l.wq.data(), y.data(), rows, c.qDim(), c.hidden_size);
+          openblasGemm(x.data(), l.wk.data(), y.data(), rows, c.kvDim(), c.hidden_size);
+          openblasGemm(x.data(), l.wv.data(), y.data(), rows, c.kvDim(), c.hidden_size);
+          openblasGemm(x.data(), l.wo.data(), y.data(), rows, c.hidden_size, c.qDim());
+          openblasGemm(x.data(), l.w_gate.data(), y.data(), rows, c.intermediate_size, c.hidden_size);
+          openblasGemm(x.data(), l.w_up.data(), y.data(), rows, c.intermediate_size, c.hidden_size);
+          openblasGemm(x.data(), l.w_down.data(), y.data(), rows, c.hidden_size, c.intermediate_size);
         }
       },
-      5);
+      15);
 }
 
+// GFLOP/s of the backend's GEMM and of OpenBLAS on one shape, alternating
+// rounds so both see the same machine. {backend, openblas}.
+std::pair<double, double> gemmGflops(int m, int n, int k) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m) * k), w(static_cast<size_t>(n) * k), y(static_cast<size_t>(m) * n);
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  std::unique_ptr<Backend> backend = makeCpuBackend();
+  // About 20 ms of work per timed run on one core at ~30 GFLOP/s.
+  const int reps = std::max(1, static_cast<int>(6e8 / (2.0 * m * n * k)));
+  double ours = 1e30, blas = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    ours = std::min(ours, bench::medianSeconds(
+                              [&] {
+                                for (int r = 0; r < reps; ++r) backend->gemm(x.data(), w.data(), y.data(), m, n, k, false);
+                              },
+                              5));
+    blas = std::min(blas, bench::medianSeconds(
+                              [&] {
+                                for (int r = 0; r < reps; ++r) openblasGemm(x.data(), w.data(), y.data(), m, n, k);
+                              },
+                              5));
+  }
+  const double flops = 2.0 * m * n * k * reps;
+  return {flops / ours / 1e9, flops / blas / 1e9};
+}
 struct Batch {
   std::vector<std::vector<TokenId>> tokens;
   std::vector<std::vector<BlockId>> tables;
@@ -232,8 +272,10 @@ int main(int argc, char** argv) {
       if (batch == 1) {
         const PrefillSplit p = prefillSplit(s, ctx, rng);
         const std::string suffix = "_ms_of_steps_ctx" + std::to_string(ctx);
-        const std::pair<const char*, double> parts[] = {
-            {"gemm", p.gemm_s}, {"attention", p.attention_s}, {"elementwise", p.elementwise_s}};
+        const std::pair<const char*, double> parts[] = {{"gemm_plus_attention", p.gemm_s + p.attention_s},
+                                                         {"gemm", p.gemm_s},
+                                                         {"attention", p.attention_s},
+                                                         {"elementwise", p.elementwise_s}};
         for (const auto& [part, seconds] : parts) {
           results.push_back({.name = "prefill_" + std::string(part) + suffix, .value = seconds * 1e3, .unit = "ms",
                              .reference = p.step_s * 1e3, .reference_name = "prefill steps ms"});
@@ -246,8 +288,10 @@ int main(int argc, char** argv) {
     // The same 1K prefill split on a real model's layer shape (see llama32OneBLayerShape).
     Setup big(llama32OneBLayerShape());
     const PrefillSplit p = prefillSplit(big, 1024, rng);
-    const std::pair<const char*, double> parts[] = {
-        {"gemm", p.gemm_s}, {"attention", p.attention_s}, {"elementwise", p.elementwise_s}};
+    const std::pair<const char*, double> parts[] = {{"gemm_plus_attention", p.gemm_s + p.attention_s},
+                                                     {"gemm", p.gemm_s},
+                                                     {"attention", p.attention_s},
+                                                     {"elementwise", p.elementwise_s}};
     for (const auto& [part, seconds] : parts) {
       results.push_back({.name = "prefill_" + std::string(part) + "_ms_of_steps_ctx1024_llama32_1b_shape",
                          .value = seconds * 1e3, .unit = "ms", .reference = p.step_s * 1e3,
@@ -261,6 +305,30 @@ int main(int argc, char** argv) {
       double bare = batch / bareGemmSeconds(s, batch);
       results.push_back({.name = "decode_tok_s_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx),
                          .value = batch / step, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s"});
+    }
+  }
+  {
+    // The invariant GEMM against OpenBLAS on the projection shapes: the tiny
+    // model's (hidden 256, q 256, kv 64, MLP 688) and Llama 3.2 1B's (hidden
+    // 2048, kv 512, MLP 8192), for a prefill chunk (512 rows) and decode
+    // batches of 1 and 32 rows.
+    struct Shape {
+      const char* model;
+      const char* proj;
+      int n, k;
+    };
+    const Shape shapes[] = {{"tiny", "qo", 256, 256},         {"tiny", "kv", 64, 256},
+                            {"tiny", "gate_up", 688, 256},    {"tiny", "down", 256, 688},
+                            {"llama32_1b", "qo", 2048, 2048}, {"llama32_1b", "kv", 512, 2048},
+                            {"llama32_1b", "gate_up", 8192, 2048}, {"llama32_1b", "down", 2048, 8192}};
+    for (const Shape& sh : shapes) {
+      for (int m : {512, 32, 1}) {
+        const auto [ours, blas] = gemmGflops(m, sh.n, sh.k);
+        results.push_back({.name = std::string("gemm_gflops_") + sh.model + "_" + sh.proj + "_m" + std::to_string(m),
+                           .value = ours, .unit = "GFLOP/s", .reference = blas,
+                           .reference_name = "OpenBLAS sgemm GFLOP/s"});
+      }
+      std::fflush(stdout);
     }
   }
   for (int batch : {32, 256}) {

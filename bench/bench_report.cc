@@ -1,6 +1,7 @@
 #include "bench/bench_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -33,15 +34,26 @@ int writeReport(const std::string& area, const std::vector<Result>& results, int
   j["machine"]["cores"] = std::thread::hardware_concurrency();
   j["results"] = nlohmann::json::array();
   std::printf("%-34s %14s %-8s %14s %-22s %8s\n", "name", "value", "unit", "reference", "(yardstick)", "ratio");
+  int failed = 0;
   for (const auto& r : results) {
-    std::printf("%-34s %14.3f %-8s %14.3f %-22s %8.3f\n", r.name.c_str(), r.value, r.unit.c_str(), r.reference,
-                r.reference_name.c_str(), r.ratio());
-    j["results"].push_back({{"name", r.name},
-                            {"value", r.value},
-                            {"unit", r.unit},
-                            {"reference", r.reference},
-                            {"reference_name", r.reference_name},
-                            {"ratio", r.ratio()}});
+    // A yardstick that did not run (0, negative, NaN) makes no ratio: the
+    // result is written with "ratio": null and the benchmark fails.
+    const bool yardstick_ok = std::isfinite(r.reference) && r.reference > 0;
+    std::printf("%-34s %14.3f %-8s %14.3f %-22s %8.3f%s\n", r.name.c_str(), r.value, r.unit.c_str(), r.reference,
+                r.reference_name.c_str(), yardstick_ok ? r.ratio() : 0.0, yardstick_ok ? "" : "  YARDSTICK FAILED");
+    nlohmann::json row = {{"name", r.name},
+                          {"value", r.value},
+                          {"unit", r.unit},
+                          {"reference", r.reference},
+                          {"reference_name", r.reference_name},
+                          {"ratio", nullptr}};
+    if (yardstick_ok) row["ratio"] = r.ratio();
+    j["results"].push_back(std::move(row));
+    if (!yardstick_ok) {
+      std::fprintf(stderr, "bench %s: result %s has no ratio: its yardstick (%s) measured %g\n", area.c_str(),
+                   r.name.c_str(), r.reference_name.c_str(), r.reference);
+      ++failed;
+    }
   }
   if (!out_path.empty()) {
     std::ofstream f(out_path);
@@ -51,6 +63,10 @@ int writeReport(const std::string& area, const std::vector<Result>& results, int
       return 1;
     }
     std::printf("wrote %s\n", out_path.c_str());
+  }
+  if (failed > 0) {
+    std::fprintf(stderr, "bench %s FAILED: %d result(s) without a working yardstick\n", area.c_str(), failed);
+    return 1;
   }
   return 0;
 }

@@ -21,14 +21,17 @@ struct Result {
   double reference = 0;      // the yardstick's value, same unit
   std::string reference_name;
   // value / reference; for "higher is better" units this is the fraction of
-  // the yardstick achieved.
+  // the yardstick achieved. Meaningless when reference <= 0 (writeReport
+  // then fails the benchmark).
   double ratio() const { return reference == 0 ? 0 : value / reference; }
 };
 
 // Runs `fn` `reps` times after one warm-up and returns the median seconds per run.
 double medianSeconds(const std::function<void()>& fn, int reps);
 
-// Prints a table to stdout and writes the JSON report. Returns a process exit code.
+// Prints a table to stdout and writes the JSON report. Returns a process exit
+// code: non-zero when a result's yardstick measured nothing (reference not
+// > 0), which is then written with "ratio": null and named on stderr.
 int writeReport(const std::string& area, const std::vector<Result>& results, int argc, char** argv);
 
 }  // namespace tandem::bench

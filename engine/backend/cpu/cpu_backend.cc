@@ -1,7 +1,5 @@
 #include "engine/backend/cpu/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,43 +10,6 @@
 
 namespace tandem::engine {
 namespace {
-
-// ---- Why gemm pads small calls -------------------------------------------
-// The engine needs every output row of a GEMM to be bitwise the same whether
-// the row is computed alone (a decode step, the last piece of a chunked
-// prefill) or among many (a batch, one-shot prefill). Measured on this
-// machine with Debian's OpenBLAS 0.3.21 (openblas-pthread, DYNAMIC_ARCH,
-// SkylakeX core), y = x·Wᵀ via cblas_sgemm(RowMajor, NoTrans, Trans):
-//   - NOT bitwise stable as is: for n×k = 256×256, rows of calls with
-//     m = 1..4 differed (last bits) from the same rows computed with m ≥ 5;
-//     for 64×256 the same held up to m = 18, for 100×256 up to m = 12, for
-//     688×256 at m = 1.
-//   - Above that, rows were bitwise identical for every m tried (up to 300),
-//     at any row offset, with 1 or 2 OpenBLAS threads, for all of those shapes
-//     and for 1024×1024, 4096×4096, 11008×512 and 512×11008 (K is split into
-//     blocks by K alone, and threads split M/N, never K).
-// The cause is OpenBLAS's "small matrix" kernel (SMALL_MATRIX_OPT): our call
-// is its column-major TN case with M = n, N = m, and
-// sgemm_small_kernel_permit_skylakex takes it when M·N·K ≤ 10⁶, M·N ≤ 1200
-// and K ≥ 32; it sums in a different order than the blocked kernel. (The
-// thresholds match every boundary measured above.)
-// So gemm never lets m·n be ≤ 1200: a call with fewer rows runs on a copy
-// padded with zero rows up to minRowsFor(n), and the real rows are copied
-// out. This only pads narrow outputs (n ≤ 1200, e.g. the built-in tiny model:
-// its decode GEMMs cost a few microseconds more); real models' projections
-// have n > 1200 and run unpadded. m is also kept ≥ 2 because later OpenBLAS
-// releases can forward m == 1 (GEMM_GEMV_FORWARD) to sgemv, yet another order.
-// cpu_backend_test's CpuBackendGemm.BatchCompositionIsBitwiseStable pins this
-// down, so an OpenBLAS that behaves differently fails a test, not the engine.
-constexpr int64_t kSmallKernelMaxMn = 1200;
-
-int32_t minRowsFor(int32_t n) {
-  return static_cast<int32_t>(std::max<int64_t>(2, kSmallKernelMaxMn / static_cast<int64_t>(n) + 1));
-}
-
-void sgemmRowMajorNt(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, accumulate ? 1.0f : 0.0f, y, n);
-}
 
 // Dot product with a fixed association (8 partial sums, lane l taking the
 // elements i = l mod 8 in order, combined pairwise), so every caller gets
@@ -204,14 +165,7 @@ const CpuBackend::ElementwiseKernels* elementwiseFor(SimdLevel level) {
   static constexpr CpuBackend::ElementwiseKernels kAvx512{&swigluAvx512, &rmsNormAvx512, &ropeAvx512};
   static constexpr CpuBackend::ElementwiseKernels kAvx2{&swigluAvx2, &rmsNormAvx2, &ropeAvx2};
   static constexpr CpuBackend::ElementwiseKernels kPortable{&swigluPortable, &rmsNormPortable, &ropePortable};
-  switch (level) {
-    case SimdLevel::kAvx512:
-      return &kAvx512;
-    case SimdLevel::kAvx2:
-      return &kAvx2;
-    default:
-      return &kPortable;
-  }
+  return forSimdLevel(level, &kPortable, &kAvx2, &kAvx512);
 }
 
 // SwiGLU calls below this many floats run on the calling thread alone:
@@ -244,26 +198,13 @@ int threadsFor(const CpuBackendOptions& options) {
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : pool_(threadsFor(options)),
-      attention_(options.simd, &pool_),
-      elementwise_(elementwiseFor(attention_.simdLevel())) {}
+      gemm_(options.simd, &pool_),
+      attention_(gemm_.simdLevel(), &pool_),
+      elementwise_(elementwiseFor(gemm_.simdLevel())) {}
 
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
   const ScopedTimer timer(&stats_.gemm_time);
-  const int32_t min_rows = minRowsFor(n);
-  if (m >= min_rows) {
-    sgemmRowMajorNt(x, w, y, m, n, k, accumulate);
-  } else {
-    const size_t x_floats = static_cast<size_t>(m) * static_cast<size_t>(k);
-    const size_t y_floats = static_cast<size_t>(m) * static_cast<size_t>(n);
-    growTo(pad_x_, static_cast<size_t>(min_rows) * static_cast<size_t>(k));
-    growTo(pad_y_, static_cast<size_t>(min_rows) * static_cast<size_t>(n));
-    std::memcpy(pad_x_.data(), x, x_floats * sizeof(float));
-    std::fill(pad_x_.begin() + static_cast<ptrdiff_t>(x_floats),
-              pad_x_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(min_rows) * static_cast<size_t>(k)), 0.0f);
-    if (accumulate) std::memcpy(pad_y_.data(), y, y_floats * sizeof(float));
-    sgemmRowMajorNt(pad_x_.data(), w, pad_y_.data(), min_rows, n, k, accumulate);
-    std::memcpy(y, pad_y_.data(), y_floats * sizeof(float));
-  }
+  gemm_.run(x, w, y, m, n, k, accumulate);
   stats_.gemm_calls += 1;
   stats_.gemm_flops += 2.0 * m * n * k;
 }

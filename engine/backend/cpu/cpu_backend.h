@@ -1,31 +1,32 @@
 #pragma once
-// The reference backend: OpenBLAS sgemm for the projections, vectorised
+// The reference backend: our own batch-invariant GEMM (gemm.h), vectorised
 // paged attention (paged_attention.h), RMSNorm, RoPE and SwiGLU, plain loops
-// for everything else. What the tests and the CPU engine run.
+// for everything else. What the tests and the CPU engine run. No BLAS
+// library: every reduction order is the project's own and the same on every
+// x86-64 CPU (docs/engine.md, "Determinism").
 //
-// Threads: OpenBLAS's own pool runs the GEMMs (sized by OPENBLAS_NUM_THREADS;
-// the results do not depend on it, see cpu_backend.cc); attention runs on a
-// WorkerPool owned here (CpuBackendOptions::num_threads; the results do not
-// depend on it either), and so does SwiGLU when a call is large enough (a
-// prefill chunk; decode steps stay on the calling thread). Everything else
-// runs on the calling thread.
+// Threads: GEMMs and attention run on a WorkerPool owned here
+// (CpuBackendOptions::num_threads; the results do not depend on it), and so
+// does SwiGLU when a call is large enough (a prefill chunk; decode steps stay
+// on the calling thread). Everything else runs on the calling thread.
 // Not thread-safe: one engine thread owns it (it keeps scratch buffers).
 
 #include <memory>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/gemm.h"
 #include "engine/backend/cpu/paged_attention.h"
 #include "engine/backend/cpu/worker_pool.h"
 
 namespace tandem::engine {
 
 struct CpuBackendOptions {
-  // Threads attention runs on, the calling thread included; 0: one per
-  // hardware thread. Outputs are bitwise the same for every value.
+  // Threads GEMMs and attention run on, the calling thread included; 0: one
+  // per hardware thread. Outputs are bitwise the same for every value.
   int num_threads = 0;
-  // Vector code attention, swiglu, rmsNorm and rope run; every level gives the same bits
-  // (paged_attention.h, cpu_backend.cc).
+  // Vector code every kernel runs (simd.h; kAuto honours TANDEM_CPU_SIMD);
+  // every level gives the same bits.
   SimdLevel simd = SimdLevel::kAuto;
 };
 
@@ -48,6 +49,8 @@ class CpuBackend final : public Backend {
               int32_t dim) override;
 
   BackendStats stats() const override { return stats_; }
+  // The SIMD level every kernel runs (resolveSimdLevel of the options').
+  SimdLevel simdLevel() const { return gemm_.simdLevel(); }
   void resetStats() override { stats_ = BackendStats{}; }
 
   struct ElementwiseKernels;  // swiglu, rmsNorm and rope rows of one SIMD level (cpu_backend.cc)
@@ -58,11 +61,10 @@ class CpuBackend final : public Backend {
 
   BackendStats stats_;
   WorkerPool pool_;
-  PagedAttention attention_;               // runs on pool_
-  const ElementwiseKernels* elementwise_;  // of attention_'s SIMD level
+  Gemm gemm_;                              // runs on pool_
+  PagedAttention attention_;               // runs on pool_, at gemm_'s level
+  const ElementwiseKernels* elementwise_;  // of gemm_'s SIMD level
   // Scratch, grown on demand and reused (no allocation once warmed up).
-  std::vector<float> pad_x_;  // [min_rows, k] gemm input padded with zero rows
-  std::vector<float> pad_y_;  // [min_rows, n] gemm output of the padded call
   std::vector<float> cos_;    // [head_dim / 2] RoPE of one row past the table
   std::vector<float> sin_;    // [head_dim / 2]
   // RoPE cos/sin (kmath::ropeCosSin, so the same bits) of positions

@@ -43,25 +43,16 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/simd.h"
 #include "engine/backend/cpu/worker_pool.h"
 #include "engine/kv/kv_storage.h"
 
 namespace tandem::engine {
 
-enum class SimdLevel {
-  kAuto,      // the best level this CPU supports
-  kPortable,  // plain C++
-  kAvx2,      // AVX2 + FMA
-  kAvx512,    // AVX-512F
-};
-
-// Whether this CPU (and OS) can run `level`. kAuto and kPortable always can.
-bool simdLevelSupported(SimdLevel level);
 
 class PagedAttention {
  public:
-  // Runs on `pool` (not owned; outlives this). kAuto picks the best level;
-  // an unsupported level falls back to the best supported one.
+  // Runs on `pool` (not owned; outlives this). The level is resolveSimdLevel(simd).
   PagedAttention(SimdLevel simd, WorkerPool* pool);
 
   // Backend::attention, with the same contract.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -350,6 +351,154 @@ TEST(LlamaModel, BatchOfThreeEqualsEachAlone) {
   ASSERT_EQ(logits.size(), 3 * vocab);
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_EQ(std::memcmp(logits.data() + s * vocab, alone[s].data(), vocab * sizeof(float)), 0) << s;
+  }
+}
+
+// One request's prefill chunk and then its decode step, alone and inside
+// batches of 2, 7, 32 and 256 rows (at the first, a middle and the last
+// place; the other rows are other sequences' one-token chunks): its logits
+// and its cached K/V are bitwise the same every time.
+TEST(LlamaModel, OneRequestIsBitwiseTheSameAloneAndInBatchesUpTo256) {
+  const auto weights = tinyWeights();
+  const ModelConfig& c = weights->config;
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  constexpr int32_t kBlockSize = 4;
+  constexpr int32_t kProbeBlocks = 11;  // 44 positions: a 40-token prompt and one decode
+  constexpr int32_t kMaxBatch = 256;
+  const auto prompt = randomTokens(40, 31, c.vocab_size);
+  const auto next = randomTokens(1, 32, c.vocab_size);
+  const auto filler_tokens = randomTokens(2 * kMaxBatch, 33, c.vocab_size);
+  const auto probe_table = blockRange(0, kProbeBlocks);
+  std::vector<std::vector<BlockId>> filler_tables;
+  for (int32_t f = 0; f < kMaxBatch; ++f) filler_tables.push_back(blockRange(kProbeBlocks + f, 1));
+  const int32_t num_blocks = kProbeBlocks + kMaxBatch;
+
+  CpuBackend backend;
+  auto model = LlamaModel::create(weights, backend);
+  ASSERT_TRUE(model.ok());
+  const SequenceChunk probe_prefill{.tokens = prompt, .start_pos = 0, .block_table = probe_table, .want_logits = true};
+  const SequenceChunk probe_decode{.tokens = next, .start_pos = 40, .block_table = probe_table, .want_logits = true};
+
+  // Runs the probe's two steps with `batch - 1` other rows around it, the
+  // probe at `place`; returns its logits of both steps and its K/V bytes.
+  struct Probe {
+    std::vector<float> prefill_logits, decode_logits;
+    std::vector<std::byte> kv;
+  };
+  auto run = [&](int batch, int place) {
+    KvStorage kv(kvLayoutFor(c, num_blocks, kBlockSize));
+    Probe out;
+    for (int step = 0; step < 2; ++step) {
+      std::vector<SequenceChunk> chunks;
+      int filler = 0;
+      for (int i = 0; i < batch; ++i) {
+        if (i == place) {
+          chunks.push_back(step == 0 ? probe_prefill : probe_decode);
+          continue;
+        }
+        chunks.push_back({.tokens = std::span<const TokenId>(filler_tokens).subspan(2 * filler + step, 1),
+                          .start_pos = step,
+                          .block_table = filler_tables[static_cast<size_t>(filler)],
+                          .want_logits = filler % 2 == 0});
+        ++filler;
+      }
+      std::vector<float> logits;
+      const absl::Status st = (*model)->forward(chunks, kv, &logits);
+      EXPECT_TRUE(st.ok()) << st;
+      // The probe's row among the rows that asked for logits, in batch order.
+      size_t row = 0;
+      for (int i = 0; i < place; ++i) row += chunks[static_cast<size_t>(i)].want_logits ? 1 : 0;
+      EXPECT_GE(logits.size(), (row + 1) * vocab);
+      if (logits.size() < (row + 1) * vocab) return out;
+      std::vector<float>& dst = step == 0 ? out.prefill_logits : out.decode_logits;
+      dst.assign(logits.begin() + static_cast<ptrdiff_t>(row * vocab),
+                 logits.begin() + static_cast<ptrdiff_t>((row + 1) * vocab));
+    }
+    // The probe's blocks of every layer.
+    for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+      for (int32_t b = 0; b < kProbeBlocks; ++b) {
+        const auto* k = reinterpret_cast<const std::byte*>(kv.key(layer, BlockId(b), 0));
+        const auto* v = reinterpret_cast<const std::byte*>(kv.value(layer, BlockId(b), 0));
+        const size_t bytes = kv.layout().floatsPerToken() * kBlockSize * sizeof(float);
+        out.kv.insert(out.kv.end(), k, k + bytes);
+        out.kv.insert(out.kv.end(), v, v + bytes);
+      }
+    }
+    return out;
+  };
+  const Probe alone = run(1, 0);
+  ASSERT_EQ(alone.prefill_logits.size(), vocab);
+  ASSERT_EQ(alone.decode_logits.size(), vocab);
+  for (int batch : {2, 7, 32, 256}) {
+    for (int place : {0, batch / 2, batch - 1}) {
+      const Probe in_batch = run(batch, place);
+      const std::string where = strCat("batch ", batch, ", place ", place);
+      ASSERT_EQ(in_batch.prefill_logits.size(), vocab) << where;
+      ASSERT_EQ(in_batch.decode_logits.size(), vocab) << where;
+      EXPECT_EQ(std::memcmp(in_batch.prefill_logits.data(), alone.prefill_logits.data(), vocab * sizeof(float)), 0)
+          << "prefill logits, " << where;
+      EXPECT_EQ(std::memcmp(in_batch.decode_logits.data(), alone.decode_logits.data(), vocab * sizeof(float)), 0)
+          << "decode logits, " << where;
+      EXPECT_TRUE(in_batch.kv == alone.kv) << "K/V, " << where;
+    }
+  }
+}
+
+// A 600-token prefill (GEMMs, attention and SwiGLU all split across the
+// pool) and a decode step of 32 sequences give the same logits and K/V on
+// 1, 2 and 3 threads, and on every SIMD level this CPU runs: the thread
+// count and the vector width never change a bit (so neither does the CPU
+// model, docs/engine.md).
+TEST(LlamaModel, ThreadCountAndSimdLevelDoNotChangeResults) {
+  const auto weights = tinyWeights();
+  const ModelConfig& c = weights->config;
+  constexpr int32_t kBlockSize = 16;
+  constexpr int kDecodes = 32;
+  const auto prompt = randomTokens(600, 41, c.vocab_size);
+  const auto decode_tokens = randomTokens(kDecodes, 42, c.vocab_size);
+  struct Result {
+    std::vector<float> prefill_logits, decode_logits;
+    std::vector<std::byte> kv;
+  };
+  auto run = [&](const CpuBackendOptions& options) {
+    CpuBackend backend(options);
+    auto model = LlamaModel::create(weights, backend);
+    EXPECT_TRUE(model.ok());
+    // The prompt in blocks [0, 38); decode sequence d in block 38 + d at position 5.
+    KvStorage kv(kvLayoutFor(c, 38 + kDecodes, kBlockSize));
+    const auto table = blockRange(0, 38);
+    Result r;
+    SequenceChunk chunk{.tokens = prompt, .start_pos = 0, .block_table = table, .want_logits = true};
+    EXPECT_TRUE((*model)->forward(std::span<const SequenceChunk>(&chunk, 1), kv, &r.prefill_logits).ok());
+    std::vector<std::vector<BlockId>> tables;
+    for (int d = 0; d < kDecodes; ++d) tables.push_back(blockRange(38 + d, 1));
+    std::vector<SequenceChunk> decodes;
+    for (int d = 0; d < kDecodes; ++d) {
+      decodes.push_back({.tokens = std::span<const TokenId>(decode_tokens).subspan(static_cast<size_t>(d), 1),
+                         .start_pos = 5,
+                         .block_table = tables[static_cast<size_t>(d)],
+                         .want_logits = true});
+    }
+    EXPECT_TRUE((*model)->forward(decodes, kv, &r.decode_logits).ok());
+    r.kv.assign(kv.bytes().begin(), kv.bytes().end());
+    return r;
+  };
+  const Result reference = run(CpuBackendOptions{.num_threads = 1, .simd = SimdLevel::kPortable});
+  ASSERT_EQ(reference.prefill_logits.size(), static_cast<size_t>(c.vocab_size));
+  ASSERT_EQ(reference.decode_logits.size(), static_cast<size_t>(kDecodes * c.vocab_size));
+  for (SimdLevel level : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!simdLevelSupported(level)) {
+      std::printf("SIMD level %s: not supported by this CPU, skipped\n", std::string(simdLevelName(level)).c_str());
+      continue;
+    }
+    // (The portable level is slow: its reference run above has 1 thread.)
+    for (int threads : level == SimdLevel::kPortable ? std::vector<int>{2} : std::vector<int>{1, 2, 3}) {
+      const Result r = run(CpuBackendOptions{.num_threads = threads, .simd = level});
+      const std::string what = strCat(simdLevelName(level), ", ", threads, " threads");
+      EXPECT_TRUE(r.prefill_logits == reference.prefill_logits) << "prefill logits, " << what;
+      EXPECT_TRUE(r.decode_logits == reference.decode_logits) << "decode logits, " << what;
+      EXPECT_TRUE(r.kv == reference.kv) << "K/V, " << what;
+    }
   }
 }
 
