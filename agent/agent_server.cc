@@ -228,8 +228,13 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       return engine::KvMemory{.bytes = kv_pool->bytes(), .keep_alive = kv_pool};
     };
   }
+  // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
+  // value is a start-up error here (the backend itself would abort on it).
+  TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
+  auto backend = std::make_unique<engine::CpuBackend>(engine::CpuBackendOptions{.simd = simd});
+  const std::string_view cpu_simd = engine::simdLevelName(backend->simdLevel());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                          engine::Engine::create(engine_options, shared_weights, engine::makeCpuBackend(),
+                          engine::Engine::create(engine_options, shared_weights, std::move(backend),
                                                  impl->tokenizer, SystemClock::instance()));
   impl->limits = {.model_name = config.model_name,
                   .max_model_len = engine->options().max_model_len,
@@ -293,7 +298,8 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                              {"model", config.model_name},
                              {"role", config.role},
                              {"pool", config.pool},
-                             {"kv_blocks", config.engine.num_blocks}});
+                             {"kv_blocks", config.engine.num_blocks},
+                             {"cpu_simd", cpu_simd}});
   return std::unique_ptr<AgentServer>(new AgentServer(std::move(impl)));
 }
 

@@ -27,3 +27,23 @@ function(tandem_test source)
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT}
                        ENVIRONMENT "TANDEM_BIN_DIR=${CMAKE_BINARY_DIR}/bin;${ARG_ENV}")
 endfunction()
+
+# tandem_test_variants(<test> LABEL <area> KIND simd|openblas VALUES v... [TIMEOUT s])
+# Runs the binary of tandem_test <test> again under each CPU variant through
+# tests/cpu_variant.sh: KIND simd sets TANDEM_CPU_SIMD (the engine's kernels
+# run that level), KIND openblas sets OPENBLAS_CORETYPE (OpenBLAS runs that
+# core's kernels). Each is its own CTest test, `<test>.<kind>=<value>`,
+# skipped (saying which CPU flag is missing) where this CPU cannot run it.
+function(tandem_test_variants name)
+  cmake_parse_arguments(ARG "" "LABEL;KIND;TIMEOUT" "VALUES" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  foreach(value ${ARG_VALUES})
+    set(variant "${name}.${ARG_KIND}=${value}")
+    add_test(NAME ${variant} COMMAND ${PROJECT_SOURCE_DIR}/tests/cpu_variant.sh ${ARG_KIND} ${value}
+                                     $<TARGET_FILE:${name}>)
+    set_tests_properties(${variant} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT} SKIP_RETURN_CODE 77
+                         ENVIRONMENT "TANDEM_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+  endforeach()
+endfunction()

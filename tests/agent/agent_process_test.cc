@@ -330,6 +330,18 @@ TEST(AgentProcessIsolatedTest, BadConfigurationExitsWithClearError) {
   rc = pclose(p);
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   EXPECT_NE(out.find("--num-blocks"), std::string::npos) << out;
+  // A SIMD level that does not exist (TANDEM_CPU_SIMD, docs/engine.md) is a
+  // start-up error naming the variable and the accepted values.
+  cmd = "TANDEM_CPU_SIMD=avx9 " + std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent --model-dir " +
+        testing::tinyModelDir() + " --listen 127.0.0.1:0 2>&1";
+  p = popen(cmd.c_str(), "r");
+  out.clear();
+  while (fgets(buf, sizeof(buf), p)) out += buf;
+  rc = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  EXPECT_NE(out.find("TANDEM_CPU_SIMD"), std::string::npos) << out;
+  EXPECT_NE(out.find("avx9"), std::string::npos) << out;
+  EXPECT_NE(out.find("portable, avx2 or avx512"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,18 +1,26 @@
 #include "engine/backend/cpu/cpu_backend.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <random>
 #include <vector>
 
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include "engine/backend/kernel_math.h"
 
 namespace tandem::engine {
 namespace {
+
+std::string lowerAscii(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 std::vector<float> randomVector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -156,6 +164,40 @@ TEST(CpuBackendGemm, BatchCompositionIsBitwiseStable) {
                 << " accumulate=" << accumulate;
           }
         }
+      }
+    }
+  }
+}
+
+// Against an independent implementation: OpenBLAS's sgemm, with whichever
+// core's kernels this CPU or OPENBLAS_CORETYPE picks (the CTest variants
+// run this under each core type). They sum in other orders, so they agree
+// within rounding: |ours - blas| <= 2 k eps sum_p |x_p w_p| per element.
+TEST(CpuBackendGemm, AgreesWithOpenBlasWithinRounding) {
+  const std::string core = openblas_get_corename();
+  std::printf("OpenBLAS core: %s\n", core.c_str());
+  if (const char* want = std::getenv("OPENBLAS_CORETYPE"); want != nullptr && *want != '\0') {
+    EXPECT_EQ(lowerAscii(core), lowerAscii(want)) << "OPENBLAS_CORETYPE did not take effect";
+  }
+  CpuBackend backend;
+  struct Shape {
+    int m, n, k;
+  };
+  for (Shape s : {Shape{512, 256, 256}, Shape{1, 688, 256}, Shape{7, 256, 688}, Shape{32, 64, 256},
+                  Shape{13, 100, 37}, Shape{3, 1500, 33}}) {
+    const auto x = randomVector(static_cast<size_t>(s.m * s.k), 31);
+    const auto w = randomVector(static_cast<size_t>(s.n * s.k), 32);
+    std::vector<float> ours(static_cast<size_t>(s.m * s.n)), blas(ours.size());
+    backend.gemm(x.data(), w.data(), ours.data(), s.m, s.n, s.k, /*accumulate=*/false);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.m, s.n, s.k, 1.0f, x.data(), s.k, w.data(), s.k, 0.0f,
+                blas.data(), s.n);
+    for (int i = 0; i < s.m; ++i) {
+      for (int j = 0; j < s.n; ++j) {
+        double magnitude = 0;
+        for (int p = 0; p < s.k; ++p) magnitude += std::abs(double{x[static_cast<size_t>(i * s.k + p)]} * w[static_cast<size_t>(j * s.k + p)]);
+        const size_t at = static_cast<size_t>(i * s.n + j);
+        ASSERT_LE(std::abs(double{ours[at]} - blas[at]), 2.0 * s.k * 0x1p-24 * magnitude)
+            << core << " m=" << s.m << " n=" << s.n << " k=" << s.k << " at (" << i << ", " << j << ")";
       }
     }
   }
