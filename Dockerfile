@@ -19,7 +19,7 @@ RUN ./tandem setup \
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libabsl20220623 libyaml-cpp0.7 libcpprest2.10 libxxhash0 libopenblas0 \
+      libabsl20220623 libyaml-cpp0.7 libcpprest2.10 libxxhash0 \
       libsentencepiece0 libucx0 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/bin/ /usr/local/bin/

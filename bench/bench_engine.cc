@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "bench/bench_report.h"
 #include "engine/backend/cpu/cpu_backend.h"
@@ -83,17 +84,27 @@ std::vector<TokenId> tokensOf(int n, std::mt19937& rng) {
   return t;
 }
 
+// "OpenBLAS <core>": the core type OpenBLAS runs (the CPU's, or
+// OPENBLAS_CORETYPE's), named in the yardstick of every result it measures.
+std::string blasName() { return std::string("OpenBLAS ") + openblas_get_corename(); }
+
 // y = x · wᵀ through OpenBLAS (the yardstick; see the header comment).
 void openblasGemm(const float* x, const float* w, float* y, int m, int n, int k) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
 }
+
+// OpenBLAS's workers yield-spin for about 0.1 s after each call (its
+// THREAD_TIMEOUT): measured right after the yardstick, the engine's own
+// threads would share the cores with them. Waiting that out after every
+// yardstick measurement keeps the two from slowing each other.
+void letBlasThreadsSleep() { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
 
 // Seconds to run the model's projection GEMMs alone for `rows` rows, through OpenBLAS.
 double bareGemmSeconds(Setup& s, int rows) {
   const ModelConfig& c = s.weights->config;
   std::vector<float> x(static_cast<size_t>(rows) * std::max(c.hidden_size, c.intermediate_size), 0.01f);
   std::vector<float> y(static_cast<size_t>(rows) * std::max({c.qDim(), c.intermediate_size, c.vocab_size}), 0.0f);
-  return bench::medianSeconds(
+  const double seconds = bench::medianSeconds(
       [&] {
         for (const LayerWeights& l : s.weights->layers) {
           openblasGemm(x.data(), l.wq.data(), y.data(), rows, c.qDim(), c.hidden_size);
@@ -106,6 +117,8 @@ double bareGemmSeconds(Setup& s, int rows) {
         }
       },
       15);
+  letBlasThreadsSleep();
+  return seconds;
 }
 
 // GFLOP/s of the backend's GEMM and of OpenBLAS on one shape, alternating
@@ -131,6 +144,7 @@ std::pair<double, double> gemmGflops(int m, int n, int k) {
                                 for (int r = 0; r < reps; ++r) openblasGemm(x.data(), w.data(), y.data(), m, n, k);
                               },
                               5));
+    letBlasThreadsSleep();
   }
   const double flops = 2.0 * m * n * k * reps;
   return {flops / ours / 1e9, flops / blas / 1e9};
@@ -268,7 +282,7 @@ int main(int argc, char** argv) {
       double tok_s = batch * ctx / prefillSeconds(s, batch, ctx, rng);
       double bare = kChunk / bareGemmSeconds(s, kChunk);
       results.push_back({.name = "prefill_tok_s_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx),
-                         .value = tok_s, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s"});
+                         .value = tok_s, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s, " + blasName()});
       if (batch == 1) {
         const PrefillSplit p = prefillSplit(s, ctx, rng);
         const std::string suffix = "_ms_of_steps_ctx" + std::to_string(ctx);
@@ -304,7 +318,7 @@ int main(int argc, char** argv) {
       double step = decodeStep(s, batch, ctx, rng);
       double bare = batch / bareGemmSeconds(s, batch);
       results.push_back({.name = "decode_tok_s_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx),
-                         .value = batch / step, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s"});
+                         .value = batch / step, .unit = "tok/s", .reference = bare, .reference_name = "bare GEMM tok/s, " + blasName()});
     }
   }
   {
@@ -326,7 +340,7 @@ int main(int argc, char** argv) {
         const auto [ours, blas] = gemmGflops(m, sh.n, sh.k);
         results.push_back({.name = std::string("gemm_gflops_") + sh.model + "_" + sh.proj + "_m" + std::to_string(m),
                            .value = ours, .unit = "GFLOP/s", .reference = blas,
-                           .reference_name = "OpenBLAS sgemm GFLOP/s"});
+                           .reference_name = blasName() + " sgemm GFLOP/s"});
       }
       std::fflush(stdout);
     }

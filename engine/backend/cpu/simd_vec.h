@@ -118,7 +118,7 @@ struct Vec {
     }
     return a.x[0];
   }
-  static void hsum16(const Vec* acc, float* out) {
+  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
     for (int i = 0; i < kLanes; ++i) out[i] = hsum(acc[i]);
   }
 };
@@ -192,7 +192,7 @@ struct Vec {
     const __m256 x = _mm256_add_ps(a.lo, a.hi);
     return hsum128(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
   }
-  static void hsum16(const Vec* acc, float* out) {
+  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
     for (int i = 0; i < kLanes; ++i) out[i] = hsum(acc[i]);
   }
 };
@@ -244,15 +244,18 @@ struct Vec {
   // The four folds of hsum applied to 16 vectors at once: each step adds
   // pairs of lanes exactly as hsum does, packing two (then four, eight,
   // sixteen) vectors' partial sums into one register. Slot s = 4u + c of the
-  // first step takes acc[4c + u], so that lane L of the result is acc[L]'s sum.
-  static void hsum16(const Vec* acc, float* out) {
-    __m512 t[8];
-    for (int p = 0; p < 8; ++p) {  // lanes i + i+8: [a c0+c2, a c1+c3, b c0+c2, b c1+c3] (128-bit chunks)
-      const int s0 = 2 * p, s1 = 2 * p + 1;
-      const __m512 a = acc[4 * (s0 % 4) + s0 / 4].x, b = acc[4 * (s1 % 4) + s1 / 4].x;
-      t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    }
+  // first step takes acc[4c + u] (the pairs below), so that lane L of the
+  // result is acc[L]'s sum.
+  [[gnu::always_inline]] static __m512 fold8(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
+    // Written out, so that the accumulators never leave registers.
+    // lanes i + i+8: [a c0+c2, a c1+c3, b c0+c2, b c1+c3] (128-bit chunks)
+    const __m512 t[8] = {fold8(acc[0].x, acc[4].x),  fold8(acc[8].x, acc[12].x), fold8(acc[1].x, acc[5].x),
+                         fold8(acc[9].x, acc[13].x), fold8(acc[2].x, acc[6].x),  fold8(acc[10].x, acc[14].x),
+                         fold8(acc[3].x, acc[7].x),  fold8(acc[11].x, acc[15].x)};
     __m512 u[4];
     for (int q = 0; q < 4; ++q) {  // lanes i + i+4: one vector per 128-bit chunk
       u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),

@@ -1,17 +1,20 @@
 #pragma once
 // A small fixed pool of threads for data-parallel loops inside one backend
-// call (attention). The thread calling parallelFor takes part, so a pool of
-// N threads starts N - 1 workers; a pool of 1 runs everything inline.
+// call (GEMM, attention, SwiGLU). The thread calling parallelFor takes part,
+// so a pool of N threads starts N - 1 workers; a pool of 1 runs everything
+// inline.
 //
 // Workers sleep on a condition variable between calls (no spinning: between
-// attention calls OpenBLAS needs the cores for the GEMMs).
+// calls the engine's own thread, the HTTP threads and the KV transport need
+// the cores).
 //
 // Workers are kept off the CPU the calling thread runs on (their affinity is
 // the process's CPUs minus that one, updated when the caller moves). Without
 // it the scheduler can wake a worker onto the caller's busy CPU while another
-// CPU is taken by a yield-spinning thread — OpenBLAS's workers spin for up to
-// ~0.1 s after each GEMM — and a 2-CPU machine then runs the work at the speed
-// of one (measured: attention ~6 ms vs ~11 ms per 1K-token prefill).
+// CPU is taken by a yield-spinning thread (measured when the GEMMs ran on
+// OpenBLAS, whose workers spin for up to ~0.1 s after each call), and a 2-CPU
+// machine then runs the work at the speed of one (attention ~6 ms vs ~11 ms
+// per 1K-token prefill).
 //
 // Thread-safety: parallelFor must be called from one thread at a time (the
 // backend's owning thread); everything else is internal.
