@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "engine/kv/kv_storage.h"
@@ -58,12 +59,36 @@ struct AttentionShape {
   int32_t head_dim = 0;
 };
 
+// A weight matrix w[n, k] in a backend's own layout, made once by
+// Backend::prepareWeight (packed for the CPU GEMM; on a GPU, uploaded).
+// Immutable; usable only with the backend that made it.
+class PreparedWeight {
+ public:
+  PreparedWeight(int32_t n, int32_t k) : n_(n), k_(k) {}
+  virtual ~PreparedWeight() = default;
+  int32_t n() const { return n_; }
+  int32_t k() const { return k_; }
+
+ private:
+  int32_t n_;
+  int32_t k_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
-  // y[m, n] = x[m, k] · w[n, k]ᵀ, or y += x · wᵀ when `accumulate`.
-  // x, w and y must not overlap. m, n, k > 0.
+  // The weight w (host, row-major [n, k]) in this backend's layout, for
+  // gemm() and logits() below. The model prepares its projections once at
+  // load. n, k > 0.
+  virtual std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) = 0;
+
+  // y[m, n] = x[m, k] · w[n, k]ᵀ, or y += x · wᵀ when `accumulate`, with
+  // (n, k) = (w.n(), w.k()). x and y must not overlap. m > 0.
+  virtual void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) = 0;
+
+  // The same with a plain w (prepared on every call: for tests and one-off
+  // products). Bitwise the same as the prepared form. m, n, k > 0.
   virtual void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) = 0;
 
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight, for each of `rows` rows of width `dim`.
@@ -101,10 +126,10 @@ class Backend {
                          const AttentionShape& shape, float* out) = 0;
 
   // The final projection to the vocabulary: logits (host) [m, vocab] =
-  // hidden [m, dim] · lm_head[vocab, dim]ᵀ. Same arithmetic as gemm (and
-  // counted in its stats); separate because its output goes to host memory.
-  virtual void logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,
-                      int32_t dim) = 0;
+  // hidden [m, dim] · lm_head[vocab, dim]ᵀ, lm_head prepared with (vocab,
+  // dim). Same arithmetic as gemm (and counted in its stats); separate
+  // because its output goes to host memory.
+  virtual void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) = 0;
 
   virtual BackendStats stats() const = 0;
   virtual void resetStats() = 0;

@@ -75,7 +75,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<c
 }
 
 LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend)
-    : weights_(std::move(weights)), backend_(backend) {}
+    : weights_(std::move(weights)), backend_(backend) {
+  const ModelConfig& c = weights_->config;
+  for (const LayerWeights& l : weights_->layers) {
+    projections_.push_back({.wq = backend_.prepareWeight(l.wq.data(), c.qDim(), c.hidden_size),
+                            .wk = backend_.prepareWeight(l.wk.data(), c.kvDim(), c.hidden_size),
+                            .wv = backend_.prepareWeight(l.wv.data(), c.kvDim(), c.hidden_size),
+                            .wo = backend_.prepareWeight(l.wo.data(), c.hidden_size, c.qDim()),
+                            .w_gate = backend_.prepareWeight(l.w_gate.data(), c.intermediate_size, c.hidden_size),
+                            .w_up = backend_.prepareWeight(l.w_up.data(), c.intermediate_size, c.hidden_size),
+                            .w_down = backend_.prepareWeight(l.w_down.data(), c.hidden_size, c.intermediate_size)});
+  }
+  lm_head_ = backend_.prepareWeight(weights_->outputProjection().data(), c.vocab_size, c.hidden_size);
+}
 
 absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
                                   const std::vector<float>* logits) const {
@@ -152,15 +164,16 @@ void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<cons
                              const KvStorage& kv) {
   const ModelConfig& c = config();
   const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const LayerProjections& p = projections_[static_cast<size_t>(layer)];
   const AttentionShape shape{.num_heads = c.num_heads, .num_kv_heads = c.num_kv_heads, .head_dim = c.head_dim};
   backend_.attention(layer, q, chunks, kv, shape, attn_.data());
   // Residual adds are folded into the GEMMs (accumulate): x += attn · Woᵀ.
-  backend_.gemm(attn_.data(), w.wo.data(), x, rows, c.hidden_size, c.qDim(), /*accumulate=*/true);
+  backend_.gemm(attn_.data(), *p.wo, x, rows, /*accumulate=*/true);
   backend_.rmsNorm(x, w.ffn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-  backend_.gemm(h_.data(), w.w_gate.data(), gate_.data(), rows, c.intermediate_size, c.hidden_size, false);
-  backend_.gemm(h_.data(), w.w_up.data(), up_.data(), rows, c.intermediate_size, c.hidden_size, false);
+  backend_.gemm(h_.data(), *p.w_gate, gate_.data(), rows, false);
+  backend_.gemm(h_.data(), *p.w_up, up_.data(), rows, false);
   backend_.swiglu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(rows) * c.intermediate_size);
-  backend_.gemm(gate_.data(), w.w_down.data(), x, rows, c.hidden_size, c.intermediate_size, /*accumulate=*/true);
+  backend_.gemm(gate_.data(), *p.w_down, x, rows, /*accumulate=*/true);
 }
 
 absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
@@ -187,9 +200,10 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
     backend_.rmsNorm(x_.data(), w.attn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-    backend_.gemm(h_.data(), w.wq.data(), q_.data(), rows, c.qDim(), c.hidden_size, false);
-    backend_.gemm(h_.data(), w.wk.data(), k_.data(), rows, c.kvDim(), c.hidden_size, false);
-    backend_.gemm(h_.data(), w.wv.data(), v_.data(), rows, c.kvDim(), c.hidden_size, false);
+    const LayerProjections& p = projections_[static_cast<size_t>(layer)];
+    backend_.gemm(h_.data(), *p.wq, q_.data(), rows, false);
+    backend_.gemm(h_.data(), *p.wk, k_.data(), rows, false);
+    backend_.gemm(h_.data(), *p.wv, v_.data(), rows, false);
     backend_.rope(q_.data(), rows, c.num_heads, c.head_dim, positions_.data(), c.rope_theta);
     backend_.rope(k_.data(), rows, c.num_kv_heads, c.head_dim, positions_.data(), c.rope_theta);
     backend_.writeKv(layer, k_.data(), v_.data(), chunks_, kv);
@@ -210,8 +224,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
 
   backend_.rmsNorm(tail_x_.data(), weights_->final_norm.data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
   logits->resize(product(num_logits, c.vocab_size));
-  backend_.logits(h_.data(), weights_->outputProjection().data(), logits->data(), num_logits, c.vocab_size,
-                  c.hidden_size);
+  backend_.logits(h_.data(), *lm_head_, logits->data(), num_logits);
   return absl::OkStatus();
 }
 

@@ -46,8 +46,10 @@ struct SequenceChunk {
 
 class LlamaModel {
  public:
-  // Checks that every weight tensor has the size `weights->config` implies.
-  // The backend must outlive the model.
+  // Checks that every weight tensor has the size `weights->config` implies,
+  // and prepares the projections in the backend's layout (Backend::
+  // prepareWeight: for the CPU backend a packed copy, so the model holds its
+  // projection weights twice). The backend must outlive the model.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> create(std::shared_ptr<const ModelWeights> weights,
                                                                           Backend& backend);
 
@@ -82,6 +84,12 @@ class LlamaModel {
 
   std::shared_ptr<const ModelWeights> weights_;
   Backend& backend_;
+  // The projections in the backend's layout, made once by create().
+  struct LayerProjections {
+    std::unique_ptr<PreparedWeight> wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  std::vector<LayerProjections> projections_;  // [num_layers]
+  std::unique_ptr<PreparedWeight> lm_head_;
 
   // Per-step metadata (host) and activations, grown on demand and reused so a
   // warmed-up model does not allocate per step.

@@ -202,11 +202,21 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
       attention_(gemm_.simdLevel(), &pool_),
       elementwise_(elementwiseFor(gemm_.simdLevel())) {}
 
-void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+std::unique_ptr<PreparedWeight> CpuBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
+  return std::make_unique<PackedMatrix>(w, n, k);
+}
+
+void CpuBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
   const ScopedTimer timer(&stats_.gemm_time);
-  gemm_.run(x, w, y, m, n, k, accumulate);
+  // Only this backend's prepareWeight makes the weights it is given.
+  gemm_.run(x, static_cast<const PackedMatrix&>(w), y, m, accumulate);
   stats_.gemm_calls += 1;
-  stats_.gemm_flops += 2.0 * m * n * k;
+  stats_.gemm_flops += 2.0 * m * w.n() * w.k();
+}
+
+void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  const PackedMatrix packed(w, n, k);
+  gemm(x, packed, y, m, accumulate);
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
@@ -308,9 +318,8 @@ void CpuBackend::attention(int32_t layer, const float* q, std::span<const ChunkD
   attention_.run(layer, q, chunks, kv, shape, out);
 }
 
-void CpuBackend::logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,
-                        int32_t dim) {
-  gemm(hidden, lm_head, logits_host, m, vocab, dim, /*accumulate=*/false);
+void CpuBackend::logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) {
+  gemm(hidden, lm_head, logits_host, m, /*accumulate=*/false);
 }
 
 std::unique_ptr<Backend> makeCpuBackend() { return std::make_unique<CpuBackend>(); }

@@ -35,6 +35,8 @@ class CpuBackend final : public Backend {
   CpuBackend() : CpuBackend(CpuBackendOptions{}) {}
   explicit CpuBackend(const CpuBackendOptions& options);
 
+  std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
+  void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
   void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
@@ -45,8 +47,7 @@ class CpuBackend final : public Backend {
                KvStorage& kv) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                  const AttentionShape& shape, float* out) override;
-  void logits(const float* hidden, const float* lm_head, float* logits_host, int32_t m, int32_t vocab,
-              int32_t dim) override;
+  void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;
 
   BackendStats stats() const override { return stats_; }
   // The SIMD level every kernel runs (resolveSimdLevel of the options').

@@ -70,16 +70,12 @@ TEST(CpuBackendGemm, MatchesNaiveTripleLoop) {
   }
 }
 
-// gemm.h's order, spelled out in scalar code: lane l sums x[p] * w[p] for
-// p = l mod 16 in order with fused multiply-adds from +0, the lanes are
-// folded i + i+8, + 4, + 2, + 1, and accumulate adds the sum to y.
+// gemm.h's order, spelled out in scalar code: one fused multiply-add per
+// p, in order, from +0; accumulate adds the sum to y.
 float documentedOrder(const float* x, const float* w, int k, float y, bool accumulate) {
-  float lanes[16] = {};
-  for (int p = 0; p < k; ++p) lanes[p % 16] = std::fma(x[p], w[p], lanes[p % 16]);
-  for (int half = 8; half >= 1; half /= 2) {
-    for (int i = 0; i < half; ++i) lanes[i] = lanes[i] + lanes[i + half];
-  }
-  return accumulate ? y + lanes[0] : lanes[0];
+  float s = 0.0f;
+  for (int p = 0; p < k; ++p) s = std::fma(x[p], w[p], s);
+  return accumulate ? y + s : s;
 }
 
 std::vector<SimdLevel> supportedLevels() {
@@ -101,7 +97,7 @@ TEST(CpuBackendGemm, EveryLevelAndThreadCountComputesTheDocumentedOrder) {
   struct Shape {
     int m, n, k;
   };
-  // k around multiples of 16 (the partial last vector), edges of every tile
+  // n around multiples of 16 (partial last panels), edges of every tile
   // shape, and one big enough to run on the pool (>= 4M multiply-adds).
   const Shape shapes[] = {{1, 1, 1},   {1, 5, 15},    {3, 7, 16},    {5, 9, 17},      {2, 3, 33},
                           {7, 13, 64}, {9, 66, 100},  {4, 4, 256},   {33, 70, 300},   {1, 256, 256},
@@ -129,6 +125,29 @@ TEST(CpuBackendGemm, EveryLevelAndThreadCountComputesTheDocumentedOrder) {
         }
       }
     }
+  }
+}
+
+// A weight prepared once (as the model does) and a plain one packed per
+// call give the same bits, and so do two backends' preparations.
+TEST(CpuBackendGemm, PreparedWeightEqualsPlainWeight) {
+  CpuBackend backend;
+  CpuBackend other(CpuBackendOptions{.num_threads = 1});
+  const int m = 37, n = 70, k = 45;
+  const auto x = randomVector(static_cast<size_t>(m * k), 41);
+  const auto w = randomVector(static_cast<size_t>(n * k), 42);
+  const auto base = randomVector(static_cast<size_t>(m * n), 43);
+  const std::unique_ptr<PreparedWeight> prepared = backend.prepareWeight(w.data(), n, k);
+  EXPECT_EQ(prepared->n(), n);
+  EXPECT_EQ(prepared->k(), k);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> plain = base, with_prepared = base, on_other = base;
+    backend.gemm(x.data(), w.data(), plain.data(), m, n, k, accumulate);
+    backend.gemm(x.data(), *prepared, with_prepared.data(), m, accumulate);
+    const std::unique_ptr<PreparedWeight> again = other.prepareWeight(w.data(), n, k);
+    other.gemm(x.data(), *again, on_other.data(), m, accumulate);
+    EXPECT_TRUE(plain == with_prepared) << "accumulate=" << accumulate;
+    EXPECT_TRUE(plain == on_other) << "accumulate=" << accumulate;
   }
 }
 
@@ -211,7 +230,8 @@ TEST(CpuBackendGemm, StatsCountCallsFlopsAndTime) {
   backend.gemm(x.data(), w.data(), y.data(), 4, 32, 64, false);
   backend.gemm(x.data(), w.data(), y.data(), 1, 32, 64, true);
   std::vector<float> logits(2 * 32);
-  backend.logits(x.data(), w.data(), logits.data(), 2, 32, 64);
+  const std::unique_ptr<PreparedWeight> lm_head = backend.prepareWeight(w.data(), 32, 64);
+  backend.logits(x.data(), *lm_head, logits.data(), 2);
   const BackendStats stats = backend.stats();
   EXPECT_EQ(stats.gemm_calls, 3);
   EXPECT_DOUBLE_EQ(stats.gemm_flops, 2.0 * 64 * 32 * (4 + 1 + 2));
