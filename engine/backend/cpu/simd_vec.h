@@ -10,7 +10,6 @@
 // same bits on every level:
 //   zero, set1, load, store (unaligned), add, sub, mul,
 //   fma(a, b, c)             a * b + c rounded once
-//   loadFirst(p, n)          lanes [0, n) from p, 0 in the others (0 <= n <= 16; reads only p[0, n))
 //   max(a, b)                lane-wise a > b ? a : b
 //   keepFirst(a, n, fill)    lanes [0, n) of a, `fill` in the others
 //   anyGreater(a, b)         whether a > b in some lane
@@ -18,8 +17,6 @@
 //   fractionalPart(x)        x - floor(x) (one rounding)
 //   scaleByPow2Floor(p, x)   p * 2^floor(x) for x in [-125, 1), p in [0.5, 2) (exact)
 //   hmax, hsum               fold halves: lane i with lane i + 8, then + 4, + 2, + 1
-//   hsum16(acc, out)         out[i] = hsum(acc[i]) for 16 vectors, bit for bit
-//                            (AVX-512 folds them together, transposing as it goes)
 //
 // Plain pointers and builtins only (no standard-library templates): a
 // template instantiated under a level's target could be emitted with that
@@ -50,11 +47,6 @@ struct Vec {
   static Vec set1(float a) {
     Vec r;
     for (int i = 0; i < kLanes; ++i) r.x[i] = a;
-    return r;
-  }
-  static Vec loadFirst(const float* p, int32_t n) {
-    Vec r = zero();
-    std::memcpy(r.x, p, static_cast<size_t>(n) * sizeof(float));
     return r;
   }
   static Vec load(const float* p) {
@@ -118,9 +110,6 @@ struct Vec {
     }
     return a.x[0];
   }
-  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
-    for (int i = 0; i < kLanes; ++i) out[i] = hsum(acc[i]);
-  }
 };
 
 }  // namespace portable
@@ -148,12 +137,6 @@ struct Vec {
   static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Vec set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
   static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Vec loadFirst(const float* p, int32_t n) {
-    const __m256i bound = _mm256_set1_epi32(n);
-    const __m256i lo = _mm256_cmpgt_epi32(bound, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i hi = _mm256_cmpgt_epi32(bound, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
-    return {_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi)};
-  }
   static void store(float* p, Vec a) {
     _mm256_storeu_ps(p, a.lo);
     _mm256_storeu_ps(p + 8, a.hi);
@@ -192,9 +175,6 @@ struct Vec {
     const __m256 x = _mm256_add_ps(a.lo, a.hi);
     return hsum128(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
   }
-  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
-    for (int i = 0; i < kLanes; ++i) out[i] = hsum(acc[i]);
-  }
 };
 
 }  // namespace avx2
@@ -210,9 +190,6 @@ struct Vec {
   static Vec zero() { return {_mm512_setzero_ps()}; }
   static Vec set1(float a) { return {_mm512_set1_ps(a)}; }
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Vec loadFirst(const float* p, int32_t n) {
-    return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p)};
-  }
   static void store(float* p, Vec a) { _mm512_storeu_ps(p, a.x); }
   static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.x, b.x)}; }
   static Vec sub(Vec a, Vec b) { return {_mm512_sub_ps(a.x, b.x)}; }
@@ -240,35 +217,6 @@ struct Vec {
   static float hsum(Vec a) {
     const __m256 x = _mm256_add_ps(lowHalf(a.x), highHalf(a.x));
     return hsum128(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
-  }
-  // The four folds of hsum applied to 16 vectors at once: each step adds
-  // pairs of lanes exactly as hsum does, packing two (then four, eight,
-  // sixteen) vectors' partial sums into one register. Slot s = 4u + c of the
-  // first step takes acc[4c + u] (the pairs below), so that lane L of the
-  // result is acc[L]'s sum.
-  [[gnu::always_inline]] static __m512 fold8(__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  [[gnu::always_inline]] static void hsum16(const Vec* acc, float* out) {
-    // Written out, so that the accumulators never leave registers.
-    // lanes i + i+8: [a c0+c2, a c1+c3, b c0+c2, b c1+c3] (128-bit chunks)
-    const __m512 t[8] = {fold8(acc[0].x, acc[4].x),  fold8(acc[8].x, acc[12].x), fold8(acc[1].x, acc[5].x),
-                         fold8(acc[9].x, acc[13].x), fold8(acc[2].x, acc[6].x),  fold8(acc[10].x, acc[14].x),
-                         fold8(acc[3].x, acc[7].x),  fold8(acc[11].x, acc[15].x)};
-    __m512 u[4];
-    for (int q = 0; q < 4; ++q) {  // lanes i + i+4: one vector per 128-bit chunk
-      u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    }
-    __m512 w[2];
-    for (int r = 0; r < 2; ++r) {  // lanes i + i+2
-      w[r] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_ps(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    }
-    // lanes i + i+1
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                        _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1))));
   }
 };
 
