@@ -32,7 +32,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       prefix_hit_tokens_(buildCounter().name("tandem_prefix_cache_hit_tokens_total").help("Prompt tokens served from the prefix cache or a resident session, at admission.").labels(labels_).registerOn(r).add({})),
       prefix_query_tokens_(buildCounter().name("tandem_prefix_cache_query_tokens_total").help("Prompt tokens looked up in the prefix cache, at admission. Hit rate = hit / query.").labels(labels_).registerOn(r).add({})),
       preemptions_(buildCounter().name("tandem_preemptions_total").help("Sequences preempted by recompute.").labels(labels_).registerOn(r).add({})),
-      kv_blocks_total_(buildGauge().name("tandem_kv_blocks_total").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
+      kv_blocks_capacity_(buildGauge().name("tandem_kv_blocks_capacity").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
       kv_blocks_free_(buildGauge().name("tandem_kv_blocks_free").help("KV blocks available now (free or cached-unreferenced).").labels(labels_).registerOn(r).add({})),
       running_(buildGauge().name("tandem_requests_running").help("Sequences admitted and running.").labels(labels_).registerOn(r).add({})),
       waiting_(buildGauge().name("tandem_requests_waiting").help("Sequences waiting for admission.").labels(labels_).registerOn(r).add({})),
@@ -51,7 +51,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
 }
 
 void AgentMetrics::onStep(const engine::StepStats& s) {
-  kv_blocks_total_.set(s.num_total_blocks);
+  kv_blocks_capacity_.set(s.num_total_blocks);
   kv_blocks_free_.set(s.num_free_blocks);
   running_.set(s.num_running);
   waiting_.set(s.num_waiting);

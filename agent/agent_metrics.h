@@ -35,7 +35,7 @@ class AgentMetrics {
   metrics::Counter& prefix_hit_tokens_;
   metrics::Counter& prefix_query_tokens_;
   metrics::Counter& preemptions_;
-  metrics::Gauge& kv_blocks_total_;
+  metrics::Gauge& kv_blocks_capacity_;
   metrics::Gauge& kv_blocks_free_;
   metrics::Gauge& running_;
   metrics::Gauge& waiting_;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -202,6 +203,35 @@ inline double metricValueWith(const std::string& scrape, const std::string& name
     }
   }
   return -1;
+}
+
+// What `promtool check metrics` says of a scrape that it should not: every
+// output line except the lint findings for the names the design fixes (the
+// Gateway API Inference Extension's vllm:* names contain ':'), plus a line
+// naming promtool's exit status when it could not parse the text (promtool
+// exits 1 then, 3 on lint findings). Empty: the scrape is clean.
+inline std::vector<std::string> promtoolComplaints(const std::string& scrape) {
+  static std::atomic<int> counter{0};
+  const std::string path =
+      ::testing::TempDir() + "/scrape_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
+  { std::ofstream(path) << scrape; }
+  FILE* p = popen(("promtool check metrics < " + path + " 2>&1").c_str(), "r");
+  std::vector<std::string> complaints;
+  if (p == nullptr) return {"cannot run promtool"};
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p)) out += buf;
+  const int rc = WEXITSTATUS(pclose(p));
+  std::remove(path.c_str());
+  if (rc != 0 && rc != 3) complaints.push_back("promtool exit status " + std::to_string(rc));
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    if (line.rfind("vllm:", 0) == 0 && line.find(" metric names should not contain ':'") != std::string::npos) continue;
+    complaints.push_back(line);
+  }
+  return complaints;
 }
 
 }  // namespace tandem::agent::testing

@@ -1,6 +1,7 @@
 // P/D disaggregation with real processes: a prefill agent and a decode agent
 // on loopback, KV moved by UCX gets, compared with a monolithic agent.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -85,6 +86,19 @@ TEST_F(PdProcessTest, GreedyOutputEqualsMonolithicForManyPromptsAndLengths) {
   EXPECT_GT(metricValue(d, "tandem_kv_transfer_bytes_total{"), 0);
   EXPECT_GT(metricValue(d, "tandem_kv_checksum_verified_total{"), 0);
   EXPECT_EQ(metricValue(d, "tandem_request_path_total{path=\"disagg\""), 18);
+}
+
+// The live /metrics of the prefill and decode roles (after a disaggregated
+// request, so every P/D series exists) pass `promtool check metrics`; the
+// monolithic role is checked in agent_process_test.
+TEST_F(PdProcessTest, EveryRoleScrapePassesPromtool) {
+  json req = {{"model", "tiny"}, {"prompt", "metrics of both roles"}, {"max_tokens", 4}, {"ignore_eos", true}};
+  ASSERT_TRUE(complete(*decode_, req).contains("choices"));
+  for (AgentProcess* agent : {prefill_, decode_}) {
+    const std::string text = scrape(*agent);
+    EXPECT_NE(text.find("tandem_kv_blocks_capacity{"), std::string::npos) << text;
+    EXPECT_THAT(testing::promtoolComplaints(text), ::testing::IsEmpty()) << text;
+  }
 }
 
 TEST_F(PdProcessTest, SeededSamplingMatchesMonolithic) {
