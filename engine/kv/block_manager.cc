@@ -1,8 +1,8 @@
 #include "engine/kv/block_manager.h"
 
 #include <algorithm>
-#include <cassert>
 
+#include "src/common/check.h"
 #include "src/common/strings.h"
 
 namespace tandem::engine {
@@ -23,7 +23,7 @@ int BlockManager::matchPrefix(std::span<const BlockHash> hashes) const {
 }
 
 void BlockManager::evictOne() {
-  assert(!lru_.empty());
+  TANDEM_CHECK(!lru_.empty(), "eviction with no cached block");
   auto it = lru_.begin();
   BlockId id(it->second);
   lru_.erase(it);
@@ -37,11 +37,11 @@ void BlockManager::evictOne() {
 
 BlockId BlockManager::allocate() {
   if (free_.empty()) evictOne();
-  assert(!free_.empty());
+  TANDEM_CHECK(!free_.empty(), "allocate() without canAllocate(1)");
   BlockId id = free_.back();
   free_.pop_back();
   Block& b = blocks_[index(id)];
-  assert(b.ref == 0 && !b.hashed);
+  TANDEM_CHECK(b.ref == 0 && !b.hashed, "a block on the free list is held or hashed");
   b.ref = 1;
   return id;
 }
@@ -55,7 +55,7 @@ void BlockManager::allocateMany(int n, std::vector<BlockId>& out) {
 
 BlockId BlockManager::acquireCached(BlockHash hash) {
   auto it = by_hash_.find(hash);
-  assert(it != by_hash_.end());
+  TANDEM_CHECK(it != by_hash_.end(), "acquireCached() of a hash that is not cached");
   BlockId id = it->second;
   Block& b = blocks_[index(id)];
   if (b.ref == 0) lru_.erase({b.lru_tick, id.value()});
@@ -65,13 +65,13 @@ BlockId BlockManager::acquireCached(BlockHash hash) {
 
 void BlockManager::addRef(BlockId id) {
   Block& b = blocks_[index(id)];
-  assert(b.ref > 0);
+  TANDEM_CHECK(b.ref > 0, "addRef() of a block nobody holds");
   ++b.ref;
 }
 
 void BlockManager::release(BlockId id) {
   Block& b = blocks_[index(id)];
-  assert(b.ref > 0);
+  TANDEM_CHECK(b.ref > 0, "release() of a block nobody holds");
   if (--b.ref > 0) return;
   if (b.hashed) {
     b.lru_tick = ++tick_;
@@ -89,7 +89,7 @@ void BlockManager::releaseAll(std::span<const BlockId> ids) {
 
 bool BlockManager::commit(BlockId id, BlockHash hash) {
   Block& b = blocks_[index(id)];
-  assert(b.ref > 0);
+  TANDEM_CHECK(b.ref > 0, "commit() of a block nobody holds");
   if (b.hashed) return by_hash_.at(b.hash) == id;
   auto [it, inserted] = by_hash_.try_emplace(hash, id);
   if (!inserted) return false;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "src/common/check.h"
 #include "src/common/ids.h"
 #include "src/common/status.h"
 
@@ -96,7 +97,10 @@ class BlockManager {
     BlockHash hash;
     uint64_t lru_tick = 0;  // when it became cached; key in lru_
   };
-  static size_t index(BlockId id) { return static_cast<size_t>(id.value()); }
+  size_t index(BlockId id) const {
+    TANDEM_CHECK(id.value() >= 0 && static_cast<size_t>(id.value()) < blocks_.size(), "a block id outside the pool");
+    return static_cast<size_t>(id.value());
+  }
   void evictOne();
 
   std::vector<Block> blocks_;

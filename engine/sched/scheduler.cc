@@ -1,7 +1,8 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
-#include <cassert>
+
+#include "src/common/check.h"
 
 namespace tandem::engine {
 namespace {
@@ -288,6 +289,8 @@ ScheduleResult Scheduler::schedule() {
     budget -= n;
   }
   std::erase_if(result.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });
+  TANDEM_CHECK(static_cast<int>(running_.size()) <= options_.max_num_seqs, "more sequences running than max_num_seqs");
+  TANDEM_CHECK(budget >= 0, "a step scheduled more tokens than its budget");
   return result;
 }
 

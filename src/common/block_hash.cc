@@ -1,7 +1,6 @@
 #include "src/common/block_hash.h"
 
 #include <bit>
-#include <cassert>
 #include <cstdint>
 #include <cstring>
 
@@ -9,6 +8,8 @@
 // keeping it on the stack avoids a heap allocation per block.
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+
+#include "src/common/check.h"
 
 namespace tandem {
 namespace {
@@ -31,7 +32,7 @@ BlockHash chainBlockHash(BlockHash parent, std::span<const TokenId> tokens) {
 }
 
 std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int block_size, BlockHash parent) {
-  assert(block_size > 0);
+  TANDEM_CHECK(block_size > 0, "block hashes of blocks of no tokens");
   std::vector<BlockHash> out;
   const size_t b = static_cast<size_t>(block_size);
   out.reserve(tokens.size() / b);
@@ -43,7 +44,7 @@ std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int b
 }
 
 BlockHashChain::BlockHashChain(int block_size) : block_size_(block_size) {
-  assert(block_size > 0);
+  TANDEM_CHECK(block_size > 0, "a block-hash chain of blocks of no tokens");
   pending_.reserve(static_cast<size_t>(block_size));
 }
 

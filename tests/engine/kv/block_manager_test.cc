@@ -148,5 +148,25 @@ TEST(BlockManagerTest, AllocateManyTakesWhatAllocateWouldInAscendingOrder) {
   for (BlockId id : got) EXPECT_TRUE(many.isWritable(id));
 }
 
+// Misuse that would corrupt the pool stops the process, in Release too
+// (src/common/check.h): a double release, a block id outside the pool.
+TEST(BlockManagerDeathTest, DoubleReleaseAndForeignIdsAbortInRelease) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        BlockManager bm(4);
+        const BlockId id = bm.allocate();
+        bm.release(id);
+        bm.release(id);
+      },
+      "invariant violated: .*release\\(\\) of a block nobody holds");
+  EXPECT_DEATH(
+      {
+        BlockManager bm(4);
+        bm.addRef(BlockId(9));
+      },
+      "a block id outside the pool");
+}
+
 }  // namespace
 }  // namespace tandem::engine
