@@ -49,16 +49,10 @@ std::string formatTimestamp(WallTime t) {
   return buf;
 }
 
-// logfmt: quote when the value is empty or holds a space, quote, '=' or control char.
-void appendTextValue(std::string& out, std::string_view v) {
-  bool needs_quotes = v.empty();
-  for (char c : v) {
-    if (c == ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) < 0x20) needs_quotes = true;
-  }
-  if (!needs_quotes) {
-    out.append(v);
-    return;
-  }
+// Appends v in double quotes with '"', '\\', \n, \r and \t escaped by a
+// backslash and every other control character as `control_format` (one
+// printf conversion of the byte): logfmt writes \xNN, JSON \u00NN.
+void appendQuoted(std::string& out, std::string_view v, const char* control_format) {
   out.push_back('"');
   for (char c : v) {
     switch (c) {
@@ -70,7 +64,7 @@ void appendTextValue(std::string& out, std::string_view v) {
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char esc[8];
-          std::snprintf(esc, sizeof(esc), "\\x%02x", static_cast<unsigned char>(c));
+          std::snprintf(esc, sizeof(esc), control_format, static_cast<unsigned char>(c));
           out.append(esc);
         } else {
           out.push_back(c);
@@ -80,27 +74,20 @@ void appendTextValue(std::string& out, std::string_view v) {
   out.push_back('"');
 }
 
-void appendJsonString(std::string& out, std::string_view v) {
-  out.push_back('"');
+// logfmt: quote when the value is empty or holds a space, quote, '=' or control char.
+void appendTextValue(std::string& out, std::string_view v) {
+  bool needs_quotes = v.empty();
   for (char c : v) {
-    switch (c) {
-      case '"': out.append("\\\""); break;
-      case '\\': out.append("\\\\"); break;
-      case '\n': out.append("\\n"); break;
-      case '\r': out.append("\\r"); break;
-      case '\t': out.append("\\t"); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char esc[8];
-          std::snprintf(esc, sizeof(esc), "\\u%04x", static_cast<unsigned char>(c));
-          out.append(esc);
-        } else {
-          out.push_back(c);
-        }
-    }
+    if (c == ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) < 0x20) needs_quotes = true;
   }
-  out.push_back('"');
+  if (needs_quotes) {
+    appendQuoted(out, v, "\\x%02x");
+  } else {
+    out.append(v);
+  }
 }
+
+void appendJsonString(std::string& out, std::string_view v) { appendQuoted(out, v, "\\u%04x"); }
 
 LogLevel levelFor(const LogState& s, std::string_view component) {
   for (const auto& o : s.overrides) {

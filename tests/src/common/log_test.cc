@@ -62,6 +62,21 @@ TEST_F(LogTest, JsonLinesParseAndKeepTypes) {
   EXPECT_EQ(j["ts"], "2026-01-01T00:00:01.000Z");
 }
 
+// Control characters other than \n, \r and \t: \xNN in logfmt, \u00NN in
+// JSON (which a JSON parser turns back into the byte); backslashes doubled.
+TEST_F(LogTest, ControlCharactersAreEscapedForEachFormat) {
+  const std::string value = std::string("bell\x07tab\tback\\slash\x1f", 20);
+  configure("info", LogFormat::kText);
+  Logger("x").info("m", {{"v", value}});
+  configure("info", LogFormat::kJson);
+  Logger("x").info("m", {{"v", value}});
+  auto l = lines();
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_NE(l[0].find("v=\"bell\\x07tab\\tback\\\\slash\\x1f\""), std::string::npos) << l[0];
+  EXPECT_NE(l[1].find("\"bell\\u0007tab\\tback\\\\slash\\u001f\""), std::string::npos) << l[1];
+  EXPECT_EQ(nlohmann::json::parse(l[1])["v"], value);
+}
+
 TEST_F(LogTest, LevelThresholdWithPerComponentOverride) {
   configure("warn,engine=debug", LogFormat::kText);
   Logger engine("engine"), http("http");
