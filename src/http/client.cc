@@ -214,14 +214,9 @@ class SseClient::Impl {
       auto body = response_.body().streambuf();
       std::vector<uint8_t> chunk(16 * 1024);
       while (!stopped_.load()) {
-        // getn(n) completes only when n bytes are there or the body ended,
-        // and cpprestsdk's client does not flush partial data to the reader.
-        // So ask for what is already there, or for one byte to wait on.
-        size_t available = body.in_avail();
-        size_t want = available > 0 ? std::min(available, chunk.size()) : 1;
         size_t got = 0;
         try {
-          got = body.getn(chunk.data(), want).get();
+          got = cpprest::readSome(body, chunk);
         } catch (...) {
           if (stopped_.load()) break;
           return statusFromException(std::current_exception(), what_);

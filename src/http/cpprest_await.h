@@ -1,13 +1,17 @@
 #pragma once
 // Internal to code built directly on cpprestsdk (src/http, src/k8s's
-// transport): turning pplx tasks and their exceptions into absl::Status.
+// transport): turning pplx tasks and their exceptions into absl::Status, and
+// reading a streamed body.
 // Include only from .cc files; it pulls in cpprestsdk.
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <cpprest/http_client.h>
 
@@ -74,6 +78,19 @@ absl::StatusOr<T> await(pplx::task<T> task, pplx::cancellation_token_source cts,
   pending->done.WaitForNotificationWithTimeout(absl::FromChrono(kCancelWait));
   return absl::DeadlineExceededError(
       strCat(what, ": no response within ", absl::FormatDuration(absl::FromChrono(timeout))));
+}
+
+// Reads the next piece of a streamed response body into `chunk`: what is
+// already there (up to chunk.size()), or else waits for one byte. getn(n)
+// completes only when n bytes are there or the body ended, and cpprestsdk's
+// client does not flush partial data to the reader, so asking for more than
+// is there would stall a stream. Returns the bytes read, 0 at the end of the
+// body; throws what cpprestsdk throws (callers map it with
+// statusFromException).
+inline size_t readSome(Concurrency::streams::streambuf<uint8_t>& body, std::vector<uint8_t>& chunk) {
+  const size_t available = body.in_avail();
+  const size_t want = available > 0 ? std::min(available, chunk.size()) : 1;
+  return body.getn(chunk.data(), want).get();
 }
 
 }  // namespace tandem::http::cpprest

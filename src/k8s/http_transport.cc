@@ -66,13 +66,9 @@ class HttpLineStream final : public LineStream {
           return std::optional<std::string>(std::move(line));
         }
         if (stopped_.load()) return cancelled();
-        // getn(n) completes only with n bytes or at the end: ask for what is
-        // there, or for one byte to wait on.
-        size_t available = body.in_avail();
-        size_t want = available > 0 ? std::min(available, chunk.size()) : 1;
         size_t got = 0;
         try {
-          got = body.getn(chunk.data(), want).get();
+          got = http::cpprest::readSome(body, chunk);
         } catch (...) {
           if (stopped_.load()) return cancelled();
           return statusFromException(std::current_exception(), what_);
