@@ -27,6 +27,7 @@
 #include "engine/model/model_loader.h"
 #include "engine/model/weights.h"
 #include "src/http/client.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -171,16 +172,7 @@ inline std::string scrape(const AgentProcess& a) {
   return r.ok() ? r->body : "";
 }
 
-// Polls `pred` until it holds or `limit` passes (never a fixed sleep as an assertion).
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(30)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using ::tandem::testutil::waitFor;
 
 // The value of one sample line "name{labels} value" in a metrics scrape; -1 if absent.
 inline double metricValue(const std::string& scrape, const std::string& series_prefix) {

@@ -21,6 +21,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/wait.h"
+
 extern char** environ;
 
 namespace tandem::e2e {
@@ -37,15 +39,7 @@ inline std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-// Polls `condition` every 20 ms until it holds or `timeout` passes.
-inline bool waitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return condition();
-}
+using ::tandem::testutil::waitFor;
 
 class ApiServerFixture : public ::testing::Test {
  protected:

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tests/engine/engine_test_util.h"
+#include "tests/testing/wait.h"
 
 namespace tandem::engine {
 namespace {
@@ -23,16 +24,7 @@ std::unique_ptr<Engine> makeEngine(Clock& clock) {
   return std::move(*Engine::create(o, testing::tinyWeights(), makeCpuBackend(), std::make_shared<ByteTokenizer>(), clock));
 }
 
-// Polls `pred` until true or the deadline; no fixed sleeps as assertions.
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(30)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using testutil::waitFor;
 
 TEST(EngineLoopTest, RequestsFromManyThreadsAllFinishOnceAndMatchDirectRuns) {
   std::atomic<int> steps{0};

@@ -11,18 +11,12 @@
 #include <numeric>
 #include <thread>
 
+#include "tests/testing/wait.h"
+
 namespace tandem::transport {
 namespace {
 
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::seconds limit = std::chrono::seconds(20)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using testutil::waitFor;
 
 // One side of a connection: a transport plus what its callbacks saw.
 struct Side {

@@ -17,6 +17,7 @@
 #include "src/common/log.h"
 #include "src/common/strings.h"
 #include "src/http/error.h"
+#include "tests/testing/quiet_logs.h"
 #include "src/http/server.h"
 
 namespace tandem::http {
@@ -27,13 +28,6 @@ using std::chrono::seconds;
 
 constexpr Duration kPatience = seconds(10);
 
-// Only warnings and errors, to keep test output readable. Configured when the
-// tests start, not at static initialization (whose order across files is unspecified).
-class QuietLogs : public ::testing::Environment {
-  void SetUp() override { ASSERT_TRUE(configureLogging({.spec = "warn"}).ok()); }
-};
-// gtest takes ownership of the environment.
-::testing::Environment* const kQuietLogs = ::testing::AddGlobalTestEnvironment(new QuietLogs);
 
 std::unique_ptr<Server> startServer(Routes routes, ServerOptions options = {}) {
   auto server = Server::start(std::move(options), std::move(routes));

@@ -3,6 +3,8 @@
 // with generous deadlines, so a loaded machine only makes them slower.
 
 #include "src/http/server.h"
+#include "tests/testing/quiet_logs.h"
+#include "tests/testing/wait.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -31,22 +33,7 @@ using std::chrono::seconds;
 // Upper bound for anything that should happen "soon"; only reached when a test fails.
 constexpr Duration kPatience = seconds(10);
 
-// Only warnings and errors, to keep test output readable. Configured when the
-// tests start, not at static initialization (whose order across files is unspecified).
-class QuietLogs : public ::testing::Environment {
-  void SetUp() override { ASSERT_TRUE(configureLogging({.spec = "warn"}).ok()); }
-};
-// gtest takes ownership of the environment.
-::testing::Environment* const kQuietLogs = ::testing::AddGlobalTestEnvironment(new QuietLogs);
-
-bool waitFor(const std::function<bool()>& condition, Duration timeout = kPatience) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
-}
+using testutil::waitFor;
 
 bool waitNotified(const absl::Notification& n, Duration timeout = kPatience) {
   return n.WaitForNotificationWithTimeout(absl::FromChrono(timeout));

@@ -21,21 +21,13 @@
 
 #include "src/common/clock.h"
 #include "src/common/strings.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
 namespace tandem::k8s::testing {
 
-// Polls `done` until it holds or `timeout` passes. Waiting on another
-// process has no event to block on; the step is short and the deadline generous.
-inline bool eventually(const std::function<bool()>& done, Duration timeout = std::chrono::seconds(20)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
+using ::tandem::testutil::waitFor;
 
 class EmulatorProcess {
  public:
@@ -57,7 +49,7 @@ class EmulatorProcess {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
       int status = 0;
-      if (!eventually([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, std::chrono::seconds(15))) {
+      if (!waitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, std::chrono::seconds(15))) {
         ADD_FAILURE() << "tandem-apiserver (pid " << pid_ << ") did not exit within 15 s of SIGTERM; killing it";
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
@@ -71,7 +63,7 @@ class EmulatorProcess {
   bool available() const { return std::filesystem::exists(binary_); }
   // True once the emulator serves (it writes the port file after it accepts connections).
   bool waitReady(Duration timeout = std::chrono::seconds(30)) const {
-    return pid_ > 0 && eventually([&] { return std::filesystem::exists(dir_ + "/port"); }, timeout);
+    return pid_ > 0 && waitFor([&] { return std::filesystem::exists(dir_ + "/port"); }, timeout);
   }
   std::string kubeconfig() const { return dir_ + "/kubeconfig"; }
 

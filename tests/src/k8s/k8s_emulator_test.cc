@@ -34,7 +34,7 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-using testing::eventually;
+using testing::waitFor;
 
 // The emulator plus a client from the kubeconfig it wrote.
 class Emulator {
@@ -241,7 +241,7 @@ TEST(EmulatorTest, InformerSurvivesWatchDropsAnd410s) {
   }
   // Make sure at least one 410 happened: quiet "inf", flood history, wait.
   writeNoise(20);
-  EXPECT_TRUE(eventually([&] { return informer.stats().numExpired > 0; }))
+  EXPECT_TRUE(waitFor([&] { return informer.stats().numExpired > 0; }))
       << "no 410 observed; lists=" << informer.stats().numLists;
   // Changes after the relist still arrive.
   ASSERT_TRUE(client->create(cms, "inf", configMap("inf", "last", {{"v", "end"}})).ok());
@@ -252,7 +252,7 @@ TEST(EmulatorTest, InformerSurvivesWatchDropsAnd410s) {
     for (const auto& o : informer.cache().list()) cached[objectKey(o)] = dataV(o);
     return cached == expected;
   };
-  EXPECT_TRUE(eventually(cacheMatches));
+  EXPECT_TRUE(waitFor(cacheMatches));
   informer.stop();
   std::lock_guard<std::mutex> lock(view.mu);
   EXPECT_EQ(view.data, expected);
