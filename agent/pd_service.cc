@@ -42,14 +42,14 @@ uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, u
   return (static_cast<uint64_t>(layer) * num_blocks + block) * bytes_per_layer_block;
 }
 
-kvproto::Hello helloFor(uint16_t role, const engine::KvLayout& l, const transport::UcxTransport& t, std::string name) {
+kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& l, const transport::UcxTransport& t, std::string name) {
   return {.role = role,
           .num_layers = static_cast<uint16_t>(l.num_layers),
           .num_blocks = static_cast<uint32_t>(l.num_blocks),
           .block_size = static_cast<uint16_t>(l.block_size),
           .num_kv_heads = static_cast<uint16_t>(l.num_kv_heads),
           .head_dim = static_cast<uint16_t>(l.head_dim),
-          .dtype = 1,
+          .dtype = kvproto::KvDtype::kFloat32,
           .region_base = t.regionBase(),
           .rkey = t.packedRkey(),
           .peer_name = std::move(name)};
@@ -402,7 +402,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     }
     const uint64_t tid = m->transfer_id;
     if (std::holds_alternative<kvproto::Hello>(m->body)) {
-      send(conn, 0, helloFor(1, layout, *t, "prefill"));
+      send(conn, 0, helloFor(kvproto::PeerRole::kPrefill, layout, *t, "prefill"));
     } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
       onPrefillRequest(conn, tid, std::move(*req));
     } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
@@ -571,7 +571,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       conn = t->connect(options.peer_host, options.peer_port);
       peer.reset();
       peer_incompatible.reset();
-      send(conn, 0, helloFor(2, layout, *t, "decode"));
+      send(conn, 0, helloFor(kvproto::PeerRole::kDecode, layout, *t, "decode"));
     }
     return conn;
   }
@@ -807,15 +807,15 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       return;
     }
     if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
-      if (h->role != 1) {
-        log.error("the prefill peer's Hello names another role", {{"peer", h->peer_name}, {"role", h->role}});
+      if (h->role != kvproto::PeerRole::kPrefill) {
+        log.error("the prefill peer's Hello names another role", {{"peer", h->peer_name}, {"role", kvproto::peerRoleName(h->role)}});
         metrics.rejected("unexpected_type");
         return;
       }
       if (h->num_layers != layout.num_layers || h->block_size != layout.block_size || h->num_kv_heads != layout.num_kv_heads ||
-          h->head_dim != layout.head_dim || h->dtype != 1) {
+          h->head_dim != layout.head_dim || h->dtype != kvproto::KvDtype::kFloat32) {
         peer_incompatible = strCat("the prefill peer ", h->peer_name, " has a different KV layout (", h->num_layers, " layers, block size ",
-                                   h->block_size, ", ", h->num_kv_heads, " kv heads, head_dim ", h->head_dim, ", dtype ", h->dtype,
+                                   h->block_size, ", ", h->num_kv_heads, " kv heads, head_dim ", h->head_dim, ", dtype ", static_cast<uint16_t>(h->dtype),
                                    ") than this agent (", layout.num_layers, ", ", layout.block_size, ", ", layout.num_kv_heads,
                                    ", ", layout.head_dim, ", 1): do both serve the same model?");
         log.error("no transfer can work", {{"detail", *peer_incompatible}});

@@ -98,13 +98,13 @@ class Reader {
 };
 
 void encodeBody(const Hello& h, Writer& w) {
-  w.put(h.role);
+  w.put(static_cast<uint16_t>(h.role));
   w.put(h.num_layers);
   w.put(h.num_blocks);
   w.put(h.block_size);
   w.put(h.num_kv_heads);
   w.put(h.head_dim);
-  w.put(h.dtype);
+  w.put(static_cast<uint16_t>(h.dtype));
   w.put(h.region_base);
   w.bytes(h.rkey);
   w.bytes(h.peer_name);
@@ -143,6 +143,16 @@ absl::Status invalid(uint64_t id, std::string_view what) {
 }
 
 }  // namespace
+
+std::string_view peerRoleName(PeerRole r) {
+  switch (r) {
+    case PeerRole::kPrefill:
+      return "prefill";
+    case PeerRole::kDecode:
+      return "decode";
+  }
+  return "unknown";
+}
 
 std::string_view failureReasonName(FailureReason r) {
   switch (r) {
@@ -208,18 +218,22 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
   switch (static_cast<MessageType>(type)) {
     case MessageType::kHello: {
       Hello h;
-      h.role = r.get<uint16_t>("role");
+      const auto role = r.get<uint16_t>("role");
       h.num_layers = r.get<uint16_t>("num_layers");
       h.num_blocks = r.get<uint32_t>("num_blocks");
       h.block_size = r.get<uint16_t>("block_size");
       h.num_kv_heads = r.get<uint16_t>("num_kv_heads");
       h.head_dim = r.get<uint16_t>("head_dim");
-      h.dtype = r.get<uint16_t>("dtype");
+      const auto dtype = r.get<uint16_t>("dtype");
       h.region_base = r.get<uint64_t>("region_base");
       h.rkey = r.bytes("rkey", limits.max_string);
       h.peer_name = r.bytes("peer_name", limits.max_string);
-      if (r.ok() && (h.role < 1 || h.role > 2)) r.fail(strCat("unknown role ", h.role));
-      if (r.ok() && h.dtype != 1) r.fail(strCat("unsupported KV dtype ", h.dtype));
+      if (r.ok() && role != static_cast<uint16_t>(PeerRole::kPrefill) && role != static_cast<uint16_t>(PeerRole::kDecode)) {
+        r.fail(strCat("unknown role ", role));
+      }
+      if (r.ok() && dtype != static_cast<uint16_t>(KvDtype::kFloat32)) r.fail(strCat("unsupported KV dtype ", dtype));
+      h.role = static_cast<PeerRole>(role);
+      h.dtype = static_cast<KvDtype>(dtype);
       m.body = std::move(h);
       break;
     }

@@ -80,14 +80,26 @@ enum class FailureReason : uint16_t {
 };
 std::string_view failureReasonName(FailureReason r);
 
+// Who sent a Hello (wire values; anything else is refused on decode).
+enum class PeerRole : uint16_t {
+  kPrefill = 1,
+  kDecode = 2,
+};
+std::string_view peerRoleName(PeerRole r);
+
+// Element type of a KV pool (wire values); fp32 is the only one so far.
+enum class KvDtype : uint16_t {
+  kFloat32 = 1,
+};
+
 struct Hello {
-  uint16_t role = 0;
+  PeerRole role = PeerRole::kPrefill;
   uint16_t num_layers = 0;
   uint32_t num_blocks = 0;
   uint16_t block_size = 0;
   uint16_t num_kv_heads = 0;
   uint16_t head_dim = 0;
-  uint16_t dtype = 1;
+  KvDtype dtype = KvDtype::kFloat32;
   uint64_t region_base = 0;
   std::string rkey;
   std::string peer_name;

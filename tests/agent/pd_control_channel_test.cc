@@ -77,14 +77,14 @@ struct RawPeer {
 
   ~RawPeer() { t.reset(); }  // no callback may run once the members below it are gone
 
-  kvproto::Hello hello(uint16_t role) const {
+  kvproto::Hello hello(kvproto::PeerRole role) const {
     return {.role = role,
             .num_layers = static_cast<uint16_t>(tiny().num_layers),
             .num_blocks = kBlocks,
             .block_size = kBlockSize,
             .num_kv_heads = static_cast<uint16_t>(tiny().num_kv_heads),
             .head_dim = static_cast<uint16_t>(tiny().head_dim),
-            .dtype = 1,
+            .dtype = kvproto::KvDtype::kFloat32,
             .region_base = t->regionBase(),
             .rkey = t->packedRkey(),
             .peer_name = "raw-test-peer"};
@@ -172,7 +172,7 @@ std::unique_ptr<AgentProcess> startDecode(const RawPeer& fake_p, std::vector<std
 // Hello both ways. Returns the connection and P's Hello (nullopt: no Hello).
 std::optional<std::pair<ConnId, kvproto::Hello>> connectAsDecode(RawPeer& d, int port) {
   const ConnId c = d.t->connect("127.0.0.1", port);
-  d.send(c, 0, d.hello(2));
+  d.send(c, 0, d.hello(kvproto::PeerRole::kDecode));
   auto hello = d.next(kvproto::MessageType::kHello);
   if (!hello) return std::nullopt;
   return std::make_pair(c, std::get<kvproto::Hello>(hello->second.body));
@@ -350,7 +350,7 @@ TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferClean
   auto req = fake_p.next(kvproto::MessageType::kPrefillRequest);
   ASSERT_TRUE(req);
   const uint64_t tid = req->second.transfer_id;
-  fake_p.send(c, 0, fake_p.hello(1));
+  fake_p.send(c, 0, fake_p.hello(kvproto::PeerRole::kPrefill));
 
   const std::vector<uint8_t> accepted = kvproto::encode({tid, kvproto::PrefillAccepted{.lease_ms = 30000, .block_ids = {0, 1, 2}}});
   fake_p.t->send(c, truncated(accepted));
@@ -409,7 +409,7 @@ TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStr
   RawPeer stranger;
   ASSERT_NE(stranger.t, nullptr);
   const ConnId s = stranger.t->connect("127.0.0.1", d->kvPort());
-  stranger.send(s, 0, stranger.hello(1));
+  stranger.send(s, 0, stranger.hello(kvproto::PeerRole::kPrefill));
   stranger.send(s, 0, kvproto::Pong{});
   EXPECT_TRUE(waitFor([&] { return rejected(*d, "unknown_peer") == 2; })) << scrape(*d);
 
@@ -418,7 +418,7 @@ TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStr
   ASSERT_TRUE(hello);
   const ConnId c = hello->first;
   ASSERT_TRUE(fake_p.next(kvproto::MessageType::kPrefillRequest));
-  kvproto::Hello other = fake_p.hello(1);
+  kvproto::Hello other = fake_p.hello(kvproto::PeerRole::kPrefill);
   other.head_dim = static_cast<uint16_t>(2 * tiny().head_dim);
   fake_p.send(c, 0, other);
   Reply r = first.get();

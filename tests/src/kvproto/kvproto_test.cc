@@ -8,8 +8,8 @@ namespace tandem::kvproto {
 namespace {
 
 std::vector<Message> samples() {
-  Hello h{.role = 1, .num_layers = 4, .num_blocks = 512, .block_size = 16, .num_kv_heads = 2, .head_dim = 32,
-          .dtype = 1, .region_base = 0x7f0012345000, .rkey = std::string("\x01\x02\x00\x03", 4), .peer_name = "p-0"};
+  Hello h{.role = PeerRole::kPrefill, .num_layers = 4, .num_blocks = 512, .block_size = 16, .num_kv_heads = 2, .head_dim = 32,
+          .dtype = KvDtype::kFloat32, .region_base = 0x7f0012345000, .rkey = std::string("\x01\x02\x00\x03", 4), .peer_name = "p-0"};
   PrefillRequest pr{.deadline_ms = 5000, .lease_ms = 30000, .tokens = {1, 50, 60, 70}, .temperature = 0.5f,
                     .top_p = 0.9f, .top_k = 40, .seed = 7};
   return {{1, h},
@@ -113,7 +113,7 @@ TEST(KvProtoTest, OutOfRangeBlocksAndLayersAreRejected) {
 TEST(KvProtoTest, SemanticGarbageIsRejected) {
   EXPECT_NE(errorOf(encode({1, Abort{.reason = static_cast<FailureReason>(77)}})).find("unknown failure reason 77"), std::string::npos);
   EXPECT_NE(errorOf(encode({1, PrefillRequest{}})).find("empty prompt"), std::string::npos);
-  EXPECT_NE(errorOf(encode({1, Hello{.role = 9}})).find("unknown role 9"), std::string::npos);
+  EXPECT_NE(errorOf(encode({1, Hello{.role = static_cast<PeerRole>(9)}})).find("unknown role 9"), std::string::npos);
 }
 
 TEST(KvProtoTest, ChecksumSeesEveryByte) {
