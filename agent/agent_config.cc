@@ -95,6 +95,16 @@ absl::Status parseListen(AgentConfig& c, std::string_view v) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<HostPort> parseHostPort(std::string_view what, std::string_view v) {
+  AgentConfig tmp;
+  if (!parseListen(tmp, v).ok()) return absl::InvalidArgumentError(strCat(what, ": expected HOST:PORT, got \"", v, "\""));
+  return HostPort{.host = tmp.host, .port = tmp.port};
+}
+
+namespace {
+
 const std::vector<Option>& options() {
   static const std::vector<Option> opts = [] {
     std::vector<Option> o;
@@ -263,9 +273,7 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
     return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
   }
   if (!c.prefill_peer.empty()) {
-    AgentConfig tmp;
-    absl::Status s = parseListen(tmp, c.prefill_peer);
-    if (!s.ok()) return absl::InvalidArgumentError(strCat("--prefill-peer: expected HOST:PORT, got \"", c.prefill_peer, "\""));
+    TANDEM_RETURN_IF_ERROR(parseHostPort("--prefill-peer", c.prefill_peer).status());
   }
   if (c.kv_host.empty()) c.kv_host = c.host;
   if (c.model_name.empty()) {

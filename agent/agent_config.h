@@ -52,6 +52,15 @@ struct AgentConfig {
 // Parses argv (flags, and the file named by --config). Returns the config,
 // or an error naming the flag or the file:line:col and key. `*help` is set
 // (and the config meaningless) when --help was given.
+// An address "HOST:PORT", PORT in [0, 65535].
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+// Parses `v` as HOST:PORT; InvalidArgument naming `what` (e.g.
+// "--prefill-peer") and the value otherwise.
+absl::StatusOr<HostPort> parseHostPort(std::string_view what, std::string_view v);
+
 absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help);
 
 // The --help text.

@@ -280,9 +280,9 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                               }));
       impl->kv_port = impl->prefill->port();
     } else {
-      size_t colon = config.prefill_peer.rfind(':');
-      pd.peer_host = config.prefill_peer.substr(0, colon);
-      pd.peer_port = std::stoi(config.prefill_peer.substr(colon + 1));
+      TANDEM_ASSIGN_OR_RETURN(const HostPort peer, parseHostPort("--prefill-peer", config.prefill_peer));
+      pd.peer_host = peer.host;
+      pd.peer_port = peer.port;
       TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(*impl->loop, pd, *impl->pd_metrics));
       impl->kv_port = impl->decode->port();
     }
