@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <set>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
