@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <thread>
 #include <type_traits>
 #include <unordered_set>
 
 #include "absl/container/flat_hash_set.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
+#include "tests/testing/wait.h"
 
 namespace tandem {
 namespace {
@@ -25,6 +27,49 @@ TEST(SystemClockTest, IsMonotonic) {
   MonoTime a = clock.now();
   MonoTime b = clock.now();
   EXPECT_LE(a, b);
+}
+
+TEST(FakeClockTest, WaitUntilEndsWhenTimeIsAdvancedPastTheDeadline) {
+  FakeClock clock;
+  absl::Mutex mu;
+  absl::CondVar cv;
+  const MonoTime deadline = clock.now() + std::chrono::seconds(30);
+  std::atomic<bool> reached{false};
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    while (!clock.waitUntil(cv, mu, deadline)) {
+    }
+    reached = true;
+  });
+  ASSERT_TRUE(testutil::waitFor([&] { return clock.numWaiters() == 1; }));
+  clock.advance(std::chrono::seconds(29));
+  // Not yet: the waiter wakes, sees 29 s and parks again on the deadline.
+  ASSERT_TRUE(testutil::waitFor([&] { return clock.numWaiters() == 1; }));
+  EXPECT_FALSE(reached.load());
+  clock.advance(std::chrono::seconds(1));
+  waiter.join();
+  EXPECT_TRUE(reached.load());
+  EXPECT_EQ(clock.numWaiters(), 0);
+}
+
+TEST(FakeClockTest, WaitUntilReturnsAtOnceForAPassedDeadline) {
+  FakeClock clock;
+  absl::Mutex mu;
+  absl::CondVar cv;
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(clock.waitUntil(cv, mu, clock.now()));
+  EXPECT_EQ(clock.numWaiters(), 0);
+}
+
+TEST(SystemClockTest, WaitUntilHonoursAShortDeadline) {
+  Clock& clock = SystemClock::instance();
+  absl::Mutex mu;
+  absl::CondVar cv;
+  absl::MutexLock lock(&mu);
+  const MonoTime deadline = clock.now() + std::chrono::milliseconds(2);
+  while (!clock.waitUntil(cv, mu, deadline)) {
+  }
+  EXPECT_GE(clock.now(), deadline);
 }
 
 TEST(StrongIdTest, DistinctTypesDoNotMix) {
