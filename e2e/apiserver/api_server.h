@@ -4,16 +4,22 @@
 // real kubectl and src/k8s talk to it.
 // What it serves and where it differs from a real server: docs/testing.md.
 //
-//   TANDEM_ASSIGN_OR_RETURN(auto server, ApiServer::start({.port = 0}));
+//   TANDEM_ASSIGN_OR_RETURN(auto server, ApiServer::start({.port = 0}, clock));
 //   writeKubeconfig(path, server->baseUrl());
 //   ...
 //   server->shutdown();
 //
-// Besides the Kubernetes API it serves a small control API for chaos tests:
-//   GET  /tandem/faults     the fault options now in force (FaultOptions as JSON)
-//   PUT  /tandem/faults     replace them: {"conflictRate":0.5,"errorRate":0,"slowRate":0,
-//                           "slowDelayMs":0,"watchDropAfterMs":0}
-//   POST /tandem/compact    drop the watch history: older resourceVersions get 410
+// Besides the Kubernetes API it serves a small control API for chaos tests
+// (faults.h): GET/PUT /tandem/faults, POST /tandem/compact.
+//
+// Time: every timestamp, watch deadline, bookmark and slow-fault delay comes
+// from the injected clock, so tests drive them with a FakeClock.
+//
+// Layout (one thing per file): router (URL to handler, the one mutex, timer
+// work), faults (injection, control API), discovery (documents), watch_hub
+// (open watches), requests + reads + write_requests (the verbs),
+// object_writer (object rules of every write), garbage_collector (pure pass
+// over the store), type_hooks (per-type behaviour), store (objects, history).
 //
 // Thread-safety: all methods are thread-safe. Every request is served under
 // one mutex (requests are short; watches hold it only to queue events).
@@ -55,7 +61,8 @@ struct ApiServerOptions {
 
 class ApiServer {
  public:
-  static absl::StatusOr<std::unique_ptr<ApiServer>> start(ApiServerOptions options);
+  // `clock` is not owned and must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ApiServer>> start(ApiServerOptions options, const Clock& clock);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;

@@ -38,11 +38,11 @@ json groupEntry(const std::vector<const ResourceType*>& types, const std::string
 }
 
 // "5s", "3m", "2h", "4d": how a real server renders date columns (HumanDuration, simplified).
-std::string humanAge(const std::string& rfc3339) {
+std::string humanAge(const std::string& rfc3339, WallTime now) {
   std::tm tm{};
   if (strptime(rfc3339.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return rfc3339;
   std::time_t then = timegm(&tm);
-  long long secs = std::max<long long>(0, static_cast<long long>(std::time(nullptr) - then));
+  long long secs = std::max<long long>(0, static_cast<long long>(std::chrono::system_clock::to_time_t(now) - then));
   if (secs < 120) return strCat(secs, "s");
   if (secs < 3 * 3600) return strCat(secs / 60, "m");
   if (secs < 2 * 86400) return strCat(secs / 3600, "h");
@@ -157,7 +157,7 @@ json openapiV3Doc(const std::vector<const ResourceType*>& types, const std::stri
 }
 
 json tableDoc(const ResourceType& type, const std::vector<json>& objects, const std::string& resourceVersion,
-              const std::string& includeObject, bool withHeaders) {
+              const std::string& includeObject, bool withHeaders, WallTime now) {
   std::vector<PrinterColumn> columns = type.columns;
   if (columns.empty()) columns = {{"Age", "date", "", "", ".metadata.creationTimestamp"}};
   json defs = json::array();
@@ -178,7 +178,7 @@ json tableDoc(const ResourceType& type, const std::vector<json>& objects, const 
     json cells = json::array({o["metadata"].value("name", "")});
     for (const auto& c : columns) {
       auto v = evalJsonPath(o, c.jsonPath);
-      if (v && c.type == "date" && v->is_string()) v = humanAge(v->get<std::string>());
+      if (v && c.type == "date" && v->is_string()) v = humanAge(v->get<std::string>(), now);
       cells.push_back(v ? *v : json(nullptr));
     }
     json rowObject;

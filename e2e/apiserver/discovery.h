@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/apiserver/resource_types.h"
+#include "src/common/clock.h"
 
 namespace tandem::apiserver {
 
@@ -30,8 +31,9 @@ nlohmann::json openapiV3Index(const std::vector<const ResourceType*>& types);
 nlohmann::json openapiV3Doc(const std::vector<const ResourceType*>& types, const std::string& gvPath);
 
 // A meta.k8s.io/v1 Table of `objects` (full objects when includeObject is
-// "Object", else PartialObjectMetadata).
+// "Object", else PartialObjectMetadata). Date columns show ages as of `now`.
 nlohmann::json tableDoc(const ResourceType& type, const std::vector<nlohmann::json>& objects,
-                        const std::string& resourceVersion, const std::string& includeObject, bool withHeaders);
+                        const std::string& resourceVersion, const std::string& includeObject, bool withHeaders,
+                        WallTime now);
 
 }  // namespace tandem::apiserver

@@ -177,8 +177,8 @@ void setJsonPath(json& root, std::string_view path, json value) {
   *cur = std::move(value);
 }
 
-std::string nowRfc3339() {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+std::string rfc3339(WallTime at) {
+  std::time_t t = std::chrono::system_clock::to_time_t(at);
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[32];
@@ -186,10 +186,9 @@ std::string nowRfc3339() {
   return buf;
 }
 
-std::string nowRfc3339Micro() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+std::string rfc3339Micro(WallTime at) {
+  std::time_t t = std::chrono::system_clock::to_time_t(at);
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(at.time_since_epoch()).count() % 1000000;
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[40];

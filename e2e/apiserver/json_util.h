@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/common/clock.h"
+
 namespace tandem::apiserver {
 
 // Parses YAML (one document; JSON is YAML) into JSON. Quoted scalars stay
@@ -26,9 +28,9 @@ std::optional<nlohmann::json> evalJsonPath(const nlohmann::json& root, std::stri
 void setJsonPath(nlohmann::json& root, std::string_view path, nlohmann::json value);
 
 // "2024-05-01T12:00:00Z" (RFC 3339, seconds) and with microseconds, as
-// metav1.Time and metav1.MicroTime serialise.
-std::string nowRfc3339();
-std::string nowRfc3339Micro();
+// metav1.Time and metav1.MicroTime serialise. `at` comes from the server's clock.
+std::string rfc3339(WallTime at);
+std::string rfc3339Micro(WallTime at);
 
 std::string base64Encode(std::string_view bytes);
 

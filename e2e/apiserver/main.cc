@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     return usage(std::string(tandem::toStd(s.message())));
   tandem::Logger log("apiserver");
 
-  auto server = tandem::apiserver::ApiServer::start(options);
+  auto server = tandem::apiserver::ApiServer::start(options, tandem::SystemClock::instance());
   if (!server.ok()) {
     std::cerr << "tandem-apiserver: " << tandem::toStd(server.status().message()) << "\n";
     return 1;

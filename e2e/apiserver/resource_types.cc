@@ -149,4 +149,47 @@ std::vector<ResourceType> typesFromCrd(const json& crd) {
   return types;
 }
 
+std::vector<const ResourceType*> TypeRegistry::all() const {
+  std::vector<const ResourceType*> out;
+  for (const auto& t : builtins_) out.push_back(&t);
+  for (const auto& [name, ts] : crds_) {
+    for (const auto& t : ts) out.push_back(&t);
+  }
+  return out;
+}
+
+const ResourceType* TypeRegistry::find(const std::string& group, const std::string& version,
+                                       const std::string& plural) const {
+  for (const auto* t : all()) {
+    if (t->group == group && t->version == version && t->plural == plural) return t;
+  }
+  return nullptr;
+}
+
+const ResourceType* TypeRegistry::byStorageKey(const std::string& storageKey) const {
+  for (const auto* t : all()) {
+    if (t->storageKey() == storageKey) return t;
+  }
+  return nullptr;
+}
+
+const ResourceType& TypeRegistry::builtin(const std::string& group, const std::string& plural) const {
+  for (const auto& t : builtins_) {
+    if (t.plural == plural && t.group == group) return t;
+  }
+  std::abort();
+}
+
+void TypeRegistry::setCrd(const std::string& crdName, std::vector<ResourceType> types) {
+  crds_[crdName] = std::move(types);
+}
+
+std::string TypeRegistry::eraseCrd(const std::string& crdName) {
+  auto it = crds_.find(crdName);
+  if (it == crds_.end()) return "";
+  std::string key = it->second.empty() ? "" : it->second.front().storageKey();
+  crds_.erase(it);
+  return key;
+}
+
 }  // namespace tandem::apiserver

@@ -8,6 +8,7 @@
 // they were written in; reading them through another served version only
 // rewrites apiVersion (a CRD's "None" conversion strategy).
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,5 +61,29 @@ std::vector<ResourceType> builtinResourceTypes();
 // The types a CustomResourceDefinition defines (one per served version).
 // Throws ApiError (422 Invalid with field causes) for a malformed CRD.
 std::vector<ResourceType> typesFromCrd(const nlohmann::json& crd);
+
+// The types served now: the built-ins, then every CRD's. Pointers it hands
+// out stay valid until that CRD is set again or erased. Not thread-safe (the
+// emulator's mutex guards it).
+class TypeRegistry {
+ public:
+  TypeRegistry() : builtins_(builtinResourceTypes()) {}
+
+  std::vector<const ResourceType*> all() const;
+  const ResourceType* find(const std::string& group, const std::string& version, const std::string& plural) const;
+  // The first served version of a storage key ("apps/deployments"); null if none.
+  const ResourceType* byStorageKey(const std::string& storageKey) const;
+  // A built-in type; aborts if there is none (a typo in the emulator).
+  const ResourceType& builtin(const std::string& group, const std::string& plural) const;
+
+  // Serves (or re-serves) the types of the CRD named `crdName`.
+  void setCrd(const std::string& crdName, std::vector<ResourceType> types);
+  // Stops serving a CRD's types; returns their storage key ("" if it served none).
+  std::string eraseCrd(const std::string& crdName);
+
+ private:
+  const std::vector<ResourceType> builtins_;
+  std::map<std::string, std::vector<ResourceType>> crds_;  // CRD name -> served versions
+};
 
 }  // namespace tandem::apiserver

@@ -1,0 +1,106 @@
+#include "e2e/apiserver/type_hooks.h"
+
+#include "e2e/apiserver/cluster.h"
+#include "e2e/apiserver/json_util.h"
+#include "e2e/apiserver/object_meta.h"
+#include "src/common/strings.h"
+
+namespace tandem::apiserver {
+
+using nlohmann::json;
+
+namespace {
+
+void namespaceDefaults(json& obj, const DefaultsContext& ctx) {
+  obj["spec"]["finalizers"] = json::array({"kubernetes"});
+  if (ctx.current == nullptr) obj["status"] = {{"phase", "Active"}};
+}
+
+void deploymentDefaults(json& obj, const DefaultsContext&) {
+  if (!obj["spec"].contains("replicas")) obj["spec"]["replicas"] = 1;
+}
+
+void secretDefaults(json& obj, const DefaultsContext&) {
+  if (obj.contains("stringData") && obj["stringData"].is_object()) {
+    for (const auto& [k, v] : obj["stringData"].items()) {
+      obj["data"][k] = base64Encode(v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    obj.erase("stringData");
+  }
+  if (!obj.contains("type")) obj["type"] = "Opaque";
+}
+
+// A fake ClusterIP from the resourceVersion at creation (10.96.x.y), kept by updates.
+void serviceDefaults(json& obj, const DefaultsContext& ctx) {
+  if (!obj["spec"].contains("type")) obj["spec"]["type"] = "ClusterIP";
+  if (!obj["spec"].contains("clusterIP")) {
+    obj["spec"]["clusterIP"] = ctx.current != nullptr
+                                   ? (*ctx.current)["spec"].value("clusterIP", "None")
+                                   : strCat("10.96.", (ctx.currentRv / 250) % 250, ".", ctx.currentRv % 250 + 1);
+  }
+}
+
+json crdCondition(const std::string& type, const std::string& reason, const std::string& message,
+                  const std::string& at) {
+  return {{"type", type}, {"status", "True"}, {"reason", reason}, {"message", message}, {"lastTransitionTime", at}};
+}
+
+// Completes spec.names and sets the status a real server's CRD controllers
+// would (names accepted, established); conditions once set are kept.
+void crdDefaults(json& obj, const DefaultsContext& ctx) {
+  json names = obj["spec"].value("names", json::object());
+  if (!names.contains("singular") && names.contains("kind")) {
+    std::string s = names["kind"];
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    names["singular"] = s;
+  }
+  if (!names.contains("listKind") && names.contains("kind"))
+    names["listKind"] = names["kind"].get<std::string>() + "List";
+  obj["spec"]["names"] = names;
+  std::string at = rfc3339(ctx.now);
+  json stored = json::array();
+  for (const auto& v : obj["spec"].value("versions", json::array())) {
+    if (v.value("storage", false)) stored.push_back(v.value("name", ""));
+  }
+  obj["status"] = {{"acceptedNames", names},
+                   {"storedVersions", stored},
+                   {"conditions",
+                    {crdCondition("NamesAccepted", "NoConflicts", "no conflicts found", at),
+                     crdCondition("Established", "InitialNamesAccepted", "the initial names have been accepted", at)}}};
+  if (ctx.current != nullptr && ctx.current->contains("status")) {
+    obj["status"]["conditions"] = (*ctx.current)["status"]["conditions"];
+  }
+}
+
+void crdStored(const json& crd, Cluster& cluster) { cluster.types.setCrd(nameOf(crd), typesFromCrd(crd)); }
+
+// A CRD's objects go with it, at once (a real server deletes them in the background).
+void crdErased(const json& crd, Cluster& cluster) {
+  std::string key = cluster.types.eraseCrd(nameOf(crd));
+  if (key.empty()) return;
+  for (const json* o : cluster.store.list(key, "")) cluster.fields.forget(uidOf(*o));
+  cluster.store.eraseAll(key);
+}
+
+}  // namespace
+
+const TypeHooks& TypeHookRegistry::of(const std::string& storageKey) const {
+  auto it = byStorageKey_.find(storageKey);
+  return it == byStorageKey_.end() ? none_ : it->second;
+}
+
+TypeHookRegistry TypeHookRegistry::builtins() {
+  TypeHookRegistry r;
+  r.add("/namespaces",
+        {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .keptUntilEmpty = true, .defaults = namespaceDefaults});
+  r.add("/services", {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .defaults = serviceDefaults});
+  r.add("/secrets", {.defaults = secretDefaults});
+  r.add("apps/deployments", {.specOnCreate = true, .defaults = deploymentDefaults});
+  r.add("apiextensions.k8s.io/customresourcedefinitions", {.defaults = crdDefaults,
+                                                           .validate = [](const json& crd) { typesFromCrd(crd); },
+                                                           .stored = crdStored,
+                                                           .erased = crdErased});
+  return r;
+}
+
+}  // namespace tandem::apiserver
