@@ -1,6 +1,5 @@
 #include "src/k8s/informer.h"
 
-#include "absl/time/time.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
 #include "src/k8s/errors.h"
@@ -13,8 +12,9 @@ const Logger kLog("k8s");
 constexpr Duration kShortWatch = std::chrono::seconds(1);
 }  // namespace
 
-Informer::Informer(Client& client, InformerOptions options, InformerHandlers handlers)
+Informer::Informer(Client& client, const Clock& clock, InformerOptions options, InformerHandlers handlers)
     : client_(client),
+      clock_(clock),
       options_(std::move(options)),
       handlers_(std::move(handlers)),
       retryDelay_(options_.minRetryDelay) {}
@@ -27,17 +27,39 @@ void Informer::start() {
 }
 
 void Informer::stop() {
-  if (!stopping_.HasBeenNotified()) stopping_.Notify();
   {
     absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
     if (watch_) watch_->stop();
   }
   if (thread_.joinable()) thread_.join();
   if (resyncThread_.joinable()) resyncThread_.join();
 }
 
+bool Informer::hasSynced() const {
+  absl::MutexLock lock(&mu_);
+  return synced_;
+}
+
 bool Informer::waitForSync(Duration timeout) const {
-  return synced_.WaitForNotificationWithTimeout(absl::FromChrono(timeout));
+  absl::MutexLock lock(&mu_);
+  MonoTime deadline = clock_.now() + timeout;
+  while (!synced_ && !clock_.waitUntil(changed_, mu_, deadline)) {
+  }
+  return synced_;
+}
+
+bool Informer::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+bool Informer::waitStopOrUntil(MonoTime deadline) const {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_ && !clock_.waitUntil(changed_, mu_, deadline)) {
+  }
+  return stopping_;
 }
 
 InformerStats Informer::stats() const {
@@ -73,7 +95,7 @@ void Informer::dispatch(const Delta& delta) {
 }
 
 void Informer::backoff() {
-  stopping_.WaitForNotificationWithTimeout(absl::FromChrono(retryDelay_));
+  waitStopOrUntil(clock_.now() + retryDelay_);
   retryDelay_ = std::min(retryDelay_ * 2, options_.maxRetryDelay);
 }
 
@@ -85,12 +107,11 @@ bool Informer::relist() {
     return false;
   }
   for (const Delta& delta : cache_.replace(std::move(list->items))) dispatch(delta);
-  {
-    absl::MutexLock lock(&mu_);
-    resourceVersion_ = list->resourceVersion;
-    ++stats_.numLists;
-  }
-  if (!synced_.HasBeenNotified()) synced_.Notify();
+  absl::MutexLock lock(&mu_);
+  resourceVersion_ = list->resourceVersion;
+  ++stats_.numLists;
+  synced_ = true;
+  changed_.SignalAll();
   return true;
 }
 
@@ -116,15 +137,15 @@ Informer::Next Informer::watchOnce() {
     watch_ = watch->get();
   }
   // stop() may have run before watch_ was set.
-  if (stopping_.HasBeenNotified()) (*watch)->stop();
+  if (stopping()) (*watch)->stop();
   bool mustRelist = false;
   bool failed = false;
   int64_t numEvents = 0;
-  auto openedAt = std::chrono::steady_clock::now();
+  MonoTime openedAt = clock_.now();
   while (true) {
     absl::StatusOr<std::optional<WatchEvent>> event = (*watch)->next();
     if (!event.ok()) {
-      if (!stopping_.HasBeenNotified()) {
+      if (!stopping()) {
         kLog.info("watch broke",
                   {{"resource", options_.resource.resource}, {"error", toStd(event.status().message())}});
         failed = true;
@@ -171,13 +192,13 @@ Informer::Next Informer::watchOnce() {
   if (mustRelist) return Next::kRelist;
   // A watch the server closes at once, empty, again and again (a proxy, an
   // overloaded server) must not turn into a busy loop.
-  if (!failed && numEvents == 0 && std::chrono::steady_clock::now() - openedAt < kShortWatch) return Next::kRetryLater;
+  if (!failed && numEvents == 0 && clock_.now() - openedAt < kShortWatch) return Next::kRetryLater;
   return failed ? Next::kRetryLater : Next::kWatch;
 }
 
 void Informer::run() {
   Next next = Next::kRelist;
-  while (!stopping_.HasBeenNotified()) {
+  while (!stopping()) {
     if (next == Next::kRelist) {
       if (!relist()) {
         backoff();
@@ -191,7 +212,7 @@ void Informer::run() {
 }
 
 void Informer::runResync() {
-  while (!stopping_.WaitForNotificationWithTimeout(absl::FromChrono(options_.resyncPeriod))) {
+  while (!waitStopOrUntil(clock_.now() + options_.resyncPeriod)) {
     if (!hasSynced()) continue;
     for (const nlohmann::json& obj : cache_.list()) {
       absl::MutexLock lock(&dispatchMu_);

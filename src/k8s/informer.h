@@ -2,7 +2,7 @@
 // An informer: keeps a local cache of one resource in sync with the API
 // server and tells handlers what changed.
 //
-//   Informer informer(client, {.resource = podsResource(), .ns = "default"},
+//   Informer informer(client, clock, {.resource = podsResource(), .ns = "default"},
 //                     {.onAdd = [&](const json& o) { queue.add(objectKey(o)); }, ...});
 //   informer.start();
 //   if (!informer.waitForSync(10s)) ...
@@ -15,6 +15,11 @@
 // too old) → relist from "" (a consistent read); the cache diffs the fresh
 // list against what it holds, so objects deleted meanwhile get onDelete and
 // nothing is reported twice. Other failures retry with exponential backoff.
+//
+// Time: retry backoff, the resync period, the short-watch check and
+// waitForSync() read the injected clock and wait with clock.waitUntil, so
+// a FakeClock drives them (FakeClock::numWaiters() shows the informer parked
+// in a backoff or between resyncs).
 //
 // Handlers run on the informer's thread, one at a time (resync included);
 // they should be quick (enqueue a key) and must not call stop(). Being
@@ -34,7 +39,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "src/common/clock.h"
 #include "src/k8s/client.h"
 #include "src/k8s/object_cache.h"
@@ -72,8 +76,8 @@ struct InformerStats {
 
 class Informer {
  public:
-  // `client` is not owned and must outlive the informer.
-  Informer(Client& client, InformerOptions options, InformerHandlers handlers);
+  // `client` and `clock` are not owned and must outlive the informer.
+  Informer(Client& client, const Clock& clock, InformerOptions options, InformerHandlers handlers);
   ~Informer();  // stop()s
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
@@ -83,7 +87,8 @@ class Informer {
   void stop();
 
   // True once the first list landed in the cache.
-  bool hasSynced() const { return synced_.HasBeenNotified(); }
+  bool hasSynced() const;
+  // Waits until hasSynced() or `timeout` passed on the clock; returns hasSynced().
   bool waitForSync(Duration timeout) const;
   const ObjectCache& cache() const { return cache_; }
   InformerStats stats() const;
@@ -99,14 +104,16 @@ class Informer {
   Next watchOnce();
   void dispatch(const Delta& delta);
   void backoff();
+  // Waits until stop() or `deadline`; true when stopping.
+  bool waitStopOrUntil(MonoTime deadline) const;
+  bool stopping() const;
   void setResourceVersion(const nlohmann::json& obj);
 
   Client& client_;
+  const Clock& clock_;
   const InformerOptions options_;
   const InformerHandlers handlers_;
   ObjectCache cache_;
-  absl::Notification synced_;
-  absl::Notification stopping_;
   std::thread thread_;
   std::thread resyncThread_;
   Duration retryDelay_;  // informer thread only
@@ -114,6 +121,10 @@ class Informer {
   absl::Mutex dispatchMu_;  // handlers run one at a time
 
   mutable absl::Mutex mu_;
+  // Signalled when synced_ or stopping_ turns true.
+  mutable absl::CondVar changed_;
+  bool synced_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string resourceVersion_ ABSL_GUARDED_BY(mu_);
   Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open watch, for stop()
   InformerStats stats_ ABSL_GUARDED_BY(mu_);

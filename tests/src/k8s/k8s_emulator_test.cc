@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "e2e/apiserver/api_server.h"
 #include "src/common/strings.h"
 #include "src/k8s/client.h"
 #include "src/k8s/errors.h"
@@ -26,7 +27,6 @@
 #include "src/k8s/leader_election.h"
 #include "src/k8s/retry.h"
 #include "tests/src/k8s/emulator_process.h"
-
 
 namespace tandem::k8s {
 namespace {
@@ -56,10 +56,10 @@ class Emulator {
   testing::EmulatorProcess process_;
 };
 
-#define START_EMULATOR(name, ...)                                      \
-  Emulator name({__VA_ARGS__});                                        \
+#define START_EMULATOR(name, ...)                                                                             \
+  Emulator name({__VA_ARGS__});                                                                               \
   ASSERT_TRUE(name.available()) << "tandem-apiserver is missing (build it: it is a dependency of this test)"; \
-  auto client = name.client();                                         \
+  auto client = name.client();                                                                                \
   ASSERT_NE(client, nullptr)
 
 std::string dataV(const nlohmann::json& o) {
@@ -196,14 +196,25 @@ struct HandlerView {
 };
 
 TEST(EmulatorTest, InformerSurvivesWatchDropsAnd410s) {
-  // Watches are cut every 200 ms; only 8 events of history, so a re-watch
-  // after other namespaces' writes hits 410 and must relist.
-  START_EMULATOR(emulator, "--fault-watch-drop-after", "200ms", "--watch-history", "8", "--bookmark-interval", "60s");
+  // The emulator runs in this process on a FakeClock: every watch is cut
+  // once it is 200 ms old, and this test decides when that is by advancing
+  // the clock. Only 8 events of history, so a re-watch after other
+  // namespaces' writes hits 410 and must relist. The informer's own
+  // backoff runs on real time (short delays; what is under test is its
+  // protocol against a server that drops watches).
+  FakeClock clock;
+  auto server = apiserver::ApiServer::start(
+      {.port = 0, .watchHistory = 8, .bookmarkInterval = seconds(60), .faults = {.watchDropAfter = milliseconds(200)}},
+      clock);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto created = Client::create({.server = (*server)->baseUrl()});
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Client> client = std::move(*created);
   ASSERT_TRUE(ensureNamespace(*client, "inf").ok());
   ASSERT_TRUE(ensureNamespace(*client, "noise").ok());
   const ResourceRef cms = configMapsResource();
   HandlerView view;
-  Informer informer(*client,
+  Informer informer(*client, SystemClock::instance(),
                     {.resource = cms,
                      .ns = "inf",
                      .watchTimeoutSeconds = 30,
@@ -236,13 +247,17 @@ TEST(EmulatorTest, InformerSurvivesWatchDropsAnd410s) {
       ASSERT_TRUE(client->mergePatch(cms, "inf", name, {{"data", {{"v", value}}}}).ok());
       expected[key] = value;
     }
-    if (step % 25 == 0) writeNoise(10);  // pushes the informer's resourceVersion out of history
-    if (step % 10 == 0) std::this_thread::sleep_for(milliseconds(30));  // let watches get cut meanwhile
+    if (step % 25 == 0) writeNoise(10);                    // pushes the informer's resourceVersion out of history
+    if (step % 10 == 0) clock.advance(milliseconds(200));  // cuts every watch open now
   }
-  // Make sure at least one 410 happened: quiet "inf", flood history, wait.
+  // Make sure at least one 410 happened: quiet "inf", flood history, cut
+  // the watch (again, should the informer be between watches) until it re-watches.
   writeNoise(20);
-  EXPECT_TRUE(waitFor([&] { return informer.stats().numExpired > 0; }))
-      << "no 410 observed; lists=" << informer.stats().numLists;
+  EXPECT_TRUE(waitFor([&] {
+    clock.advance(milliseconds(200));
+    return informer.stats().numExpired > 0;
+  })) << "no 410 observed; lists="
+      << informer.stats().numLists;
   // Changes after the relist still arrive.
   ASSERT_TRUE(client->create(cms, "inf", configMap("inf", "last", {{"v", "end"}})).ok());
   expected["inf/last"] = "end";
