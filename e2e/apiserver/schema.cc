@@ -61,6 +61,83 @@ bool typeMatches(const std::string& type, const json& v) {
   return true;
 }
 
+void validate(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors);
+
+void validateNumber(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors) {
+  double v = value.get<double>();
+  if (schema.contains("minimum")) {
+    double min = schema["minimum"].get<double>();
+    bool exclusive = schema.value("exclusiveMinimum", false);
+    if (exclusive ? v <= min : v < min) {
+      errors.push_back(fieldInvalid(
+          path, value,
+          strCat(path, " in body should be greater than ", exclusive ? "" : "or equal to ", schema["minimum"].dump())));
+    }
+  }
+  if (schema.contains("maximum")) {
+    double max = schema["maximum"].get<double>();
+    bool exclusive = schema.value("exclusiveMaximum", false);
+    if (exclusive ? v >= max : v > max) {
+      errors.push_back(fieldInvalid(
+          path, value,
+          strCat(path, " in body should be less than ", exclusive ? "" : "or equal to ", schema["maximum"].dump())));
+    }
+  }
+}
+
+void validateString(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors) {
+  const std::string& s = value.get_ref<const std::string&>();
+  if (schema.contains("minLength") && s.size() < schema["minLength"].get<size_t>()) {
+    errors.push_back(fieldInvalid(
+        path, value, strCat(path, " in body should be at least ", schema["minLength"].get<size_t>(), " chars long")));
+  }
+  if (schema.contains("maxLength") && s.size() > schema["maxLength"].get<size_t>()) {
+    errors.push_back({"FieldValueTooLong",
+                      strCat("Too long: may not be more than ", schema["maxLength"].get<size_t>(), " bytes"), path});
+  }
+  if (schema.contains("pattern") && schema["pattern"].is_string()) {
+    try {
+      if (!std::regex_search(s, std::regex(schema["pattern"].get<std::string>()))) {
+        errors.push_back(fieldInvalid(
+            path, value, strCat(path, " in body should match '", schema["pattern"].get<std::string>(), "'")));
+      }
+    } catch (const std::regex_error&) {
+    }
+  }
+}
+
+void validateArray(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors) {
+  if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>()) {
+    errors.push_back(fieldInvalid(
+        path, value, strCat(path, " in body should have at least ", schema["minItems"].get<size_t>(), " items")));
+  }
+  if (schema.contains("maxItems") && value.size() > schema["maxItems"].get<size_t>()) {
+    errors.push_back(
+        {"FieldValueTooMany",
+         strCat("Too many: ", value.size(), ": must have at most ", schema["maxItems"].get<size_t>(), " items"), path});
+  }
+  if (schema.contains("items")) {
+    for (size_t i = 0; i < value.size(); ++i) validate(schema["items"], value[i], strCat(path, "[", i, "]"), errors);
+  }
+}
+
+void validateObject(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors) {
+  if (schema.contains("required") && schema["required"].is_array()) {
+    for (const auto& r : schema["required"]) {
+      if (r.is_string() && !value.contains(r.get<std::string>()))
+        errors.push_back(fieldRequired(join(path, r.get<std::string>())));
+    }
+  }
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (path.empty() && (it.key() == "apiVersion" || it.key() == "kind" || it.key() == "metadata")) continue;
+    if (schema.contains("properties") && schema["properties"].contains(it.key())) {
+      validate(schema["properties"][it.key()], it.value(), join(path, it.key()), errors);
+    } else if (schema.contains("additionalProperties") && schema["additionalProperties"].is_object()) {
+      validate(schema["additionalProperties"], it.value(), join(path, it.key()), errors);
+    }
+  }
+}
+
 void validate(const json& schema, const json& value, const std::string& path, std::vector<StatusCause>& errors) {
   if (value.is_null()) {
     if (!schema.value("nullable", false) && schema.contains("type")) {
@@ -95,78 +172,10 @@ void validate(const json& schema, const json& value, const std::string& path, st
       errors.push_back(fieldNotSupported(path, value, std::vector<json>(options.begin(), options.end())));
     }
   }
-  if (value.is_number()) {
-    double v = value.get<double>();
-    if (schema.contains("minimum")) {
-      double min = schema["minimum"].get<double>();
-      bool exclusive = schema.value("exclusiveMinimum", false);
-      if (exclusive ? v <= min : v < min) {
-        errors.push_back(fieldInvalid(path, value,
-                                      strCat(path, " in body should be greater than ", exclusive ? "" : "or equal to ",
-                                             schema["minimum"].dump())));
-      }
-    }
-    if (schema.contains("maximum")) {
-      double max = schema["maximum"].get<double>();
-      bool exclusive = schema.value("exclusiveMaximum", false);
-      if (exclusive ? v >= max : v > max) {
-        errors.push_back(fieldInvalid(
-            path, value,
-            strCat(path, " in body should be less than ", exclusive ? "" : "or equal to ", schema["maximum"].dump())));
-      }
-    }
-  }
-  if (value.is_string()) {
-    const std::string& s = value.get_ref<const std::string&>();
-    if (schema.contains("minLength") && s.size() < schema["minLength"].get<size_t>()) {
-      errors.push_back(fieldInvalid(
-          path, value, strCat(path, " in body should be at least ", schema["minLength"].get<size_t>(), " chars long")));
-    }
-    if (schema.contains("maxLength") && s.size() > schema["maxLength"].get<size_t>()) {
-      errors.push_back({"FieldValueTooLong",
-                        strCat("Too long: may not be more than ", schema["maxLength"].get<size_t>(), " bytes"), path});
-    }
-    if (schema.contains("pattern") && schema["pattern"].is_string()) {
-      try {
-        if (!std::regex_search(s, std::regex(schema["pattern"].get<std::string>()))) {
-          errors.push_back(fieldInvalid(
-              path, value, strCat(path, " in body should match '", schema["pattern"].get<std::string>(), "'")));
-        }
-      } catch (const std::regex_error&) {
-      }
-    }
-  }
-  if (value.is_array()) {
-    if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>()) {
-      errors.push_back(fieldInvalid(
-          path, value, strCat(path, " in body should have at least ", schema["minItems"].get<size_t>(), " items")));
-    }
-    if (schema.contains("maxItems") && value.size() > schema["maxItems"].get<size_t>()) {
-      errors.push_back(
-          {"FieldValueTooMany",
-           strCat("Too many: ", value.size(), ": must have at most ", schema["maxItems"].get<size_t>(), " items"),
-           path});
-    }
-    if (schema.contains("items")) {
-      for (size_t i = 0; i < value.size(); ++i) validate(schema["items"], value[i], strCat(path, "[", i, "]"), errors);
-    }
-  }
-  if (value.is_object()) {
-    if (schema.contains("required") && schema["required"].is_array()) {
-      for (const auto& r : schema["required"]) {
-        if (r.is_string() && !value.contains(r.get<std::string>()))
-          errors.push_back(fieldRequired(join(path, r.get<std::string>())));
-      }
-    }
-    for (auto it = value.begin(); it != value.end(); ++it) {
-      if (path.empty() && (it.key() == "apiVersion" || it.key() == "kind" || it.key() == "metadata")) continue;
-      if (schema.contains("properties") && schema["properties"].contains(it.key())) {
-        validate(schema["properties"][it.key()], it.value(), join(path, it.key()), errors);
-      } else if (schema.contains("additionalProperties") && schema["additionalProperties"].is_object()) {
-        validate(schema["additionalProperties"], it.value(), join(path, it.key()), errors);
-      }
-    }
-  }
+  if (value.is_number()) validateNumber(schema, value, path, errors);
+  if (value.is_string()) validateString(schema, value, path, errors);
+  if (value.is_array()) validateArray(schema, value, path, errors);
+  if (value.is_object()) validateObject(schema, value, path, errors);
 }
 
 void defaults(const json& schema, json& value) {
