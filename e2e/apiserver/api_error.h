@@ -10,7 +10,7 @@
 // does, so that kubectl prints what it prints against a real cluster.
 //
 // Inside the emulator an ApiError is thrown from the depth of a request's
-// handling and caught at the one HTTP entry point (ApiServer), which turns it
+// handling and caught at the one HTTP entry point (Router::serve), which turns it
 // into the response; it never crosses that boundary.
 
 #include <exception>

@@ -9,7 +9,7 @@
 // per object uid, and NOT written to metadata.managedFields (kubectl would
 // otherwise try to migrate client-side-apply managers).
 //
-// Not thread-safe; ApiServer serialises calls.
+// Not thread-safe; the Router serialises calls.
 
 #include <map>
 #include <set>

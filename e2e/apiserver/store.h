@@ -8,7 +8,7 @@
 // History: the last `historyLimit` events; a watch that starts from an rv
 // older than the oldest retained event gets 410 Expired (compactedRv).
 //
-// Not thread-safe: ApiServer serialises every call under its mutex, and
+// Not thread-safe: the Router serialises every call under its mutex, and
 // watcher callbacks run under it too (they must only queue bytes).
 
 #include <cstdint>

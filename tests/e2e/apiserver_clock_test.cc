@@ -1,14 +1,16 @@
 // The emulator's timing on a FakeClock, in process, through the real HTTP
-// server and src/k8s's client: a watch ends at its timeoutSeconds, bookmarks
-// come every bookmarkInterval and only to watches that asked, and the slow
-// fault holds an answer back until the clock passed its delay. The times
-// are an hour or more, so real time passing cannot be what ends anything.
+// server and src/k8s's client: a watch ends at its timeoutSeconds (or the
+// watch-drop fault's time), bookmarks come every bookmarkInterval and only
+// to watches that asked, and the slow fault holds an answer back until the
+// clock passed its delay. The times are an hour or more, so real time
+// passing cannot be what ends anything.
 
 #include <future>
 
 #include <gtest/gtest.h>
 
 #include "e2e/apiserver/api_server.h"
+#include "src/http/client.h"
 #include "src/k8s/client.h"
 #include "tests/testing/quiet_logs.h"
 #include "tests/testing/wait.h"
@@ -79,6 +81,25 @@ TEST_F(ApiServerClockTest, WatchEndsAtTheServersLongestWatch) {
   ASSERT_NE(w, nullptr);
   ASSERT_EQ(next(*w), "ADDED first");
   clock_.advance(hours(1));
+  EXPECT_EQ(next(*w), "end");
+}
+
+TEST_F(ApiServerClockTest, WatchDropFaultSetAtRunTimeCutsOpenWatches) {
+  start({.port = 0, .maxWatch = hours(10)});
+  createConfigMap("first");
+  auto w = watchConfigMaps(false);
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(next(*w), "ADDED first");
+  http::ClientRequest put{
+      .method = "PUT", .url = server_->baseUrl() + "/tandem/faults", .body = R"({"watchDropAfterMs":3600000})"};
+  put.headers["Content-Type"] = "application/json";
+  auto r = http::httpSend(put);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  clock_.advance(hours(1) - seconds(1));
+  createConfigMap("second");
+  EXPECT_EQ(next(*w), "ADDED second");
+  clock_.advance(seconds(1));
   EXPECT_EQ(next(*w), "end");
 }
 
