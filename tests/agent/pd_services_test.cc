@@ -43,8 +43,10 @@ class PdServicesTest : public ::testing::Test {
     PdOptions options;
     options.transport = {.host = "127.0.0.1", .port = 0, .tls = "tcp"};
     // P holds every layer announcement for an hour of fake time.
-    const auto held = testing::faultInjectingTransport({.layer_delay = std::chrono::hours(1)}, clock_, ucxTransportFactory());
-    auto p = PrefillService::start({.loop = *p_loop_, .metrics = p_metrics_, .clock = clock_, .transport = held}, options);
+    const auto held =
+        testing::faultInjectingTransport({.layer_delay = std::chrono::hours(1)}, clock_, ucxTransportFactory());
+    auto p =
+        PrefillService::start({.loop = *p_loop_, .metrics = p_metrics_, .clock = clock_, .transport = held}, options);
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
     d_options.transport = options.transport;
