@@ -178,10 +178,6 @@ const std::vector<Option>& options() {
     o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout", "decode: deadline for the prefill agent to deliver the KV", &AgentConfig::prefill_timeout));
     o.push_back(numberOption("checksum-rate", "kv", "checksum_rate", "decode: fraction of transfers whose checksums are verified (0..1)", &AgentConfig::checksum_rate, 0, 1));
     o.push_back(numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens", "decode: compute here when the session is resident and at most this many tokens are new (0: never)", &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
-    o.push_back(numberOption("fault-layer-delay-ms", "faults", "layer_delay_ms", "TESTS ONLY: prefill announces each layer this much later", &AgentConfig::fault_layer_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-get-delay-ms", "faults", "get_delay_ms", "TESTS ONLY: decode starts each layer's gets this much later", &AgentConfig::fault_get_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-get-complete-delay-ms", "faults", "get_complete_delay_ms", "TESTS ONLY: decode handles each finished layer pull this much later", &AgentConfig::fault_get_complete_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-fail-first-transfers", "faults", "fail_first_transfers", "TESTS ONLY: prefill aborts this many transfers first", &AgentConfig::fault_fail_first_transfers, 0, 1000000));
     o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
     o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)", &AgentConfig::log_level));
     o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));

@@ -40,11 +40,6 @@ struct AgentConfig {
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0; // decode: fraction of transfers whose per-block checksums are verified
   int direct_max_suffix_tokens = 256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
-  // Fault injection for tests (never in production): see PdOptions::Faults.
-  int fault_layer_delay_ms = 0;
-  int fault_get_delay_ms = 0;
-  int fault_get_complete_delay_ms = 0;
-  int fault_fail_first_transfers = 0;
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

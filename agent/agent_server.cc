@@ -5,8 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent_metrics.h"
+#include "agent/decode_service.h"
 #include "agent/openai_api.h"
-#include "agent/pd_service.h"
+#include "agent/pd_metrics.h"
+#include "agent/prefill_service.h"
 #include "agent/trace.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine_loop.h"
@@ -202,7 +204,8 @@ struct AgentServer::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config) {
+absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config,
+                                                                transport::KvTransportFactory kv_transport_factory) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
@@ -264,18 +267,13 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
-    pd.faults.layer_delay = std::chrono::milliseconds(config.fault_layer_delay_ms);
-    pd.faults.get_delay = std::chrono::milliseconds(config.fault_get_delay_ms);
-    pd.faults.get_complete_delay = std::chrono::milliseconds(config.fault_get_complete_delay_ms);
-    pd.faults.fail_first_transfers = config.fault_fail_first_transfers;
-    if (config.fault_layer_delay_ms || config.fault_get_delay_ms || config.fault_get_complete_delay_ms ||
-        config.fault_fail_first_transfers) {
-      impl->log.warn("FAULT INJECTION IS ON: this agent misbehaves on purpose (test configuration)");
-    }
+    const PdEnv env{.loop = *impl->loop,
+                    .metrics = *impl->pd_metrics,
+                    .clock = SystemClock::instance(),
+                    .transport = std::move(kv_transport_factory)};
     if (config.role == "prefill") {
       // Prefills for decode agents count like any request here (path disagg).
-      TANDEM_ASSIGN_OR_RETURN(impl->prefill,
-                              PrefillService::start(*impl->loop, pd, *impl->pd_metrics, [raw](const engine::RequestUpdate& u) {
+      TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(env, pd, [raw](const engine::RequestUpdate& u) {
                                 raw->finished(Impl::Call{.id = strCat("prefill-", u.id.value())}, u, PdInfo{.path = PdPath::kDisagg});
                               }));
       impl->kv_port = impl->prefill->port();
@@ -283,7 +281,7 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       TANDEM_ASSIGN_OR_RETURN(const HostPort peer, parseHostPort("--prefill-peer", config.prefill_peer));
       pd.peer_host = peer.host;
       pd.peer_port = peer.port;
-      TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(*impl->loop, pd, *impl->pd_metrics));
+      TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(env, pd));
       impl->kv_port = impl->decode->port();
     }
   }

@@ -18,13 +18,17 @@
 #include <memory>
 
 #include "agent/agent_config.h"
+#include "agent/transport/kv_transport.h"
 #include "src/common/status.h"
 
 namespace tandem::agent {
 
 class AgentServer {
  public:
-  static absl::StatusOr<std::unique_ptr<AgentServer>> start(const AgentConfig& config);
+  // `kv_transport_factory` starts the KV transport of roles prefill and
+  // decode (empty: UCX; the fault-injecting test agent passes its own).
+  static absl::StatusOr<std::unique_ptr<AgentServer>> start(const AgentConfig& config,
+                                                            transport::KvTransportFactory kv_transport_factory = {});
   ~AgentServer();
 
   int port() const;

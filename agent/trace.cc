@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/pd_service.h"
+#include "agent/pd_timings.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {

@@ -15,7 +15,7 @@
 
 namespace tandem::agent {
 
-struct PdTimings;  // pd_service.h
+struct PdTimings;  // pd_timings.h
 
 struct TraceContext {
   std::string request_id;  // the API id (cmpl-…, chatcmpl-…)

@@ -29,12 +29,11 @@
 #include <string>
 #include <vector>
 
+#include "agent/transport/kv_transport.h"
 #include "src/common/status.h"
 
 namespace tandem::transport {
 
-using ConnId = uint64_t;
-using GetId = uint64_t;
 class UcxRegion;
 
 struct TransportOptions {
@@ -55,16 +54,6 @@ struct TransportOptions {
   // progress thread and copy_threads - 1 helper threads (1: the progress
   // thread alone). Single-thread memcpy leaves memory bandwidth unused.
   int copy_threads = 2;
-};
-
-struct TransportCallbacks {
-  // A peer connected to our listener.
-  std::function<void(ConnId)> on_accept;
-  // A control message arrived on a connection (raw kvproto bytes, copied).
-  std::function<void(ConnId, std::vector<uint8_t>)> on_message;
-  // A connection failed or was closed by the peer. Outstanding gets on it
-  // complete with an error first.
-  std::function<void(ConnId, absl::Status)> on_disconnect;
 };
 
 // KV pool memory allocated and registered by UCX (ucp_mem_map with
@@ -92,7 +81,7 @@ class UcxRegion {
   std::unique_ptr<Impl> impl_;
 };
 
-class UcxTransport {
+class UcxTransport final : public KvTransport {
  public:
   static constexpr size_t kParallelCopyMinBytes = size_t{4} << 20;
 
@@ -102,23 +91,23 @@ class UcxTransport {
   // error before this returns) and stops the progress thread: no callback
   // runs after it returns. Idempotent; the destructor calls it. After it,
   // commands (send, get, ...) are ignored and their callbacks never run.
-  void shutdown();
+  void shutdown() override;
   ~UcxTransport();
 
-  int port() const;
+  int port() const override;
   // What a peer needs to read our region: put these in kvproto::Hello.
-  uint64_t regionBase() const;
+  uint64_t regionBase() const override;
   uint64_t regionLength() const;
-  const std::string& packedRkey() const;
+  const std::string& packedRkey() const override;
 
   // Opens a connection; failures arrive as on_disconnect.
-  ConnId connect(const std::string& host, int port);
+  ConnId connect(const std::string& host, int port) override;
   // Sends one control message (copied).
-  void send(ConnId conn, std::vector<uint8_t> bytes);
+  void send(ConnId conn, std::vector<uint8_t> bytes) override;
   // The peer's region (from its Hello): needed before get() on this
   // connection. Gets outside [0, length) are refused without touching UCX,
   // so a bad offset can never make the peer read outside its region.
-  void setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, std::string packed_rkey);
+  void setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, std::string packed_rkey) override;
   // Reads `length` bytes at the peer's region base + `remote_offset` into
   // `local` (which must stay valid until `done` runs). `done` runs exactly
   // once on the progress thread.
@@ -129,16 +118,12 @@ class UcxTransport {
   // and in the peer's region are merged into one UCX get, so a request whose
   // blocks are contiguous on both sides moves a layer in one message. If any
   // segment is out of range nothing is read. Cancellation covers all parts.
-  struct Segment {
-    void* local = nullptr;
-    uint64_t remote_offset = 0;
-    size_t length = 0;
-  };
-  GetId getv(ConnId conn, std::vector<Segment> segments, std::function<void(absl::Status)> done);
+  // (Segment: KvTransport::Segment.)
+  GetId getv(ConnId conn, std::vector<Segment> segments, std::function<void(absl::Status)> done) override;
   // Requests cancellation; the get's `done` still runs (Cancelled, or OK if
   // it completed first).
-  void cancelGet(GetId id);
-  void close(ConnId conn);
+  void cancelGet(GetId id) override;
+  void close(ConnId conn) override;
 
   // Counters for metrics (thread-safe). getsInFlight counts logical gets
   // (one per get()/getv() call); ucxGetsIssued counts the UCX gets (or,
@@ -146,7 +131,7 @@ class UcxTransport {
   // became after merging.
   uint64_t bytesRead() const;
   int64_t getsInFlight() const;
-  uint64_t ucxGetsIssued() const;
+  uint64_t ucxGetsIssued() const override;
 
   struct Impl;
 

@@ -71,13 +71,15 @@ inline const std::string& tinyModelDir() {
 
 class AgentProcess {
  public:
-  static std::unique_ptr<AgentProcess> start(std::vector<std::string> extra_args) {
+  // `binary`: the agent's executable; empty: tandem-agent in TANDEM_BIN_DIR
+  // (tests that inject faults pass the test build, tandem-agent-faults).
+  static std::unique_ptr<AgentProcess> start(std::vector<std::string> extra_args, std::string binary = "") {
     auto p = std::unique_ptr<AgentProcess>(new AgentProcess());
     static int counter = 0;
     p->dir_ = testScratchDir() / ("agent-" + std::to_string(counter++));
     std::filesystem::create_directories(p->dir_);
     const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
-    std::string bin = std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent";
+    std::string bin = !binary.empty() ? binary : std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent";
     std::vector<std::string> args = {bin, "--model-dir", tinyModelDir(), "--listen", "127.0.0.1:0",
                                      "--port-file", p->dir_ + "/port", "--trace-file", p->dir_ + "/trace.jsonl",
                                      "--log-level", "warn"};
@@ -96,24 +98,26 @@ class AgentProcess {
       ADD_FAILURE() << "cannot start " << bin << ": " << strerror(rc);
       return nullptr;
     }
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
-        p->pid_ = 0;
-        ADD_FAILURE() << "tandem-agent exited during start-up: " << p->log();
-        return nullptr;
-      }
-      std::ifstream pf(p->dir_ + "/port");
-      int port = 0;
-      if (pf >> port && port > 0) {
-        pf >> p->kv_port_;
-        p->base_ = "http://127.0.0.1:" + std::to_string(port);
-        auto r = http::httpGet(p->base_ + "/readyz", std::chrono::seconds(2));
-        if (r.ok() && r->status == 200) return p;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bool exited = false;
+    const bool ready = ::tandem::testutil::waitFor(
+        [&] {
+          int status = 0;
+          if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) return exited = true;
+          std::ifstream pf(p->dir_ + "/port");
+          int port = 0;
+          if (!(pf >> port) || port <= 0) return false;
+          pf >> p->kv_port_;
+          p->base_ = "http://127.0.0.1:" + std::to_string(port);
+          auto r = http::httpGet(p->base_ + "/readyz", std::chrono::seconds(2));
+          return r.ok() && r->status == 200;
+        },
+        std::chrono::seconds(60), std::chrono::milliseconds(20));
+    if (exited) {
+      p->pid_ = 0;
+      ADD_FAILURE() << bin << " exited during start-up: " << p->log();
+      return nullptr;
     }
+    if (ready) return p;
     ADD_FAILURE() << "tandem-agent did not become ready: " << p->log();
     return nullptr;
   }
@@ -139,14 +143,10 @@ class AgentProcess {
   int waitExit() {
     if (pid_ <= 0) return -1;
     int status = 0;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!::tandem::testutil::waitFor([&] { return waitpid(pid_, &status, WNOHANG) != 0; }, std::chrono::seconds(60),
+                                     std::chrono::milliseconds(10))) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
     }
     pid_ = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -1,4 +1,6 @@
-// P/D under injected faults (the agents' --fault-* hooks) and a soak test.
+// P/D under injected faults and a soak test. The pair runs the agent's test
+// build, tandem-agent-faults (tests/agent/faults/): the real agent with a
+// fault-injecting KV transport, configured by its own --fault-* flags.
 // For every fault: typed errors to the affected clients, correct output for
 // everyone else (compared with a monolithic agent), and no leaked KV block
 // or lease on either side once things settle.
@@ -35,12 +37,12 @@ Pair startPair(std::vector<std::string> p_extra, std::vector<std::string> d_extr
   Pair pair;
   std::vector<std::string> p = {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", std::to_string(kBlocks)};
   p.insert(p.end(), p_extra.begin(), p_extra.end());
-  pair.prefill = AgentProcess::start(p);
+  pair.prefill = AgentProcess::start(p, TANDEM_FAULT_AGENT);
   if (!pair.prefill) return pair;
   std::vector<std::string> d = {"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks", std::to_string(kBlocks),
                                 "--prefill-peer", "127.0.0.1:" + std::to_string(pair.prefill->kvPort())};
   d.insert(d.end(), d_extra.begin(), d_extra.end());
-  pair.decode = AgentProcess::start(d);
+  pair.decode = AgentProcess::start(d, TANDEM_FAULT_AGENT);
   return pair;
 }
 
@@ -223,7 +225,10 @@ TEST_F(PdFaultTest, ClientCancelInEveryPhaseLeaksNothing) {
   }
   {
     SCOPED_TRACE("waiting for P's layer announcements");
-    Pair pair = startPair({"--fault-layer-delay-ms", "3000"}, {"--sse-keepalive", "100ms"});
+    // P holds its announcements and the lease for ten minutes, longer than
+    // any wait below: only D's Abort can end the lease while the test runs.
+    Pair pair = startPair({"--fault-layer-delay-ms", "600000", "--lease-ttl", "10m"},
+                          {"--lease-ttl", "10m", "--sse-keepalive", "100ms"});
     ASSERT_TRUE(pair.prefill && pair.decode);
     auto st = Stream::open(*pair.decode, prompt, 8);
     ASSERT_NE(st, nullptr);
@@ -234,9 +239,7 @@ TEST_F(PdFaultTest, ClientCancelInEveryPhaseLeaksNothing) {
       return metricValueWith(scrape(*pair.decode), "tandem_kv_transfer_failures_total", "reason=\"cancelled\"") == 1;
     }));
     // D told P: the lease goes now, not when it would expire or the late layers come.
-    const auto cancelled_at = std::chrono::steady_clock::now();
     ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.prefill), "tandem_kv_leases_active{") == 0; }));
-    EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, std::chrono::milliseconds(2000));
     expectNoLeaks(pair);
     // The client went away: the request ends cancelled, not as an error.
     const std::string d = scrape(*pair.decode);
@@ -250,7 +253,8 @@ TEST_F(PdFaultTest, ClientCancelInEveryPhaseLeaksNothing) {
     auto st = Stream::open(*pair.decode, prompt, 8);
     ASSERT_NE(st, nullptr);
     ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*pair.decode), "tandem_kv_transfer_inflight{") == 1; }));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // P announced, D's gets ran; completions are held
+    // P announced, D's gets ran, and the fault transport holds a completion.
+    ASSERT_TRUE(waitFor([&] { return pair.decode->log().find("held a get completion") != std::string::npos; }));
     st->hangUp();
     // The hang-up is noticed at the next keepalive and the request cancelled,
     // but the held gets count as outstanding: the blocks stay allocated.

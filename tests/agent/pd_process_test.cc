@@ -147,7 +147,7 @@ void prefillKilledMidTransfer(const std::string& tls) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_TRUE(waitFor([&] { return metricValue(scrape(*decode), "tandem_kv_transfer_inflight{") >= 1; }));
   prefill->stop(SIGKILL);
   for (auto& c : clients) c.join();
   int failed = 0;

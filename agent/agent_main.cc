@@ -1,0 +1,100 @@
+#include "agent/agent_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "agent/agent_config.h"
+#include "agent/agent_server.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+
+namespace {
+
+// Signals arrive on whichever thread the kernel picks (OpenBLAS starts its
+// threads before main, so masking cannot cover them all). The handler only
+// writes the signal number into a pipe; the main thread reads it.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void onSignal(int sig) {
+  const int saved = errno;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+int waitForSignal() {
+  char c = 0;
+  while (read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+  }
+  return c;
+}
+
+}  // namespace
+
+namespace tandem::agent {
+
+int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_factory, const char* program) {
+  bool help = false;
+  auto config = parseAgentConfig(argc, argv, &help);
+  if (help) {
+    std::cout << agentHelp();
+    return 0;
+  }
+  if (!config.ok()) {
+    std::cerr << program << ": " << toStd(config.status().message()) << "\n";
+    return 2;
+  }
+  auto format = parseLogFormat(config->log_format);
+  absl::Status logging =
+      configureLogging({.spec = config->log_level, .format = format.ok() ? *format : LogFormat::kText});
+  if (!logging.ok()) {
+    std::cerr << program << ": --log-level: " << toStd(logging.message()) << "\n";
+    return 2;
+  }
+  Logger log("agent");
+
+  if (pipe(g_signal_pipe) != 0) {
+    log.error("cannot create the signal pipe");
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = AgentServer::start(*config, std::move(kv_transport_factory));
+  if (!server.ok()) {
+    log.error("start-up failed", {{"error", toStd(server.status().message())}});
+    return 1;
+  }
+  if (!config->port_file.empty()) {
+    std::string tmp = config->port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << "\n" << (*server)->kvPort() << "\n";
+    std::rename(tmp.c_str(), config->port_file.c_str());
+  }
+  int sig = waitForSignal();
+  log.info("signal received", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  // Further signals while draining are noted and ignored: the drain is
+  // bounded by drain_grace, and Kubernetes follows up with SIGKILL anyway.
+  std::thread([&log] {
+    for (;;) {
+      waitForSignal();
+      log.warn("already draining; signal ignored");
+    }
+  }).detach();
+  (*server)->drain();
+  server->reset();
+  log.info("exiting");
+  return 0;
+}
+
+}  // namespace tandem::agent

@@ -1,0 +1,527 @@
+#include "agent/decode_service.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/synchronization/mutex.h"
+#include "agent/pd_metrics.h"
+#include "agent/pd_transfer.h"
+#include "agent/peer_health.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+
+using kvproto::FailureReason;
+using transport::ConnId;
+using transport::GetId;
+using Kind = TransferAction::Kind;
+
+std::string_view pdPathName(PdPath path) {
+  switch (path) {
+    case PdPath::kDirect:
+      return "direct";
+    case PdPath::kDisagg:
+      return "disagg";
+    case PdPath::kFallback:
+      return "fallback";
+  }
+  return "direct";
+}
+
+struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
+  // One request's transfer: its state machine and what carrying out its
+  // actions needs.
+  struct Entry {
+    DecodeTransfer tr;
+    uint64_t handle = 0;          // the engine loop's
+    std::optional<RequestId> id;  // the engine's, once admitted
+    PdUpdateCallback cb;
+    std::vector<TokenId> prompt;
+    engine::SamplingParams sampling;
+    ConnId conn = 0;
+    std::unordered_map<PullId, GetId> gets;  // outstanding pulls' transport gets
+    // How the request ends when the transfer failed: error, unless the
+    // engine was asked to end it (a cancel: the requested reason).
+    engine::FinishReason end_reason = engine::FinishReason::kError;
+    std::optional<PdTimings> timings;  // with first_step_ms, once the first token is out
+    bool inflight_counted = false;     // counted in tandem_kv_transfer_inflight
+  };
+
+  engine::EngineLoop& loop;
+  PdMetrics& metrics;
+  const Clock& clock;
+  const PdOptions options;
+  Logger log{"decode"};
+  engine::KvLayout layout;
+  std::byte* region = nullptr;
+  std::unique_ptr<transport::KvTransport> t;
+  PeerHealth health;
+  std::thread watchdog;
+  std::atomic<uint64_t> next_tid{1};
+  // The transport is being shut down: nothing is sent or pulled any more
+  // (set under mu; every send and get is issued under mu).
+  std::atomic<bool> transport_closed{false};
+
+  absl::Mutex mu;
+  absl::CondVar cv;  // wakes the watchdog: stopping, or a deadline may have moved
+  std::unordered_map<uint64_t, Entry> transfers ABSL_GUARDED_BY(mu);  // by transfer id
+  std::unordered_map<uint64_t, uint64_t> by_handle ABSL_GUARDED_BY(mu);
+  ConnId conn ABSL_GUARDED_BY(mu) = 0;  // to the prefill peer; 0 = not connected
+  std::optional<kvproto::Hello> peer ABSL_GUARDED_BY(mu);
+  // Why the prefill peer cannot serve this agent (its Hello showed another
+  // KV layout); transfers fail at once instead of waiting for a deadline.
+  std::optional<std::string> peer_incompatible ABSL_GUARDED_BY(mu);
+  std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
+  uint64_t gets_counted ABSL_GUARDED_BY(mu) = 0;  // transport gets already in the metric
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::optional<MonoTime> last_probe ABSL_GUARDED_BY(mu);
+
+  Impl(const PdEnv& env, const PdOptions& o)
+      : loop(env.loop),
+        metrics(env.metrics),
+        clock(env.clock),
+        options(o),
+        health(o.unhealthy_failures, o.failure_window, env.clock) {}
+
+  void send(ConnId c, uint64_t tid, kvproto::Body body) {
+    if (transport_closed.load()) return;
+    t->send(c, kvproto::encode({tid, std::move(body)}));
+  }
+
+  // Connects (again) if needed.
+  ConnId ensureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (transport_closed.load()) return 0;
+    if (conn == 0) {
+      conn = t->connect(options.peer_host, options.peer_port);
+      peer.reset();
+      peer_incompatible.reset();
+      send(conn, 0, helloFor(kvproto::PeerRole::kDecode, layout, *t, "decode"));
+    }
+    return conn;
+  }
+
+  // ------------------------------------------------------------ actions --
+
+  // Carries out what transfer `tid`'s state machine asked for, in order.
+  void apply(uint64_t tid, Entry& e, const TransferActions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const TransferAction& a : actions) {
+      switch (a.kind) {
+        case Kind::kSendPrefillRequest:
+          sendPrefillRequest(tid, e);
+          break;
+        case Kind::kIssuePull:
+          issuePull(tid, e, a);
+          break;
+        case Kind::kCancelPull:
+          if (auto g = e.gets.find(a.pull); g != e.gets.end()) t->cancelGet(g->second);
+          break;
+        case Kind::kReportFailure:
+          reportFailure(tid, a);
+          break;
+        case Kind::kSendAbort:
+          send(e.conn, tid, kvproto::Abort{a.reason, a.message});
+          break;
+        case Kind::kSendRelease:
+          send(e.conn, tid, kvproto::Release{});
+          break;
+        case Kind::kCompleteImport:
+          completeImport(e, a.first_token);
+          break;
+        case Kind::kEndImport:
+          endImport(e, a.message);
+          break;
+      }
+    }
+  }
+
+  void sendPrefillRequest(uint64_t tid, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    metrics.inflight.increment();
+    e.inflight_counted = true;
+    kvproto::PrefillRequest req;
+    req.deadline_ms = static_cast<uint32_t>(options.prefill_timeout.count());
+    req.lease_ms = static_cast<uint32_t>(options.lease_ttl.count());
+    req.tokens.assign(e.prompt.begin(), e.prompt.end());
+    req.temperature = e.sampling.temperature;
+    req.top_p = e.sampling.top_p;
+    req.top_k = static_cast<uint32_t>(e.sampling.top_k);
+    req.seed = e.sampling.seed;
+    send(e.conn, tid, std::move(req));
+    cv.SignalAll();  // a new deadline for the watchdog
+  }
+
+  // Where (layer, i-th block of the request) lives in this side's pool.
+  std::byte* localBlock(const Entry& e, uint32_t layer, size_t i) const {
+    return region + layerBlockOffset(layer, static_cast<uint32_t>(e.tr.dBlocks()[i].value()),
+                                     static_cast<uint32_t>(layout.num_blocks), layout.bytesPerLayerBlock());
+  }
+
+  // One logical get of the range; the transport merges blocks that are
+  // contiguous on both sides into one wire get.
+  void issuePull(uint64_t tid, Entry& e, const TransferAction& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t bytes = layout.bytesPerLayerBlock();
+    std::vector<transport::KvTransport::Segment> segments;
+    segments.reserve(a.count);
+    for (size_t i = a.first; i < a.first + a.count; ++i) {
+      segments.push_back({.local = localBlock(e, a.layer, i),
+                          .remote_offset = layerBlockOffset(a.layer, e.tr.pBlocks()[i], e.tr.peerBlocks(), bytes),
+                          .length = bytes});
+    }
+    // The completion takes mu, which we hold: it cannot run before the id is recorded.
+    e.gets[a.pull] = t->getv(e.conn, std::move(segments), [this, tid, a](absl::Status s) { onPullDone(tid, a, s); });
+  }
+
+  void reportFailure(uint64_t tid, const TransferAction& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    metrics.failure(a.reason);
+    // Failures that say something about the peer feed its health window.
+    if (a.reason != FailureReason::kCancelled && a.reason != FailureReason::kCapacity) {
+      health.recordFailure();
+      cv.SignalAll();  // the watchdog may have to probe
+    }
+    log.warn("kv transfer failed",
+             {{"transfer", tid}, {"reason", kvproto::failureReasonName(a.reason)}, {"detail", a.message}});
+  }
+
+  void completeImport(Entry& e, uint32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    metrics.bytes.increment(static_cast<double>(e.tr.numLayerBlocks() * layout.bytesPerLayerBlock()));
+    metrics.seconds.observe(std::chrono::duration<double>(clock.now() - e.tr.started()).count());
+    metrics.inflight.decrement();
+    e.inflight_counted = false;
+    loop.post(
+        [id = *e.id, first_token](engine::Engine& eng) { eng.completeImport(id, static_cast<TokenId>(first_token)); });
+  }
+
+  // The only place a failed import is ended (the state machine emits it
+  // once no pull is outstanding).
+  void endImport(const Entry& e, const std::string& message) {
+    if (!e.id) {
+      loop.cancel(e.handle, e.end_reason);  // still queued in the engine
+      return;
+    }
+    loop.post([id = *e.id, msg = message, why = e.end_reason](engine::Engine& eng) {
+      if (!eng.abortImport(id, why, msg)) eng.cancel(id, why, msg);
+    });
+  }
+
+  void fail(uint64_t tid, Entry& e, FailureReason reason, std::string_view message, bool tell_peer = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    TransferActions actions;
+    e.tr.fail(reason, message, tell_peer, actions);
+    apply(tid, e, actions);
+  }
+
+  // ------------------------------------------------------------- events --
+
+  // Brings tandem_kv_transfer_gets_total up to the transport's count (only
+  // pulls issue gets on this transport).
+  void countGets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t issued = t->ucxGetsIssued();
+    metrics.gets.increment(static_cast<double>(issued - gets_counted));
+    gets_counted = issued;
+  }
+
+  // Transport thread: a pull completed, failed or was cancelled.
+  void onPullDone(uint64_t tid, const TransferAction& pull, const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    countGets();
+    auto it = transfers.find(tid);
+    if (it == transfers.end()) return;
+    Entry& e = it->second;
+    e.gets.erase(pull.pull);
+    std::vector<uint64_t> checksums;
+    if (s.ok() && e.tr.verifying() && e.tr.state() == TransferState::kPulling) {
+      for (size_t i = pull.first; i < pull.first + pull.count; ++i) {
+        checksums.push_back(kvproto::layerBlockChecksum({localBlock(e, pull.layer, i), layout.bytesPerLayerBlock()}));
+      }
+      metrics.checksum_checked.increment(static_cast<double>(pull.count));
+    }
+    TransferActions actions;
+    e.tr.pullDone(pull.pull, s, checksums, clock.now(), actions);
+    apply(tid, e, actions);
+  }
+
+  void onHello(ConnId c, const kvproto::Hello& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (h.role != kvproto::PeerRole::kPrefill) {
+      log.error("the prefill peer's Hello names another role",
+                {{"peer", h.peer_name}, {"role", kvproto::peerRoleName(h.role)}});
+      metrics.rejected("unexpected_type");
+      return;
+    }
+    if (h.num_layers != layout.num_layers || h.block_size != layout.block_size ||
+        h.num_kv_heads != layout.num_kv_heads || h.head_dim != layout.head_dim ||
+        h.dtype != kvproto::KvDtype::kFloat32) {
+      peer_incompatible =
+          strCat("the prefill peer ", h.peer_name, " has a different KV layout (", h.num_layers, " layers, block size ",
+                 h.block_size, ", ", h.num_kv_heads, " kv heads, head_dim ", h.head_dim, ", dtype ",
+                 static_cast<uint16_t>(h.dtype), ") than this agent (", layout.num_layers, ", ", layout.block_size,
+                 ", ", layout.num_kv_heads, ", ", layout.head_dim, ", ",
+                 static_cast<uint16_t>(kvproto::KvDtype::kFloat32), "): do both serve the same model?");
+      log.error("no transfer can work", {{"detail", *peer_incompatible}});
+      for (auto& [tid, e] : transfers) {
+        if (e.conn == c) fail(tid, e, FailureReason::kTransferFailed, *peer_incompatible);
+      }
+      return;
+    }
+    peer_incompatible.reset();
+    peer = h;
+    t->setRemoteRegion(
+        c, h.region_base,
+        static_cast<uint64_t>(h.num_blocks) * static_cast<uint64_t>(h.num_layers) * layout.bytesPerLayerBlock(),
+        h.rkey);
+    const MonoTime now = clock.now();
+    for (auto& [tid, e] : transfers) {
+      if (e.conn != c) continue;
+      TransferActions actions;
+      e.tr.peerReady(h.num_blocks, now, actions);
+      apply(tid, e, actions);
+    }
+  }
+
+  // A well-formed message from the prefill peer about one transfer.
+  void onTransferMessage(ConnId c, kvproto::Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = transfers.find(m.transfer_id);
+    if (it == transfers.end() || it->second.conn != c) {
+      // Also P's messages that crossed this side's abort of the transfer.
+      log.debug("message for an unknown transfer", {{"transfer", m.transfer_id}});
+      metrics.rejected("unknown_transfer");
+      return;
+    }
+    const uint64_t tid = it->first;
+    Entry& e = it->second;
+    const MonoTime now = clock.now();
+    TransferActions actions;
+    if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m.body)) {
+      // Finish (or fail) with a margin before P's lease ends.
+      const MonoTime lease_end = now + std::chrono::milliseconds(static_cast<int64_t>(a->lease_ms) * 9 / 10);
+      e.tr.accepted(std::move(a->block_ids), lease_end, now, actions);
+      cv.SignalAll();  // the lease margin may be the next deadline
+    } else if (auto* l = std::get_if<kvproto::LayerReady>(&m.body)) {
+      e.tr.layerReady(std::move(*l), now, actions);
+    } else if (auto* d = std::get_if<kvproto::PrefillDone>(&m.body)) {
+      e.tr.prefillDone(d->first_token, now, actions);
+    } else if (auto* ab = std::get_if<kvproto::Abort>(&m.body)) {
+      e.tr.fail(ab->reason, ab->message, /*tell_peer=*/false, actions);  // P ended it already
+    }
+    apply(tid, e, actions);
+  }
+
+  void onMessage(ConnId c, std::vector<uint8_t> bytes) {
+    absl::MutexLock lock(&mu);
+    if (transport_closed.load()) return;
+    const uint32_t peer_blocks = peer ? peer->num_blocks : UINT32_MAX;
+    auto m =
+        kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
+    if (!m.ok()) {
+      log.warn("rejected a control message", {{"error", toStd(m.status().message())}});
+      metrics.rejected("malformed");
+      return;
+    }
+    if (c != conn) {
+      // Only the connection this agent opened to its prefill peer speaks
+      // for P; anyone may connect to the KV listener.
+      log.warn("dropped a control message from a connection that is not to the prefill peer",
+               {{"conn", c}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unknown_peer");
+      return;
+    }
+    if (std::holds_alternative<kvproto::Pong>(m->body)) {
+      if (!health.healthy()) log.info("prefill peer answers probes again; using it");
+      health.recordProbeSuccess();
+    } else if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
+      onHello(c, *h);
+    } else if (std::holds_alternative<kvproto::PrefillAccepted>(m->body) ||
+               std::holds_alternative<kvproto::LayerReady>(m->body) ||
+               std::holds_alternative<kvproto::PrefillDone>(m->body) ||
+               std::holds_alternative<kvproto::Abort>(m->body)) {
+      onTransferMessage(c, *m);
+    } else {
+      log.warn("unexpected message for the decode role", {{"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unexpected_type");
+    }
+  }
+
+  void onDisconnect(ConnId c, const absl::Status& why) {
+    absl::MutexLock lock(&mu);
+    if (c == conn) conn = 0;
+    for (auto& [tid, e] : transfers) {
+      if (e.conn == c)
+        fail(tid, e, FailureReason::kPeerUnhealthy, strCat("prefill peer disconnected: ", toStd(why.message())));
+    }
+  }
+
+  // ----------------------------------------------------------- watchdog --
+
+  // When the watchdog must next act: the earliest transfer deadline, and
+  // the next probe while the peer is unhealthy.
+  MonoTime nextWake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MonoTime next = MonoTime::max();
+    if (!health.healthy()) next = last_probe ? *last_probe + options.probe_interval : clock.now();
+    for (const auto& [tid, e] : transfers) {
+      if (auto d = e.tr.nextDeadline(); d && *d < next) next = *d;
+    }
+    return next;
+  }
+
+  void watch() {
+    absl::MutexLock lock(&mu);
+    while (!stopping) {
+      clock.waitUntil(cv, mu, nextWake());
+      if (stopping) break;
+      const MonoTime now = clock.now();
+      if (!health.healthy() && (!last_probe || now - *last_probe >= options.probe_interval)) {
+        // Probe an unhealthy peer (reconnecting if needed) so it can come back.
+        last_probe = now;
+        send(ensureConnected(), 0, kvproto::Ping{});
+      }
+      for (auto& [tid, e] : transfers) {
+        TransferActions actions;
+        e.tr.tick(now, actions);
+        apply(tid, e, actions);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------ requests --
+
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
+    const uint64_t tid = next_tid.fetch_add(1);
+    if (!health.healthy()) {
+      // The prefill peer is unhealthy: compute the prompt here rather than fail.
+      return loop.submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) {
+        cb(u, PdInfo{.path = PdPath::kFallback});
+      });
+    }
+    spec.import_kv = true;
+    spec.direct_max_suffix_tokens = options.direct_max_suffix_tokens;
+    {
+      absl::MutexLock lock(&mu);
+      const bool verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
+      Entry& e = transfers.try_emplace(tid, Entry{.tr = DecodeTransfer(layout.num_layers, verify)}).first->second;
+      e.cb = std::move(cb);
+      e.prompt = spec.prompt;
+      e.sampling = spec.sampling;
+    }
+    uint64_t handle = loop.submit(
+        std::move(spec), [self = shared_from_this(), tid](const engine::RequestUpdate& u) { self->onUpdate(tid, u); });
+    absl::MutexLock lock(&mu);
+    if (auto it = transfers.find(tid); it != transfers.end()) it->second.handle = handle;
+    by_handle[handle] = tid;
+    return handle;
+  }
+
+  // Engine thread: the engine admitted the import and gave it blocks.
+  void onAdmitted(uint64_t tid, Entry& e, const engine::RequestUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    e.id = u.id;
+    const MonoTime now = clock.now();
+    TransferActions actions;
+    if (e.tr.state() != TransferState::kQueued) {
+      // It failed while still queued here: the end posted then may have
+      // come too early (it only ends an importing request); end it again.
+      e.tr.admitted(u.kv_blocks, now, now, actions);
+      return apply(tid, e, actions);
+    }
+    e.conn = ensureConnected();
+    if (peer_incompatible) return fail(tid, e, FailureReason::kTransferFailed, *peer_incompatible, /*tell_peer=*/false);
+    e.tr.admitted(u.kv_blocks, now, now + options.prefill_timeout, actions);
+    if (peer) e.tr.peerReady(peer->num_blocks, now, actions);
+    apply(tid, e, actions);
+  }
+
+  // Engine thread: what the client's callback learns with this update.
+  PdInfo infoFor(Entry& e, const engine::RequestUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PdInfo info{.failure = e.tr.failure(), .path = e.id ? PdPath::kDisagg : PdPath::kDirect};
+    if (!e.tr.timings() || !e.tr.kvDoneAt()) return info;
+    if (!e.timings && !u.new_tokens.empty()) {
+      e.timings = e.tr.timings();
+      e.timings->first_step_ms = std::chrono::duration<double, std::milli>(clock.now() - *e.tr.kvDoneAt()).count();
+      metrics.phases(*e.timings);
+    }
+    info.timings = e.timings ? e.timings : e.tr.timings();
+    return info;
+  }
+
+  // Engine thread.
+  void onUpdate(uint64_t tid, const engine::RequestUpdate& u) {
+    PdUpdateCallback cb;
+    PdInfo info;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = transfers.find(tid);
+      if (it == transfers.end()) return;
+      Entry& e = it->second;
+      if (!u.kv_blocks.empty()) return onAdmitted(tid, e, u);
+      if (u.import_abort_requested) {
+        // Ends as asked (e.g. cancelled: the client went away), not as an error.
+        e.end_reason = u.finish_reason;
+        return fail(tid, e, FailureReason::kCancelled,
+                    strCat("the request was ended (", engine::finishReasonName(u.finish_reason), ")"));
+      }
+      cb = e.cb;
+      info = infoFor(e, u);
+      if (u.finished) {
+        if (e.inflight_counted) metrics.inflight.decrement();
+        by_handle.erase(e.handle);
+        transfers.erase(it);
+      }
+    }
+    if (cb) cb(u, info);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv& env, const PdOptions& options) {
+  if (options.peer_host.empty())
+    return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peer HOST:PORT)");
+  auto impl = std::make_shared<Impl>(env, options);
+  Impl* raw = impl.get();
+  std::span<std::byte> region;
+  env.loop.runOnLoop([&](engine::Engine& e) {
+    raw->layout = e.kv().layout();
+    region = e.kvRegion();
+  });
+  raw->region = region.data();
+  transport::TransportCallbacks cb;
+  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
+  cb.on_disconnect = [raw](ConnId c, absl::Status s) { raw->onDisconnect(c, s); };
+  TANDEM_ASSIGN_OR_RETURN(impl->t, startKvTransport(env, options, region, std::move(cb)));
+  {
+    absl::MutexLock lock(&raw->mu);
+    raw->ensureConnected();
+  }
+  impl->watchdog = std::thread([raw] { raw->watch(); });
+  return std::unique_ptr<DecodeService>(new DecodeService(std::move(impl)));
+}
+
+DecodeService::DecodeService(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DecodeService::~DecodeService() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->stopping = true;
+    // Cancels each transfer's gets and tells P (the transport still runs).
+    for (auto& [tid, e] : impl_->transfers)
+      impl_->fail(tid, e, FailureReason::kCancelled, "the agent is shutting down");
+    impl_->cv.SignalAll();
+  }
+  impl_->watchdog.join();
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->transport_closed = true;
+  }
+  // Shutting the transport down completes every outstanding get
+  // (cancelled); their callbacks post the abortImports. Requests still live
+  // after this end when the engine loop stops; their callbacks keep impl_ alive.
+  impl_->t->shutdown();  // joins the transport's threads; `t` stays valid for callers until then
+  impl_->t.reset();
+}
+
+uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update) {
+  return impl_->submit(std::move(spec), std::move(on_update));
+}
+
+void DecodeService::cancel(uint64_t handle) { impl_->loop.cancel(handle); }
+
+int DecodeService::port() const { return impl_->t->port(); }
+
+}  // namespace tandem::agent

@@ -1,0 +1,41 @@
+#pragma once
+// Metrics of the P/D services and their KV transfers (docs/pd.md "Metrics
+// and traces"), registered with the agent's labels. Thread-safe (the
+// metrics themselves are).
+
+#include <string_view>
+
+#include "agent/pd_timings.h"
+#include "src/kvproto/kvproto.h"
+#include "src/metrics/metrics.h"
+
+namespace tandem::agent {
+
+class PdMetrics {
+ public:
+  PdMetrics(metrics::Registry& registry, const metrics::Labels& labels);
+  void failure(kvproto::FailureReason reason);
+  // A control message this side refused (tandem_kv_control_messages_rejected_total):
+  // "malformed" (kvproto::decode failed), "unknown_transfer" (names no
+  // transfer this side has), "unexpected_type" (not one this role takes),
+  // "after_end" (P: a PrefillRequest for a transfer D already ended),
+  // "unknown_peer" (D: from a connection other than the one to its P).
+  void rejected(std::string_view reason);
+  // A disaggregated request's TTFT phases (D side), once its first token is out.
+  void phases(const PdTimings& t);
+  metrics::Counter& bytes;
+  metrics::Histogram& seconds;
+  metrics::Gauge& inflight;
+  metrics::Gauge& leases;
+  metrics::Counter& checksum_checked;
+  metrics::Counter& gets;
+
+ private:
+  metrics::Family<metrics::Counter>& failures_;
+  metrics::Family<metrics::Counter>& rejected_;
+  metrics::Family<metrics::Histogram>& phase_seconds_;
+  metrics::Counter& transfer_busy_;
+  metrics::Counter& transfer_hidden_;
+};
+
+}  // namespace tandem::agent

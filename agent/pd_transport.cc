@@ -1,0 +1,43 @@
+#include "agent/pd_transport.h"
+
+#include "engine/kv/kv_storage.h"
+
+namespace tandem::agent {
+
+transport::KvTransportFactory ucxTransportFactory() {
+  return [](const transport::TransportOptions& options,
+            transport::TransportCallbacks callbacks) -> absl::StatusOr<std::unique_ptr<transport::KvTransport>> {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> t,
+                            transport::UcxTransport::start(options, std::move(callbacks)));
+    return std::unique_ptr<transport::KvTransport>(std::move(t));
+  };
+}
+
+absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const PdEnv& env, const PdOptions& options,
+                                                                         std::span<std::byte> kv,
+                                                                         transport::TransportCallbacks callbacks) {
+  transport::TransportOptions to = options.transport;
+  if (!to.pool) {
+    to.region = kv;
+  } else if (to.pool->bytes().data() != kv.data() || to.pool->bytes().size() < kv.size()) {
+    return absl::InternalError("the engine's KV pool is not the transport's UCX region");
+  }
+  const transport::KvTransportFactory& start = env.transport ? env.transport : ucxTransportFactory();
+  return start(to, std::move(callbacks));
+}
+
+kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& l, const transport::KvTransport& t,
+                        std::string name) {
+  return {.role = role,
+          .num_layers = static_cast<uint16_t>(l.num_layers),
+          .num_blocks = static_cast<uint32_t>(l.num_blocks),
+          .block_size = static_cast<uint16_t>(l.block_size),
+          .num_kv_heads = static_cast<uint16_t>(l.num_kv_heads),
+          .head_dim = static_cast<uint16_t>(l.head_dim),
+          .dtype = kvproto::KvDtype::kFloat32,
+          .region_base = t.regionBase(),
+          .rkey = t.packedRkey(),
+          .peer_name = std::move(name)};
+}
+
+}  // namespace tandem::agent

@@ -1,0 +1,68 @@
+#pragma once
+// What the prefill and decode services share about their KV transport:
+// the options and dependencies they run with, how the transport is
+// started over the engine's KV pool, and what a Hello says about it.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "agent/transport/kv_transport.h"
+#include "agent/transport/ucx_transport.h"
+#include "src/common/clock.h"
+#include "src/kvproto/kvproto.h"
+
+namespace tandem::engine {
+class EngineLoop;
+struct KvLayout;
+}  // namespace tandem::engine
+
+namespace tandem::agent {
+
+class PdMetrics;
+
+struct PdOptions {
+  transport::TransportOptions transport;
+  std::chrono::milliseconds lease_ttl{30000};        // P: how long KV stays pinned without a Release
+  std::chrono::milliseconds prefill_timeout{60000};  // D: P must deliver all layers within this
+  double checksum_rate = 1.0;                        // D: fraction of transfers whose checksums are verified
+  std::string peer_host;                             // D: the prefill agent
+  int peer_port = 8200;
+  int direct_max_suffix_tokens = 256;  // D: direct-to-D when the session is resident and at most this much is new
+  // D: the prefill peer is unhealthy after this many failures within the
+  // window; it is probed every probe_interval and healthy again on answer.
+  int unhealthy_failures = 3;
+  std::chrono::milliseconds failure_window{10000};
+  std::chrono::milliseconds probe_interval{1000};
+};
+
+// The real transport: UcxTransport::start.
+transport::KvTransportFactory ucxTransportFactory();
+
+// What a P/D service runs on; nothing here is owned, all must outlive it.
+struct PdEnv {
+  engine::EngineLoop& loop;
+  PdMetrics& metrics;
+  const Clock& clock;
+  transport::KvTransportFactory transport;  // starts the KV transport; empty: ucxTransportFactory()
+};
+
+// Starts the transport over the engine's KV pool `kv`: the memory UCX
+// allocated (options.transport.pool, which the engine was given) or the
+// engine's own allocation.
+absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const PdEnv& env, const PdOptions& options,
+                                                                         std::span<std::byte> kv,
+                                                                         transport::TransportCallbacks callbacks);
+
+// The Hello that opens every connection: this side's KV layout and region.
+kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& layout, const transport::KvTransport& t,
+                        std::string name);
+
+// Byte offset of (layer, block) in a KvStorage region with this shape.
+inline uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, uint64_t bytes_per_layer_block) {
+  return (static_cast<uint64_t>(layer) * num_blocks + block) * bytes_per_layer_block;
+}
+
+}  // namespace tandem::agent

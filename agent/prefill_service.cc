@@ -1,0 +1,306 @@
+#include "agent/prefill_service.h"
+
+#include <atomic>
+#include <deque>
+#include <future>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "absl/synchronization/mutex.h"
+#include "agent/pd_metrics.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+
+using kvproto::FailureReason;
+using transport::ConnId;
+
+struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl> {
+  // A transfer is named by D's connection and D's transfer id.
+  using Key = std::pair<ConnId, uint64_t>;
+  struct Transfer {
+    uint64_t lease_id = 0;
+    uint64_t handle = 0;  // the engine loop's
+    std::vector<BlockId> blocks;
+    bool finished = false;  // the engine request ended
+    bool leased = false;    // finished well: its KV is pinned until Release, Abort or lease_end
+    MonoTime lease_end;
+    uint64_t request_id = 0;  // the engine's, once admitted (by_request's key)
+  };
+  // Transfers D ended (Release or Abort) that P does not hold: normally
+  // ones already over here, but possibly an Abort that overtook its
+  // PrefillRequest. Such a request is refused when it arrives rather than
+  // computed and pinned for nobody until the lease runs out. Kept for one
+  // lease TTL (a later request would be dropped by lease expiry anyway), at
+  // most kMaxEnded (the oldest is forgotten first).
+  static constexpr size_t kMaxEnded = 1 << 16;
+
+  engine::EngineLoop& loop;
+  PdMetrics& metrics;
+  const Clock& clock;
+  const PdOptions options;
+  Logger log{"prefill"};
+  engine::KvLayout layout;
+  const engine::KvStorage* kv = nullptr;  // read on the engine thread only
+  std::unique_ptr<transport::KvTransport> t;
+  std::function<void(const engine::RequestUpdate&)> on_finished;
+  std::atomic<uint64_t> next_lease{1};
+  // The service is shutting down: nothing is sent any more (set under mu,
+  // so an engine callback holding mu either sent before or sees it).
+  std::atomic<bool> stopping{false};
+
+  absl::Mutex mu;
+  std::map<Key, Transfer> transfers ABSL_GUARDED_BY(mu);
+  std::unordered_map<uint64_t, Key> by_request ABSL_GUARDED_BY(mu);  // engine RequestId -> transfer
+  // Leased transfers by the end of their lease, so the ones D neither
+  // released nor aborted are forgotten once it passed.
+  std::multimap<MonoTime, Key> lease_ends ABSL_GUARDED_BY(mu);
+  std::deque<std::pair<MonoTime, Key>> ended_order ABSL_GUARDED_BY(mu);  // (forget after, transfer)
+  std::set<Key> ended ABSL_GUARDED_BY(mu);
+
+  Impl(const PdEnv& env, const PdOptions& o) : loop(env.loop), metrics(env.metrics), clock(env.clock), options(o) {}
+
+  void send(ConnId conn, uint64_t tid, kvproto::Body body) {
+    if (stopping.load()) return;
+    t->send(conn, kvproto::encode({tid, std::move(body)}));
+  }
+
+  // Engine thread: layer `layer` of these prefills is in the cache.
+  void onLayer(int layer, std::span<const engine::Engine::LayerReady> ready) {
+    absl::MutexLock lock(&mu);
+    for (const auto& r : ready) {
+      auto k = by_request.find(r.id.value());
+      if (k == by_request.end()) continue;
+      // Built in place: the checksums are not copied again on the way out.
+      kvproto::Message out{.transfer_id = k->second.second};
+      auto& msg = out.body.emplace<kvproto::LayerReady>();
+      msg.layer = static_cast<uint16_t>(layer);
+      msg.first_block = static_cast<uint32_t>(r.first_block);
+      for (BlockId b : r.blocks) {
+        const float* p = kv->layerBlock(layer, b);
+        msg.checksums.push_back(kvproto::layerBlockChecksum(
+            std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), layout.bytesPerLayerBlock())));
+      }
+      if (!stopping.load()) t->send(k->second.first, kvproto::encode(out));
+    }
+  }
+
+  static engine::RequestSpec prefillSpec(const kvproto::PrefillRequest& req) {
+    engine::RequestSpec spec;
+    spec.prompt.assign(req.tokens.begin(), req.tokens.end());
+    spec.sampling.temperature = req.temperature;
+    spec.sampling.top_p = req.top_p;
+    spec.sampling.top_k = static_cast<int>(req.top_k);
+    spec.sampling.seed = req.seed;
+    spec.sampling.max_tokens = 1;
+    spec.sampling.ignore_eos = true;  // P only samples the first token; D decides about EOS
+    return spec;
+  }
+
+  void onPrefillRequest(ConnId conn, uint64_t tid, const kvproto::PrefillRequest& req) {
+    engine::RequestSpec spec = prefillSpec(req);
+    const MonoTime now = clock.now();
+    auto ttl = options.lease_ttl;
+    if (req.lease_ms > 0) ttl = std::min(ttl, std::chrono::milliseconds(req.lease_ms));
+    const uint64_t lease_id = next_lease.fetch_add(1);
+    const MonoTime lease_end = now + ttl;
+    spec.lease = engine::LeaseSpec{lease_id, lease_end};
+    if (req.deadline_ms > 0) spec.deadline = now + std::chrono::milliseconds(req.deadline_ms);
+    const Key key{conn, tid};
+    {
+      absl::MutexLock lock(&mu);
+      forgetExpired(now);
+      if (ended.contains(key)) {
+        log.warn("refused a prefill request that its decode agent already ended", {{"conn", conn}, {"transfer", tid}});
+        metrics.rejected("after_end");
+        return;
+      }
+      if (transfers.contains(key)) {
+        send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, "duplicate transfer id"});
+        return;
+      }
+      transfers[key] = Transfer{.lease_id = lease_id, .lease_end = lease_end};
+    }
+    uint64_t handle =
+        loop.submit(std::move(spec), [self = shared_from_this(), key, lease_end](const engine::RequestUpdate& u) {
+          self->onUpdate(key, lease_end, u);
+        });
+    absl::MutexLock lock(&mu);
+    if (auto it = transfers.find(key); it != transfers.end()) it->second.handle = handle;
+  }
+
+  // Forgets transfers whose lease ran out while D neither released nor
+  // aborted them (a D that misbehaves; the engine already unpinned their
+  // blocks), and ended transfers remembered long enough.
+  void forgetExpired(MonoTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto it = lease_ends.begin(); it != lease_ends.end() && it->first <= now; it = lease_ends.erase(it)) {
+      auto tr = transfers.find(it->second);
+      if (tr != transfers.end() && tr->second.leased && tr->second.lease_end <= now) transfers.erase(tr);
+    }
+    while (!ended_order.empty() && (ended_order.front().first <= now || ended_order.size() >= kMaxEnded)) {
+      ended.erase(ended_order.front().second);
+      ended_order.pop_front();
+    }
+  }
+
+  // Engine thread: the engine admitted the prefill of `tr` with its blocks.
+  void onAdmitted(const Key& key, Transfer& tr, MonoTime lease_end, const engine::RequestUpdate& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    tr.blocks = u.kv_blocks;
+    tr.request_id = u.id.value();
+    by_request[u.id.value()] = key;
+    kvproto::PrefillAccepted a;
+    // What is left of the lease (it started when the request arrived).
+    a.lease_ms = static_cast<uint32_t>(
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(lease_end - clock.now()).count()));
+    for (BlockId b : tr.blocks) a.block_ids.push_back(static_cast<uint32_t>(b.value()));
+    send(key.first, key.second, std::move(a));
+  }
+
+  // Engine thread: progress of the prefill of transfer `key`.
+  void onUpdate(const Key& key, MonoTime lease_end, const engine::RequestUpdate& u) {
+    absl::MutexLock lock(&mu);
+    auto it = transfers.find(key);
+    Transfer* tr = it == transfers.end() ? nullptr : &it->second;  // gone: D ended it already
+    if (tr != nullptr && !u.kv_blocks.empty()) onAdmitted(key, *tr, lease_end, u);
+    if (!u.finished) return;
+    by_request.erase(u.id.value());
+    if (on_finished) on_finished(u);
+    if (tr == nullptr) return;
+    tr->finished = true;
+    const bool ok =
+        (u.finish_reason == engine::FinishReason::kLength || u.finish_reason == engine::FinishReason::kEos) &&
+        !tr->blocks.empty() && !u.new_tokens.empty();
+    if (ok) {
+      tr->leased = true;
+      lease_ends.emplace(tr->lease_end, key);
+      send(key.first, key.second, kvproto::PrefillDone{static_cast<uint32_t>(u.new_tokens.back())});
+      return;
+    }
+    FailureReason reason =
+        u.finish_reason == engine::FinishReason::kTimeout ? FailureReason::kPrefillTimeout
+        : u.finish_reason == engine::FinishReason::kRejected && u.reject_reason != engine::RejectReason::kInvalid
+            ? FailureReason::kCapacity
+            : FailureReason::kTransferFailed;
+    send(key.first, key.second,
+         kvproto::Abort{reason, strCat("prefill ended: ", engine::finishReasonName(u.finish_reason), " ", u.message)});
+    transfers.erase(it);
+  }
+
+  // D is done with (or gave up on) a transfer, or went away: unpin, or stop
+  // the prefill. A Release or Abort for a transfer P does not hold is
+  // counted and remembered as ended (see kMaxEnded).
+  void endTransfer(const Key& key, bool by_message) {
+    absl::MutexLock lock(&mu);
+    auto it = transfers.find(key);
+    if (it == transfers.end()) {
+      if (!by_message) return;
+      const MonoTime now = clock.now();
+      forgetExpired(now);
+      if (ended.insert(key).second) ended_order.emplace_back(now + options.lease_ttl, key);
+      metrics.rejected("unknown_transfer");
+      return;
+    }
+    Transfer tr = std::move(it->second);
+    transfers.erase(it);
+    if (tr.request_id != 0) by_request.erase(tr.request_id);  // no more announcements for it
+    if (tr.leased) loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
+    if (!tr.finished) {
+      loop.cancel(tr.handle);
+      // If it still finishes normally, its lease is released on expiry; cut that short:
+      loop.post([id = tr.lease_id](engine::Engine& e) { e.releaseLease(id); });
+    }
+  }
+
+  void onMessage(ConnId conn, std::vector<uint8_t> bytes) {
+    auto m = kvproto::decode(bytes, {.max_tokens = 1u << 22,
+                                     .num_blocks = static_cast<uint32_t>(layout.num_blocks),
+                                     .num_layers = static_cast<uint16_t>(layout.num_layers)});
+    if (!m.ok()) {
+      log.warn("rejected a control message", {{"conn", conn}, {"error", toStd(m.status().message())}});
+      metrics.rejected("malformed");
+      return;
+    }
+    const uint64_t tid = m->transfer_id;
+    if (std::holds_alternative<kvproto::Hello>(m->body)) {
+      send(conn, 0, helloFor(kvproto::PeerRole::kPrefill, layout, *t, "prefill"));
+    } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
+      onPrefillRequest(conn, tid, *req);
+    } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
+      endTransfer({conn, tid}, /*by_message=*/true);
+    } else if (std::holds_alternative<kvproto::Ping>(m->body)) {
+      send(conn, tid, kvproto::Pong{});
+    } else {
+      log.warn("unexpected message for the prefill role",
+               {{"conn", conn}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
+      metrics.rejected("unexpected_type");
+    }
+  }
+
+  void onDisconnect(ConnId conn) {
+    std::vector<Key> keys;
+    {
+      absl::MutexLock lock(&mu);
+      for (const auto& [k, tr] : transfers) {
+        if (k.first == conn) keys.push_back(k);
+      }
+    }
+    for (const Key& k : keys) endTransfer(k, /*by_message=*/false);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
+    const PdEnv& env, const PdOptions& options, std::function<void(const engine::RequestUpdate&)> on_finished) {
+  auto impl = std::make_shared<Impl>(env, options);
+  impl->on_finished = std::move(on_finished);
+  std::span<std::byte> region;
+  Impl* raw = impl.get();
+  env.loop.runOnLoop([&](engine::Engine& e) {
+    raw->layout = e.kv().layout();
+    raw->kv = &e.kv();
+    region = e.kvRegion();
+  });
+  // A peer may connect as soon as the listener exists, before `t` is set:
+  // its messages wait for it.
+  auto started = std::make_shared<std::promise<void>>();
+  std::shared_future<void> t_set = started->get_future().share();
+  transport::TransportCallbacks cb;
+  cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
+    t_set.wait();
+    raw->onMessage(c, std::move(b));
+  };
+  cb.on_disconnect = [raw, t_set](ConnId c, absl::Status) {
+    t_set.wait();
+    raw->onDisconnect(c);
+  };
+  auto t = startKvTransport(env, options, region, std::move(cb));
+  if (!t.ok()) {
+    started->set_value();
+    return t.status();
+  }
+  impl->t = std::move(*t);
+  started->set_value();
+  env.loop.runOnLoop([raw](engine::Engine& e) {
+    e.setLayerObserver(
+        [raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });
+  });
+  return std::unique_ptr<PrefillService>(new PrefillService(std::move(impl)));
+}
+
+PrefillService::PrefillService(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PrefillService::~PrefillService() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->stopping = true;  // from here on nothing uses the transport
+  }
+  impl_->loop.runOnLoop([](engine::Engine& e) { e.setLayerObserver(nullptr); });
+  impl_->t->shutdown();  // no transport callback after this; `t` stays valid until it returns
+  impl_->t.reset();
+}
+
+int PrefillService::port() const { return impl_->t->port(); }
+
+}  // namespace tandem::agent
