@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto format = parseLogFormat(config->log_format);
-  absl::Status logging = configureLogging({.spec = config->log_level, .format = format.ok() ? *format : LogFormat::kText});
+  absl::Status logging =
+      configureLogging({.spec = config->log_level, .format = format.ok() ? *format : LogFormat::kText});
   if (!logging.ok()) {
     std::cerr << "tandem-agent: --log-level: " << toStd(logging.message()) << "\n";
     return 2;
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto server = agent::AgentServer::start(*config);
+  auto server = agent::AgentServer::start(*config, SystemClock::instance());
   if (!server.ok()) {
     log.error("start-up failed", {{"error", toStd(server.status().message())}});
     return 1;
