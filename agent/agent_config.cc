@@ -193,142 +193,170 @@ Option prefillPeerOption() {
           }};
 }
 
+// Role, names and the HTTP listener; the model.
+void addServerOptions(std::vector<Option>& o) {
+  o.push_back(roleOption());
+  o.push_back(
+      stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
+  o.push_back(
+      stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
+  o.push_back({"listen", "", "listen", "HTTP address HOST:PORT (OpenAI API, /metrics, health); port 0 picks one",
+               [](const AgentConfig& c) { return strCat(c.host, ":", c.port); }, parseListen,
+               [](AgentConfig& c, ConfigMap& m) {
+                 std::string v;
+                 if (m.field("listen", &v)) {
+                   absl::Status s = parseListen(c, v);
+                   if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
+                 }
+               }});
+  o.push_back(stringOption(
+      "port-file", "", "port_file",
+      "once serving, write the bound HTTP port (line 1) and KV port (line 2, roles prefill and decode) here",
+      &AgentConfig::port_file));
+  o.push_back(stringOption("model-dir", "model", "dir",
+                           "model directory (config.json, model.safetensors, tokenizer) [required]",
+                           &AgentConfig::model_dir));
+  o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)",
+                           &AgentConfig::model_name));
+}
+
+// engine: the EngineOptions the agent passes through.
+void addEngineOptions(std::vector<Option>& o) {
+  o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1,
+                           1 << 24));
+  o.push_back(
+      engineNumber("block-size", "block_size", "tokens per KV block", &engine::EngineOptions::block_size, 1, 1024));
+  o.push_back(engineNumber("max-batched-tokens", "max_batched_tokens", "token budget of one engine step",
+                           &engine::EngineOptions::max_num_batched_tokens, 1, 1 << 20));
+  o.push_back(engineNumber("max-num-seqs", "max_num_seqs", "sequences running at once",
+                           &engine::EngineOptions::max_num_seqs, 1, 1 << 16));
+  o.push_back(engineNumber("max-waiting", "max_waiting", "waiting-queue bound; beyond it requests get 429",
+                           &engine::EngineOptions::max_waiting, 0, 1 << 24));
+  o.push_back(engineNumber("max-model-len", "max_model_len", "context length in tokens (0: the model's)",
+                           &engine::EngineOptions::max_model_len, 0, 1 << 24));
+  o.push_back(engineNumber("expected-output-tokens", "expected_output_tokens",
+                           "output tokens reserved at admission (0: max_tokens)",
+                           &engine::EngineOptions::expected_output_tokens, 0, 1 << 24));
+  o.push_back(engineNumber("session-low-watermark-blocks", "session_low_watermark_blocks",
+                           "evict resident sessions to keep this many blocks available",
+                           &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
+  o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed, 0,
+                           1.8e19));
+  o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
+               [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 if (v == "true")
+                   c.engine.enable_prefix_cache = true;
+                 else if (v == "false")
+                   c.engine.enable_prefix_cache = false;
+                 else
+                   return absl::InvalidArgumentError(strCat("--prefix-cache: expected true or false, got \"", v, "\""));
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
+}
+
+// limits: and the drain.
+void addLimitOptions(std::vector<Option>& o) {
+  o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens",
+                           "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1, 1 << 24));
+  o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)",
+                           &AgentConfig::max_body_bytes, 1024, 1 << 30));
+  o.push_back(durationOption("request-timeout", "limits", "request_timeout",
+                             "deadline of one request, queueing included", &AgentConfig::request_timeout));
+  o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive",
+                             "idle streams get a keepalive comment this often; a client that hung up is noticed (and "
+                             "its request cancelled) at the next one",
+                             &AgentConfig::sse_keepalive));
+  o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish",
+                             &AgentConfig::drain_grace));
+}
+
+// kv: the P/D transport (roles prefill and decode).
+void addKvOptions(std::vector<Option>& o) {
+  o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
+               [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 AgentConfig tmp;
+                 absl::Status s = parseListen(tmp, v);
+                 if (!s.ok()) return absl::InvalidArgumentError(strCat("--kv-listen", toStd(s.message()).substr(8)));
+                 c.kv_host = tmp.host;
+                 c.kv_port = tmp.port;
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) {
+                 std::string v;
+                 if (m.field("listen", &v)) {
+                   AgentConfig tmp;
+                   absl::Status s = parseListen(tmp, v);
+                   if (!s.ok()) m.fail("listen", "expected HOST:PORT");
+                   c.kv_host = tmp.host;
+                   c.kv_port = tmp.port;
+                 }
+               }});
+  o.push_back(prefillPeerOption());
+  o.push_back(stringOption("kv-tls", "kv", "tls",
+                           "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
+                           &AgentConfig::kv_tls));
+  o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset",
+                           &AgentConfig::ib_sl, -1, 15));
+  o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class",
+                           "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset",
+                           &AgentConfig::ib_traffic_class, -1, 255));
+  o.push_back(
+      numberOption("kv-copy-threads", "kv", "copy_threads",
+                   "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
+                   &AgentConfig::kv_copy_threads, 1, 64));
+  o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
+                             "prefill: how long computed KV stays pinned for the decode agent",
+                             &AgentConfig::lease_ttl));
+  o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout",
+                             "decode: deadline for the prefill agent to deliver the KV",
+                             &AgentConfig::prefill_timeout));
+  o.push_back(numberOption("checksum-rate", "kv", "checksum_rate",
+                           "decode: fraction of transfers whose checksums are verified (0..1)",
+                           &AgentConfig::checksum_rate, 0, 1));
+  o.push_back(
+      numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens",
+                   "decode: compute here when the session is resident and at most this many tokens are new (0: never)",
+                   &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
+}
+
+// faults: test hooks of the P/D services.
+void addFaultOptions(std::vector<Option>& o) {
+  o.push_back(numberOption("fault-layer-delay-ms", "faults", "layer_delay_ms",
+                           "TESTS ONLY: prefill announces each layer this much later",
+                           &AgentConfig::fault_layer_delay_ms, 0, 600000));
+  o.push_back(numberOption("fault-get-delay-ms", "faults", "get_delay_ms",
+                           "TESTS ONLY: decode starts each layer's gets this much later",
+                           &AgentConfig::fault_get_delay_ms, 0, 600000));
+  o.push_back(numberOption("fault-get-complete-delay-ms", "faults", "get_complete_delay_ms",
+                           "TESTS ONLY: decode handles each finished layer pull this much later",
+                           &AgentConfig::fault_get_complete_delay_ms, 0, 600000));
+  o.push_back(numberOption("fault-fail-first-transfers", "faults", "fail_first_transfers",
+                           "TESTS ONLY: prefill aborts this many transfers first",
+                           &AgentConfig::fault_fail_first_transfers, 0, 1000000));
+}
+
+// trace: and log:.
+void addLogOptions(std::vector<Option>& o) {
+  o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off",
+                           &AgentConfig::trace_file));
+  o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)",
+                           &AgentConfig::log_level));
+  o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
+}
+
+// Every option, in --help order.
 const std::vector<Option>& options() {
   static const std::vector<Option> opts = [] {
     std::vector<Option> o;
-    o.push_back(roleOption());
-    o.push_back(
-        stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
-    o.push_back(
-        stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
-    o.push_back({"listen", "", "listen", "HTTP address HOST:PORT (OpenAI API, /metrics, health); port 0 picks one",
-                 [](const AgentConfig& c) { return strCat(c.host, ":", c.port); }, parseListen,
-                 [](AgentConfig& c, ConfigMap& m) {
-                   std::string v;
-                   if (m.field("listen", &v)) {
-                     absl::Status s = parseListen(c, v);
-                     if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
-                   }
-                 }});
-    o.push_back(stringOption(
-        "port-file", "", "port_file",
-        "once serving, write the bound HTTP port (line 1) and KV port (line 2, roles prefill and decode) here",
-        &AgentConfig::port_file));
-    o.push_back(stringOption("model-dir", "model", "dir",
-                             "model directory (config.json, model.safetensors, tokenizer) [required]",
-                             &AgentConfig::model_dir));
-    o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)",
-                             &AgentConfig::model_name));
-    o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1,
-                             1 << 24));
-    o.push_back(
-        engineNumber("block-size", "block_size", "tokens per KV block", &engine::EngineOptions::block_size, 1, 1024));
-    o.push_back(engineNumber("max-batched-tokens", "max_batched_tokens", "token budget of one engine step",
-                             &engine::EngineOptions::max_num_batched_tokens, 1, 1 << 20));
-    o.push_back(engineNumber("max-num-seqs", "max_num_seqs", "sequences running at once",
-                             &engine::EngineOptions::max_num_seqs, 1, 1 << 16));
-    o.push_back(engineNumber("max-waiting", "max_waiting", "waiting-queue bound; beyond it requests get 429",
-                             &engine::EngineOptions::max_waiting, 0, 1 << 24));
-    o.push_back(engineNumber("max-model-len", "max_model_len", "context length in tokens (0: the model's)",
-                             &engine::EngineOptions::max_model_len, 0, 1 << 24));
-    o.push_back(engineNumber("expected-output-tokens", "expected_output_tokens",
-                             "output tokens reserved at admission (0: max_tokens)",
-                             &engine::EngineOptions::expected_output_tokens, 0, 1 << 24));
-    o.push_back(engineNumber("session-low-watermark-blocks", "session_low_watermark_blocks",
-                             "evict resident sessions to keep this many blocks available",
-                             &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
-    o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed,
-                             0, 1.8e19));
-    o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
-                 [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
-                 [](AgentConfig& c, std::string_view v) -> absl::Status {
-                   if (v == "true")
-                     c.engine.enable_prefix_cache = true;
-                   else if (v == "false")
-                     c.engine.enable_prefix_cache = false;
-                   else
-                     return absl::InvalidArgumentError(
-                         strCat("--prefix-cache: expected true or false, got \"", v, "\""));
-                   return absl::OkStatus();
-                 },
-                 [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
-    o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens",
-                             "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1,
-                             1 << 24));
-    o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)",
-                             &AgentConfig::max_body_bytes, 1024, 1 << 30));
-    o.push_back(durationOption("request-timeout", "limits", "request_timeout",
-                               "deadline of one request, queueing included", &AgentConfig::request_timeout));
-    o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive",
-                               "idle streams get a keepalive comment this often; a client that hung up is noticed (and "
-                               "its request cancelled) at the next one",
-                               &AgentConfig::sse_keepalive));
-    o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish",
-                               &AgentConfig::drain_grace));
-    o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
-                 [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
-                 [](AgentConfig& c, std::string_view v) -> absl::Status {
-                   AgentConfig tmp;
-                   absl::Status s = parseListen(tmp, v);
-                   if (!s.ok()) return absl::InvalidArgumentError(strCat("--kv-listen", toStd(s.message()).substr(8)));
-                   c.kv_host = tmp.host;
-                   c.kv_port = tmp.port;
-                   return absl::OkStatus();
-                 },
-                 [](AgentConfig& c, ConfigMap& m) {
-                   std::string v;
-                   if (m.field("listen", &v)) {
-                     AgentConfig tmp;
-                     absl::Status s = parseListen(tmp, v);
-                     if (!s.ok()) m.fail("listen", "expected HOST:PORT");
-                     c.kv_host = tmp.host;
-                     c.kv_port = tmp.port;
-                   }
-                 }});
-    o.push_back(prefillPeerOption());
-    o.push_back(stringOption("kv-tls", "kv", "tls",
-                             "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
-                             &AgentConfig::kv_tls));
-    o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset",
-                             &AgentConfig::ib_sl, -1, 15));
-    o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class",
-                             "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset",
-                             &AgentConfig::ib_traffic_class, -1, 255));
-    o.push_back(numberOption(
-        "kv-copy-threads", "kv", "copy_threads",
-        "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
-        &AgentConfig::kv_copy_threads, 1, 64));
-    o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
-                               "prefill: how long computed KV stays pinned for the decode agent",
-                               &AgentConfig::lease_ttl));
-    o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout",
-                               "decode: deadline for the prefill agent to deliver the KV",
-                               &AgentConfig::prefill_timeout));
-    o.push_back(numberOption("checksum-rate", "kv", "checksum_rate",
-                             "decode: fraction of transfers whose checksums are verified (0..1)",
-                             &AgentConfig::checksum_rate, 0, 1));
-    o.push_back(numberOption(
-        "direct-max-suffix", "kv", "direct_max_suffix_tokens",
-        "decode: compute here when the session is resident and at most this many tokens are new (0: never)",
-        &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
-    o.push_back(numberOption("fault-layer-delay-ms", "faults", "layer_delay_ms",
-                             "TESTS ONLY: prefill announces each layer this much later",
-                             &AgentConfig::fault_layer_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-get-delay-ms", "faults", "get_delay_ms",
-                             "TESTS ONLY: decode starts each layer's gets this much later",
-                             &AgentConfig::fault_get_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-get-complete-delay-ms", "faults", "get_complete_delay_ms",
-                             "TESTS ONLY: decode handles each finished layer pull this much later",
-                             &AgentConfig::fault_get_complete_delay_ms, 0, 600000));
-    o.push_back(numberOption("fault-fail-first-transfers", "faults", "fail_first_transfers",
-                             "TESTS ONLY: prefill aborts this many transfers first",
-                             &AgentConfig::fault_fail_first_transfers, 0, 1000000));
-    o.push_back(stringOption("trace-file", "trace", "file",
-                             "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
-    o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)",
-                             &AgentConfig::log_level));
-    o.push_back(
-        stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
+    addServerOptions(o);
+    addEngineOptions(o);
+    addLimitOptions(o);
+    addKvOptions(o);
+    addFaultOptions(o);
+    addLogOptions(o);
     return o;
   }();
   return opts;
