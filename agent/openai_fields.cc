@@ -8,6 +8,23 @@ namespace tandem::agent {
 
 using nlohmann::json;
 
+namespace {
+
+// A field of one JSON type (`is_type`, named `kind` in the error).
+template <typename T>
+std::optional<ApiError> readAs(const json& body, const char* key, bool (json::*is_type)() const noexcept,
+                               std::string_view kind, std::optional<T>* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!((*it).*is_type)()) {
+    return invalidField(key, strCat("'", key, "' must be ", kind, ", got ", jsonTypeName(*it)));
+  }
+  *out = it->get<T>();
+  return std::nullopt;
+}
+
+}  // namespace
+
 ApiError invalidField(std::string param, std::string message, std::string code) {
   ApiError e;
   e.status = 400;
@@ -56,27 +73,15 @@ std::optional<ApiError> readInt(const json& body, const char* key, std::optional
 }
 
 std::optional<ApiError> readNumber(const json& body, const char* key, std::optional<double>* out) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return invalidField(key, strCat("'", key, "' must be a number, got ", jsonTypeName(*it)));
-  *out = it->get<double>();
-  return std::nullopt;
+  return readAs(body, key, &json::is_number, "a number", out);
 }
 
 std::optional<ApiError> readBool(const json& body, const char* key, std::optional<bool>* out) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return invalidField(key, strCat("'", key, "' must be a boolean, got ", jsonTypeName(*it)));
-  *out = it->get<bool>();
-  return std::nullopt;
+  return readAs(body, key, &json::is_boolean, "a boolean", out);
 }
 
 std::optional<ApiError> readString(const json& body, const char* key, std::optional<std::string>* out) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) return invalidField(key, strCat("'", key, "' must be a string, got ", jsonTypeName(*it)));
-  *out = it->get<std::string>();
-  return std::nullopt;
+  return readAs(body, key, &json::is_string, "a string", out);
 }
 
 }  // namespace tandem::agent
