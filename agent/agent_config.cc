@@ -388,17 +388,22 @@ std::string agentHelp() {
   return out;
 }
 
-absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help) {
-  *help = false;
-  AgentConfig c;
-  // Split argv into (flag, value) pairs first; --config is applied before the others.
-  std::vector<std::pair<std::string, std::string>> flags;
+namespace {
+
+// argv as (flag, value) pairs, --config apart: the file is applied before the flags.
+struct CommandLine {
+  bool help = false;
   std::string config_file;
+  std::vector<std::pair<std::string, std::string>> flags;
+};
+
+absl::StatusOr<CommandLine> splitArgs(int argc, const char* const* argv) {
+  CommandLine cl;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
-      *help = true;
-      return c;
+      cl.help = true;
+      return cl;
     }
     if (!a.starts_with("--"))
       return absl::InvalidArgumentError(strCat("unexpected argument \"", a, "\" (flags start with --; see --help)"));
@@ -413,40 +418,44 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
       value = argv[++i];
     }
     if (name == "config")
-      config_file = value;
+      cl.config_file = value;
     else
-      flags.emplace_back(std::move(name), std::move(value));
+      cl.flags.emplace_back(std::move(name), std::move(value));
   }
-  if (!config_file.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(ConfigDoc doc, ConfigDoc::fromFile(config_file));
-    ConfigMap root = doc.root();
-    std::vector<std::pair<std::string, ConfigMap>> sections;
-    for (const Option& o : options()) {
-      ConfigMap* m = &root;
-      if (o.section[0]) {
-        auto it = std::find_if(sections.begin(), sections.end(), [&](const auto& s) { return s.first == o.section; });
-        if (it == sections.end()) {
-          sections.emplace_back(o.section, root.section(o.section));
-          it = sections.end() - 1;
-        }
-        m = &it->second;
+  return cl;
+}
+
+// Every option from the YAML file; all of the file's errors at once.
+absl::Status applyConfigFile(const std::string& path, AgentConfig& c) {
+  TANDEM_ASSIGN_OR_RETURN(ConfigDoc doc, ConfigDoc::fromFile(path));
+  ConfigMap root = doc.root();
+  std::vector<std::pair<std::string, ConfigMap>> sections;
+  for (const Option& o : options()) {
+    ConfigMap* m = &root;
+    if (o.section[0]) {
+      auto it = std::find_if(sections.begin(), sections.end(), [&](const auto& s) { return s.first == o.section; });
+      if (it == sections.end()) {
+        sections.emplace_back(o.section, root.section(o.section));
+        it = sections.end() - 1;
       }
-      o.fromYaml(c, *m);
+      m = &it->second;
     }
-    TANDEM_RETURN_IF_ERROR(doc.finish());
+    o.fromYaml(c, *m);
   }
+  return doc.finish();
+}
+
+absl::Status applyFlags(const std::vector<std::pair<std::string, std::string>>& flags, AgentConfig& c) {
   for (const auto& [name, value] : flags) {
     auto it = std::find_if(options().begin(), options().end(), [&](const Option& o) { return name == o.flag; });
     if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
-  if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
-  if (c.role == AgentRole::kRouter) {
-    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
-  }
-  if (c.role == AgentRole::kDecode && !c.prefill_peer) {
-    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
-  }
+  return absl::OkStatus();
+}
+
+// Defaults that depend on other values: kv_host, model_name, worker.
+void fillDerivedDefaults(AgentConfig& c) {
   if (c.kv_host.empty()) c.kv_host = c.host;
   if (c.model_name.empty()) {
     std::string d = c.model_dir;
@@ -455,6 +464,31 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
     c.model_name = slash == std::string::npos ? d : d.substr(slash + 1);
   }
   if (c.worker.empty()) c.worker = hostName();
+}
+
+}  // namespace
+
+absl::Status validateAgentConfig(const AgentConfig& c) {
+  if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
+  if (c.role == AgentRole::kRouter) {
+    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
+  }
+  if (c.role == AgentRole::kDecode && !c.prefill_peer) {
+    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help) {
+  *help = false;
+  AgentConfig c;
+  TANDEM_ASSIGN_OR_RETURN(const CommandLine cl, splitArgs(argc, argv));
+  *help = cl.help;
+  if (cl.help) return c;
+  if (!cl.config_file.empty()) TANDEM_RETURN_IF_ERROR(applyConfigFile(cl.config_file, c));
+  TANDEM_RETURN_IF_ERROR(applyFlags(cl.flags, c));
+  TANDEM_RETURN_IF_ERROR(validateAgentConfig(c));
+  fillDerivedDefaults(c);
   return c;
 }
 

@@ -75,6 +75,10 @@ struct AgentConfig {
 // (and the config meaningless) when --help was given.
 absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help);
 
+// What parseAgentConfig checks across fields (model_dir set, a role this
+// build serves, a prefill peer for role decode), for configs built in code.
+absl::Status validateAgentConfig(const AgentConfig& config);
+
 // The --help text.
 std::string agentHelp();
 

@@ -346,12 +346,7 @@ struct AgentServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config, const Clock& clock) {
-  if (config.role == AgentRole::kRouter) {
-    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
-  }
-  if (config.role == AgentRole::kDecode && !config.prefill_peer) {
-    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
-  }
+  TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
   auto impl = std::make_unique<Impl>(config, clock);
   KvSetup kv{.transport = kvTransportOptions(config)};
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, impl->buildEngine(kv));
