@@ -42,7 +42,11 @@ absl::Status parseNumber(std::string_view flag, std::string_view text, T* out, d
 template <typename T>
 Option numberOption(const char* flag, const char* section, const char* key, const char* help, T AgentConfig::*member,
                     double min, double max) {
-  return {flag, section, key, help, [member](const AgentConfig& c) { return strCat(c.*member); },
+  return {flag,
+          section,
+          key,
+          help,
+          [member](const AgentConfig& c) { return strCat(c.*member); },
           [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.*member), min, max); },
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = min, .max = max}); }};
 }
@@ -50,20 +54,32 @@ Option numberOption(const char* flag, const char* section, const char* key, cons
 template <typename T>
 Option engineNumber(const char* flag, const char* key, const char* help, T engine::EngineOptions::*member, double min,
                     double max) {
-  return {flag, "engine", key, help, [member](const AgentConfig& c) { return strCat(c.engine.*member); },
+  return {flag,
+          "engine",
+          key,
+          help,
+          [member](const AgentConfig& c) { return strCat(c.engine.*member); },
           [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
 }
 
+// `v` is one of `one_of` (any value when it is empty).
+absl::Status checkOneOf(const char* flag, std::string_view v, const std::vector<std::string>& one_of) {
+  if (one_of.empty() || std::find(one_of.begin(), one_of.end(), v) != one_of.end()) return absl::OkStatus();
+  std::string allowed;
+  for (const auto& a : one_of) allowed += (allowed.empty() ? "" : ", ") + a;
+  return absl::InvalidArgumentError(strCat("--", flag, ": \"", v, "\" is not one of: ", allowed));
+}
+
 Option stringOption(const char* flag, const char* section, const char* key, const char* help,
                     std::string AgentConfig::*member, std::vector<std::string> one_of = {}) {
-  return {flag, section, key, help, [member](const AgentConfig& c) { return c.*member; },
+  return {flag,
+          section,
+          key,
+          help,
+          [member](const AgentConfig& c) { return c.*member; },
           [=](AgentConfig& c, std::string_view v) -> absl::Status {
-            if (!one_of.empty() && std::find(one_of.begin(), one_of.end(), v) == one_of.end()) {
-              std::string allowed;
-              for (const auto& a : one_of) allowed += (allowed.empty() ? "" : ", ") + a;
-              return absl::InvalidArgumentError(strCat("--", flag, ": \"", v, "\" is not one of: ", allowed));
-            }
+            TANDEM_RETURN_IF_ERROR(checkOneOf(flag, v, one_of));
             c.*member = std::string(v);
             return absl::OkStatus();
           },
@@ -72,7 +88,10 @@ Option stringOption(const char* flag, const char* section, const char* key, cons
 
 Option durationOption(const char* flag, const char* section, const char* key, const char* help,
                       std::chrono::nanoseconds AgentConfig::*member) {
-  return {flag, section, key, help,
+  return {flag,
+          section,
+          key,
+          help,
           [member](const AgentConfig& c) { return strCat(std::chrono::duration<double>(c.*member).count(), "s"); },
           [=](AgentConfig& c, std::string_view v) -> absl::Status {
             auto d = parseDuration(v);
@@ -99,88 +118,229 @@ absl::Status parseListen(AgentConfig& c, std::string_view v) {
 
 absl::StatusOr<HostPort> parseHostPort(std::string_view what, std::string_view v) {
   AgentConfig tmp;
-  if (!parseListen(tmp, v).ok()) return absl::InvalidArgumentError(strCat(what, ": expected HOST:PORT, got \"", v, "\""));
+  if (!parseListen(tmp, v).ok())
+    return absl::InvalidArgumentError(strCat(what, ": expected HOST:PORT, got \"", v, "\""));
   return HostPort{.host = tmp.host, .port = tmp.port};
+}
+
+std::string_view agentRoleName(AgentRole role) {
+  switch (role) {
+    case AgentRole::kBoth:
+      return "both";
+    case AgentRole::kPrefill:
+      return "prefill";
+    case AgentRole::kDecode:
+      return "decode";
+    case AgentRole::kRouter:
+      return "router";
+  }
+  return "both";
 }
 
 namespace {
 
+constexpr AgentRole kRoles[] = {AgentRole::kBoth, AgentRole::kPrefill, AgentRole::kDecode, AgentRole::kRouter};
+
+// --role / role: one of kRoles' names, kept as the enum.
+Option roleOption() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (AgentRole r : kRoles) n.emplace_back(agentRoleName(r));
+    return n;
+  }();
+  auto set = [](AgentConfig& c, std::string_view v) {
+    for (AgentRole r : kRoles) {
+      if (agentRoleName(r) == v) c.role = r;
+    }
+  };
+  return {"role",
+          "",
+          "role",
+          "data-plane role: both, prefill or decode (router: not yet)",
+          [](const AgentConfig& c) { return std::string(agentRoleName(c.role)); },
+          [set](AgentConfig& c, std::string_view v) -> absl::Status {
+            TANDEM_RETURN_IF_ERROR(checkOneOf("role", v, names));
+            set(c, v);
+            return absl::OkStatus();
+          },
+          [set](AgentConfig& c, ConfigMap& m) {
+            std::string v;
+            if (m.field("role", &v, {.one_of = names})) set(c, v);
+          }};
+}
+
+// --prefill-peer / kv.prefill_peer: HOST:PORT, parsed here once.
+Option prefillPeerOption() {
+  return {"prefill-peer",
+          "kv",
+          "prefill_peer",
+          "decode role: the prefill agent's KV address HOST:PORT",
+          [](const AgentConfig& c) {
+            return c.prefill_peer ? strCat(c.prefill_peer->host, ":", c.prefill_peer->port) : std::string();
+          },
+          [](AgentConfig& c, std::string_view v) -> absl::Status {
+            TANDEM_ASSIGN_OR_RETURN(c.prefill_peer, parseHostPort("--prefill-peer", v));
+            return absl::OkStatus();
+          },
+          [](AgentConfig& c, ConfigMap& m) {
+            std::string v;
+            if (!m.field("prefill_peer", &v)) return;
+            auto peer = parseHostPort("prefill_peer", v);
+            if (peer.ok())
+              c.prefill_peer = *peer;
+            else
+              m.fail("prefill_peer", strCat("expected HOST:PORT, got \"", v, "\""));
+          }};
+}
+
+// Role, names and the HTTP listener; the model.
+void addServerOptions(std::vector<Option>& o) {
+  o.push_back(roleOption());
+  o.push_back(
+      stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
+  o.push_back(
+      stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
+  o.push_back({"listen", "", "listen", "HTTP address HOST:PORT (OpenAI API, /metrics, health); port 0 picks one",
+               [](const AgentConfig& c) { return strCat(c.host, ":", c.port); }, parseListen,
+               [](AgentConfig& c, ConfigMap& m) {
+                 std::string v;
+                 if (m.field("listen", &v)) {
+                   absl::Status s = parseListen(c, v);
+                   if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
+                 }
+               }});
+  o.push_back(stringOption(
+      "port-file", "", "port_file",
+      "once serving, write the bound HTTP port (line 1) and KV port (line 2, roles prefill and decode) here",
+      &AgentConfig::port_file));
+  o.push_back(stringOption("model-dir", "model", "dir",
+                           "model directory (config.json, model.safetensors, tokenizer) [required]",
+                           &AgentConfig::model_dir));
+  o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)",
+                           &AgentConfig::model_name));
+}
+
+// engine: the EngineOptions the agent passes through.
+void addEngineOptions(std::vector<Option>& o) {
+  o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1,
+                           1 << 24));
+  o.push_back(
+      engineNumber("block-size", "block_size", "tokens per KV block", &engine::EngineOptions::block_size, 1, 1024));
+  o.push_back(engineNumber("max-batched-tokens", "max_batched_tokens", "token budget of one engine step",
+                           &engine::EngineOptions::max_num_batched_tokens, 1, 1 << 20));
+  o.push_back(engineNumber("max-num-seqs", "max_num_seqs", "sequences running at once",
+                           &engine::EngineOptions::max_num_seqs, 1, 1 << 16));
+  o.push_back(engineNumber("max-waiting", "max_waiting", "waiting-queue bound; beyond it requests get 429",
+                           &engine::EngineOptions::max_waiting, 0, 1 << 24));
+  o.push_back(engineNumber("max-model-len", "max_model_len", "context length in tokens (0: the model's)",
+                           &engine::EngineOptions::max_model_len, 0, 1 << 24));
+  o.push_back(engineNumber("expected-output-tokens", "expected_output_tokens",
+                           "output tokens reserved at admission (0: max_tokens)",
+                           &engine::EngineOptions::expected_output_tokens, 0, 1 << 24));
+  o.push_back(engineNumber("session-low-watermark-blocks", "session_low_watermark_blocks",
+                           "evict resident sessions to keep this many blocks available",
+                           &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
+  o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed, 0,
+                           1.8e19));
+  o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
+               [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 if (v == "true")
+                   c.engine.enable_prefix_cache = true;
+                 else if (v == "false")
+                   c.engine.enable_prefix_cache = false;
+                 else
+                   return absl::InvalidArgumentError(strCat("--prefix-cache: expected true or false, got \"", v, "\""));
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
+}
+
+// limits: and the drain.
+void addLimitOptions(std::vector<Option>& o) {
+  o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens",
+                           "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1, 1 << 24));
+  o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)",
+                           &AgentConfig::max_body_bytes, 1024, 1 << 30));
+  o.push_back(durationOption("request-timeout", "limits", "request_timeout",
+                             "deadline of one request, queueing included", &AgentConfig::request_timeout));
+  o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive",
+                             "idle streams get a keepalive comment this often; a client that hung up is noticed (and "
+                             "its request cancelled) at the next one",
+                             &AgentConfig::sse_keepalive));
+  o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish",
+                             &AgentConfig::drain_grace));
+}
+
+// kv: the P/D transport (roles prefill and decode).
+void addKvOptions(std::vector<Option>& o) {
+  o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
+               [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 AgentConfig tmp;
+                 absl::Status s = parseListen(tmp, v);
+                 if (!s.ok()) return absl::InvalidArgumentError(strCat("--kv-listen", toStd(s.message()).substr(8)));
+                 c.kv_host = tmp.host;
+                 c.kv_port = tmp.port;
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) {
+                 std::string v;
+                 if (m.field("listen", &v)) {
+                   AgentConfig tmp;
+                   absl::Status s = parseListen(tmp, v);
+                   if (!s.ok()) m.fail("listen", "expected HOST:PORT");
+                   c.kv_host = tmp.host;
+                   c.kv_port = tmp.port;
+                 }
+               }});
+  o.push_back(prefillPeerOption());
+  o.push_back(stringOption("kv-tls", "kv", "tls",
+                           "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
+                           &AgentConfig::kv_tls));
+  o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset",
+                           &AgentConfig::ib_sl, -1, 15));
+  o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class",
+                           "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset",
+                           &AgentConfig::ib_traffic_class, -1, 255));
+  o.push_back(
+      numberOption("kv-copy-threads", "kv", "copy_threads",
+                   "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
+                   &AgentConfig::kv_copy_threads, 1, 64));
+  o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
+                             "prefill: how long computed KV stays pinned for the decode agent",
+                             &AgentConfig::lease_ttl));
+  o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout",
+                             "decode: deadline for the prefill agent to deliver the KV",
+                             &AgentConfig::prefill_timeout));
+  o.push_back(numberOption("checksum-rate", "kv", "checksum_rate",
+                           "decode: fraction of transfers whose checksums are verified (0..1)",
+                           &AgentConfig::checksum_rate, 0, 1));
+  o.push_back(
+      numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens",
+                   "decode: compute here when the session is resident and at most this many tokens are new (0: never)",
+                   &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
+}
+
+
+// trace: and log:.
+void addLogOptions(std::vector<Option>& o) {
+  o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off",
+                           &AgentConfig::trace_file));
+  o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)",
+                           &AgentConfig::log_level));
+  o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
+}
+
+// Every option, in --help order.
 const std::vector<Option>& options() {
   static const std::vector<Option> opts = [] {
     std::vector<Option> o;
-    o.push_back(stringOption("role", "", "role", "data-plane role: both, prefill or decode (router: not yet)", &AgentConfig::role,
-                             {"both", "prefill", "decode", "router"}));
-    o.push_back(stringOption("pool", "", "pool", "InferencePool name (the `pool` label of every metric)", &AgentConfig::pool));
-    o.push_back(stringOption("worker", "", "worker", "this agent's name in traces (default: host name)", &AgentConfig::worker));
-    o.push_back({"listen", "", "listen", "HTTP address HOST:PORT (OpenAI API, /metrics, health); port 0 picks one",
-                 [](const AgentConfig& c) { return strCat(c.host, ":", c.port); }, parseListen,
-                 [](AgentConfig& c, ConfigMap& m) {
-                   std::string v;
-                   if (m.field("listen", &v)) {
-                     absl::Status s = parseListen(c, v);
-                     if (!s.ok()) m.fail("listen", toStd(s.message()).substr(10));
-                   }
-                 }});
-    o.push_back(stringOption("port-file", "", "port_file", "once serving, write the bound HTTP port (line 1) and KV port (line 2, roles prefill and decode) here", &AgentConfig::port_file));
-    o.push_back(stringOption("model-dir", "model", "dir", "model directory (config.json, model.safetensors, tokenizer) [required]", &AgentConfig::model_dir));
-    o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)", &AgentConfig::model_name));
-    o.push_back(engineNumber("num-blocks", "num_blocks", "KV blocks in the pool", &engine::EngineOptions::num_blocks, 1, 1 << 24));
-    o.push_back(engineNumber("block-size", "block_size", "tokens per KV block", &engine::EngineOptions::block_size, 1, 1024));
-    o.push_back(engineNumber("max-batched-tokens", "max_batched_tokens", "token budget of one engine step", &engine::EngineOptions::max_num_batched_tokens, 1, 1 << 20));
-    o.push_back(engineNumber("max-num-seqs", "max_num_seqs", "sequences running at once", &engine::EngineOptions::max_num_seqs, 1, 1 << 16));
-    o.push_back(engineNumber("max-waiting", "max_waiting", "waiting-queue bound; beyond it requests get 429", &engine::EngineOptions::max_waiting, 0, 1 << 24));
-    o.push_back(engineNumber("max-model-len", "max_model_len", "context length in tokens (0: the model's)", &engine::EngineOptions::max_model_len, 0, 1 << 24));
-    o.push_back(engineNumber("expected-output-tokens", "expected_output_tokens", "output tokens reserved at admission (0: max_tokens)", &engine::EngineOptions::expected_output_tokens, 0, 1 << 24));
-    o.push_back(engineNumber("session-low-watermark-blocks", "session_low_watermark_blocks", "evict resident sessions to keep this many blocks available", &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
-    o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed, 0, 1.8e19));
-    o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
-                 [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
-                 [](AgentConfig& c, std::string_view v) -> absl::Status {
-                   if (v == "true") c.engine.enable_prefix_cache = true;
-                   else if (v == "false") c.engine.enable_prefix_cache = false;
-                   else return absl::InvalidArgumentError(strCat("--prefix-cache: expected true or false, got \"", v, "\""));
-                   return absl::OkStatus();
-                 },
-                 [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
-    o.push_back(numberOption("default-max-tokens", "limits", "default_max_tokens", "max_tokens of chat requests that give none", &AgentConfig::default_max_tokens, 1, 1 << 24));
-    o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)", &AgentConfig::max_body_bytes, 1024, 1 << 30));
-    o.push_back(durationOption("request-timeout", "limits", "request_timeout", "deadline of one request, queueing included", &AgentConfig::request_timeout));
-    o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive", "idle streams get a keepalive comment this often; a client that hung up is noticed (and its request cancelled) at the next one", &AgentConfig::sse_keepalive));
-    o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish", &AgentConfig::drain_grace));
-    o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
-                 [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },
-                 [](AgentConfig& c, std::string_view v) -> absl::Status {
-                   AgentConfig tmp;
-                   absl::Status s = parseListen(tmp, v);
-                   if (!s.ok()) return absl::InvalidArgumentError(strCat("--kv-listen", toStd(s.message()).substr(8)));
-                   c.kv_host = tmp.host;
-                   c.kv_port = tmp.port;
-                   return absl::OkStatus();
-                 },
-                 [](AgentConfig& c, ConfigMap& m) {
-                   std::string v;
-                   if (m.field("listen", &v)) {
-                     AgentConfig tmp;
-                     absl::Status s = parseListen(tmp, v);
-                     if (!s.ok()) m.fail("listen", "expected HOST:PORT");
-                     c.kv_host = tmp.host;
-                     c.kv_port = tmp.port;
-                   }
-                 }});
-    o.push_back(stringOption("prefill-peer", "kv", "prefill_peer", "decode role: the prefill agent's KV address HOST:PORT", &AgentConfig::prefill_peer));
-    o.push_back(stringOption("kv-tls", "kv", "tls", "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice", &AgentConfig::kv_tls));
-    o.push_back(numberOption("ib-sl", "kv", "ib_sl", "InfiniBand service level of KV traffic (UCX_IB_SL); -1: unset", &AgentConfig::ib_sl, -1, 15));
-    o.push_back(numberOption("ib-traffic-class", "kv", "ib_traffic_class", "RoCE traffic class of KV traffic (UCX_IB_TRAFFIC_CLASS); -1: unset", &AgentConfig::ib_traffic_class, -1, 255));
-    o.push_back(numberOption("kv-copy-threads", "kv", "copy_threads",
-                             "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
-                             &AgentConfig::kv_copy_threads, 1, 64));
-    o.push_back(durationOption("lease-ttl", "kv", "lease_ttl", "prefill: how long computed KV stays pinned for the decode agent", &AgentConfig::lease_ttl));
-    o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout", "decode: deadline for the prefill agent to deliver the KV", &AgentConfig::prefill_timeout));
-    o.push_back(numberOption("checksum-rate", "kv", "checksum_rate", "decode: fraction of transfers whose checksums are verified (0..1)", &AgentConfig::checksum_rate, 0, 1));
-    o.push_back(numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens", "decode: compute here when the session is resident and at most this many tokens are new (0: never)", &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
-    o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off", &AgentConfig::trace_file));
-    o.push_back(stringOption("log-level", "log", "level", "log level or spec (info, debug, warn,engine=debug)", &AgentConfig::log_level));
-    o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
+    addServerOptions(o);
+    addEngineOptions(o);
+    addLimitOptions(o);
+    addKvOptions(o);
+    addLogOptions(o);
     return o;
   }();
   return opts;
@@ -206,25 +366,31 @@ std::string agentHelp() {
     std::string line = strCat("  --", o.flag, " VALUE");
     line.resize(std::max<size_t>(line.size() + 1, 40), ' ');
     std::string def = o.show(defaults);
-    out += strCat(line, o.help, "\n", std::string(40, ' '), "yaml: ", yaml, def.empty() ? "" : strCat("  default: ", def),
-                  "\n");
+    out += strCat(line, o.help, "\n", std::string(40, ' '), "yaml: ", yaml,
+                  def.empty() ? "" : strCat("  default: ", def), "\n");
   }
   return out;
 }
 
-absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help) {
-  *help = false;
-  AgentConfig c;
-  // Split argv into (flag, value) pairs first; --config is applied before the others.
-  std::vector<std::pair<std::string, std::string>> flags;
+namespace {
+
+// argv as (flag, value) pairs, --config apart: the file is applied before the flags.
+struct CommandLine {
+  bool help = false;
   std::string config_file;
+  std::vector<std::pair<std::string, std::string>> flags;
+};
+
+absl::StatusOr<CommandLine> splitArgs(int argc, const char* const* argv) {
+  CommandLine cl;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
-      *help = true;
-      return c;
+      cl.help = true;
+      return cl;
     }
-    if (!a.starts_with("--")) return absl::InvalidArgumentError(strCat("unexpected argument \"", a, "\" (flags start with --; see --help)"));
+    if (!a.starts_with("--"))
+      return absl::InvalidArgumentError(strCat("unexpected argument \"", a, "\" (flags start with --; see --help)"));
     a.remove_prefix(2);
     std::string name, value;
     if (size_t eq = a.find('='); eq != std::string_view::npos) {
@@ -235,42 +401,45 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
       if (i + 1 >= argc) return absl::InvalidArgumentError(strCat("--", name, ": missing value"));
       value = argv[++i];
     }
-    if (name == "config") config_file = value;
-    else flags.emplace_back(std::move(name), std::move(value));
+    if (name == "config")
+      cl.config_file = value;
+    else
+      cl.flags.emplace_back(std::move(name), std::move(value));
   }
-  if (!config_file.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(ConfigDoc doc, ConfigDoc::fromFile(config_file));
-    ConfigMap root = doc.root();
-    std::vector<std::pair<std::string, ConfigMap>> sections;
-    for (const Option& o : options()) {
-      ConfigMap* m = &root;
-      if (o.section[0]) {
-        auto it = std::find_if(sections.begin(), sections.end(), [&](const auto& s) { return s.first == o.section; });
-        if (it == sections.end()) {
-          sections.emplace_back(o.section, root.section(o.section));
-          it = sections.end() - 1;
-        }
-        m = &it->second;
+  return cl;
+}
+
+// Every option from the YAML file; all of the file's errors at once.
+absl::Status applyConfigFile(const std::string& path, AgentConfig& c) {
+  TANDEM_ASSIGN_OR_RETURN(ConfigDoc doc, ConfigDoc::fromFile(path));
+  ConfigMap root = doc.root();
+  std::vector<std::pair<std::string, ConfigMap>> sections;
+  for (const Option& o : options()) {
+    ConfigMap* m = &root;
+    if (o.section[0]) {
+      auto it = std::find_if(sections.begin(), sections.end(), [&](const auto& s) { return s.first == o.section; });
+      if (it == sections.end()) {
+        sections.emplace_back(o.section, root.section(o.section));
+        it = sections.end() - 1;
       }
-      o.fromYaml(c, *m);
+      m = &it->second;
     }
-    TANDEM_RETURN_IF_ERROR(doc.finish());
+    o.fromYaml(c, *m);
   }
+  return doc.finish();
+}
+
+absl::Status applyFlags(const std::vector<std::pair<std::string, std::string>>& flags, AgentConfig& c) {
   for (const auto& [name, value] : flags) {
     auto it = std::find_if(options().begin(), options().end(), [&](const Option& o) { return name == o.flag; });
     if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
-  if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
-  if (c.role == "router") {
-    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
-  }
-  if (c.role == "decode" && c.prefill_peer.empty()) {
-    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
-  }
-  if (!c.prefill_peer.empty()) {
-    TANDEM_RETURN_IF_ERROR(parseHostPort("--prefill-peer", c.prefill_peer).status());
-  }
+  return absl::OkStatus();
+}
+
+// Defaults that depend on other values: kv_host, model_name, worker.
+void fillDerivedDefaults(AgentConfig& c) {
   if (c.kv_host.empty()) c.kv_host = c.host;
   if (c.model_name.empty()) {
     std::string d = c.model_dir;
@@ -279,6 +448,31 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
     c.model_name = slash == std::string::npos ? d : d.substr(slash + 1);
   }
   if (c.worker.empty()) c.worker = hostName();
+}
+
+}  // namespace
+
+absl::Status validateAgentConfig(const AgentConfig& c) {
+  if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
+  if (c.role == AgentRole::kRouter) {
+    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
+  }
+  if (c.role == AgentRole::kDecode && !c.prefill_peer) {
+    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help) {
+  *help = false;
+  AgentConfig c;
+  TANDEM_ASSIGN_OR_RETURN(const CommandLine cl, splitArgs(argc, argv));
+  *help = cl.help;
+  if (cl.help) return c;
+  if (!cl.config_file.empty()) TANDEM_RETURN_IF_ERROR(applyConfigFile(cl.config_file, c));
+  TANDEM_RETURN_IF_ERROR(applyFlags(cl.flags, c));
+  TANDEM_RETURN_IF_ERROR(validateAgentConfig(c));
+  fillDerivedDefaults(c);
   return c;
 }
 

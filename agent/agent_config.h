@@ -5,48 +5,24 @@
 // source for both). docs/agent.md shows a complete file.
 
 #include <chrono>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "engine/engine.h"
 #include "src/common/status.h"
 
 namespace tandem::agent {
 
-struct AgentConfig {
-  std::string role = "both";  // both | prefill | decode | router (router is not served by this build)
-  std::string pool = "default";
-  std::string worker;         // this agent's name in traces; default: the host name
-  std::string host = "127.0.0.1";
-  int port = 8100;            // 0: pick a free port (see port_file)
-  std::string port_file;      // write the bound port here once serving (for tests and scripts)
-  std::string model_dir;      // Hugging Face-style directory (config.json, model.safetensors, tokenizer)
-  std::string model_name;     // served model id; default: the directory's base name
-  engine::EngineOptions engine;
-  int default_max_tokens = 256;                       // chat requests without max_tokens
-  size_t max_body_bytes = 8u << 20;                   // larger request bodies get 413
-  std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
-  std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
-  std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
-  std::string trace_file;     // per-request trace lines: "" off, "-" stdout, else a file (appended)
-  // P/D (roles prefill and decode): the UCX KV transport.
-  std::string kv_host;        // KV listener address; default: host
-  int kv_port = 8200;         // 0: any free port
-  std::string prefill_peer;   // decode role: the prefill agent's KV address HOST:PORT
-  std::string kv_tls;         // UCX_TLS for KV traffic ("" = UCX's choice; "tcp"; "posix,cma,tcp")
-  int ib_sl = -1;             // InfiniBand service level for KV traffic (UCX_IB_SL); -1 = unset
-  int ib_traffic_class = -1;  // RoCE traffic class for KV traffic (UCX_IB_TRAFFIC_CLASS); -1 = unset
-  int kv_copy_threads = 2;    // decode over shared memory: threads copying a large pull
-  std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
-  std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
-  double checksum_rate = 1.0; // decode: fraction of transfers whose per-block checksums are verified
-  int direct_max_suffix_tokens = 256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
-  std::string log_level = "info";   // or a spec "info,engine=debug"
-  std::string log_format = "text";  // text | json
-};
+// The data-plane role of this process (DESIGN.md §1), parsed once from
+// --role (role:). kRouter parses but is refused by parseAgentConfig (not
+// served by this build yet).
+enum class AgentRole { kBoth, kPrefill, kDecode, kRouter };
 
-// Parses argv (flags, and the file named by --config). Returns the config,
-// or an error naming the flag or the file:line:col and key. `*help` is set
-// (and the config meaningless) when --help was given.
+// "both", "prefill", "decode", "router": the flag's spelling, and the `role`
+// label of metrics, traces and logs.
+std::string_view agentRoleName(AgentRole role);
+
 // An address "HOST:PORT", PORT in [0, 65535].
 struct HostPort {
   std::string host;
@@ -56,7 +32,47 @@ struct HostPort {
 // "--prefill-peer") and the value otherwise.
 absl::StatusOr<HostPort> parseHostPort(std::string_view what, std::string_view v);
 
+struct AgentConfig {
+  AgentRole role = AgentRole::kBoth;
+  std::string pool = "default";
+  std::string worker;  // this agent's name in traces; default: the host name
+  std::string host = "127.0.0.1";
+  int port = 8100;         // 0: pick a free port (see port_file)
+  std::string port_file;   // write the bound port here once serving (for tests and scripts)
+  std::string model_dir;   // Hugging Face-style directory (config.json, model.safetensors, tokenizer)
+  std::string model_name;  // served model id; default: the directory's base name
+  engine::EngineOptions engine;
+  int default_max_tokens = 256;                                         // chat requests without max_tokens
+  size_t max_body_bytes = 8u << 20;                                     // larger request bodies get 413
+  std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
+  std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
+  std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
+  std::string trace_file;  // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  // P/D (roles prefill and decode): the UCX KV transport.
+  std::string kv_host;                   // KV listener address; default: host
+  int kv_port = 8200;                    // 0: any free port
+  std::optional<HostPort> prefill_peer;  // decode role (required there): the prefill agent's KV address
+  std::string kv_tls;                    // UCX_TLS for KV traffic ("" = UCX's choice; "tcp"; "posix,cma,tcp")
+  int ib_sl = -1;                        // InfiniBand service level for KV traffic (UCX_IB_SL); -1 = unset
+  int ib_traffic_class = -1;             // RoCE traffic class for KV traffic (UCX_IB_TRAFFIC_CLASS); -1 = unset
+  int kv_copy_threads = 2;               // decode over shared memory: threads copying a large pull
+  std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
+  std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
+  double checksum_rate = 1.0;  // decode: fraction of transfers whose per-block checksums are verified
+  int direct_max_suffix_tokens =
+      256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
+  std::string log_level = "info";   // or a spec "info,engine=debug"
+  std::string log_format = "text";  // text | json
+};
+
+// Parses argv (flags, and the file named by --config). Returns the config,
+// or an error naming the flag or the file:line:col and key. `*help` is set
+// (and the config meaningless) when --help was given.
 absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, bool* help);
+
+// What parseAgentConfig checks across fields (model_dir set, a role this
+// build serves, a prefill peer for role decode), for configs built in code.
+absl::Status validateAgentConfig(const AgentConfig& config);
 
 // The --help text.
 std::string agentHelp();

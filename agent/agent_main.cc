@@ -71,7 +71,7 @@ int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_f
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto server = AgentServer::start(*config, std::move(kv_transport_factory));
+  auto server = AgentServer::start(*config, SystemClock::instance(), std::move(kv_transport_factory));
   if (!server.ok()) {
     log.error("start-up failed", {{"error", toStd(server.status().message())}});
     return 1;

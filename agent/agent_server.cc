@@ -7,6 +7,8 @@
 #include "agent/agent_metrics.h"
 #include "agent/decode_service.h"
 #include "agent/openai_api.h"
+#include "agent/openai_request.h"
+#include "agent/openai_stream.h"
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
 #include "agent/trace.h"
@@ -36,22 +38,41 @@ std::string newId(std::string_view prefix) {
   return strCat(prefix, buf);
 }
 
-int64_t unixNow() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+int64_t unixSeconds(WallTime t) {
+  return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
-bool normalFinish(engine::FinishReason r) {
-  return r == engine::FinishReason::kEos || r == engine::FinishReason::kLength || r == engine::FinishReason::kStop;
+bool isPdRole(AgentRole role) { return role == AgentRole::kPrefill || role == AgentRole::kDecode; }
+
+// The KV transport of roles prefill and decode, and the KV pool it
+// allocates (set while the engine is built; null in role both).
+struct KvSetup {
+  transport::TransportOptions transport;
+  std::shared_ptr<transport::UcxRegion> pool;
+};
+
+transport::TransportOptions kvTransportOptions(const AgentConfig& config) {
+  return {.host = config.kv_host,
+          .port = config.kv_port,
+          .tls = config.kv_tls,
+          .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
+          .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt,
+          .copy_threads = config.kv_copy_threads};
 }
 
 }  // namespace
 
 struct AgentServer::Impl {
-  AgentConfig config;
+  Impl(const AgentConfig& c, const Clock& clk) : config(c), clock(clk), role(agentRoleName(c.role)) {}
+
+  const AgentConfig config;
+  const Clock& clock;      // not owned; outlives the server
+  const std::string role;  // the `role` label of metrics and traces
   Logger log{"agent"};
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   ApiLimits limits;
   engine::EngineOptions engine_options;  // the engine's, for checks made before a request reaches it
+  std::string cpu_simd;                  // the CPU backend's vector code, for the start-up log
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
@@ -70,10 +91,11 @@ struct AgentServer::Impl {
     std::string id;
     int64_t created;
     std::string session;
-    bool include_usage = false;
-    std::string text;
-    bool role_sent = false;
+    std::string text;                           // unary: the text so far
+    std::optional<OpenAiStreamEncoder> stream;  // streamed: its encoder
   };
+
+  // ---- Serving (HTTP threads; engine callbacks on the loop's thread) ----
 
   // Runs a request here (roles both, prefill) or disaggregated (role decode).
   // The callback sees the typed transfer failure, if one ended the request.
@@ -86,8 +108,12 @@ struct AgentServer::Impl {
     const std::string path(pdPathName(info.path));
     metrics->onFinish(u, path);
     if (trace) {
-      trace->write(traceRecord({.request_id = call.id, .model = limits.model_name, .role = config.role,
-                                .worker = config.worker, .path = path, .kv = info.timings ? &*info.timings : nullptr},
+      trace->write(traceRecord({.request_id = call.id,
+                                .model = limits.model_name,
+                                .role = role,
+                                .worker = config.worker,
+                                .path = path,
+                                .kv = info.timings ? &*info.timings : nullptr},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},
@@ -96,46 +122,63 @@ struct AgentServer::Impl {
                                    {"output_tokens", u.num_output_tokens}});
   }
 
+  // Why a parsed request cannot be admitted now (draining is checked
+  // before parsing), answered before any stream opens so the client gets
+  // the HTTP status, not an error event in a 200 stream.
+  std::optional<ApiError> refuse(const ParsedRequest& p) {
+    if (auto why = engine::capacityRejection(engine_options, static_cast<int>(p.spec.prompt.size()), p.spec)) {
+      engine::RequestUpdate u;
+      u.finished = true;
+      u.finish_reason = engine::FinishReason::kRejected;
+      u.reject_reason = engine::RejectReason::kCapacity;
+      u.message = std::move(*why);
+      return errorForFinish(u);
+    }
+    if (loop->numLive() >= max_live) {
+      return ApiError{.status = 429,
+                      .type = "rate_limit_error",
+                      .message = strCat("too many requests in flight (", max_live, "); retry later"),
+                      .code = "queue_full",
+                      .headers = {{"Retry-After", "1"}}};
+    }
+    return std::nullopt;
+  }
+
   http::Response generate(Endpoint endpoint, http::Request& req) {
     if (draining.load()) {
-      return apiError({.status = 503, .type = "service_unavailable_error", .message = "this agent is draining", .code = "draining"});
+      return apiError({.status = 503,
+                       .type = "service_unavailable_error",
+                       .message = "this agent is draining",
+                       .code = "draining"});
     }
     auto body = req.json();
     if (!body.ok()) return apiError({.status = 400, .message = std::string(toStd(body.status().message()))});
     auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"));
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
-    if (auto why = engine::capacityRejection(engine_options, static_cast<int>(p.spec.prompt.size()), p.spec)) {
-      // Before a stream opens, so the client gets a 400 status, not an error event in a 200 stream.
-      engine::RequestUpdate u;
-      u.finished = true;
-      u.finish_reason = engine::FinishReason::kRejected;
-      u.reject_reason = engine::RejectReason::kCapacity;
-      u.message = std::move(*why);
-      return apiError(errorForFinish(u));
-    }
-    if (loop->numLive() >= max_live) {
-      return apiError({.status = 429, .type = "rate_limit_error",
-                       .message = strCat("too many requests in flight (", max_live, "); retry later"),
-                       .code = "queue_full", .headers = {{"Retry-After", "1"}}});
-    }
-    p.spec.deadline = SystemClock::instance().now() + config.request_timeout;
+    if (auto e = refuse(p)) return apiError(*e);
+    p.spec.deadline = clock.now() + config.request_timeout;
     auto call = std::make_shared<Call>();
     call->endpoint = endpoint;
     call->id = newId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
-    call->created = unixNow();
+    call->created = unixSeconds(clock.wallNow());
     call->session = p.spec.session ? p.spec.session->value() : "";
-    call->include_usage = p.include_usage;
-    return p.stream ? stream(call, std::move(p)) : unary(call, std::move(p));
+    if (!p.stream) return unary(call, std::move(p.spec));
+    call->stream.emplace(OpenAiStreamEncoder::Options{.endpoint = endpoint,
+                                                      .id = call->id,
+                                                      .created = call->created,
+                                                      .model = limits.model_name,
+                                                      .include_usage = p.include_usage});
+    return stream(call, std::move(p.spec));
   }
 
-  http::Response unary(std::shared_ptr<Call> call, ParsedRequest p) {
-    return http::Response::deferred([this, call, spec = std::move(p.spec)](std::shared_ptr<http::Responder> r) mutable {
+  http::Response unary(std::shared_ptr<Call> call, engine::RequestSpec spec) {
+    return http::Response::deferred([this, call, spec = std::move(spec)](std::shared_ptr<http::Responder> r) mutable {
       uint64_t handle = submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
         call->text += u.text_delta;
         if (!u.finished) return;
         finished(*call, u, info);
-        if (!normalFinish(u.finish_reason)) {
+        if (!isNormalFinish(u.finish_reason)) {
           r->respond(apiError(errorForFinish(u, info.failure)));
           return;
         }
@@ -148,35 +191,23 @@ struct AgentServer::Impl {
     });
   }
 
-  http::Response stream(std::shared_ptr<Call> call, ParsedRequest p) {
-    return http::Response::sse([this, call, spec = std::move(p.spec)](std::shared_ptr<http::SseWriter> w) mutable {
+  http::Response stream(std::shared_ptr<Call> call, engine::RequestSpec spec) {
+    return http::Response::sse([this, call, spec = std::move(spec)](std::shared_ptr<http::SseWriter> w) mutable {
       uint64_t handle = submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
-        const std::string& model = limits.model_name;
-        if (!u.text_delta.empty() || (u.finished && normalFinish(u.finish_reason) && !call->role_sent)) {
-          bool role = call->endpoint == Endpoint::kChat && !call->role_sent;
-          if (role) {
-            w->send(chunkBody(call->endpoint, call->id, call->created, model, "", "", true, call->include_usage).dump());
-            call->role_sent = true;
-          }
-          if (!u.text_delta.empty()) {
-            w->send(chunkBody(call->endpoint, call->id, call->created, model, u.text_delta, "", false, call->include_usage).dump());
+        OpenAiStreamEncoder& encoder = *call->stream;
+        std::string bytes = encoder.text(u.text_delta);
+        if (u.finished) {
+          finished(*call, u, info);
+          if (isNormalFinish(u.finish_reason)) {
+            bytes += encoder.finish(u.finish_reason, {u.num_prompt_tokens, u.num_output_tokens});
+          } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
+            bytes += encoder.fail(errorForFinish(u, info.failure));
+          } else {
+            bytes += encoder.done();  // the client is gone: nobody reads an error
           }
         }
-        if (!u.finished) return;
-        finished(*call, u, info);
-        if (normalFinish(u.finish_reason)) {
-          w->send(chunkBody(call->endpoint, call->id, call->created, model, "", openAiFinishReason(u.finish_reason),
-                            false, call->include_usage).dump());
-          if (call->include_usage) {
-            w->send(usageChunkBody(call->endpoint, call->id, call->created, model,
-                                   {u.num_prompt_tokens, u.num_output_tokens}).dump());
-          }
-        } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
-          // The status line is already sent; the error travels as an event, as OpenAI's API does.
-          w->send(errorForFinish(u, info.failure).toJson().dump());
-        }
-        w->send("[DONE]");
-        w->close();
+        if (!bytes.empty()) w->sendRaw(bytes);
+        if (u.finished) w->close();
       });
       w->context().onCancel([this, handle] { loop->cancel(handle); });
     });
@@ -194,7 +225,10 @@ struct AgentServer::Impl {
       return http::Response::text(200, metrics::serializeText(registry), std::string(metrics::kContentType));
     });
     r.handle("GET", "/v1/models", [this](http::Request&) {
-      json model = {{"id", limits.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
+      json model = {{"id", limits.model_name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "tandem"},
                     {"max_model_len", limits.max_model_len}};
       return http::Response::json(200, json{{"object", "list"}, {"data", json::array({model})}});
     });
@@ -202,102 +236,119 @@ struct AgentServer::Impl {
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
     return r;
   }
-};
 
-absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config,
-                                                                transport::KvTransportFactory kv_transport_factory) {
-  auto impl = std::make_unique<Impl>();
-  impl->config = config;
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tokenizer,
-                          engine::loadTokenizer(config.model_dir, weights->config));
-  impl->tokenizer = std::move(tokenizer);
-  std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
-  const bool pd_role = config.role == "prefill" || config.role == "decode";
-  const transport::TransportOptions kv_transport{
-      .host = config.kv_host,
-      .port = config.kv_port,
-      .tls = config.kv_tls,
-      .ib_sl = config.ib_sl >= 0 ? std::optional<int>(config.ib_sl) : std::nullopt,
-      .ib_traffic_class = config.ib_traffic_class >= 0 ? std::optional<int>(config.ib_traffic_class) : std::nullopt,
-      .copy_threads = config.kv_copy_threads};
-  engine::EngineOptions engine_options = config.engine;
-  std::shared_ptr<transport::UcxRegion> kv_pool;
-  if (pd_role) {
-    // The KV pool lives in memory UCX allocated, so a peer on the same
-    // machine can read it over shared memory (transport/ucx_transport.h).
-    engine_options.kv_memory = [&](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
-      TANDEM_ASSIGN_OR_RETURN(kv_pool, transport::UcxRegion::allocate(bytes, kv_transport));
-      return engine::KvMemory{.bytes = kv_pool->bytes(), .keep_alive = kv_pool};
-    };
+  // ---- Start-up steps, in the order start() runs them ----
+
+  // Loads the model and tokenizer and builds the engine on the CPU backend.
+  // Roles prefill and decode put the KV pool in memory UCX allocated
+  // (kv->pool), so a peer on the same machine can read it over shared
+  // memory (transport/ucx_transport.h).
+  absl::StatusOr<std::unique_ptr<engine::Engine>> buildEngine(KvSetup& kv) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
+                            engine::loadTokenizer(config.model_dir, weights->config));
+    tokenizer = std::move(tok);
+    std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
+    engine::EngineOptions options = config.engine;
+    if (isPdRole(config.role)) {
+      options.kv_memory = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
+        TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));
+        return engine::KvMemory{.bytes = kv.pool->bytes(), .keep_alive = kv.pool};
+      };
+    }
+    // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
+    // value is a start-up error here (the backend itself would abort on it).
+    TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
+    auto backend = std::make_unique<engine::CpuBackend>(engine::CpuBackendOptions{.simd = simd});
+    cpu_simd = std::string(engine::simdLevelName(backend->simdLevel()));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                            engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
+    limits = {.model_name = config.model_name,
+              .max_model_len = engine->options().max_model_len,
+              .default_max_tokens = config.default_max_tokens,
+              .chat_format = tokenizer->chatFormat()};
+    max_live = engine->options().max_num_seqs + engine->options().max_waiting;
+    engine_options = engine->options();  // resolved, immutable: read on HTTP threads
+    engine_options.kv_memory = nullptr;  // refers to start()'s KvSetup
+    return engine;
   }
-  // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
-  // value is a start-up error here (the backend itself would abort on it).
-  TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
-  auto backend = std::make_unique<engine::CpuBackend>(engine::CpuBackendOptions{.simd = simd});
-  const std::string_view cpu_simd = engine::simdLevelName(backend->simdLevel());
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                          engine::Engine::create(engine_options, shared_weights, std::move(backend),
-                                                 impl->tokenizer, SystemClock::instance()));
-  impl->limits = {.model_name = config.model_name,
-                  .max_model_len = engine->options().max_model_len,
-                  .default_max_tokens = config.default_max_tokens};
-  impl->max_live = engine->options().max_num_seqs + engine->options().max_waiting;
-  impl->engine_options = engine->options();  // resolved, immutable: read on HTTP threads
-  impl->engine_options.kv_memory = nullptr;  // holds references to this function's locals
-  impl->metrics = std::make_unique<AgentMetrics>(impl->registry, config.pool, config.role);
-  if (!config.trace_file.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(impl->trace, TraceWriter::open(config.trace_file));
+
+  // The agent's and the transport's metrics (with the engine's initial
+  // KV gauges) and the trace file, then the engine's thread, which keeps
+  // the gauges current after every step.
+  absl::Status startEngineLoop(std::unique_ptr<engine::Engine> engine) {
+    metrics = std::make_unique<AgentMetrics>(registry, config.pool, role);
+    if (!config.trace_file.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(trace, TraceWriter::open(config.trace_file));
+    }
+    engine::StepStats initial;
+    initial.num_total_blocks = engine->options().num_blocks;
+    initial.num_free_blocks = engine->numAvailableBlocks();
+    metrics->onStep(initial);
+    pd_metrics = std::make_unique<PdMetrics>(registry, metrics::Labels{{"pool", config.pool}, {"role", role}});
+    loop = std::make_unique<engine::EngineLoop>(std::move(engine),
+                                                [this](const engine::StepStats& s, const engine::Engine& e) {
+                                                  metrics->onStep(s);
+                                                  pd_metrics->leases.set(e.numLeases());
+                                                });
+    return absl::OkStatus();
   }
-  engine::StepStats initial;
-  initial.num_total_blocks = engine->options().num_blocks;
-  initial.num_free_blocks = engine->numAvailableBlocks();
-  impl->metrics->onStep(initial);
-  Impl* raw = impl.get();
-  impl->pd_metrics = std::make_unique<PdMetrics>(impl->registry, metrics::Labels{{"pool", config.pool}, {"role", config.role}});
-  impl->loop = std::make_unique<engine::EngineLoop>(std::move(engine), [raw](const engine::StepStats& s, const engine::Engine& e) {
-    raw->metrics->onStep(s);
-    raw->pd_metrics->leases.set(e.numLeases());
-  });
-  if (pd_role) {
+
+  // Roles prefill and decode: the P/D service on the KV port (pd.md).
+  absl::Status startPdService(const KvSetup& kv, transport::KvTransportFactory kv_transport_factory) {
+    if (!isPdRole(config.role)) return absl::OkStatus();
     PdOptions pd;
-    pd.transport = kv_transport;
-    pd.transport.pool = kv_pool;
+    pd.transport = kv.transport;
+    pd.transport.pool = kv.pool;
     pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
-    const PdEnv env{.loop = *impl->loop,
-                    .metrics = *impl->pd_metrics,
-                    .clock = SystemClock::instance(),
-                    .transport = std::move(kv_transport_factory)};
-    if (config.role == "prefill") {
+    const PdEnv env{.loop = *loop, .metrics = *pd_metrics, .clock = clock, .transport = std::move(kv_transport_factory)};
+    if (config.role == AgentRole::kPrefill) {
       // Prefills for decode agents count like any request here (path disagg).
-      TANDEM_ASSIGN_OR_RETURN(impl->prefill, PrefillService::start(env, pd, [raw](const engine::RequestUpdate& u) {
-                                raw->finished(Impl::Call{.id = strCat("prefill-", u.id.value())}, u, PdInfo{.path = PdPath::kDisagg});
-                              }));
-      impl->kv_port = impl->prefill->port();
+      TANDEM_ASSIGN_OR_RETURN(
+          prefill, PrefillService::start(env, pd, [this](const engine::RequestUpdate& u) {
+            finished(Call{.id = strCat("prefill-", u.id.value())}, u, PdInfo{.path = PdPath::kDisagg});
+          }));
+      kv_port = prefill->port();
     } else {
-      TANDEM_ASSIGN_OR_RETURN(const HostPort peer, parseHostPort("--prefill-peer", config.prefill_peer));
-      pd.peer_host = peer.host;
-      pd.peer_port = peer.port;
-      TANDEM_ASSIGN_OR_RETURN(impl->decode, DecodeService::start(env, pd));
-      impl->kv_port = impl->decode->port();
+      pd.peer_host = config.prefill_peer->host;  // parseAgentConfig requires it for role decode
+      pd.peer_port = config.prefill_peer->port;
+      TANDEM_ASSIGN_OR_RETURN(decode, DecodeService::start(env, pd));
+      kv_port = decode->port();
     }
+    return absl::OkStatus();
   }
-  TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
-                                                             .port = config.port,
-                                                             .maxBodyBytes = config.max_body_bytes,
-                                                             .requestTimeout = config.request_timeout,
-                                                             .sseKeepalive = config.sse_keepalive},
-                                                            impl->routes()));
-  impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
-                             {"kv_port", impl->kv_port},
-                             {"model", config.model_name},
-                             {"role", config.role},
-                             {"pool", config.pool},
-                             {"kv_blocks", config.engine.num_blocks},
-                             {"cpu_simd", cpu_simd}});
+
+  // The HTTP listener, serving routes() from here on.
+  absl::Status startHttp() {
+    TANDEM_ASSIGN_OR_RETURN(server, http::Server::start({.host = config.host,
+                                                         .port = config.port,
+                                                         .maxBodyBytes = config.max_body_bytes,
+                                                         .requestTimeout = config.request_timeout,
+                                                         .sseKeepalive = config.sse_keepalive},
+                                                        routes()));
+    log.info("serving", {{"address", strCat(config.host, ":", server->port())},
+                         {"kv_port", kv_port},
+                         {"model", config.model_name},
+                         {"role", role},
+                         {"pool", config.pool},
+                         {"kv_blocks", config.engine.num_blocks},
+                         {"cpu_simd", cpu_simd}});
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config, const Clock& clock,
+                                                                transport::KvTransportFactory kv_transport_factory) {
+  TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
+  auto impl = std::make_unique<Impl>(config, clock);
+  KvSetup kv{.transport = kvTransportOptions(config)};
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, impl->buildEngine(kv));
+  TANDEM_RETURN_IF_ERROR(impl->startEngineLoop(std::move(engine)));
+  TANDEM_RETURN_IF_ERROR(impl->startPdService(kv, std::move(kv_transport_factory)));
+  TANDEM_RETURN_IF_ERROR(impl->startHttp());
   return std::unique_ptr<AgentServer>(new AgentServer(std::move(impl)));
 }
 

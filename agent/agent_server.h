@@ -1,7 +1,8 @@
 #pragma once
-// The agent in role `both`: loads the model, runs the engine on its own
-// thread (EngineLoop) and serves the OpenAI-compatible API, health and
-// metrics over HTTP (DESIGN.md §5: port 8100).
+// The agent: loads the model, runs the engine on its own thread
+// (EngineLoop), runs the P/D service of roles prefill and decode (pd.md) and
+// serves the OpenAI-compatible API, health and metrics over HTTP
+// (DESIGN.md §5: port 8100).
 //
 //   GET  /healthz               200 while the process runs
 //   GET  /readyz                200 when the model is loaded, the engine steps and we are not draining; else 503
@@ -13,21 +14,28 @@
 // A client that disconnects cancels its request through the engine's one
 // cleanup path, so its KV blocks return to the pool. Thread-safe: handlers run
 // on the HTTP thread pool and talk to the engine only through EngineLoop.
+//
+// Time: every deadline and timestamp comes from the Clock given to start(),
+// which the engine gets too (SystemClock::instance() only in main).
 
 #include <atomic>
 #include <memory>
 
 #include "agent/agent_config.h"
 #include "agent/transport/kv_transport.h"
+#include "src/common/clock.h"
 #include "src/common/status.h"
 
 namespace tandem::agent {
 
 class AgentServer {
  public:
-  // `kv_transport_factory` starts the KV transport of roles prefill and
-  // decode (empty: UCX; the fault-injecting test agent passes its own).
-  static absl::StatusOr<std::unique_ptr<AgentServer>> start(const AgentConfig& config,
+  // Builds the engine, the P/D service (roles prefill, decode) and the HTTP
+  // routes, then starts listening. `clock` is not owned and must outlive
+  // the server. `kv_transport_factory` starts the KV transport of roles
+  // prefill and decode (empty: UCX; the fault-injecting test agent passes
+  // its own).
+  static absl::StatusOr<std::unique_ptr<AgentServer>> start(const AgentConfig& config, const Clock& clock,
                                                             transport::KvTransportFactory kv_transport_factory = {});
   ~AgentServer();
 

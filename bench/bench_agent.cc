@@ -59,7 +59,7 @@
 
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
-#include "agent/openai_api.h"
+#include "agent/openai_request.h"
 #include "bench/bench_report.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -317,7 +317,7 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
   config.port = 0;
   config.log_level = kLogLevel;
   config.engine.seed = 1;
-  auto server = agent::AgentServer::start(config);
+  auto server = agent::AgentServer::start(config, SystemClock::instance());
   if (!server.ok()) return fail("agent start-up", server.status());
   const std::string base_url = strCat("http://127.0.0.1:", (*server)->port());
   if (!waitReady(base_url)) {

@@ -161,7 +161,7 @@ struct Agent {
 };
 
 absl::StatusOr<Agent> startAgent(const std::string& dir, const std::string& name, const std::string& model_dir,
-                                 const std::string& role, const std::string& tls, int prefill_kv_port) {
+                                 agent::AgentRole role, const std::string& tls, int prefill_kv_port) {
   agent::AgentConfig c;
   c.model_dir = model_dir;
   c.model_name = "tiny";
@@ -175,8 +175,8 @@ absl::StatusOr<Agent> startAgent(const std::string& dir, const std::string& name
   c.kv_host = "127.0.0.1";
   c.kv_port = 0;
   c.kv_tls = tls;
-  if (prefill_kv_port > 0) c.prefill_peer = strCat("127.0.0.1:", prefill_kv_port);
-  TANDEM_ASSIGN_OR_RETURN(auto server, agent::AgentServer::start(c));
+  if (prefill_kv_port > 0) c.prefill_peer = agent::HostPort{.host = "127.0.0.1", .port = prefill_kv_port};
+  TANDEM_ASSIGN_OR_RETURN(auto server, agent::AgentServer::start(c, SystemClock::instance()));
   Agent a{.server = std::move(server), .trace = c.trace_file, .url = ""};
   a.url = strCat("http://127.0.0.1:", a.server->port(), "/v1/completions");
   return a;
@@ -208,7 +208,7 @@ bool ttftSplit(std::vector<bench::Result>& results, const std::string& dir) {
     return s;
   };
   const std::vector<std::pair<int, int>> sizes = {{1024, 7}, {4096, 5}, {8192, 3}};  // tokens, repetitions
-  auto mono = startAgent(dir, "mono", model_dir, "both", "", 0);
+  auto mono = startAgent(dir, "mono", model_dir, agent::AgentRole::kBoth, "", 0);
   if (!mono.ok()) return false;
   std::vector<std::string> warmup = {fresh(512), fresh(512)};
   if (!serve(*mono, warmup)) return false;
@@ -227,9 +227,9 @@ bool ttftSplit(std::vector<bench::Result>& results, const std::string& dir) {
 
   for (const std::string tls : {"tcp", "posix,cma,tcp"}) {
     const std::string tname = tls == "tcp" ? "tcp" : "shm";
-    auto p = startAgent(dir, "prefill-" + tname, model_dir, "prefill", tls, 0);
+    auto p = startAgent(dir, "prefill-" + tname, model_dir, agent::AgentRole::kPrefill, tls, 0);
     if (!p.ok()) return false;
-    auto d = startAgent(dir, "decode-" + tname, model_dir, "decode", tls, p->server->kvPort());
+    auto d = startAgent(dir, "decode-" + tname, model_dir, agent::AgentRole::kDecode, tls, p->server->kvPort());
     if (!d.ok()) return false;
     if (!serve(*d, warmup)) return false;
     for (auto [n, reps] : sizes) {

@@ -60,7 +60,7 @@ std::string_view rejectReasonName(RejectReason r) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
                                                        std::shared_ptr<const ModelWeights> weights,
                                                        std::unique_ptr<Backend> backend,
-                                                       std::shared_ptr<const Tokenizer> tokenizer, Clock& clock) {
+                                                       std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock) {
   if (!weights) return absl::InvalidArgumentError("engine: no model weights");
   if (!backend) return absl::InvalidArgumentError("engine: no backend");
   const ModelConfig& mc = weights->config;
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights,
                std::unique_ptr<Backend> backend, std::unique_ptr<LlamaModel> model,
-               std::shared_ptr<const Tokenizer> tokenizer, Clock& clock, std::unique_ptr<KvStorage> kv)
+               std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock, std::unique_ptr<KvStorage> kv)
     : options_(options),
       weights_(std::move(weights)),
       backend_(std::move(backend)),

@@ -98,7 +98,7 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> create(const EngineOptions& options,
                                                         std::shared_ptr<const ModelWeights> weights,
                                                         std::unique_ptr<Backend> backend,
-                                                        std::shared_ptr<const Tokenizer> tokenizer, Clock& clock);
+                                                        std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock);
   ~Engine();
 
   // Queues a request. A request refused at the door gets its final update
@@ -168,7 +168,7 @@ class Engine {
 
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
-         std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, Clock& clock,
+         std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock,
          std::unique_ptr<KvStorage> kv);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
   void postprocess(Sequence* seq, std::span<const float> logits);
@@ -188,7 +188,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
-  Clock& clock_;
+  const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
   BlockManager blocks_;
   SessionStore sessions_;

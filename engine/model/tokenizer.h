@@ -27,6 +27,14 @@ namespace spm {
 class Processor;
 }
 
+// The chat format of a tokenizer's model family. The agent renders chat
+// requests in it (agent/chat_template.h); the tokenizer declares it, so the
+// choice is made once where the tokenizer is picked, not guessed from its type.
+enum class ChatFormat {
+  kTandem,  // the built-in tiny model: <|role|> headers
+  kLlama2,  // Llama-2 chat: [INST] ... [/INST]
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -40,6 +48,7 @@ class Tokenizer {
   // -1 when the tokenizer has no such token.
   virtual TokenId bosId() const = 0;
   virtual TokenId eosId() const = 0;
+  virtual ChatFormat chatFormat() const = 0;
 };
 
 // The built-in tiny model's tokenizer. Exact, fixed mapping (vocab 100):
@@ -63,6 +72,7 @@ class ByteTokenizer final : public Tokenizer {
   int vocabSize() const override { return kVocabSize; }
   TokenId bosId() const override { return kBosId; }
   TokenId eosId() const override { return kEosId; }
+  ChatFormat chatFormat() const override { return ChatFormat::kTandem; }
 };
 
 // tokenizer_config.json "tokenizer_class" that selects ByteTokenizer.
@@ -85,6 +95,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   int vocabSize() const override;
   TokenId bosId() const override;
   TokenId eosId() const override;
+  ChatFormat chatFormat() const override { return ChatFormat::kLlama2; }
 
  private:
   explicit SentencePieceTokenizer(std::unique_ptr<spm::Processor> processor);

@@ -61,7 +61,8 @@ trace:
 
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),
+            std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "0"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--bogus", "1"})).find("unknown flag --bogus"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir"})).find("--model-dir: missing value"), std::string::npos);
@@ -69,8 +70,10 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({"--model-dir", "m", "--listen", "nowhere"})).find("expected HOST:PORT"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--log-format", "xml"})).find("not one of: text, json"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"})).find("not served by this build"), std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"), std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"})).find("--prefill-peer: expected HOST:PORT"),
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"}))
+                .find("--prefill-peer: expected HOST:PORT"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--checksum-rate", "2"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);
@@ -83,6 +86,34 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({"--config", "/nonexistent.yaml"})).find("/nonexistent.yaml"), std::string::npos);
   std::string broken = writeFile("broken.yaml", "engine: [1,\n");
   EXPECT_NE(msg(parse({"--config", broken})).find("invalid YAML"), std::string::npos);
+}
+
+TEST(AgentConfigTest, RoleAndPrefillPeerAreParsedOnce) {
+  auto c = parse({"--model-dir", "m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->role, AgentRole::kBoth);
+  EXPECT_FALSE(c->prefill_peer.has_value());
+  c = parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "10.0.0.1:8201"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->role, AgentRole::kDecode);
+  ASSERT_TRUE(c->prefill_peer.has_value());
+  EXPECT_EQ(c->prefill_peer->host, "10.0.0.1");
+  EXPECT_EQ(c->prefill_peer->port, 8201);
+  std::string path = writeFile("roles.yaml", "role: prefill\nmodel:\n  dir: m\nkv:\n  prefill_peer: p:1\n");
+  c = parse({"--config", path});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->role, AgentRole::kPrefill);
+  EXPECT_EQ(c->prefill_peer->host, "p");
+  auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "wizard"}))
+                .find("--role: \"wizard\" is not one of: both, prefill, decode, router"),
+            std::string::npos);
+  std::string bad = writeFile("bad_roles.yaml", "role: wizard\nmodel:\n  dir: m\nkv:\n  prefill_peer: nohost\n");
+  std::string m = msg(parse({"--config", bad}));
+  EXPECT_NE(m.find("role"), std::string::npos) << m;
+  EXPECT_NE(m.find("kv.prefill_peer: expected HOST:PORT"), std::string::npos) << m;
+  EXPECT_EQ(agentRoleName(AgentRole::kPrefill), "prefill");
+  EXPECT_NE(agentHelp().find("--role VALUE"), std::string::npos);
 }
 
 TEST(AgentConfigTest, HelpListsEveryFlagWithYamlKey) {

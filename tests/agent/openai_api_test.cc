@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/chat_template.h"
+#include "agent/openai_request.h"
+
 #include "tests/engine/model/scratch_dir.h"
 #include "tests/engine/model/sentencepiece_train_util.h"
 
@@ -44,9 +47,18 @@ TEST_F(OpenAiApiTest, CompletionDefaultsAndFields) {
   EXPECT_FLOAT_EQ(r.spec.sampling.temperature, 1.0f);
   EXPECT_FALSE(r.stream);
 
-  r = ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", {5, 6, 7}}, {"max_tokens", 3}, {"temperature", 0},
-                                  {"top_p", 0.5}, {"top_k", 4}, {"seed", 9}, {"stop", {"a", "b"}}, {"stream", true},
-                                  {"stream_options", {{"include_usage", true}}}, {"user", "u1"}, {"n", 1}});
+  r = ok(Endpoint::kCompletions, {{"model", "tiny"},
+                                  {"prompt", {5, 6, 7}},
+                                  {"max_tokens", 3},
+                                  {"temperature", 0},
+                                  {"top_p", 0.5},
+                                  {"top_k", 4},
+                                  {"seed", 9},
+                                  {"stop", {"a", "b"}},
+                                  {"stream", true},
+                                  {"stream_options", {{"include_usage", true}}},
+                                  {"user", "u1"},
+                                  {"n", 1}});
   EXPECT_EQ(r.spec.prompt, (std::vector<TokenId>{5, 6, 7}));
   EXPECT_EQ(r.spec.sampling.max_tokens, 3);
   EXPECT_EQ(r.spec.sampling.temperature, 0.0f);
@@ -63,14 +75,16 @@ TEST_F(OpenAiApiTest, CompletionDefaultsAndFields) {
 }
 
 TEST_F(OpenAiApiTest, SessionHeaderWinsOverUser) {
-  auto r = std::get<ParsedRequest>(parse(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "x"}, {"user", "u"}}, "sess-9"));
+  auto r = std::get<ParsedRequest>(
+      parse(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "x"}, {"user", "u"}}, "sess-9"));
   EXPECT_EQ(r.spec.session, SessionId("sess-9"));
 }
 
 TEST_F(OpenAiApiTest, ChatRendersDocumentedTemplate) {
   ParsedRequest r = ok(Endpoint::kChat, {{"model", "tiny"},
-                                         {"messages", {{{"role", "system"}, {"content", "be brief"}},
-                                                       {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}},
+                                         {"messages",
+                                          {{{"role", "system"}, {"content", "be brief"}},
+                                           {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}},
                                          {"max_completion_tokens", 5}});
   std::vector<TokenId> expected{1};
   auto t = tok.encode("<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
@@ -103,10 +117,12 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kChat, {{"model", "tiny"}}, 400, "messages", "'messages' is required");
   bad(Endpoint::kChat, with(base_m, "messages", json::array()), 400, "messages", "at least one message");
   bad(Endpoint::kChat, with(base_m, "messages", "hi"), 400, "messages", "must be an array");
-  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "wizard"}, {"content", "x"}}}), 400, "messages[0].role", "'wizard'");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "wizard"}, {"content", "x"}}}), 400, "messages[0].role",
+      "'wizard'");
   bad(Endpoint::kChat, with(base_m, "messages", {{{"content", "x"}}}), 400, "messages[0].role", "required");
   bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}}}), 400, "messages[0].content", "required");
-  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", 5}}}), 400, "messages[0].content", "must be a string");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", 5}}}), 400, "messages[0].content",
+      "must be a string");
   bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}), 400,
       "messages[0].content", "only text");
   // wrong types
@@ -120,7 +136,8 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", -1), 400, "max_tokens", "at least 1");
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", 0), 400, "max_tokens", "at least 1");
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", 1000000000), 400, "max_tokens", "at most");
-  bad(Endpoint::kCompletions, with(base_c, "max_tokens", json(18446744073709551615ULL)), 400, "max_tokens", "too large");
+  bad(Endpoint::kCompletions, with(base_c, "max_tokens", json(18446744073709551615ULL)), 400, "max_tokens",
+      "too large");
   bad(Endpoint::kCompletions, with(base_c, "max_tokens", 1e20), 400, "max_tokens", "too large");
   bad(Endpoint::kCompletions, with(base_c, "seed", -1e300), 400, "seed", "too large");
   bad(Endpoint::kChat, with(base_m, "max_completion_tokens", 100), 400, "max_completion_tokens", "at most");
@@ -144,24 +161,37 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "echo", 1), 400, "echo", "not supported");
   bad(Endpoint::kCompletions, with(base_c, "echo", true), 400, "echo", "not supported");
   bad(Endpoint::kChat, with(base_m, "tool_choice", "auto"), 400, "tool_choice", "not supported");
-  bad(Endpoint::kChat, with(base_m, "response_format", {{"type", "json_object"}}), 400, "response_format", "not supported");
-  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "hi"}}}}}}), 400,
-      "messages[0].content", "only text");
-  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", nullptr}, {"text", "hi"}}}}}}),
+  bad(Endpoint::kChat, with(base_m, "response_format", {{"type", "json_object"}}), 400, "response_format",
+      "not supported");
+  bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "hi"}}}}}}),
       400, "messages[0].content", "only text");
-  bad(Endpoint::kCompletions, with(base_c, "stream_options", {{"include_usage", true}}), 400, "stream_options", "only allowed");
+  bad(Endpoint::kChat,
+      with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", nullptr}, {"text", "hi"}}}}}}), 400,
+      "messages[0].content", "only text");
+  bad(Endpoint::kCompletions, with(base_c, "stream_options", {{"include_usage", true}}), 400, "stream_options",
+      "only allowed");
   // prompt longer than the context
-  bad(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')), 400, "prompt", "maximum context length is 64");
+  bad(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')), 400, "prompt",
+      "maximum context length is 64");
   auto r = parse(Endpoint::kCompletions, with(base_c, "prompt", std::string(70, 'a')));
   EXPECT_EQ(std::get<ApiError>(r).code, "context_length_exceeded");
 }
 
 TEST_F(OpenAiApiTest, UnsupportedFeaturesLeftOffAreAccepted) {
   // What SDKs send for features left off (defaults, or explicit "none").
-  ok(Endpoint::kCompletions, {{"model", "tiny"}, {"prompt", "hi"}, {"best_of", 1}, {"echo", false}, {"logprobs", nullptr},
-                              {"suffix", ""}, {"logit_bias", json::object()}});
-  ok(Endpoint::kChat, {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"logprobs", false},
-                       {"top_logprobs", 0}, {"tools", json::array()}, {"tool_choice", "none"},
+  ok(Endpoint::kCompletions, {{"model", "tiny"},
+                              {"prompt", "hi"},
+                              {"best_of", 1},
+                              {"echo", false},
+                              {"logprobs", nullptr},
+                              {"suffix", ""},
+                              {"logit_bias", json::object()}});
+  ok(Endpoint::kChat, {{"model", "tiny"},
+                       {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                       {"logprobs", false},
+                       {"top_logprobs", 0},
+                       {"tools", json::array()},
+                       {"tool_choice", "none"},
                        {"response_format", {{"type", "text"}}}});
 }
 
@@ -205,7 +235,6 @@ TEST_F(OpenAiApiTest, ResponseShapes) {
   EXPECT_EQ(u["usage"]["completion_tokens"], 4);
 }
 
-
 // Llama-2 checkpoints (a SentencePiece tokenizer) get Llama-2's chat format:
 // <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST]
 class Llama2ChatTemplateTest : public ::testing::Test {
@@ -217,7 +246,8 @@ class Llama2ChatTemplateTest : public ::testing::Test {
     engine::testing::writeText(dir_->file("corpus.txt"), text);
     error_ = new std::string(engine::testing::trainSentencePiece(
         "--input=" + dir_->file("corpus.txt") + " --model_prefix=" + dir_->file("tokenizer") +
-        " --vocab_size=400 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true --character_coverage=1.0 --unk_id=0 --bos_id=1"
+        " --vocab_size=400 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true --character_coverage=1.0 "
+        "--unk_id=0 --bos_id=1"
         " --eos_id=2 --pad_id=-1 --num_threads=1 --minloglevel=2"));
   }
   static void TearDownTestSuite() {
@@ -231,7 +261,9 @@ class Llama2ChatTemplateTest : public ::testing::Test {
     tok_ = std::move(t).value();
   }
   std::vector<TokenId> render(const json& messages) {
-    ApiLimits limits{.model_name = "llama", .max_model_len = 4096, .default_max_tokens = 8};
+    // The format is the tokenizer's declaration, as the agent picks it at load.
+    ApiLimits limits{
+        .model_name = "llama", .max_model_len = 4096, .default_max_tokens = 8, .chat_format = tok_->chatFormat()};
     auto r = parseRequest(Endpoint::kChat, {{"model", "llama"}, {"messages", messages}}, *tok_, limits, {});
     if (auto* e = std::get_if<ApiError>(&r)) {
       ADD_FAILURE() << e->message;
@@ -265,15 +297,30 @@ TEST_F(Llama2ChatTemplateTest, TurnsFollowLlama2Format) {
                          {{"role", "user"}, {"content", "hi"}},
                          {{"role", "assistant"}, {"content", "hi there"}},
                          {{"role", "user"}, {"content", "tell me more"}}};
-  const std::vector<TokenId> want =
-      cat({piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhi [/INST]"), piece(" hi there ", false),
-           {tok_->eosId()}, piece("[INST] tell me more [/INST]")});
+  const std::vector<TokenId> want = cat({piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhi [/INST]"),
+                                         piece(" hi there ", false),
+                                         {tok_->eosId()},
+                                         piece("[INST] tell me more [/INST]")});
   EXPECT_EQ(render(messages), want);
 }
 
 TEST_F(Llama2ChatTemplateTest, SystemPromptAloneStillOpensAnInstructionBlock) {
   const std::vector<TokenId> got = render({{{"role", "system"}, {"content", "be brief"}}});
   EXPECT_EQ(got, piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\n [/INST]"));
+}
+
+// The format comes from ApiLimits (the tokenizer's declaration, read at
+// load), not from the tokenizer's type: each tokenizer declares its family,
+// and either format renders with any tokenizer.
+TEST_F(Llama2ChatTemplateTest, FormatIsDeclaredNotGuessedFromTheType) {
+  EXPECT_EQ(tok_->chatFormat(), engine::ChatFormat::kLlama2);
+  EXPECT_EQ(engine::ByteTokenizer().chatFormat(), engine::ChatFormat::kTandem);
+  const std::vector<ChatMessage> messages = {{"user", "hi"}};
+  EXPECT_EQ(renderChat(engine::ChatFormat::kTandem, messages, *tok_), piece("<|user|>\nhi\n<|assistant|>\n"));
+  engine::ByteTokenizer byte;
+  std::vector<TokenId> want{engine::ByteTokenizer::kBosId};
+  for (TokenId t : byte.encode("[INST] hi [/INST]")) want.push_back(t);
+  EXPECT_EQ(renderChat(engine::ChatFormat::kLlama2, messages, byte), want);
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+#pragma once
+// Parsing an OpenAI-compatible request body into an engine request, as a
+// pure function (no I/O), so every bad-input case is testable without a server.
+//
+// Supported request fields (both endpoints unless noted):
+//   model (required), prompt (completions: string, [string] or [token ids]),
+//   messages (chat: [{role: system|user|assistant, content: string | [{type:"text", text}]}]),
+//   max_tokens / max_completion_tokens (chat), temperature [0, 2], top_p (0, 1],
+//   top_k (extension, >= 0), seed, stop (string or up to 4 strings), user,
+//   n (only 1), stream, stream_options.include_usage, ignore_eos (extension).
+// Known-but-unsupported fields with non-default values (best_of > 1, echo,
+// logprobs, top_logprobs, suffix, tools, functions, logit_bias) are refused
+// with 400 rather than silently ignored. Other unknown fields are ignored, as
+// most OpenAI-compatible servers do.
+//
+// The session id for KV residency comes from the x-session-id header, else
+// from `user`.
+//
+// Errors are checked in a fixed order (model, unsupported features, prompt or
+// messages, context length, max_tokens, sampling, stop, streaming, user), so a
+// body with several problems always gets the same one reported.
+
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "agent/openai_api.h"
+#include "engine/model/tokenizer.h"
+#include "engine/sched/request.h"
+
+namespace tandem::agent {
+
+// What this agent serves, fixed at load.
+struct ApiLimits {
+  std::string model_name;        // the one model this agent serves
+  int max_model_len = 0;         // context in tokens
+  int default_max_tokens = 256;  // chat without max_tokens: min(this, context left)
+  // How chat messages become a prompt: the served tokenizer's chatFormat(),
+  // read once at load (chat_template.h).
+  engine::ChatFormat chat_format = engine::ChatFormat::kTandem;
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  engine::RequestSpec spec;  // prompt tokens (BOS included), sampling, session
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// Parses and validates a request body against the model and limits. The
+// tokenizer turns prompt text (or rendered chat) into tokens.
+// `session_header` is the x-session-id header value, if any.
+// On error returns the ApiError to send (status, message naming the field).
+std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const nlohmann::json& body,
+                                                   const engine::Tokenizer& tokenizer, const ApiLimits& limits,
+                                                   std::optional<std::string> session_header);
+
+}  // namespace tandem::agent
