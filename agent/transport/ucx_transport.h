@@ -31,6 +31,10 @@
 
 #include "src/common/status.h"
 
+namespace tandem {
+class Clock;
+}
+
 namespace tandem::transport {
 
 using ConnId = uint64_t;
@@ -55,6 +59,9 @@ struct TransportOptions {
   // progress thread and copy_threads - 1 helper threads (1: the progress
   // thread alone). Single-thread memcpy leaves memory bandwidth unused.
   int copy_threads = 2;
+  // Time for the transport's own deadlines (how long shutdown waits for gets
+  // and closes to complete). Not owned; default SystemClock::instance().
+  const Clock* clock = nullptr;
 };
 
 struct TransportCallbacks {
@@ -99,8 +106,9 @@ class UcxTransport {
   static absl::StatusOr<std::unique_ptr<UcxTransport>> start(const TransportOptions& options,
                                                              TransportCallbacks callbacks);
   // Closes every connection (outstanding gets complete with Cancelled or an
-  // error before this returns) and stops the progress thread: no callback
-  // runs after it returns. Idempotent; the destructor calls it. After it,
+  // error before this returns; it waits up to 5 s on the options' clock for
+  // UCX to complete them) and stops the progress thread: no callback runs
+  // after it returns. Idempotent; the destructor calls it. After it,
   // commands (send, get, ...) are ignored and their callbacks never run.
   void shutdown();
   ~UcxTransport();
