@@ -97,7 +97,30 @@ ConnId connectForGets(UcxTransport& d, UcxTransport& p) {
   d.setRemoteRegion(c, p.regionBase(), p.regionLength(), p.packedRkey());
   return c;
 }
-ConnId connectForGets(Side& d, Side& p) { return connectForGets(*d.t, *p.t); }
+// Waits until both ends of D's connection `c` to P finished the wire-up: a
+// message each way. Tearing down a tcp connection whose wire-up is still
+// running can trip an assertion inside UCX 1.13 (tcp_ep.c, `!(ep->flags &
+// UCT_TCP_EP_FLAG_CTX_TYPE_TX)`: the process aborts), so a test that ends
+// soon after connecting waits for this first.
+void wireUp(Side& d, Side& p, ConnId c) {
+  const size_t d_before = d.numMessages(), p_before = p.numMessages();
+  d.t->send(c, {0});
+  ASSERT_TRUE(waitFor([&] { return p.numMessages() > p_before; }));
+  ConnId at_p = 0;
+  {
+    std::lock_guard l(p.mu);
+    at_p = p.messages.back().first;
+  }
+  p.t->send(at_p, {0});
+  ASSERT_TRUE(waitFor([&] { return d.numMessages() > d_before; }));
+}
+// D connects to P, learns P's region (before the wire-up finished, as the
+// agents do) and waits for the wire-up: ready for gets.
+ConnId connectForGets(Side& d, Side& p) {
+  ConnId c = connectForGets(*d.t, *p.t);
+  wireUp(d, p, c);
+  return c;
+}
 
 // Two KV pools allocated by UCX for shared memory (as the agents allocate
 // theirs): P's filled with `pattern(i)`, D's zeroed.
@@ -170,6 +193,7 @@ TEST_P(UcxTransportTest, ManyConcurrentGetsEachCompleteOnce) {
 TEST_P(UcxTransportTest, BadGetsFailWithoutTouchingThePeer) {
   Side p(1 << 20, GetParam()), d(1 << 20, GetParam());
   ConnId c = d.t->connect("127.0.0.1", p.t->port());
+  wireUp(d, p, c);
   GetWaiter no_region;
   d.t->get(c, d.region.data(), 0, 16, no_region.callback());
   EXPECT_EQ(no_region.wait().code(), absl::StatusCode::kFailedPrecondition);
