@@ -149,7 +149,8 @@ struct UcxTransport::Impl {
   void join() ABSL_LOCKS_EXCLUDED(join_mu);
   void run();
   bool runCommands() ABSL_LOCKS_EXCLUDED(mu);
-  // Fruitless progress calls since the last progress, while gets are in flight.
+  // Fruitless progress calls since the last progress, while gets are in
+  // flight (the spin's; counted while it lasts).
   struct IdleGetPolls {
     int polls = 0;
     MonoTime since;  // when the first of them ran

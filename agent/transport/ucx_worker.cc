@@ -134,8 +134,11 @@ bool UcxTransport::Impl::runCommands() {
 // the core to the engine.
 void UcxTransport::Impl::pollForGets(IdleGetPolls& idle) {
   const MonoTime now = clock.now();
-  if (idle.polls++ == 0) idle.since = now;
-  if (now - idle.since < kGetSpin && idle.polls <= kGetSpinMaxPolls) return;
+  if (idle.polls == 0) idle.since = now;
+  if (idle.polls < kGetSpinMaxPolls && now - idle.since < kGetSpin) {
+    ++idle.polls;
+    return;
+  }
   pollfd pfd{.fd = wake_fd, .events = POLLIN, .revents = 0};
   const timespec interval{.tv_sec = 0, .tv_nsec = kGetPollInterval.count()};
   if (ppoll(&pfd, 1, &interval, nullptr) > 0) drainWakeFd();
