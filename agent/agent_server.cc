@@ -300,6 +300,7 @@ struct AgentServer::Impl {
     PdOptions pd;
     pd.transport = kv.transport;
     pd.transport.pool = kv.pool;
+    pd.transport.clock = &clock;
     pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;

@@ -32,6 +32,10 @@
 #include "agent/transport/kv_transport.h"
 #include "src/common/status.h"
 
+namespace tandem {
+class Clock;
+}
+
 namespace tandem::transport {
 
 class UcxRegion;
@@ -54,6 +58,9 @@ struct TransportOptions {
   // progress thread and copy_threads - 1 helper threads (1: the progress
   // thread alone). Single-thread memcpy leaves memory bandwidth unused.
   int copy_threads = 2;
+  // Time for the transport's own deadlines (how long shutdown waits for gets
+  // and closes to complete). Not owned; default SystemClock::instance().
+  const Clock* clock = nullptr;
 };
 
 // KV pool memory allocated and registered by UCX (ucp_mem_map with
@@ -88,8 +95,9 @@ class UcxTransport final : public KvTransport {
   static absl::StatusOr<std::unique_ptr<UcxTransport>> start(const TransportOptions& options,
                                                              TransportCallbacks callbacks);
   // Closes every connection (outstanding gets complete with Cancelled or an
-  // error before this returns) and stops the progress thread: no callback
-  // runs after it returns. Idempotent; the destructor calls it. After it,
+  // error before this returns; it waits up to 5 s on the options' clock for
+  // UCX to complete them) and stops the progress thread: no callback runs
+  // after it returns. Idempotent; the destructor calls it. After it,
   // commands (send, get, ...) are ignored and their callbacks never run.
   void shutdown() override;
   ~UcxTransport();
