@@ -32,46 +32,6 @@ size_t heldBackForStops(std::string_view text, const std::vector<std::string>& s
 
 }  // namespace
 
-std::string_view finishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kTimeout:
-      return "timeout";
-    case FinishReason::kPreempted:
-      return "preempted";
-    case FinishReason::kRejected:
-      return "rejected";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
-std::string_view rejectReasonName(RejectReason r) {
-  switch (r) {
-    case RejectReason::kNone:
-      return "none";
-    case RejectReason::kInvalid:
-      return "invalid";
-    case RejectReason::kPromptTooLong:
-      return "prompt_too_long";
-    case RejectReason::kCapacity:
-      return "capacity";
-    case RejectReason::kQueueFull:
-      return "queue_full";
-    case RejectReason::kDraining:
-      return "draining";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
                                                        std::shared_ptr<const ModelWeights> weights,
                                                        std::unique_ptr<Backend> backend,
@@ -283,7 +243,7 @@ StepStats Engine::step() {
   StepStats st;
   const MonoTime t0 = clock_.now();
   const uint64_t finished_before = num_finished_;
-  finishExpired(t0);
+  const bool expired = finishExpired(t0);
   ScheduleResult plan = schedule();
   const MonoTime t1 = clock_.now();
   std::vector<SequenceChunk> batch = buildBatch(plan.chunks, t1, &st);
@@ -305,13 +265,15 @@ StepStats Engine::step() {
   st.prefix_query_tokens = plan.num_prefix_query_tokens;
   st.num_preemptions = static_cast<int>(plan.preempted.size());
   st.num_finished = static_cast<int>(num_finished_ - finished_before);
+  st.progressed = expired || st.num_scheduled_tokens > 0 || !plan.admitted.empty() || !plan.preempted.empty() ||
+                  plan.num_session_evictions > 0 || st.num_finished > 0;
   st.schedule_time = t1 - t0;
   st.model_time = t2 - t1;
   st.postprocess_time = t3 - t2;
   return st;
 }
 
-void Engine::finishExpired(MonoTime now) {
+bool Engine::finishExpired(MonoTime now) {
   // Deadlines first, so expired work does not take a slot this step.
   // (An importing request is someone else's to end: its blocks are being written.)
   std::vector<Sequence*> expired;
@@ -319,7 +281,15 @@ void Engine::finishExpired(MonoTime now) {
     if (seq->spec.deadline && *seq->spec.deadline <= now && !seq->importing()) expired.push_back(seq.get());
   }
   for (Sequence* s : expired) finish(s, FinishReason::kTimeout);
-  leases_.expire(now);
+  return leases_.expire(now) > 0 || !expired.empty();
+}
+
+std::optional<MonoTime> Engine::nextDeadline() const {
+  std::optional<MonoTime> next = leases_.nextExpiry();
+  for (const auto& [id, seq] : live_) {
+    if (seq->spec.deadline && !seq->importing() && (!next || *seq->spec.deadline < *next)) next = seq->spec.deadline;
+  }
+  return next;
 }
 
 ScheduleResult Engine::schedule() {

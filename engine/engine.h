@@ -79,6 +79,11 @@ struct StepStats {
   int prefix_query_tokens = 0;
   int num_preemptions = 0;
   int num_finished = 0;  // requests that ended during the step (any reason)
+  // Whether the step changed anything: computed tokens, admitted, preempted,
+  // finished, evicted a session or released a lease. A step that did not
+  // would do the same again until a command or a deadline (nextDeadline())
+  // changes the engine, so the owning thread may sleep until then.
+  bool progressed = false;
   Duration schedule_time{0};
   Duration model_time{0};
   Duration postprocess_time{0};
@@ -116,6 +121,12 @@ class Engine {
   // One iteration: schedule, run the model, sample, finish what is done.
   StepStats step();
   bool hasWork() const { return !live_.empty(); }
+  // The earliest time at which time alone changes the engine: a live
+  // request's deadline (not an importing one's) or a lease's expiry.
+  // Nothing when there is none.
+  std::optional<MonoTime> nextDeadline() const;
+  // The clock it was created with (not owned), for its owning thread's waits.
+  Clock& clock() const { return clock_; }
   // The gauges of StepStats (running, waiting, queue tokens, blocks, sessions)
   // as they are now, with the per-step counters zero. For observers that must
   // see changes made between steps (a cancel when the engine then idles).
@@ -177,7 +188,8 @@ class Engine {
 
   // The phases of step(), in order.
   // Ends requests whose deadline passed (not importing ones) and expired leases.
-  void finishExpired(MonoTime now);
+  // Returns whether anything ended.
+  bool finishExpired(MonoTime now);
   // Runs the scheduler; ends requests preempted past their limit; copies
   // copy-on-write blocks; reports the blocks of imports admitted now.
   ScheduleResult schedule();
