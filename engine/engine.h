@@ -167,7 +167,7 @@ class Engine {
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
 
   // Pool invariants plus ownership: every block's reference count equals the
-  // number of live sequences and resident sessions that hold it.
+  // number of live sequences, resident sessions and held leases that hold it.
   absl::Status checkInvariants() const;
 
   const EngineOptions& options() const { return options_; }

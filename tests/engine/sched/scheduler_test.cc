@@ -186,6 +186,27 @@ TEST(SchedulerTest, LongerAppendImportsAndWaitsWithAllItsPromptBlocks) {
   EXPECT_EQ(a.h.sessions.numResident(), 1);
 }
 
+TEST(SchedulerTest, AnImportWaitsForItsReservationThenTakesAllItsPromptBlocksAtOnce) {
+  // 8 blocks; A reserves 5 and holds 2. The import reserves 4 (12 prompt
+  // tokens + 4), which do not fit beside A's outstanding 3.
+  SchedulerHarness h(8);
+  Sequence* a = h.add(8, 20);
+  RequestSpec spec;
+  spec.import_kv = true;
+  Sequence* imp = h.add(12, 16, spec);
+  ScheduleResult r = h.step();
+  EXPECT_TRUE(r.imports.empty());
+  EXPECT_EQ(imp->state, SeqState::kWaiting);
+  EXPECT_EQ(imp->prompt_kv, PromptKv::kImport);
+  EXPECT_TRUE(imp->blocks.empty());
+  h.scheduler.remove(a);
+  r = h.step();
+  EXPECT_EQ(r.imports, std::vector<Sequence*>{imp});
+  EXPECT_EQ(imp->prompt_kv, PromptKv::kImporting);
+  EXPECT_EQ(imp->blocks.size(), 3u) << "every prompt block, for the peer to write";
+  EXPECT_EQ(SchedulerHarness::chunkOf(r, imp), 0);
+}
+
 TEST(SchedulerTest, AnImportComputesNothingUntilItCompletes) {
   SchedulerHarness h(32);
   RequestSpec spec;
