@@ -104,8 +104,44 @@ bool Scheduler::directToD(const Sequence& seq) const {
   return static_cast<int>(seq.tokens.size() - common) <= seq.spec.direct_max_suffix_tokens;
 }
 
-bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
+void Scheduler::admit(Sequence* seq, const ReusePlan& plan, int reserved_blocks, ScheduleResult* result) {
   const int bs = options_.block_size;
+  std::vector<BlockId> reused;
+  if (plan.from_session) {
+    ResidentSession s = *sessions_.take(*seq->spec.session);
+    reused.assign(s.blocks.begin(), s.blocks.begin() + plan.reuse_blocks);
+    blocks_.releaseAll(std::span<const BlockId>(s.blocks).subspan(static_cast<size_t>(plan.reuse_blocks)));
+  } else {
+    // Any resident session for this id is stale for this prompt; it stays until evicted.
+    const auto& hashes = seq->chain.hashes();
+    for (int i = 0; i < plan.reuse_blocks; ++i) reused.push_back(blocks_.acquireCached(hashes[static_cast<size_t>(i)]));
+  }
+  if (plan.needs_copy) {
+    BlockId src = reused.back();
+    BlockId dst = blocks_.allocate();
+    result->block_copies.emplace_back(src, dst);
+    // The copy runs before the model this step; src can only be rewritten
+    // by this step's model run, which comes after the copy.
+    blocks_.release(src);
+    reused.back() = dst;
+  }
+  seq->blocks = std::move(reused);
+  seq->num_computed = plan.common_tokens;
+  seq->num_committed_blocks = std::min(plan.common_tokens / bs, static_cast<int>(seq->chain.hashes().size()));
+  seq->reserved_blocks = reserved_blocks;
+  seq->state = SeqState::kRunning;
+  if (!seq->admitted_once) {
+    seq->admitted_once = true;
+    seq->num_cached_tokens = plan.common_tokens;
+    result->num_prefix_hit_tokens += plan.common_tokens;
+    result->num_prefix_query_tokens += static_cast<int>(seq->tokens.size());
+  }
+  seq->kv_blocks_peak = std::max(seq->kv_blocks_peak, static_cast<int>(seq->blocks.size()));
+  running_.push_back(seq);
+  result->admitted.push_back(seq);
+}
+
+bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
   for (;;) {
     // Direct-to-D: the session's KV is resident here and only a short suffix
     // is new, so computing it locally beats a round trip to a prefill agent.
@@ -117,45 +153,11 @@ bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evi
     const int need_new = need_total - plan.reuse_blocks + (plan.needs_copy ? 1 : 0);
     const int room = blocks_.numAvailable() - plan.blocks_from_lru + plan.blocks_returned - outstandingReservation();
     if (need_new <= room) {
-      // Commit the plan.
       if (direct) {
         seq->prompt_kv = PromptKv::kDirect;
         result->direct_to_d.push_back(seq);
       }
-      std::vector<BlockId> reused;
-      if (plan.from_session) {
-        ResidentSession s = *sessions_.take(*seq->spec.session);
-        reused.assign(s.blocks.begin(), s.blocks.begin() + plan.reuse_blocks);
-        blocks_.releaseAll(std::span<const BlockId>(s.blocks).subspan(static_cast<size_t>(plan.reuse_blocks)));
-      } else {
-        // Any resident session for this id is stale for this prompt; it stays until evicted.
-        const auto& hashes = seq->chain.hashes();
-        for (int i = 0; i < plan.reuse_blocks; ++i)
-          reused.push_back(blocks_.acquireCached(hashes[static_cast<size_t>(i)]));
-      }
-      if (plan.needs_copy) {
-        BlockId src = reused.back();
-        BlockId dst = blocks_.allocate();
-        result->block_copies.emplace_back(src, dst);
-        // The copy runs before the model this step; src can only be rewritten
-        // by this step's model run, which comes after the copy.
-        blocks_.release(src);
-        reused.back() = dst;
-      }
-      seq->blocks = std::move(reused);
-      seq->num_computed = plan.common_tokens;
-      seq->num_committed_blocks = std::min(plan.common_tokens / bs, static_cast<int>(seq->chain.hashes().size()));
-      seq->reserved_blocks = need_total;
-      seq->state = SeqState::kRunning;
-      if (!seq->admitted_once) {
-        seq->admitted_once = true;
-        seq->num_cached_tokens = plan.common_tokens;
-        result->num_prefix_hit_tokens += plan.common_tokens;
-        result->num_prefix_query_tokens += static_cast<int>(seq->tokens.size());
-      }
-      seq->kv_blocks_peak = std::max(seq->kv_blocks_peak, static_cast<int>(seq->blocks.size()));
-      running_.push_back(seq);
-      result->admitted.push_back(seq);
+      admit(seq, plan, need_total, result);
       return true;
     }
     // Make room by evicting resident sessions (never the one this request would reuse).

@@ -114,6 +114,10 @@ class Scheduler {
   // session is resident and at most direct_max_suffix_tokens are new.
   bool directToD(const Sequence& seq) const;
   bool tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions);
+  // Commits `plan`: takes the reused blocks (from the session or the prefix
+  // cache, with a copy-on-write of a partial last block), sets the
+  // reservation and moves seq to running. Call only when the plan fits.
+  void admit(Sequence* seq, const ReusePlan& plan, int reserved_blocks, ScheduleResult* result);
   // Makes sure seq has blocks for `num_tokens` tokens: evicts resident
   // sessions (within the step's limit, counted in *session_evictions), then
   // preempts others (or seq itself). Returns false when seq cannot run this
