@@ -4,6 +4,7 @@
 #include <random>
 
 #include "engine/backend/backend.h"
+#include "engine/kv/kv_import.h"
 #include "engine/model/llama.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
@@ -30,32 +31,6 @@ size_t heldBackForStops(std::string_view text, const std::vector<std::string>& s
 }
 
 }  // namespace
-
-std::string_view finishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kTimeout: return "timeout";
-    case FinishReason::kPreempted: return "preempted";
-    case FinishReason::kRejected: return "rejected";
-    case FinishReason::kError: return "error";
-  }
-  return "unknown";
-}
-
-std::string_view rejectReasonName(RejectReason r) {
-  switch (r) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kInvalid: return "invalid";
-    case RejectReason::kPromptTooLong: return "prompt_too_long";
-    case RejectReason::kCapacity: return "capacity";
-    case RejectReason::kQueueFull: return "queue_full";
-    case RejectReason::kDraining: return "draining";
-  }
-  return "unknown";
-}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
                                                        std::shared_ptr<const ModelWeights> weights,
@@ -113,6 +88,8 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
       kv_(std::move(kv)),
       blocks_(options.num_blocks),
       sessions_(blocks_),
+      leases_(blocks_),
+      announcer_(options.block_size),
       scheduler_(SchedulerOptions{.block_size = options.block_size,
                                   .max_num_batched_tokens = options.max_num_batched_tokens,
                                   .max_num_seqs = options.max_num_seqs,
@@ -210,7 +187,8 @@ int reservedTokens(const EngineOptions& options, int num_prompt_tokens, const Re
   return std::min(options.max_model_len, num_prompt_tokens + std::max(1, expected_output));
 }
 
-std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec) {
+std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens,
+                                             const RequestSpec& spec) {
   const int reserved = reservedTokens(options, num_prompt_tokens, spec);
   const int blocks = ceilDiv(reserved, options.block_size);
   if (blocks <= options.num_blocks) return std::nullopt;
@@ -253,13 +231,8 @@ RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
 bool Engine::cancel(RequestId id, FinishReason reason, std::string message) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
-  if (it->second->importing) {
-    RequestUpdate u;
-    u.id = id;
-    u.import_abort_requested = true;
-    u.finish_reason = reason;
-    u.message = std::move(message);
-    if (it->second->on_update) it->second->on_update(u);
+  if (it->second->importing()) {
+    if (it->second->on_update) it->second->on_update(abortRequested(*it->second, reason, std::move(message)));
     return true;
   }
   finish(it->second.get(), reason, RejectReason::kNone, std::move(message));
@@ -268,18 +241,58 @@ bool Engine::cancel(RequestId id, FinishReason reason, std::string message) {
 
 StepStats Engine::step() {
   StepStats st;
-  MonoTime t0 = clock_.now();
+  const MonoTime t0 = clock_.now();
   const uint64_t finished_before = num_finished_;
+  const bool expired = finishExpired(t0);
+  ScheduleResult plan = schedule();
+  const MonoTime t1 = clock_.now();
+  std::vector<SequenceChunk> batch = buildBatch(plan.chunks, t1, &st);
+  const std::vector<LayerReady> during_run = reportLeasedPrefills(plan.chunks);
+  const absl::Status status = runModel(batch, during_run);
+  const MonoTime t2 = clock_.now();
+  if (status.ok()) {
+    postprocess(plan.chunks, batch);
+  } else {
+    // A failed step fails the requests in it; the engine stays usable for others.
+    for (const ScheduledChunk& c : plan.chunks) {
+      finish(c.seq, FinishReason::kError, RejectReason::kNone, strCat("model step failed: ", toStd(status.message())));
+    }
+  }
+  const MonoTime t3 = clock_.now();
 
+  fillGauges(&st);
+  st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
+  st.prefix_query_tokens = plan.num_prefix_query_tokens;
+  st.num_preemptions = static_cast<int>(plan.preempted.size());
+  st.num_finished = static_cast<int>(num_finished_ - finished_before);
+  st.progressed = expired || st.num_scheduled_tokens > 0 || !plan.admitted.empty() || !plan.preempted.empty() ||
+                  plan.num_session_evictions > 0 || st.num_finished > 0;
+  st.schedule_time = t1 - t0;
+  st.model_time = t2 - t1;
+  st.postprocess_time = t3 - t2;
+  return st;
+}
+
+bool Engine::finishExpired(MonoTime now) {
   // Deadlines first, so expired work does not take a slot this step.
   // (An importing request is someone else's to end: its blocks are being written.)
   std::vector<Sequence*> expired;
   for (auto& [id, seq] : live_) {
-    if (seq->spec.deadline && *seq->spec.deadline <= t0 && !seq->importing) expired.push_back(seq.get());
+    if (seq->spec.deadline && *seq->spec.deadline <= now && !seq->importing()) expired.push_back(seq.get());
   }
   for (Sequence* s : expired) finish(s, FinishReason::kTimeout);
-  expireLeases();
+  return leases_.expire(now) > 0 || !expired.empty();
+}
 
+std::optional<MonoTime> Engine::nextDeadline() const {
+  std::optional<MonoTime> next = leases_.nextExpiry();
+  for (const auto& [id, seq] : live_) {
+    if (seq->spec.deadline && !seq->importing() && (!next || *seq->spec.deadline < *next)) next = seq->spec.deadline;
+  }
+  return next;
+}
+
+ScheduleResult Engine::schedule() {
   ScheduleResult plan = scheduler_.schedule();
   for (Sequence* s : plan.preempted) {
     if (s->num_preemptions > options_.max_preemptions) {
@@ -295,93 +308,74 @@ StepStats Engine::step() {
   }
   std::erase_if(plan.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });
   for (auto [src, dst] : plan.block_copies) kv_->copyBlock(src, dst);
-  for (Sequence* s : plan.admitted) {
-    if (s->importing && s->state == SeqState::kRunning) reportKvBlocks(s, s->blocks.size());
+  // Imports admitted now: the importer learns where to write.
+  for (Sequence* s : plan.imports) {
+    if (s->state == SeqState::kRunning) reportKvBlocks(s, s->blocks.size());
   }
-  MonoTime t1 = clock_.now();
+  return plan;
+}
 
+std::vector<SequenceChunk> Engine::buildBatch(std::span<const ScheduledChunk> chunks, MonoTime now, StepStats* st) {
   std::vector<SequenceChunk> batch;
-  batch.reserve(plan.chunks.size());
-  for (const ScheduledChunk& c : plan.chunks) {
+  batch.reserve(chunks.size());
+  for (const ScheduledChunk& c : chunks) {
     Sequence* s = c.seq;
-    if (!s->first_scheduled) s->first_scheduled = t1;
-    bool last = s->num_computed + c.num_tokens == static_cast<int>(s->tokens.size());
+    if (!s->first_scheduled) s->first_scheduled = now;
+    const bool last = s->num_computed + c.num_tokens == static_cast<int>(s->tokens.size());
     batch.push_back({.tokens = std::span<const TokenId>(s->tokens).subspan(static_cast<size_t>(s->num_computed),
-                                                                            static_cast<size_t>(c.num_tokens)),
+                                                                           static_cast<size_t>(c.num_tokens)),
                      .start_pos = s->num_computed,
                      .block_table = s->blocks,
                      .want_logits = last});
-    if (c.num_tokens == 1 && s->num_computed >= s->num_prompt_tokens) st.num_decode_tokens += 1;
-    else st.num_prefill_tokens += c.num_tokens;
-  }
-  st.num_scheduled_tokens = st.num_prefill_tokens + st.num_decode_tokens;
-
-  // Leased prefills: their prompt blocks are reported before the model
-  // first writes them. Those whose last prompt chunk runs now announce their
-  // remaining blocks layer by layer as each lands; the others announce what
-  // their chunk completed after the step.
-  std::vector<LayerReady> finishing;
-  for (const ScheduledChunk& c : plan.chunks) {
-    Sequence* s = c.seq;
-    if (!s->spec.lease || s->numOutputTokens() != 0) continue;
-    const size_t n = static_cast<size_t>(ceilDiv(s->num_prompt_tokens, options_.block_size));
-    reportKvBlocks(s, n);
-    if (s->num_computed + c.num_tokens == s->num_prompt_tokens) {
-      const auto first = static_cast<size_t>(s->blocks_announced);
-      finishing.push_back({s->id, first, std::span<const BlockId>(s->blocks).subspan(first, n - first)});
+    if (c.num_tokens == 1 && s->num_computed >= s->num_prompt_tokens) {
+      st->num_decode_tokens += 1;
+    } else {
+      st->num_prefill_tokens += c.num_tokens;
     }
   }
-  LayerObserver on_layer = [&](int layer) { layer_observer_(layer, finishing); };
-  const bool observe = layer_observer_ && !finishing.empty();
-  absl::Status status =
-      batch.empty() ? absl::OkStatus() : model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
-  MonoTime t2 = clock_.now();
+  st->num_scheduled_tokens = st->num_prefill_tokens + st->num_decode_tokens;
+  return batch;
+}
 
-  if (!status.ok()) {
-    // A failed step fails the requests in it; the engine stays usable for others.
-    for (const ScheduledChunk& c : plan.chunks) {
-      finish(c.seq, FinishReason::kError, RejectReason::kNone, strCat("model step failed: ", toStd(status.message())));
-    }
-  } else {
-    const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
-    size_t row = 0;
-    std::vector<LayerReady> completed;  // leased prefills' blocks an earlier chunk finished
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      Sequence* s = plan.chunks[i].seq;
-      s->num_computed += plan.chunks[i].num_tokens;
-      scheduler_.commitComputedBlocks(s);
-      if (s->spec.lease && s->kv_blocks_reported && s->numOutputTokens() == 0) {
-        const int n = ceilDiv(s->num_prompt_tokens, options_.block_size);
-        const int done = s->num_computed == s->num_prompt_tokens ? n : s->num_computed / options_.block_size;
-        if (done > s->blocks_announced && !batch[i].want_logits) {
-          completed.push_back({s->id, static_cast<size_t>(s->blocks_announced),
-                               std::span<const BlockId>(s->blocks).subspan(static_cast<size_t>(s->blocks_announced),
-                                                                          static_cast<size_t>(done - s->blocks_announced))});
-        }
-        s->blocks_announced = std::max(s->blocks_announced, done);
-      }
-      if (batch[i].want_logits) {
-        postprocess(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
-        ++row;
-      }
-    }
-    // (Only sequences without logits are in `completed`: none of them
-    // finished in the loop above, so their block spans are intact.)
-    if (layer_observer_ && !completed.empty()) {
-      for (int layer = 0; layer < weights_->config.num_layers; ++layer) layer_observer_(layer, completed);
+std::vector<LayerReady> Engine::reportLeasedPrefills(std::span<const ScheduledChunk> chunks) {
+  // Leased prefills' prompt blocks are reported before the model first
+  // writes them; those whose last prompt chunk runs now announce their
+  // remaining blocks layer by layer during the run.
+  std::vector<LayerReady> during_run;
+  for (const ScheduledChunk& c : chunks) {
+    if (!LayerAnnouncer::announces(*c.seq)) continue;
+    reportKvBlocks(c.seq, announcer_.numPromptBlocks(*c.seq));
+    if (auto ready = announcer_.duringRun(c)) during_run.push_back(*ready);
+  }
+  return during_run;
+}
+
+absl::Status Engine::runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run) {
+  if (batch.empty()) return absl::OkStatus();
+  LayerObserver on_layer = [&](int layer) { layer_observer_(layer, during_run); };
+  const bool observe = layer_observer_ && !during_run.empty();
+  return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
+}
+
+void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch) {
+  const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+  size_t row = 0;
+  // Leased prefills' blocks an earlier chunk finished. Only sequences without
+  // logits are here: none of them finishes below, so their spans stay valid.
+  std::vector<LayerReady> completed;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence* s = chunks[i].seq;
+    s->num_computed += chunks[i].num_tokens;
+    scheduler_.commitComputedBlocks(s);
+    if (auto ready = announcer_.afterRun(*s)) completed.push_back(*ready);
+    if (batch[i].want_logits) {
+      sample(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
+      ++row;
     }
   }
-  MonoTime t3 = clock_.now();
-
-  fillGauges(&st);
-  st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
-  st.prefix_query_tokens = plan.num_prefix_query_tokens;
-  st.num_preemptions = static_cast<int>(plan.preempted.size());
-  st.num_finished = static_cast<int>(num_finished_ - finished_before);
-  st.schedule_time = t1 - t0;
-  st.model_time = t2 - t1;
-  st.postprocess_time = t3 - t2;
-  return st;
+  if (layer_observer_ && !completed.empty()) {
+    for (int layer = 0; layer < weights_->config.num_layers; ++layer) layer_observer_(layer, completed);
+  }
 }
 
 void Engine::fillGauges(StepStats* st) const {
@@ -403,7 +397,7 @@ StepStats Engine::currentStats() const {
   return st;
 }
 
-void Engine::postprocess(Sequence* seq, std::span<const float> logits) {
+void Engine::sample(Sequence* seq, std::span<const float> logits) {
   acceptToken(seq, sampleToken(logits, seq->spec.sampling, seq->rng, &sample_scratch_));
 }
 
@@ -418,19 +412,13 @@ void Engine::reportKvBlocks(Sequence* seq, size_t num_blocks) {
 
 bool Engine::completeImport(RequestId id, TokenId first_token) {
   auto it = live_.find(id);
-  if (it == live_.end() || !it->second->importing) return false;
+  if (it == live_.end() || !it->second->importing()) return false;
   Sequence* seq = it->second.get();
-  if (first_token < 0 || first_token >= weights_->config.vocab_size) {
-    finish(seq, FinishReason::kError, RejectReason::kNone, strCat("imported first token ", first_token, " is outside the vocabulary"));
+  if (absl::Status st = engine::completeImport(*seq, first_token, weights_->config.vocab_size, clock_.now());
+      !st.ok()) {
+    finish(seq, FinishReason::kError, RejectReason::kNone, std::string(toStd(st.message())));
     return true;
   }
-  seq->importing = false;
-  seq->num_computed = seq->num_prompt_tokens;
-  // The prefill side sampled the first token from the same seeded stream
-  // (one draw when not greedy); skip that draw so a seeded request gives the
-  // same tokens disaggregated as it does on one engine.
-  if (seq->spec.sampling.temperature > 0.0f) seq->rng.next();
-  if (!seq->first_scheduled) seq->first_scheduled = clock_.now();
   scheduler_.commitComputedBlocks(seq);
   acceptToken(seq, first_token);
   return true;
@@ -438,30 +426,14 @@ bool Engine::completeImport(RequestId id, TokenId first_token) {
 
 bool Engine::abortImport(RequestId id, FinishReason reason, std::string message) {
   auto it = live_.find(id);
-  if (it == live_.end() || !it->second->importing) return false;
-  it->second->importing = false;  // the importer's writes are over
-  finish(it->second.get(), reason, RejectReason::kNone, std::move(message));
+  if (it == live_.end() || !it->second->importing()) return false;
+  finish(it->second.get(), reason, RejectReason::kNone, std::move(message));  // the importer's writes are over
   return true;
 }
 
-bool Engine::releaseLease(uint64_t lease_id) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return false;
-  blocks_.releaseAll(it->second.blocks);
-  leases_.erase(it);
-  return true;
-}
+bool Engine::releaseLease(uint64_t lease_id) { return leases_.release(lease_id); }
 
-int Engine::expireLeases() {
-  if (leases_.empty()) return 0;
-  const MonoTime now = clock_.now();
-  std::vector<uint64_t> expired;
-  for (const auto& [id, lease] : leases_) {
-    if (lease.expires <= now) expired.push_back(id);
-  }
-  for (uint64_t id : expired) releaseLease(id);
-  return static_cast<int>(expired.size());
-}
+int Engine::expireLeases() { return leases_.expire(clock_.now()); }
 
 void Engine::acceptToken(Sequence* seq, TokenId tok) {
   const SamplingParams& p = seq->spec.sampling;
@@ -488,7 +460,8 @@ bool Engine::appendText(Sequence* seq) {
     // the leading space it has after the prompt.
     const size_t ctx = std::min<size_t>(6, static_cast<size_t>(seq->num_prompt_tokens));
     seq->decoder = std::make_unique<IncrementalDecoder>(
-        *tokenizer_, std::span<const TokenId>(seq->tokens).subspan(static_cast<size_t>(seq->num_prompt_tokens) - ctx, ctx));
+        *tokenizer_,
+        std::span<const TokenId>(seq->tokens).subspan(static_cast<size_t>(seq->num_prompt_tokens) - ctx, ctx));
   }
   const size_t old_size = seq->text.size();
   seq->text += seq->decoder->push(seq->tokens.back());
@@ -528,10 +501,11 @@ void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std
   if (normal && seq->spec.lease && seq->kv_blocks_reported) {
     // Pin the prompt's KV for the decode agent; the rest is released.
     std::vector<BlockId> blocks = scheduler_.detachBlocks(seq);
-    const size_t keep = std::min(blocks.size(), static_cast<size_t>(ceilDiv(seq->num_prompt_tokens, options_.block_size)));
+    const size_t keep =
+        std::min(blocks.size(), static_cast<size_t>(ceilDiv(seq->num_prompt_tokens, options_.block_size)));
     blocks_.releaseAll(std::span<const BlockId>(blocks).subspan(keep));
     blocks.resize(keep);
-    leases_[seq->spec.lease->id] = Lease{std::move(blocks), seq->spec.lease->expires};
+    leases_.hold(seq->spec.lease->id, std::move(blocks), seq->spec.lease->expires);
   } else if (normal && seq->spec.session && seq->num_computed > 0) {
     // Keep the computed KV resident for the next turn.
     std::vector<BlockId> blocks = scheduler_.detachBlocks(seq);
@@ -563,7 +537,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, RejectReason reject, std
   u.num_reserved_tokens = seq->reserved_tokens;
   u.kv_blocks_peak = seq->kv_blocks_peak;
   u.num_preemptions = seq->num_preemptions;
-  u.kv_imported = seq->spec.import_kv && seq->kv_blocks_reported && reason != FinishReason::kRejected;
+  u.kv_imported = kvImported(*seq);
   u.arrival = seq->arrival;
   u.first_scheduled = seq->first_scheduled;
   u.first_token = seq->first_token;
@@ -580,9 +554,7 @@ absl::Status Engine::checkInvariants() const {
     for (BlockId b : seq->blocks) ++refs[static_cast<size_t>(b.value())];
   }
   sessions_.forEachBlock([&](BlockId b) { ++refs[static_cast<size_t>(b.value())]; });
-  for (const auto& [id, lease] : leases_) {
-    for (BlockId b : lease.blocks) ++refs[static_cast<size_t>(b.value())];
-  }
+  leases_.forEachBlock([&](BlockId b) { ++refs[static_cast<size_t>(b.value())]; });
   for (int i = 0; i < blocks_.numTotal(); ++i) {
     if (refs[static_cast<size_t>(i)] != blocks_.refCount(BlockId(i))) {
       return absl::InternalError(strCat("block ", i, " has ref count ", blocks_.refCount(BlockId(i)), " but ",

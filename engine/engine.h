@@ -17,13 +17,15 @@
 
 #include <functional>
 #include <memory>
-#include <span>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "engine/kv/block_manager.h"
 #include "engine/kv/kv_storage.h"
+#include "engine/kv/layer_announcer.h"
+#include "engine/kv/lease_table.h"
 #include "engine/kv/session_store.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
@@ -36,6 +38,7 @@ class Backend;
 class LlamaModel;
 class Tokenizer;
 struct ModelWeights;
+struct SequenceChunk;
 
 struct EngineOptions {
   int num_blocks = 512;
@@ -52,7 +55,7 @@ struct EngineOptions {
   int max_preemptions = 8;  // beyond this a request finishes kPreempted
   int session_low_watermark_blocks = 0;
   int max_session_evictions_per_step = 4;  // for the watermark, admission and running requests together
-  uint64_t seed = 0;  // seeds unseeded requests' sampling; 0 = from std::random_device
+  uint64_t seed = 0;                       // seeds unseeded requests' sampling; 0 = from std::random_device
   // Where the KV pool lives. Unset: the engine allocates it. Set: called
   // once by create() with the pool's size in bytes (the agent returns memory
   // UCX allocated, so a shared-memory peer can map it); the memory must be
@@ -64,18 +67,23 @@ struct EngineOptions {
 // reader: prefix hit rate = prefix_hit_tokens / prefix_query_tokens.
 struct StepStats {
   int num_scheduled_tokens = 0;
-  int num_prefill_tokens = 0;   // tokens of chunks that were not single-token decodes
+  int num_prefill_tokens = 0;  // tokens of chunks that were not single-token decodes
   int num_decode_tokens = 0;
-  int num_running = 0;          // after the step
+  int num_running = 0;  // after the step
   int num_waiting = 0;
-  int queue_tokens = 0;         // uncomputed prompt tokens of waiting and prefilling sequences
-  int num_free_blocks = 0;      // available: free + cached-unreferenced
+  int queue_tokens = 0;     // uncomputed prompt tokens of waiting and prefilling sequences
+  int num_free_blocks = 0;  // available: free + cached-unreferenced
   int num_total_blocks = 0;
   int num_sessions_resident = 0;
-  int prefix_hit_tokens = 0;    // of sequences admitted this step
+  int prefix_hit_tokens = 0;  // of sequences admitted this step
   int prefix_query_tokens = 0;
   int num_preemptions = 0;
-  int num_finished = 0;         // requests that ended during the step (any reason)
+  int num_finished = 0;  // requests that ended during the step (any reason)
+  // Whether the step changed anything: computed tokens, admitted, preempted,
+  // finished, evicted a session or released a lease. A step that did not
+  // would do the same again until a command or a deadline (nextDeadline())
+  // changes the engine, so the owning thread may sleep until then.
+  bool progressed = false;
   Duration schedule_time{0};
   Duration model_time{0};
   Duration postprocess_time{0};
@@ -89,7 +97,8 @@ int reservedTokens(const EngineOptions& options, int num_prompt_tokens, const Re
 // Why a pool with `options` could never admit the request (the
 // RejectReason::kCapacity message), or nothing. Pure: the agent checks it
 // before opening a stream; Engine::addRequest rejects with it.
-std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens, const RequestSpec& spec);
+std::optional<std::string> capacityRejection(const EngineOptions& options, int num_prompt_tokens,
+                                             const RequestSpec& spec);
 
 class Engine {
  public:
@@ -112,6 +121,12 @@ class Engine {
   // One iteration: schedule, run the model, sample, finish what is done.
   StepStats step();
   bool hasWork() const { return !live_.empty(); }
+  // The earliest time at which time alone changes the engine: a live
+  // request's deadline (not an importing one's) or a lease's expiry.
+  // Nothing when there is none.
+  std::optional<MonoTime> nextDeadline() const;
+  // The clock it was created with (not owned), for its owning thread's waits.
+  Clock& clock() const { return clock_; }
   // The gauges of StepStats (running, waiting, queue tokens, blocks, sessions)
   // as they are now, with the per-step counters zero. For observers that must
   // see changes made between steps (a cancel when the engine then idles).
@@ -120,6 +135,8 @@ class Engine {
   bool dropSession(const SessionId& id) { return sessions_.drop(id); }
 
   // --- P/D (see RequestSpec::lease and ::import_kv) ---
+  // The state lives beside the session store: held leases in LeaseTable,
+  // announcement progress in LayerAnnouncer, import states in kv_import.h.
 
   // Announces final KV of leased prefills, so a peer can pull it while the
   // rest computes: blocks [first_block, first_block + blocks.size()) of the
@@ -127,12 +144,9 @@ class Engine {
   // layer `layer`. Called during the step that runs a prompt's last chunk,
   // once per layer as it lands (for the blocks not announced yet); and after
   // a step that ran an earlier chunk, for every layer, for the blocks that
-  // chunk completed. Every block is announced exactly once per layer.
-  struct LayerReady {
-    RequestId id;
-    size_t first_block = 0;
-    std::span<const BlockId> blocks;
-  };
+  // chunk completed. Every block is announced exactly once per layer
+  // (layer_announcer.h).
+  using LayerReady = engine::LayerReady;
   using LayerObserverFn = std::function<void(int layer, std::span<const LayerReady> prefills)>;
   void setLayerObserver(LayerObserverFn fn) { layer_observer_ = std::move(fn); }
 
@@ -148,12 +162,12 @@ class Engine {
   // Releases leases whose expiry has passed; returns how many. step() does
   // this too; call it when idle.
   int expireLeases();
-  int numLeases() const { return static_cast<int>(leases_.size()); }
+  int numLeases() const { return leases_.numLeases(); }
   // Prefix-cache "stored"/"removed" events since the last call (for the router).
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
 
   // Pool invariants plus ownership: every block's reference count equals the
-  // number of live sequences and resident sessions that hold it.
+  // number of live sequences, resident sessions and held leases that hold it.
   absl::Status checkInvariants() const;
 
   const EngineOptions& options() const { return options_; }
@@ -171,7 +185,25 @@ class Engine {
          std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock,
          std::unique_ptr<KvStorage> kv);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
-  void postprocess(Sequence* seq, std::span<const float> logits);
+
+  // The phases of step(), in order.
+  // Ends requests whose deadline passed (not importing ones) and expired leases.
+  // Returns whether anything ended.
+  bool finishExpired(MonoTime now);
+  // Runs the scheduler; ends requests preempted past their limit; copies
+  // copy-on-write blocks; reports the blocks of imports admitted now.
+  ScheduleResult schedule();
+  // The model's input for the scheduled chunks; counts their tokens into *st.
+  std::vector<SequenceChunk> buildBatch(std::span<const ScheduledChunk> chunks, MonoTime now, StepStats* st);
+  // Reports leased prefills' blocks before the model writes them; returns
+  // what the layer observer announces during the run.
+  std::vector<LayerReady> reportLeasedPrefills(std::span<const ScheduledChunk> chunks);
+  absl::Status runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run);
+  // Advances computed tokens, commits full blocks to the prefix cache,
+  // announces what earlier chunks completed, samples where logits came out.
+  void postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch);
+
+  void sample(Sequence* seq, std::span<const float> logits);
   // Appends a sampled (or imported) token and finishes the request if it is done.
   void acceptToken(Sequence* seq, TokenId tok);
   void reportKvBlocks(Sequence* seq, size_t num_blocks);
@@ -191,17 +223,14 @@ class Engine {
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
   BlockManager blocks_;
-  SessionStore sessions_;
+  SessionStore sessions_;  // sessions_ and leases_ after blocks_: they release into the pool when destroyed
+  LeaseTable leases_;
+  LayerAnnouncer announcer_;
   Scheduler scheduler_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Sequence>> live_;
   uint64_t next_id_ = 1;
   SamplerRng seed_rng_;
   size_t max_stop_len_ = 0;
-  struct Lease {
-    std::vector<BlockId> blocks;
-    MonoTime expires;
-  };
-  absl::flat_hash_map<uint64_t, Lease> leases_;
   uint64_t num_finished_ = 0;  // requests ended so far, by any path
   LayerObserverFn layer_observer_;
   std::vector<float> logits_;

@@ -5,55 +5,55 @@
 namespace tandem::engine {
 
 EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, StepObserver on_step)
-    : engine_(std::move(engine)), on_step_(std::move(on_step)) {
+    : engine_(std::move(engine)), clock_(engine_->clock()), on_step_(std::move(on_step)) {
   thread_ = std::thread([this] { run(); });
 }
 
 EngineLoop::~EngineLoop() {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 uint64_t EngineLoop::submit(RequestSpec spec, UpdateCallback on_update) {
   uint64_t handle;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     handle = next_handle_++;
     commands_.push_back(Submit{handle, std::move(spec), std::move(on_update)});
   }
   num_live_.fetch_add(1);
-  cv_.notify_all();
+  cv_.SignalAll();
   return handle;
 }
 
 void EngineLoop::cancel(uint64_t handle, FinishReason reason) {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     commands_.push_back(Cancel{handle, reason});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void EngineLoop::post(std::function<void(Engine&)> fn) {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     commands_.push_back(Call{std::move(fn), nullptr});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void EngineLoop::runOnLoop(std::function<void(Engine&)> fn) {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     commands_.push_back(Call{std::move(fn), done});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   f.wait();
 }
 
@@ -84,34 +84,29 @@ void EngineLoop::apply(Command& cmd) {
   }
 }
 
+bool EngineLoop::waitForCommands(bool stalled, std::deque<Command>* batch) {
+  absl::MutexLock lock(&mu_);
+  alive_.store(true);
+  while (!stop_ && commands_.empty() && (stalled || !engine_->hasWork())) {
+    // The engine is touched only by this thread, which holds no other lock.
+    if (clock_.waitUntil(cv_, mu_, engine_->nextDeadline().value_or(MonoTime::max()))) break;
+  }
+  if (stop_) return false;
+  batch->swap(commands_);
+  return true;
+}
+
 void EngineLoop::run() {
   bool stalled = false;
   for (;;) {
     std::deque<Command> batch;
-    {
-      std::unique_lock lock(mu_);
-      alive_.store(true);
-      auto ready = [&] { return stop_ || !commands_.empty() || (engine_->hasWork() && !stalled); };
-      if (stalled) {
-        // The last step had nothing to compute (every live request waits on
-        // an import or for blocks): sleep until a command arrives instead of
-        // spinning, but wake up now and then for deadlines.
-        cv_.wait_for(lock, std::chrono::milliseconds(5), ready);
-      } else if (engine_->numLeases() > 0) {
-        // Leases expire by the clock, with no command to wake us: poll.
-        cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
-      } else {
-        cv_.wait(lock, ready);
-      }
-      if (stop_) break;
-      batch.swap(commands_);
-    }
+    if (!waitForCommands(stalled, &batch)) break;
     for (Command& cmd : batch) apply(cmd);
     if (!engine_->hasWork() && engine_->expireLeases() > 0 && on_step_) on_step_(engine_->currentStats(), *engine_);
     stalled = false;
     if (engine_->hasWork()) {
       StepStats st = engine_->step();
-      stalled = st.num_scheduled_tokens == 0;
+      stalled = !st.progressed;
       if (on_step_) on_step_(st, *engine_);
     } else if (on_step_ && !batch.empty()) {
       // Commands changed state and no step follows (e.g. the last request was
@@ -122,7 +117,7 @@ void EngineLoop::run() {
   // Shutdown: queued submissions are cancelled too, so every caller hears back once.
   std::deque<Command> rest;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     rest.swap(commands_);
   }
   for (Command& cmd : rest) apply(cmd);

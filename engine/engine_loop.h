@@ -1,23 +1,26 @@
 #pragma once
 // The engine's owning thread. Other threads (HTTP handlers) submit and cancel
 // requests through a queue; the loop applies them between steps and steps
-// while there is work, sleeping otherwise. Update callbacks run on the loop's
+// while there is work. When there is none, or a step changed nothing (every
+// live request waits for an import or for blocks), it sleeps until a command
+// arrives or the engine's next deadline (a request's, a lease's expiry)
+// passes on the engine's clock: under a FakeClock, advancing the clock wakes it. Update callbacks run on the loop's
 // thread: they must be quick and must not call back into the loop's owner
 // synchronously (pushing into an SSE writer is the intended use).
 //
 // Thread-safe: every public method may be called from any thread.
 
 #include <atomic>
-#include <condition_variable>
-#include <future>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <variant>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 
 namespace tandem::engine {
@@ -28,7 +31,8 @@ class EngineLoop {
   // commands changed the engine and it is idle (metrics export).
   using StepObserver = std::function<void(const StepStats&, const Engine&)>;
 
-  // Starts the thread. The engine is owned by the loop from now on.
+  // Starts the thread. The engine is owned by the loop from now on; the
+  // loop waits on the engine's clock.
   EngineLoop(std::unique_ptr<Engine> engine, StepObserver on_step = nullptr);
   // Cancels everything still live (finish reason kCancelled) and joins.
   ~EngineLoop();
@@ -68,16 +72,21 @@ class EngineLoop {
   using Command = std::variant<Submit, Cancel, Call>;
 
   void run();
+  // Takes the queued commands, first sleeping while there is nothing to do:
+  // no command, and no work or only work that cannot progress (`stalled`)
+  // before the engine's next deadline. Returns false when stopping.
+  bool waitForCommands(bool stalled, std::deque<Command>* batch);
   void apply(Command& cmd);
 
   std::unique_ptr<Engine> engine_;
+  Clock& clock_;
   StepObserver on_step_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Command> commands_;  // guarded by mu_
-  bool stop_ = false;             // guarded by mu_
-  uint64_t next_handle_ = 1;      // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<int> num_live_{0};
   std::atomic<bool> alive_{false};
 

@@ -157,6 +157,62 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
 
 SafetensorsFile::~SafetensorsFile() { ::munmap(const_cast<std::byte*>(map_), map_size_); }
 
+namespace {
+
+// One tensor's header entry: dtype, shape and data_offsets, checked against
+// each other and against the data buffer that follows the header.
+absl::StatusOr<TensorInfo> parseTensorEntry(const std::string& path, const std::string& name, const Json& entry,
+                                            const std::byte* buffer, uint64_t buffer_size) {
+  auto fail = [&](std::string_view what) {
+    return absl::InvalidArgumentError(strCat(path, ": tensor ", name, ": ", what));
+  };
+  if (!entry.is_object()) return fail("expected an object with dtype, shape and data_offsets");
+
+  auto dtype_it = entry.find("dtype");
+  if (dtype_it == entry.end() || !dtype_it->is_string()) return fail("dtype: missing or not a string");
+  const DTypeEntry* dtype = entryNamed(dtype_it->get_ref<const std::string&>());
+  if (dtype == nullptr) return fail(strCat("unknown dtype \"", dtype_it->get_ref<const std::string&>(), "\""));
+
+  auto shape_it = entry.find("shape");
+  if (shape_it == entry.end() || !shape_it->is_array()) return fail("shape: missing or not a list");
+  TensorInfo info;
+  info.name = name;
+  info.dtype = dtype->dtype;
+  uint64_t num_elements = 1;
+  for (const Json& d : *shape_it) {
+    if (!d.is_number_unsigned()) return fail(strCat("shape: expected non-negative integers, got ", shape_it->dump()));
+    const auto dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        __builtin_mul_overflow(num_elements, dim, &num_elements)) {
+      return fail(strCat("shape ", shape_it->dump(), " is too large"));
+    }
+    info.shape.push_back(static_cast<int64_t>(dim));
+  }
+
+  auto offsets_it = entry.find("data_offsets");
+  if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+      !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
+    return fail("data_offsets: expected [begin, end] with non-negative integers");
+  }
+  const auto begin = (*offsets_it)[0].get<uint64_t>();
+  const auto end = (*offsets_it)[1].get<uint64_t>();
+  if (begin > end) return fail(strCat("data_offsets [", begin, ", ", end, "]: begin is after end"));
+  if (end > buffer_size) {
+    return fail(strCat("data_offsets [", begin, ", ", end, "] out of range: the data buffer is ", buffer_size,
+                       " bytes (file truncated?)"));
+  }
+  uint64_t expected_bytes;
+  if (__builtin_mul_overflow(num_elements, static_cast<uint64_t>(dtype->size), &expected_bytes) ||
+      expected_bytes != end - begin) {
+    return fail(strCat("shape ", shapeToString(info.shape), " of ", dtype->name, " needs ", num_elements, " x ",
+                       dtype->size, " bytes, but data_offsets [", begin, ", ", end, "] hold ", end - begin));
+  }
+  info.data = std::span<const std::byte>(buffer + begin, static_cast<size_t>(end - begin));
+  return info;
+}
+
+}  // namespace
+
 absl::Status SafetensorsFile::parseHeader() {
   uint64_t header_len;
   std::memcpy(&header_len, map_, sizeof(header_len));
@@ -193,51 +249,7 @@ absl::Status SafetensorsFile::parseHeader() {
       }
       continue;
     }
-    auto fail = [&](std::string_view what) {
-      return absl::InvalidArgumentError(strCat(path_, ": tensor ", name, ": ", what));
-    };
-    if (!entry.is_object()) return fail("expected an object with dtype, shape and data_offsets");
-
-    auto dtype_it = entry.find("dtype");
-    if (dtype_it == entry.end() || !dtype_it->is_string()) return fail("dtype: missing or not a string");
-    const DTypeEntry* dtype = entryNamed(dtype_it->get_ref<const std::string&>());
-    if (dtype == nullptr) return fail(strCat("unknown dtype \"", dtype_it->get_ref<const std::string&>(), "\""));
-
-    auto shape_it = entry.find("shape");
-    if (shape_it == entry.end() || !shape_it->is_array()) return fail("shape: missing or not a list");
-    TensorInfo info;
-    info.name = name;
-    info.dtype = dtype->dtype;
-    uint64_t num_elements = 1;
-    for (const Json& d : *shape_it) {
-      if (!d.is_number_unsigned()) return fail(strCat("shape: expected non-negative integers, got ", shape_it->dump()));
-      const auto dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          __builtin_mul_overflow(num_elements, dim, &num_elements)) {
-        return fail(strCat("shape ", shape_it->dump(), " is too large"));
-      }
-      info.shape.push_back(static_cast<int64_t>(dim));
-    }
-
-    auto offsets_it = entry.find("data_offsets");
-    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
-        !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
-      return fail("data_offsets: expected [begin, end] with non-negative integers");
-    }
-    const auto begin = (*offsets_it)[0].get<uint64_t>();
-    const auto end = (*offsets_it)[1].get<uint64_t>();
-    if (begin > end) return fail(strCat("data_offsets [", begin, ", ", end, "]: begin is after end"));
-    if (end > buffer_size) {
-      return fail(strCat("data_offsets [", begin, ", ", end, "] out of range: the data buffer is ", buffer_size,
-                         " bytes (file truncated?)"));
-    }
-    uint64_t expected_bytes;
-    if (__builtin_mul_overflow(num_elements, static_cast<uint64_t>(dtype->size), &expected_bytes) ||
-        expected_bytes != end - begin) {
-      return fail(strCat("shape ", shapeToString(info.shape), " of ", dtype->name, " needs ", num_elements, " x ",
-                         dtype->size, " bytes, but data_offsets [", begin, ", ", end, "] hold ", end - begin));
-    }
-    info.data = std::span<const std::byte>(buffer + begin, static_cast<size_t>(end - begin));
+    TANDEM_ASSIGN_OR_RETURN(TensorInfo info, parseTensorEntry(path_, name, entry, buffer, buffer_size));
     tensors_.emplace(name, std::move(info));
   }
   return absl::OkStatus();

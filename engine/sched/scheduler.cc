@@ -19,7 +19,8 @@ int Scheduler::reservationBlocks(int reserved_tokens) const {
 }
 
 int Scheduler::admissionBlocks(const Sequence& seq) const {
-  return std::max(reservationBlocks(seq.reserved_tokens), ceilDiv(static_cast<int>(seq.tokens.size()), options_.block_size));
+  return std::max(reservationBlocks(seq.reserved_tokens),
+                  ceilDiv(static_cast<int>(seq.tokens.size()), options_.block_size));
 }
 
 int Scheduler::outstandingReservation() const {
@@ -28,9 +29,7 @@ int Scheduler::outstandingReservation() const {
   return n;
 }
 
-void Scheduler::remove(Sequence* seq) {
-  blocks_.releaseAll(detachBlocks(seq));
-}
+void Scheduler::remove(Sequence* seq) { blocks_.releaseAll(detachBlocks(seq)); }
 
 std::vector<BlockId> Scheduler::detachBlocks(Sequence* seq) {
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
@@ -54,7 +53,8 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq, bool imports) con
     if (const ResidentSession* s = sessions_.find(*seq.spec.session)) {
       const int limit = std::min({static_cast<int>(s->tokens.size()), cap});
       int common = 0;
-      while (common < limit && s->tokens[static_cast<size_t>(common)] == seq.tokens[static_cast<size_t>(common)]) ++common;
+      while (common < limit && s->tokens[static_cast<size_t>(common)] == seq.tokens[static_cast<size_t>(common)])
+        ++common;
       plan.common_tokens = common;
       plan.from_session = true;
       plan.reuse_blocks = ceilDiv(common, bs);
@@ -93,7 +93,7 @@ Scheduler::ReusePlan Scheduler::planReuse(const Sequence& seq, bool imports) con
 }
 
 bool Scheduler::directToD(const Sequence& seq) const {
-  if (!seq.spec.import_kv || seq.spec.direct_max_suffix_tokens <= 0 || !seq.spec.session || seq.numOutputTokens() != 0) {
+  if (seq.prompt_kv != PromptKv::kImport || seq.spec.direct_max_suffix_tokens <= 0 || !seq.spec.session) {
     return false;
   }
   const ResidentSession* s = sessions_.find(*seq.spec.session);
@@ -104,54 +104,60 @@ bool Scheduler::directToD(const Sequence& seq) const {
   return static_cast<int>(seq.tokens.size() - common) <= seq.spec.direct_max_suffix_tokens;
 }
 
-bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
+void Scheduler::admit(Sequence* seq, const ReusePlan& plan, int reserved_blocks, ScheduleResult* result) {
   const int bs = options_.block_size;
+  std::vector<BlockId> reused;
+  if (plan.from_session) {
+    ResidentSession s = *sessions_.take(*seq->spec.session);
+    reused.assign(s.blocks.begin(), s.blocks.begin() + plan.reuse_blocks);
+    blocks_.releaseAll(std::span<const BlockId>(s.blocks).subspan(static_cast<size_t>(plan.reuse_blocks)));
+  } else {
+    // Any resident session for this id is stale for this prompt; it stays until evicted.
+    const auto& hashes = seq->chain.hashes();
+    for (int i = 0; i < plan.reuse_blocks; ++i) reused.push_back(blocks_.acquireCached(hashes[static_cast<size_t>(i)]));
+  }
+  if (plan.needs_copy) {
+    BlockId src = reused.back();
+    BlockId dst = blocks_.allocate();
+    result->block_copies.emplace_back(src, dst);
+    // The copy runs before the model this step; src can only be rewritten
+    // by this step's model run, which comes after the copy.
+    blocks_.release(src);
+    reused.back() = dst;
+  }
+  seq->blocks = std::move(reused);
+  seq->num_computed = plan.common_tokens;
+  seq->num_committed_blocks = std::min(plan.common_tokens / bs, static_cast<int>(seq->chain.hashes().size()));
+  seq->reserved_blocks = reserved_blocks;
+  seq->state = SeqState::kRunning;
+  if (!seq->admitted_once) {
+    seq->admitted_once = true;
+    seq->num_cached_tokens = plan.common_tokens;
+    result->num_prefix_hit_tokens += plan.common_tokens;
+    result->num_prefix_query_tokens += static_cast<int>(seq->tokens.size());
+  }
+  seq->kv_blocks_peak = std::max(seq->kv_blocks_peak, static_cast<int>(seq->blocks.size()));
+  running_.push_back(seq);
+  result->admitted.push_back(seq);
+}
+
+bool Scheduler::tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions) {
   for (;;) {
     // Direct-to-D: the session's KV is resident here and only a short suffix
     // is new, so computing it locally beats a round trip to a prefill agent.
     // Decided for each plan, and taken only when the plan is committed: the
     // session may be evicted before the request fits.
     const bool direct = directToD(*seq);
-    ReusePlan plan = planReuse(*seq, /*imports=*/seq->spec.import_kv && !direct);
+    ReusePlan plan = planReuse(*seq, /*imports=*/seq->prompt_kv == PromptKv::kImport && !direct);
     const int need_total = admissionBlocks(*seq);
     const int need_new = need_total - plan.reuse_blocks + (plan.needs_copy ? 1 : 0);
     const int room = blocks_.numAvailable() - plan.blocks_from_lru + plan.blocks_returned - outstandingReservation();
     if (need_new <= room) {
-      // Commit the plan.
-      if (direct) seq->spec.import_kv = false;
-      std::vector<BlockId> reused;
-      if (plan.from_session) {
-        ResidentSession s = *sessions_.take(*seq->spec.session);
-        reused.assign(s.blocks.begin(), s.blocks.begin() + plan.reuse_blocks);
-        blocks_.releaseAll(std::span<const BlockId>(s.blocks).subspan(static_cast<size_t>(plan.reuse_blocks)));
-      } else {
-        // Any resident session for this id is stale for this prompt; it stays until evicted.
-        const auto& hashes = seq->chain.hashes();
-        for (int i = 0; i < plan.reuse_blocks; ++i) reused.push_back(blocks_.acquireCached(hashes[static_cast<size_t>(i)]));
+      if (direct) {
+        seq->prompt_kv = PromptKv::kDirect;
+        result->direct_to_d.push_back(seq);
       }
-      if (plan.needs_copy) {
-        BlockId src = reused.back();
-        BlockId dst = blocks_.allocate();
-        result->block_copies.emplace_back(src, dst);
-        // The copy runs before the model this step; src can only be rewritten
-        // by this step's model run, which comes after the copy.
-        blocks_.release(src);
-        reused.back() = dst;
-      }
-      seq->blocks = std::move(reused);
-      seq->num_computed = plan.common_tokens;
-      seq->num_committed_blocks = std::min(plan.common_tokens / bs, static_cast<int>(seq->chain.hashes().size()));
-      seq->reserved_blocks = need_total;
-      seq->state = SeqState::kRunning;
-      if (!seq->admitted_once) {
-        seq->admitted_once = true;
-        seq->num_cached_tokens = plan.common_tokens;
-        result->num_prefix_hit_tokens += plan.common_tokens;
-        result->num_prefix_query_tokens += static_cast<int>(seq->tokens.size());
-      }
-      seq->kv_blocks_peak = std::max(seq->kv_blocks_peak, static_cast<int>(seq->blocks.size()));
-      running_.push_back(seq);
-      result->admitted.push_back(seq);
+      admit(seq, plan, need_total, result);
       return true;
     }
     // Make room by evicting resident sessions (never the one this request would reuse).
@@ -233,7 +239,8 @@ ScheduleResult Scheduler::schedule() {
 
   // Keep a low watermark of available blocks, a few sessions per step.
   while (session_evictions < options_.max_session_evictions_per_step &&
-         blocks_.numAvailable() - outstandingReservation() < options_.session_low_watermark_blocks && sessions_.evictOne()) {
+         blocks_.numAvailable() - outstandingReservation() < options_.session_low_watermark_blocks &&
+         sessions_.evictOne()) {
     ++session_evictions;
     ++result.num_session_evictions;
   }
@@ -242,7 +249,7 @@ ScheduleResult Scheduler::schedule() {
   // ensureBlocks may preempt from the back of running_.
   std::vector<Sequence*> decoding;
   for (Sequence* s : running_) {
-    if (!s->importing && s->numUncomputed() == 1) decoding.push_back(s);
+    if (!s->importing() && s->numUncomputed() == 1) decoding.push_back(s);
   }
   for (Sequence* s : decoding) {
     if (budget == 0) break;
@@ -257,7 +264,7 @@ ScheduleResult Scheduler::schedule() {
   // 2. Running sequences still in prefill.
   std::vector<Sequence*> prefilling;
   for (Sequence* s : running_) {
-    if (!s->importing && s->numUncomputed() > 1) prefilling.push_back(s);
+    if (!s->importing() && s->numUncomputed() > 1) prefilling.push_back(s);
   }
   for (Sequence* s : prefilling) {
     if (budget == 0) break;
@@ -273,10 +280,11 @@ ScheduleResult Scheduler::schedule() {
     Sequence* s = waiting_.front();
     if (!tryAdmit(s, &result, &session_evictions)) break;
     waiting_.pop_front();
-    if (s->spec.import_kv && s->num_computed == 0 && s->numOutputTokens() == 0) {
+    if (s->prompt_kv == PromptKv::kImport) {
       // All prompt blocks now (within its reservation); they are filled from outside.
       if (!ensureBlocks(s, static_cast<int>(s->tokens.size()), &result, &session_evictions)) break;
-      s->importing = true;
+      s->prompt_kv = PromptKv::kImporting;
+      result.imports.push_back(s);
       continue;
     }
     int n = std::min(s->numUncomputed(), budget);

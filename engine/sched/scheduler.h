@@ -13,6 +13,13 @@
 // admitted sequence is preempted by recompute: its blocks are freed and it
 // goes to the front of the waiting queue.
 //
+// Import requests (P/D decode, Sequence::prompt_kv == kImport) are admitted
+// like any other, then either go direct-to-D (their session is resident and
+// only a short suffix is new: computed here, kDirect) or get all their prompt
+// blocks at once and wait, computing nothing, until the engine completes the
+// import (kImporting). The decision is recorded in the sequence's prompt_kv
+// and listed in the result; the request's spec is never rewritten.
+//
 // The scheduler decides and does block accounting; the engine runs the model
 // and finishes requests. Not thread-safe: owned by the engine thread.
 
@@ -50,6 +57,11 @@ struct ScheduleResult {
   std::vector<std::pair<BlockId, BlockId>> block_copies;  // (src, dst): copy-on-write
   std::vector<Sequence*> preempted;                       // moved back to the front of waiting
   std::vector<Sequence*> admitted;
+  // Admitted import requests, by how their prompt KV comes: a peer writes it
+  // into their blocks from now on (kImporting: the engine reports the
+  // blocks), or it is computed here (kDirect).
+  std::vector<Sequence*> imports;
+  std::vector<Sequence*> direct_to_d;
   int num_session_evictions = 0;
   int num_prefix_hit_tokens = 0;  // cached tokens of sequences admitted this step
   int num_prefix_query_tokens = 0;
@@ -86,11 +98,11 @@ class Scheduler {
 
  private:
   struct ReusePlan {
-    int common_tokens = 0;     // tokens whose KV is reused
+    int common_tokens = 0;  // tokens whose KV is reused
     bool from_session = false;
-    int reuse_blocks = 0;      // leading blocks kept
-    int blocks_from_lru = 0;   // reused cached blocks that are unreferenced now (they stop being available)
-    bool needs_copy = false;   // the last reused block is partial and not writable
+    int reuse_blocks = 0;     // leading blocks kept
+    int blocks_from_lru = 0;  // reused cached blocks that are unreferenced now (they stop being available)
+    bool needs_copy = false;  // the last reused block is partial and not writable
     // Blocks that committing the plan makes available again: on the session
     // path, the session's blocks past the reused prefix that only it holds,
     // and a copy-on-write source whose last reference the copy drops.
@@ -102,6 +114,10 @@ class Scheduler {
   // session is resident and at most direct_max_suffix_tokens are new.
   bool directToD(const Sequence& seq) const;
   bool tryAdmit(Sequence* seq, ScheduleResult* result, int* session_evictions);
+  // Commits `plan`: takes the reused blocks (from the session or the prefix
+  // cache, with a copy-on-write of a partial last block), sets the
+  // reservation and moves seq to running. Call only when the plan fits.
+  void admit(Sequence* seq, const ReusePlan& plan, int reserved_blocks, ScheduleResult* result);
   // Makes sure seq has blocks for `num_tokens` tokens: evicts resident
   // sessions (within the step's limit, counted in *session_evictions), then
   // preempts others (or seq itself). Returns false when seq cannot run this

@@ -18,13 +18,24 @@ namespace tandem::engine {
 
 enum class SeqState : uint8_t { kWaiting, kRunning, kFinished };
 
+// Where a sequence's prompt KV comes from (RequestSpec::import_kv asks for an
+// import; the scheduler decides at admission). The spec keeps what the caller
+// asked for; this is what happens.
+//   kCompute                                   no import asked: computed here
+//   kImport --admission--> kDirect             direct-to-D: computed here after all
+//   kImport --admission--> kImporting          blocks allocated and reported; a peer writes them
+//   kImporting --completeImport--> kImported   the KV arrived: an ordinary decode from here on
+// An importing sequence ends only through the importer (abortImport).
+enum class PromptKv : uint8_t { kCompute, kImport, kDirect, kImporting, kImported };
+
 struct Sequence {
   Sequence(RequestId id_in, RequestSpec spec_in, int block_size)
       : id(id_in), spec(std::move(spec_in)), chain(block_size) {}
 
   RequestId id;
-  RequestSpec spec;  // spec.prompt is moved into `tokens`
+  RequestSpec spec;  // spec.prompt is moved into `tokens`; otherwise as the caller gave it
   SeqState state = SeqState::kWaiting;
+  PromptKv prompt_kv = spec.import_kv ? PromptKv::kImport : PromptKv::kCompute;
 
   // Prompt then generated tokens. KV exists for tokens[0, num_computed);
   // the step computes tokens[num_computed, ...).
@@ -40,16 +51,18 @@ struct Sequence {
   BlockHashChain chain;
   int num_committed_blocks = 0;  // leading blocks already committed
 
-  // Import (RequestSpec::import_kv): blocks are allocated and reported;
+  // Import (prompt_kv == kImporting): blocks are allocated and reported;
   // nothing is computed until completeImport().
-  bool importing = false;
+  bool importing() const { return prompt_kv == PromptKv::kImporting; }
+  // Its prompt blocks were sent to the caller (RequestUpdate::kv_blocks): an
+  // import's destination, or a leased prefill's source.
   bool kv_blocks_reported = false;
   // Leased prefill (RequestSpec::lease): its prompt blocks are allocated and
   // reported at admission, and blocks [0, blocks_announced) are announced to
   // the layer observer as final. Once reported, a peer may be reading them:
   // such a sequence is never preempted (pinned()).
   int blocks_announced = 0;
-  bool pinned() const { return importing || (spec.lease.has_value() && kv_blocks_reported); }
+  bool pinned() const { return importing() || (spec.lease.has_value() && kv_blocks_reported); }
 
   // Admission reservation, in blocks: prompt + expected output.
   int reserved_blocks = 0;
@@ -66,9 +79,9 @@ struct Sequence {
   // Sampling and output text.
   SamplerRng rng;
   UpdateCallback on_update;
-  std::vector<TokenId> pending_tokens;  // sampled, not yet reported
-  std::string text;                     // decoded output so far (stop strings cut)
-  size_t text_emitted = 0;              // bytes of `text` already reported
+  std::vector<TokenId> pending_tokens;          // sampled, not yet reported
+  std::string text;                             // decoded output so far (stop strings cut)
+  size_t text_emitted = 0;                      // bytes of `text` already reported
   std::unique_ptr<IncrementalDecoder> decoder;  // created with the first output token
 
   int numOutputTokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }

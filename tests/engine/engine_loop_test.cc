@@ -15,13 +15,23 @@ namespace {
 using testing::greedy;
 using testing::randomPrompt;
 
-std::unique_ptr<Engine> makeEngine(Clock& clock) {
+std::unique_ptr<Engine> makeEngine(Clock& clock, int num_blocks = 128) {
   EngineOptions o;
-  o.num_blocks = 128;
+  o.num_blocks = num_blocks;
   o.max_num_seqs = 8;
   o.seed = 3;
   o.expected_output_tokens = 16;  // long-running requests below reserve only this much
-  return std::move(*Engine::create(o, testing::tinyWeights(), makeCpuBackend(), std::make_shared<ByteTokenizer>(), clock));
+  return std::move(
+      *Engine::create(o, testing::tinyWeights(), makeCpuBackend(), std::make_shared<ByteTokenizer>(), clock));
+}
+
+// A one-token leased prefill of `prompt_len` tokens: when it finishes, its
+// blocks stay pinned until `expires`.
+RequestSpec leasedPrefill(int prompt_len, uint64_t lease_id, MonoTime expires) {
+  std::mt19937 rng(static_cast<unsigned>(lease_id));
+  RequestSpec s = greedy(randomPrompt(rng, prompt_len), 1);
+  s.lease = LeaseSpec{.id = lease_id, .expires = expires};
+  return s;
 }
 
 using testutil::waitFor;
@@ -98,6 +108,60 @@ TEST(EngineLoopTest, DestructionCancelsLiveRequests) {
   }
   EXPECT_EQ(finished.load(), 1);
   EXPECT_EQ(reason, FinishReason::kCancelled);
+}
+
+TEST(EngineLoopTest, IdleLoopSleepsUntilALeaseExpiresOnTheEnginesClock) {
+  FakeClock clock;
+  std::atomic<int> leases{-1};
+  EngineLoop loop(makeEngine(clock), [&](const StepStats&, const Engine& e) { leases.store(e.numLeases()); });
+  std::atomic<bool> done{false};
+  loop.submit(leasedPrefill(40, 1, clock.now() + std::chrono::seconds(5)), [&](const RequestUpdate& u) {
+    if (u.finished) done.store(true);
+  });
+  ASSERT_TRUE(waitFor([&] { return done.load() && leases.load() == 1; }));
+  // Idle with a lease: parked on the clock until the expiry, not polling.
+  ASSERT_TRUE(waitFor([&] { return clock.numWaiters() > 0; }));
+  clock.advance(std::chrono::seconds(4));
+  int held = 0;
+  loop.runOnLoop([&](Engine& e) { held = e.numLeases(); });
+  EXPECT_EQ(held, 1) << "released before its expiry";
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_TRUE(waitFor([&] { return leases.load() == 0; }));
+  int available = 0;
+  loop.runOnLoop([&](Engine& e) { available = e.numAvailableBlocks(); });
+  EXPECT_EQ(available, 128);
+}
+
+TEST(EngineLoopTest, StalledRequestTimesOutWhenTheClockPassesItsDeadline) {
+  // A lease pins 3 of 4 blocks for an hour; a request reserving 3 waits for
+  // them, and the loop sleeps until its deadline.
+  FakeClock clock;
+  std::atomic<int> waiting{0};
+  EngineLoop loop(makeEngine(clock, 4), [&](const StepStats& st, const Engine&) { waiting.store(st.num_waiting); });
+  std::atomic<bool> prefilled{false};
+  loop.submit(leasedPrefill(40, 2, clock.now() + std::chrono::hours(1)), [&](const RequestUpdate& u) {
+    if (u.finished) prefilled.store(true);
+  });
+  ASSERT_TRUE(waitFor([&] { return prefilled.load(); }));
+  std::mt19937 rng(4);
+  RequestSpec s = greedy(randomPrompt(rng, 20), 20);  // 20 + 16 expected: 3 blocks
+  s.deadline = clock.now() + std::chrono::seconds(2);
+  std::atomic<bool> finished{false};
+  std::atomic<FinishReason> reason{FinishReason::kEos};
+  loop.submit(std::move(s), [&](const RequestUpdate& u) {
+    if (u.finished) {
+      reason.store(u.finish_reason);
+      finished.store(true);
+    }
+  });
+  // A step left it waiting; then the loop parks on the clock (one thread:
+  // a waiter now is the loop after that step), rather than stepping again.
+  ASSERT_TRUE(waitFor([&] { return waiting.load() == 1; }));
+  ASSERT_TRUE(waitFor([&] { return clock.numWaiters() > 0; }));
+  EXPECT_FALSE(finished.load());
+  clock.advance(std::chrono::seconds(2));
+  ASSERT_TRUE(waitFor([&] { return finished.load(); }));
+  EXPECT_EQ(reason.load(), FinishReason::kTimeout);
 }
 
 }  // namespace

@@ -37,7 +37,10 @@ void growTo(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Adds the wall time of its scope to *total.
+// Adds the wall time of its scope to *total. It reads the machine's clock,
+// not an injected Clock, on purpose: it measures how long the kernels
+// themselves take (BackendStats, for `./tandem bench engine`), which only
+// real time can say, and nothing the engine decides depends on it.
 class ScopedTimer {
  public:
   explicit ScopedTimer(std::chrono::nanoseconds* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
@@ -133,17 +136,17 @@ class ScopedTimer {
 }
 
 // Each loop compiled for each level; fma is one instruction there.
-#define TANDEM_ELEMENTWISE_LEVEL(name, ...)                                                                       \
-  __VA_ARGS__ void swiglu##name(const float* gate, const float* up, float* out, int64_t n) {                     \
-    swigluLoop(gate, up, out, n);                                                                                \
-  }                                                                                                              \
-  __VA_ARGS__ void rmsNorm##name(const float* x, const float* weight, float* out, int32_t r0, int32_t r1,        \
-                                 int32_t dim, float eps) {                                                       \
-    rmsNormLoop(x, weight, out, r0, r1, dim, eps);                                                               \
-  }                                                                                                              \
-  __VA_ARGS__ void rope##name(float* x, int32_t r0, int32_t r1, int32_t num_heads, int32_t head_dim,             \
-                              const int32_t* positions, const float* cos_table, const float* sin_table) {        \
-    ropeLoop(x, r0, r1, num_heads, head_dim, positions, cos_table, sin_table);                                   \
+#define TANDEM_ELEMENTWISE_LEVEL(name, ...)                                                                            \
+  __VA_ARGS__ void swiglu##name(const float* gate, const float* up, float* out, int64_t n) {                           \
+    swigluLoop(gate, up, out, n);                                                                                      \
+  }                                                                                                                    \
+  __VA_ARGS__ void rmsNorm##name(const float* x, const float* weight, float* out, int32_t r0, int32_t r1, int32_t dim, \
+                                 float eps) {                                                                          \
+    rmsNormLoop(x, weight, out, r0, r1, dim, eps);                                                                     \
+  }                                                                                                                    \
+  __VA_ARGS__ void rope##name(float* x, int32_t r0, int32_t r1, int32_t num_heads, int32_t head_dim,                   \
+                              const int32_t* positions, const float* cos_table, const float* sin_table) {              \
+    ropeLoop(x, r0, r1, num_heads, head_dim, positions, cos_table, sin_table);                                         \
   }
 TANDEM_ELEMENTWISE_LEVEL(Avx512, [[gnu::target("avx512f,avx2,fma")]])
 TANDEM_ELEMENTWISE_LEVEL(Avx2, [[gnu::target("avx2,fma")]])

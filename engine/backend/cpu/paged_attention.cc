@@ -202,18 +202,15 @@ Kernels kernelsFor(SimdLevel level) {
 }  // namespace
 
 PagedAttention::PagedAttention(SimdLevel simd, WorkerPool* pool)
-    : simd_(resolveSimdLevel(simd)),
-      pool_(pool),
-      scratch_(static_cast<size_t>(pool->numThreads())) {}
+    : simd_(resolveSimdLevel(simd)), pool_(pool), scratch_(static_cast<size_t>(pool->numThreads())) {}
 
-void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
-                         const AttentionShape& shape, float* out) {
+PagedAttention::Plan PagedAttention::planItems(int32_t layer, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                                               const AttentionShape& shape) {
   const KvLayout& layout = kv.layout();
   const int32_t head_dim = shape.head_dim;
   const int32_t dp = (head_dim + kTile - 1) / kTile * kTile;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   const int32_t rows_per_item = std::max(1, kQvsPerItem / group);
-  const size_t q_width = static_cast<size_t>(shape.num_heads) * static_cast<size_t>(head_dim);
   const size_t block_floats = packedBlockFloats(head_dim, dp);
 
   // Per chunk: the layer block base of every block it reads (so the kernel
@@ -258,6 +255,10 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
       }
     }
   }
+  return Plan{.work = work, .packed_floats = packed_floats};
+}
+
+void PagedAttention::orderItems(std::span<const ChunkDesc> chunks, const AttentionShape& shape) {
   // Chunks that pack their own keys (decodes, short chunks) read K and V of
   // every KV head from the same cache lines: one item for all heads reads
   // them from memory once. Only where that leaves enough items to share out.
@@ -277,8 +278,21 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
            (chunks[static_cast<size_t>(it.chunk)].start_pos + it.row_end);
   };
   std::stable_sort(items_.begin(), items_.end(), [&](const Item& a, const Item& b) { return cost(a) > cost(b); });
+}
 
-  if (packed_.size() < packed_floats) packed_.resize(packed_floats);
+void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                         const AttentionShape& shape, float* out) {
+  const KvLayout& layout = kv.layout();
+  const int32_t head_dim = shape.head_dim;
+  const int32_t dp = (head_dim + kTile - 1) / kTile * kTile;
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  const int32_t rows_per_item = std::max(1, kQvsPerItem / group);
+  const size_t q_width = static_cast<size_t>(shape.num_heads) * static_cast<size_t>(head_dim);
+
+  const Plan plan = planItems(layer, chunks, kv, shape);
+  orderItems(chunks, shape);
+
+  if (packed_.size() < plan.packed_floats) packed_.resize(plan.packed_floats);
   if (zeros_.size() < static_cast<size_t>(head_dim)) zeros_.resize(static_cast<size_t>(head_dim), 0.0f);
   const size_t scratch_floats = ItemScratch::floats(rows_per_item * shape.num_heads, head_dim, dp);
   for (std::vector<float>& s : scratch_) {
@@ -326,7 +340,7 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
     a.scratch = scratch_[static_cast<size_t>(thread)].data();
     kernels.attend_item(a);
   };
-  if (work < kMinParallelWork) {
+  if (plan.work < kMinParallelWork) {
     for (size_t i = 0; i < pack_tasks_.size(); ++i) runPackTask(static_cast<int64_t>(i), 0);
     for (size_t i = 0; i < items_.size(); ++i) runItem(static_cast<int64_t>(i), 0);
   } else {

@@ -49,7 +49,6 @@
 
 namespace tandem::engine {
 
-
 class PagedAttention {
  public:
   // Runs on `pool` (not owned; outlives this). The level is resolveSimdLevel(simd).
@@ -83,6 +82,18 @@ class PagedAttention {
     size_t packed_offset = 0;       // into packed_, where packed_head_floats > 0
     size_t packed_head_floats = 0;  // per KV head; 0: items pack for themselves
   };
+  // What planItems found: the work (query vectors x key tiles, to decide
+  // whether to go parallel) and the floats of packed keys it needs.
+  struct Plan {
+    int64_t work = 0;
+    size_t packed_floats = 0;
+  };
+
+  // Fills chunk_info_, block_bases_, items_ and pack_tasks_ for one call.
+  Plan planItems(int32_t layer, std::span<const ChunkDesc> chunks, const KvStorage& kv, const AttentionShape& shape);
+  // Merges the heads of self-packing chunks into one item where there are
+  // enough items to share out, then sorts items_ most expensive first.
+  void orderItems(std::span<const ChunkDesc> chunks, const AttentionShape& shape);
 
   SimdLevel simd_;
   WorkerPool* pool_;
