@@ -126,7 +126,7 @@ class Engine {
   // Nothing when there is none.
   std::optional<MonoTime> nextDeadline() const;
   // The clock it was created with (not owned), for its owning thread's waits.
-  Clock& clock() const { return clock_; }
+  const Clock& clock() const { return clock_; }
   // The gauges of StepStats (running, waiting, queue tokens, blocks, sessions)
   // as they are now, with the per-step counters zero. For observers that must
   // see changes made between steps (a cancel when the engine then idles).

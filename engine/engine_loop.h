@@ -79,7 +79,7 @@ class EngineLoop {
   void apply(Command& cmd);
 
   std::unique_ptr<Engine> engine_;
-  Clock& clock_;
+  const Clock& clock_;
   StepObserver on_step_;
 
   absl::Mutex mu_;
