@@ -288,6 +288,9 @@ struct ServerOptions {
   // Mutual TLS: when set (PEM CA bundle), clients must present a certificate
   // signed by it; the handshake fails otherwise.
   std::string tlsClientCaFile;
+  // Time for deadlines, keepalives and the shutdown grace period. Not owned;
+  // must outlive the server. Null: SystemClock::instance().
+  const Clock* clock = nullptr;
 };
 
 class Server {
@@ -324,7 +327,7 @@ class Server {
   void shutdown(Duration grace);
 
   class Impl;
-  // Use start(); Impl is private to server.cc.
+  // Use start(); Impl (server_core.h) is private to src/http.
   explicit Server(std::shared_ptr<Impl> impl);
 
  private:

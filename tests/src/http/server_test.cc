@@ -281,12 +281,16 @@ TEST(ServerTest, HandlerExceptionsBecome500Json) {
 // Deadlines
 
 TEST(ServerTest, HandlerPastDeadlineGives504AndSeesCancellation) {
+  FakeClock clock;
   std::atomic<CancelReason> seen = CancelReason::kNone;
-  absl::Notification handlerDone;
+  std::atomic<MonoTime> cancelledAt{};
+  absl::Notification handlerRunning, handlerDone;
   std::atomic<MonoTime> deadline{};
   Routes routes;
   routes.handle("GET", "/slow", [&](Request& req) {
     deadline = req.deadline();
+    req.context().onCancel([&] { cancelledAt = clock.now(); });
+    handlerRunning.Notify();
     // A handler that notices it is too late; its own reply must be dropped.
     req.context().waitCancelled(kPatience);
     seen = req.context().cancelReason();
@@ -294,20 +298,27 @@ TEST(ServerTest, HandlerPastDeadlineGives504AndSeesCancellation) {
     return Response::text(200, "too late");
   });
   constexpr Duration kTimeout = milliseconds(300);
-  auto server = startServer(std::move(routes), {.requestTimeout = kTimeout});
-  MonoTime before = std::chrono::steady_clock::now();
-  ClientResponse r = mustSend({.url = server->baseUrl() + "/slow"});
-  MonoTime after = std::chrono::steady_clock::now();
-  EXPECT_EQ(r.status, 504);
-  EXPECT_EQ(errorOf(r)["type"], kTimeoutError);
+  const MonoTime arrival = clock.now();
+  auto server = startServer(std::move(routes), {.requestTimeout = kTimeout, .clock = &clock});
+  absl::StatusOr<ClientResponse> r;
+  std::jthread client([&] { r = httpGet(server->baseUrl() + "/slow"); });
+  ASSERT_TRUE(waitNotified(handlerRunning));
+  // The deadline the handler saw: request arrival + requestTimeout, on the server's clock.
+  EXPECT_EQ(deadline.load(), arrival + kTimeout);
+  clock.advance(kTimeout - milliseconds(1));
+  clock.advance(milliseconds(1));
+  client.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 504);
+  EXPECT_EQ(errorOf(*r)["type"], kTimeoutError);
   ASSERT_TRUE(waitNotified(handlerDone));
   EXPECT_EQ(seen.load(), CancelReason::kDeadline);
-  // The deadline the handler saw: request arrival + requestTimeout.
-  EXPECT_GE(deadline.load(), before + kTimeout);
-  EXPECT_LE(deadline.load(), after);
+  // Not a moment early: the clock stood 1 ms short of the deadline before the last step.
+  EXPECT_GE(cancelledAt.load(), arrival + kTimeout);
 }
 
 TEST(ServerTest, DeferredWithoutResponseGets504AndLateRespondIsDropped) {
+  FakeClock clock;
   std::shared_ptr<Responder> kept;
   absl::Mutex mu;
   Routes routes;
@@ -317,11 +328,18 @@ TEST(ServerTest, DeferredWithoutResponseGets504AndLateRespondIsDropped) {
       kept = std::move(r);
     });
   });
-  auto server = startServer(std::move(routes), {.requestTimeout = milliseconds(200)});
-  ClientResponse r = mustSend({.url = server->baseUrl() + "/never"});
-  EXPECT_EQ(r.status, 504);
+  auto server = startServer(std::move(routes), {.requestTimeout = milliseconds(200), .clock = &clock});
+  absl::StatusOr<ClientResponse> r;
+  std::jthread client([&] { r = httpGet(server->baseUrl() + "/never"); });
+  ASSERT_TRUE(waitFor([&] {
+    absl::MutexLock lock(&mu);
+    return kept != nullptr;
+  }));
+  clock.advance(milliseconds(200));
+  client.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 504);
   absl::MutexLock lock(&mu);
-  ASSERT_NE(kept, nullptr);
   EXPECT_TRUE(kept->cancelled());
   EXPECT_EQ(kept->context().cancelReason(), CancelReason::kDeadline);
   EXPECT_FALSE(kept->respond(Response::text(200, "late")));
@@ -418,21 +436,40 @@ TEST(ServerTest, StreamEventsReachTheClientBeforeTheStreamEnds) {
 }
 
 TEST(ServerTest, OpenStreamIsNotCutByTheRequestDeadline) {
+  FakeClock clock;
   StreamHandle stream;
+  std::shared_ptr<Responder> never;  // a call that only its deadline answers
+  absl::Mutex mu;
   Routes routes;
   routes.handle("GET", "/stream", stream.handler());
-  auto server = startServer(std::move(routes), {.requestTimeout = milliseconds(200)});
+  routes.handle("GET", "/never", [&](Request&) {
+    return Response::deferred([&](std::shared_ptr<Responder> r) {
+      absl::MutexLock lock(&mu);
+      never = std::move(r);
+    });
+  });
+  constexpr Duration kTimeout = milliseconds(200);
+  auto server = startServer(std::move(routes), {.requestTimeout = kTimeout, .clock = &clock});
   auto client = SseClient::open({.url = server->baseUrl() + "/stream"});
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(waitNotified(stream.opened));
-  MonoTime deadline = stream.get()->context().deadline();
   ASSERT_TRUE(stream.get()->send("before deadline"));
+  // Same arrival time, later in the timer queue: once this call got its 504,
+  // the stream's own deadline has been dealt with.
+  absl::StatusOr<ClientResponse> later;
+  std::jthread laterClient([&] { later = httpGet(server->baseUrl() + "/never"); });
+  ASSERT_TRUE(waitFor([&] {
+    absl::MutexLock lock(&mu);
+    return never != nullptr;
+  }));
   std::vector<std::string> got;
   absl::Status status = (*client)->readEvents([&](const SseEvent& e) {
     got.push_back(e.data);
     if (got.size() == 1) {
       // Past the deadline on purpose: the stream must keep going.
-      EXPECT_TRUE(waitFor([&] { return std::chrono::steady_clock::now() > deadline + milliseconds(100); }));
+      clock.advance(kTimeout + milliseconds(100));
+      laterClient.join();
+      EXPECT_TRUE(later.ok() && later->status == 504);
       EXPECT_TRUE(stream.get()->send("after deadline"));
       stream.get()->close();
     }
@@ -459,7 +496,8 @@ TEST(ServerTest, StreamingHandlerObservesClientDisconnect) {
         auto stop = std::chrono::steady_clock::now() + kPatience;
         while (!sse->cancelled() && std::chrono::steady_clock::now() < stop) {
           if (sse->send(strCat("token ", sent.load()))) ++sent;
-          std::this_thread::sleep_for(milliseconds(5));  // pacing of the fake generator
+          // Real time on purpose: a generator spends time per token, as the engine does.
+          std::this_thread::sleep_for(milliseconds(5));
         }
       });
       opened.Notify();
@@ -487,19 +525,26 @@ TEST(ServerTest, StreamingHandlerObservesClientDisconnect) {
 }
 
 TEST(ServerTest, IdleStreamDisconnectIsFoundByKeepalives) {
+  FakeClock clock;
   StreamHandle stream;
   Routes routes;
   routes.handle("GET", "/idle", stream.handler());
-  auto server = startServer(std::move(routes), {.sseKeepalive = milliseconds(20)});
+  constexpr Duration kKeepalive = seconds(15);
+  auto server = startServer(std::move(routes), {.sseKeepalive = kKeepalive, .clock = &clock});
   auto client = SseClient::open({.url = server->baseUrl() + "/idle"});
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(waitNotified(stream.opened));
   ASSERT_TRUE(stream.get()->send("only event"));
   EXPECT_TRUE((*client)->readEvents([](const SseEvent&) { return false; }).ok());
   client->reset();
-  // The handler never writes again; only the server's keepalives can find out.
-  EXPECT_TRUE(stream.get()->context().waitCancelled(kPatience));
-  EXPECT_EQ(stream.get()->context().cancelReason(), CancelReason::kClientDisconnected);
+  // The handler never writes again; only the server's keepalives can find
+  // out. Each step of the clock is one keepalive (detection takes about two).
+  CallContext& context = stream.get()->context();
+  EXPECT_TRUE(waitFor([&] {
+    clock.advance(kKeepalive);
+    return context.cancelled();
+  }));
+  EXPECT_EQ(context.cancelReason(), CancelReason::kClientDisconnected);
 }
 
 TEST(ServerTest, ExceptionInStreamStartEndsStreamWithErrorEvent) {
@@ -574,6 +619,7 @@ TEST(ServerTest, ShutdownLetsAnOpenStreamFinishAndRefusesNewRequests) {
 }
 
 TEST(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
+  FakeClock clock;
   StreamHandle stream;
   std::shared_ptr<Responder> pending;
   absl::Mutex mu;
@@ -585,7 +631,7 @@ TEST(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
       pending = std::move(r);
     });
   });
-  auto server = startServer(std::move(routes));
+  auto server = startServer(std::move(routes), {.clock = &clock});
   auto client = SseClient::open({.url = server->baseUrl() + "/stream"});
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(waitNotified(stream.opened));
@@ -596,9 +642,14 @@ TEST(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
     return pending != nullptr;
   }));
 
-  auto start = std::chrono::steady_clock::now();
-  server->shutdown(milliseconds(100));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, kPatience);
+  constexpr Duration kGrace = milliseconds(100);
+  std::jthread shutdown([&] { server->shutdown(kGrace); });
+  // Parked on the grace deadline (the timer thread is the other waiter):
+  // nothing has been cancelled yet.
+  ASSERT_TRUE(waitFor([&] { return server->draining() && clock.numWaiters() >= 2; }));
+  EXPECT_FALSE(stream.get()->cancelled());
+  clock.advance(kGrace);
+  shutdown.join();
 
   EXPECT_TRUE(stream.get()->cancelled());
   EXPECT_EQ(stream.get()->context().cancelReason(), CancelReason::kShutdown);
