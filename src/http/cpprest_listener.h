@@ -1,8 +1,10 @@
 #pragma once
-// The listener on cpprestsdk's http_listener. Its limits: no deadline for
-// reading headers or body, no idle-connection timeout, no connection cap; a
-// response goes out only after the whole request body arrived; a vanished
-// client shows only when a write fails. Internal to src/http.
+// The listener on cpprestsdk's http_listener (the server's original
+// library). Its limits, which the Beast listener does not have: no deadline
+// for reading headers or body, no idle-connection timeout, no connection cap
+// (ServerOptions' headerTimeout, bodyTimeout, idleTimeout and maxConnections
+// are ignored here); a response goes out only after the whole request body
+// arrived; a vanished client shows only when a write fails. Internal to src/http.
 
 #include <memory>
 

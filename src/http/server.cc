@@ -37,6 +37,22 @@ absl::Status checkOptions(const ServerOptions& options) {
 
 }  // namespace
 
+std::string_view serverLibraryName(ServerLibrary library) {
+  switch (library) {
+    case ServerLibrary::kBeast:
+      return "beast";
+    case ServerLibrary::kCpprest:
+      return "cpprest";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ServerLibrary> parseServerLibrary(std::string_view name) {
+  if (name == "beast") return ServerLibrary::kBeast;
+  if (name == "cpprest") return ServerLibrary::kCpprest;
+  return absl::InvalidArgumentError(strCat("unknown HTTP server library '", name, "' (beast, cpprest)"));
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options, Routes routes) {
   TANDEM_RETURN_IF_ERROR(checkOptions(options));
   if (options.clock == nullptr) options.clock = &SystemClock::instance();

@@ -4,6 +4,7 @@
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/http/beast_listener.h"
 #include "src/http/call_handles.h"
 #include "src/http/cpprest_listener.h"
 #include "src/http/error.h"
@@ -24,9 +25,13 @@ absl::Status Server::Impl::open() {
   // The sink holds a raw pointer: this Impl owns the listener and closes it
   // (no sink calls after that) before it can go away.
   RequestSink sink = [this](std::shared_ptr<Wire> wire) { onRequest(std::move(wire)); };
-  TANDEM_ASSIGN_OR_RETURN(listener_, openCpprestListener(options_, std::move(sink)));
+  if (options_.library == ServerLibrary::kBeast && options_.tlsCertFile.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(listener_, openBeastListener(options_, timers_, std::move(sink)));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(listener_, openCpprestListener(options_, std::move(sink)));
+  }
   port_ = listener_->port();
-  log_.info("listening", {{"host", options_.host}, {"port", port_}});
+  log_.info("listening", {{"host", options_.host}, {"port", port_}, {"library", serverLibraryName(options_.library)}});
   return absl::OkStatus();
 }
 

@@ -39,12 +39,6 @@ bool waitNotified(const absl::Notification& n, Duration timeout = kPatience) {
   return n.WaitForNotificationWithTimeout(absl::FromChrono(timeout));
 }
 
-std::unique_ptr<Server> startServer(Routes routes, ServerOptions options = {}) {
-  auto server = Server::start(std::move(options), std::move(routes));
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? std::move(*server) : nullptr;
-}
-
 nlohmann::json errorOf(const ClientResponse& r) {
   auto parsed = nlohmann::json::parse(r.body, nullptr, false);
   return parsed.is_discarded() ? nlohmann::json() : parsed["error"];
@@ -91,6 +85,17 @@ std::string chunkedPost(std::string_view path, const std::vector<std::string>& c
   return req + "0\r\n\r\n";
 }
 
+// Every test runs against each library behind server.h: one contract.
+class ServerTest : public ::testing::TestWithParam<ServerLibrary> {
+ protected:
+  std::unique_ptr<Server> startServer(Routes routes, ServerOptions options = {}) {
+    options.library = GetParam();
+    auto server = Server::start(std::move(options), std::move(routes));
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? std::move(*server) : nullptr;
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Plain requests and responses
 
@@ -118,7 +123,7 @@ Routes echoRoutes(std::atomic<int>* calls = nullptr) {
   return routes;
 }
 
-TEST(ServerTest, ServesTextAndJsonWithRequestDetails) {
+TEST_P(ServerTest, ServesTextAndJsonWithRequestDetails) {
   auto server = startServer(echoRoutes());
   ASSERT_NE(server, nullptr);
   ASSERT_GT(server->port(), 0);
@@ -147,7 +152,7 @@ TEST(ServerTest, ServesTextAndJsonWithRequestDetails) {
   EXPECT_EQ(nlohmann::json::parse(file.body)["path"], "/files/a/b.txt");
 }
 
-TEST(ServerTest, PortZeroGivesEachServerItsOwnPort) {
+TEST_P(ServerTest, PortZeroGivesEachServerItsOwnPort) {
   auto a = startServer(echoRoutes());
   auto b = startServer(echoRoutes());
   ASSERT_TRUE(a && b);
@@ -159,7 +164,7 @@ TEST(ServerTest, PortZeroGivesEachServerItsOwnPort) {
 // ---------------------------------------------------------------------------
 // Bad input
 
-TEST(ServerTest, UnknownPathIs404Json) {
+TEST_P(ServerTest, UnknownPathIs404Json) {
   auto server = startServer(echoRoutes());
   ClientResponse r = mustSend({.url = server->baseUrl() + "/v1/nope"});
   EXPECT_EQ(r.status, 404);
@@ -169,7 +174,7 @@ TEST(ServerTest, UnknownPathIs404Json) {
   EXPECT_NE(errorOf(r)["message"].get<std::string>().find("/v1/nope"), std::string::npos);
 }
 
-TEST(ServerTest, WrongMethodIs405JsonWithAllow) {
+TEST_P(ServerTest, WrongMethodIs405JsonWithAllow) {
   auto server = startServer(echoRoutes());
   for (std::string method : {"GET", "DELETE", "OPTIONS"}) {
     ClientResponse r = mustSend({.method = method, .url = server->baseUrl() + "/echo"});
@@ -180,7 +185,7 @@ TEST(ServerTest, WrongMethodIs405JsonWithAllow) {
   }
 }
 
-TEST(ServerTest, InvalidJsonIs400SayingWhere) {
+TEST_P(ServerTest, InvalidJsonIs400SayingWhere) {
   auto server = startServer(echoRoutes());
   ClientResponse r = mustSend({.method = "POST", .url = server->baseUrl() + "/parse", .body = "{\"a\": 1,, }"});
   EXPECT_EQ(r.status, 400);
@@ -199,7 +204,7 @@ TEST(ServerTest, InvalidJsonIs400SayingWhere) {
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
-TEST(ServerTest, ParseErrorThrownByHandlerIs400) {
+TEST_P(ServerTest, ParseErrorThrownByHandlerIs400) {
   Routes routes;
   routes.handle("POST", "/raw", [](Request& req) {
     auto body = nlohmann::json::parse(req.body());  // throws on bad input
@@ -211,7 +216,7 @@ TEST(ServerTest, ParseErrorThrownByHandlerIs400) {
   EXPECT_NE(errorOf(r)["message"].get<std::string>().find("not valid JSON"), std::string::npos) << r.body;
 }
 
-TEST(ServerTest, NonUtf8BodyIs400AndHandlerNotCalled) {
+TEST_P(ServerTest, NonUtf8BodyIs400AndHandlerNotCalled) {
   std::atomic<int> calls = 0;
   auto server = startServer(echoRoutes(&calls));
   ClientResponse r = mustSend({.method = "POST", .url = server->baseUrl() + "/echo", .body = "ok \xC3\x28 no"});
@@ -220,7 +225,7 @@ TEST(ServerTest, NonUtf8BodyIs400AndHandlerNotCalled) {
   EXPECT_EQ(calls.load(), 0);
 }
 
-TEST(ServerTest, BodyOverLimitByContentLengthIs413) {
+TEST_P(ServerTest, BodyOverLimitByContentLengthIs413) {
   std::atomic<int> calls = 0;
   auto server = startServer(echoRoutes(&calls), {.maxBodyBytes = 1024});
   ClientResponse big =
@@ -237,7 +242,7 @@ TEST(ServerTest, BodyOverLimitByContentLengthIs413) {
   EXPECT_EQ(nlohmann::json::parse(atLimit.body)["body_size"], 1024);
 }
 
-TEST(ServerTest, ChunkedBodyOverLimitIs413) {
+TEST_P(ServerTest, ChunkedBodyOverLimitIs413) {
   std::atomic<int> calls = 0;
   auto server = startServer(echoRoutes(&calls), {.maxBodyBytes = 1024});
   // No Content-Length: the limit can only be enforced while reading.
@@ -252,7 +257,7 @@ TEST(ServerTest, ChunkedBodyOverLimitIs413) {
   EXPECT_EQ(calls.load(), 1);
 }
 
-TEST(ServerTest, HandlerExceptionsBecome500Json) {
+TEST_P(ServerTest, HandlerExceptionsBecome500Json) {
   Routes routes;
   routes.handle("GET", "/std", [](Request&) -> Response { throw std::runtime_error("boom in handler"); });
   routes.handle("GET", "/other", [](Request&) -> Response { throw 42; });
@@ -280,7 +285,7 @@ TEST(ServerTest, HandlerExceptionsBecome500Json) {
 // ---------------------------------------------------------------------------
 // Deadlines
 
-TEST(ServerTest, HandlerPastDeadlineGives504AndSeesCancellation) {
+TEST_P(ServerTest, HandlerPastDeadlineGives504AndSeesCancellation) {
   FakeClock clock;
   std::atomic<CancelReason> seen = CancelReason::kNone;
   std::atomic<MonoTime> cancelledAt{};
@@ -317,7 +322,7 @@ TEST(ServerTest, HandlerPastDeadlineGives504AndSeesCancellation) {
   EXPECT_GE(cancelledAt.load(), arrival + kTimeout);
 }
 
-TEST(ServerTest, DeferredWithoutResponseGets504AndLateRespondIsDropped) {
+TEST_P(ServerTest, DeferredWithoutResponseGets504AndLateRespondIsDropped) {
   FakeClock clock;
   std::shared_ptr<Responder> kept;
   absl::Mutex mu;
@@ -345,7 +350,7 @@ TEST(ServerTest, DeferredWithoutResponseGets504AndLateRespondIsDropped) {
   EXPECT_FALSE(kept->respond(Response::text(200, "late")));
 }
 
-TEST(ServerTest, DeferredResponseFromAnotherThread) {
+TEST_P(ServerTest, DeferredResponseFromAnotherThread) {
   std::vector<std::jthread> workers;
   absl::Mutex mu;
   Routes routes;
@@ -363,7 +368,7 @@ TEST(ServerTest, DeferredResponseFromAnotherThread) {
   for (auto& t : workers) t.join();
 }
 
-TEST(ServerTest, DroppedResponderGives500) {
+TEST_P(ServerTest, DroppedResponderGives500) {
   Routes routes;
   routes.handle("GET", "/drop", [](Request&) { return Response::deferred([](std::shared_ptr<Responder>) {}); });
   auto server = startServer(std::move(routes));
@@ -398,7 +403,7 @@ struct StreamHandle {
   }
 };
 
-TEST(ServerTest, StreamEventsReachTheClientBeforeTheStreamEnds) {
+TEST_P(ServerTest, StreamEventsReachTheClientBeforeTheStreamEnds) {
   StreamHandle stream;
   Routes routes;
   routes.handle("POST", "/stream", stream.handler());
@@ -435,7 +440,7 @@ TEST(ServerTest, StreamEventsReachTheClientBeforeTheStreamEnds) {
   EXPECT_FALSE(stream.get()->cancelled());
 }
 
-TEST(ServerTest, OpenStreamIsNotCutByTheRequestDeadline) {
+TEST_P(ServerTest, OpenStreamIsNotCutByTheRequestDeadline) {
   FakeClock clock;
   StreamHandle stream;
   std::shared_ptr<Responder> never;  // a call that only its deadline answers
@@ -480,7 +485,7 @@ TEST(ServerTest, OpenStreamIsNotCutByTheRequestDeadline) {
   EXPECT_FALSE(stream.get()->cancelled());
 }
 
-TEST(ServerTest, StreamingHandlerObservesClientDisconnect) {
+TEST_P(ServerTest, StreamingHandlerObservesClientDisconnect) {
   std::atomic<bool> callbackRan = false;
   std::atomic<int> sent = 0;
   std::shared_ptr<CallContext> context;
@@ -524,7 +529,7 @@ TEST(ServerTest, StreamingHandlerObservesClientDisconnect) {
   EXPECT_TRUE(waitFor([&] { return server->numInFlight() == 0; }));
 }
 
-TEST(ServerTest, IdleStreamDisconnectIsFoundByKeepalives) {
+TEST_P(ServerTest, IdleStreamDisconnectIsFoundByKeepalives) {
   FakeClock clock;
   StreamHandle stream;
   Routes routes;
@@ -547,7 +552,7 @@ TEST(ServerTest, IdleStreamDisconnectIsFoundByKeepalives) {
   EXPECT_EQ(context.cancelReason(), CancelReason::kClientDisconnected);
 }
 
-TEST(ServerTest, ExceptionInStreamStartEndsStreamWithErrorEvent) {
+TEST_P(ServerTest, ExceptionInStreamStartEndsStreamWithErrorEvent) {
   Routes routes;
   routes.handle("GET", "/bad", [](Request&) {
     return Response::sse([](std::shared_ptr<SseWriter> sse) {
@@ -573,7 +578,7 @@ TEST(ServerTest, ExceptionInStreamStartEndsStreamWithErrorEvent) {
 // ---------------------------------------------------------------------------
 // Shutdown
 
-TEST(ServerTest, ShutdownLetsAnOpenStreamFinishAndRefusesNewRequests) {
+TEST_P(ServerTest, ShutdownLetsAnOpenStreamFinishAndRefusesNewRequests) {
   StreamHandle stream;
   Routes routes;
   routes.handle("GET", "/stream", stream.handler());
@@ -618,7 +623,7 @@ TEST(ServerTest, ShutdownLetsAnOpenStreamFinishAndRefusesNewRequests) {
   EXPECT_FALSE(stream.get()->cancelled());
 }
 
-TEST(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
+TEST_P(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
   FakeClock clock;
   StreamHandle stream;
   std::shared_ptr<Responder> pending;
@@ -662,6 +667,11 @@ TEST(ServerTest, ShutdownCancelsWhatOutlivesTheGracePeriod) {
   absl::MutexLock lock(&mu);
   EXPECT_EQ(pending->context().cancelReason(), CancelReason::kShutdown);
 }
+
+INSTANTIATE_TEST_SUITE_P(Libraries, ServerTest, ::testing::Values(ServerLibrary::kBeast, ServerLibrary::kCpprest),
+                         [](const ::testing::TestParamInfo<ServerLibrary>& info) {
+                           return std::string(serverLibraryName(info.param));
+                         });
 
 }  // namespace
 }  // namespace tandem::http
