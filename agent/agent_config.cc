@@ -146,6 +146,8 @@ const std::vector<Option>& options() {
     o.push_back(numberOption("max-body-bytes", "limits", "max_body_bytes", "largest request body (413 beyond)", &AgentConfig::max_body_bytes, 1024, 1 << 30));
     o.push_back(durationOption("request-timeout", "limits", "request_timeout", "deadline of one request, queueing included", &AgentConfig::request_timeout));
     o.push_back(durationOption("sse-keepalive", "limits", "sse_keepalive", "idle streams get a keepalive comment this often; a client that hung up is noticed (and its request cancelled) at the next one", &AgentConfig::sse_keepalive));
+    o.push_back(stringOption("http-server", "", "http_server", "HTTP server library: beast or cpprest (docs/http.md)", &AgentConfig::http_server,
+                             {"beast", "cpprest"}));
     o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish", &AgentConfig::drain_grace));
     o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
                  [](const AgentConfig& c) { return strCat(c.kv_host.empty() ? c.host : c.kv_host, ":", c.kv_port); },

@@ -287,11 +287,13 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
       impl->kv_port = impl->decode->port();
     }
   }
+  TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
                                                              .port = config.port,
                                                              .maxBodyBytes = config.max_body_bytes,
                                                              .requestTimeout = config.request_timeout,
-                                                             .sseKeepalive = config.sse_keepalive},
+                                                             .sseKeepalive = config.sse_keepalive,
+                                                             .library = library},
                                                             impl->routes()));
   impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
                              {"kv_port", impl->kv_port},
