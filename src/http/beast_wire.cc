@@ -96,7 +96,7 @@ class BeastWire final : public Wire {
     if (headers.find("Content-Type") == headers.end()) headers["Content-Type"] = "text/plain; charset=utf-8";
     std::string bytes = head(response.status(), headers, strCat("Content-Length: ", response.body().size(), "\r\n"),
                              closeAfter, http10_) +
-                        response.body();
+                        (method_ == "HEAD" ? std::string() : response.body());  // HEAD: the length, no body
     sendFirst(std::move(bytes), /*last=*/true, closeAfter, std::move(done));
   }
 

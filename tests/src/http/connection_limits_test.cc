@@ -50,15 +50,18 @@ class Conn {
     }
     return true;
   }
-  // Reads one response whose body is `Content-Length` long; "" on failure.
-  std::string readResponse() {
+  // Reads one response whose body is `Content-Length` long (none when
+  // `headOnly`: the answer to HEAD); what arrived so far on failure.
+  std::string readResponse(bool headOnly = false) {
     std::string out;
     char buf[4096];
     while (true) {
       size_t end = out.find("\r\n\r\n");
       if (end != std::string::npos) {
         size_t length = 0;
-        if (size_t at = out.find("Content-Length: "); at != std::string::npos) length = std::stoul(out.substr(at + 16));
+        if (size_t at = out.find("Content-Length: "); at != std::string::npos && !headOnly) {
+          length = std::stoul(out.substr(at + 16));
+        }
         if (out.size() >= end + 4 + length) return out;
       }
       ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
@@ -199,6 +202,19 @@ TEST_F(ConnectionLimitsTest, ExpectContinueGetsAnInterimResponseBeforeTheBody) {
   std::string response = conn.readResponse();
   EXPECT_TRUE(response.starts_with("HTTP/1.1 200")) << response;
   EXPECT_TRUE(response.ends_with("\r\n\r\nhello")) << response;
+}
+
+TEST_F(ConnectionLimitsTest, HeadResponseHasNoBody) {
+  auto server = start({});
+  Conn conn(server->port());
+  ASSERT_TRUE(conn.send("HEAD /healthz HTTP/1.1\r\nHost: test\r\n\r\n"));
+  std::string head = conn.readResponse(/*headOnly=*/true);
+  EXPECT_TRUE(head.starts_with("HTTP/1.1 405")) << head;  // routes are per method
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+  // Had a body followed the head, it would stand where this response should start.
+  ASSERT_TRUE(conn.send(kRequest));
+  std::string next = conn.readResponse();
+  EXPECT_TRUE(next.starts_with("HTTP/1.1 200")) << next;
 }
 
 }  // namespace
