@@ -308,21 +308,22 @@ void addLevelRows(std::vector<bench::Result>& results, const Level& level, const
                      .unit = "req/s",
                      .reference = e.reqPerSecond(),
                      .reference_name = "in-process req/s"});
-  for (double p : {50.0, 95.0, 99.0}) {
-    const std::string p_name = strCat("p", static_cast<int>(p));
-    results.push_back({.name = prefix + "ttft_ms_" + p_name + suffix,
-                       .value = percentile(h.ttft_ms, p),
-                       .unit = "ms",
-                       .reference = percentile(e.ttft_ms, p),
-                       .reference_name = "in-process TTFT " + p_name});
-  }
-  for (double p : {50.0, 95.0, 99.0}) {
-    const std::string p_name = strCat("p", static_cast<int>(p));
-    results.push_back({.name = prefix + "tpot_ms_" + p_name + suffix,
-                       .value = percentile(h.tpot_ms, p),
-                       .unit = "ms",
-                       .reference = percentile(e.tpot_ms, p),
-                       .reference_name = "in-process TPOT " + p_name});
+  struct Latency {
+    const char* name;  // row part
+    const char* label;
+    std::vector<double>& http;
+    std::vector<double>& engine;
+  };
+  for (const Latency& l :
+       {Latency{"ttft", "TTFT", h.ttft_ms, e.ttft_ms}, Latency{"tpot", "TPOT", h.tpot_ms, e.tpot_ms}}) {
+    for (double p : {50.0, 95.0, 99.0}) {
+      const std::string p_name = strCat("p", static_cast<int>(p));
+      results.push_back({.name = strCat(prefix, l.name, "_ms_", p_name, suffix),
+                         .value = percentile(l.http, p),
+                         .unit = "ms",
+                         .reference = percentile(l.engine, p),
+                         .reference_name = strCat("in-process ", l.label, " ", p_name)});
+    }
   }
 }
 
