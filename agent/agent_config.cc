@@ -268,6 +268,8 @@ void addLimitOptions(std::vector<Option>& o) {
                              "idle streams get a keepalive comment this often; a client that hung up is noticed (and "
                              "its request cancelled) at the next one",
                              &AgentConfig::sse_keepalive));
+  o.push_back(stringOption("http-server", "", "http_server", "HTTP server library: beast or cpprest (docs/http.md)",
+                           &AgentConfig::http_server, {"beast", "cpprest"}));
   o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish",
                              &AgentConfig::drain_grace));
 }

@@ -47,6 +47,7 @@ struct AgentConfig {
   std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
   std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
+  std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
   std::string trace_file;  // per-request trace lines: "" off, "-" stdout, else a file (appended)
   // P/D (roles prefill and decode): the UCX KV transport.
   std::string kv_host;                   // KV listener address; default: host

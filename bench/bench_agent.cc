@@ -1,10 +1,13 @@
 // ./tandem bench agent — the agent's HTTP path (OpenAI completions, SSE) on
 // the tiny built-in model, CPU backend, loopback, everything in this process.
 //
-// Set-up: the tiny model is written to a temporary directory; an AgentServer
-// (role both, 127.0.0.1 port 0) and, beside it, a bare Engine + EngineLoop
-// built from the same directory with the same EngineOptions serve the
-// benchmark. Both exist for the whole run but are never driven at the same time.
+// Set-up: the tiny model is written to a temporary directory; one AgentServer
+// per HTTP server library (role both, 127.0.0.1 port 0; http_server beast and
+// cpprest) and, beside them, a bare Engine + EngineLoop built from the same
+// directory with the same EngineOptions serve the benchmark. All exist for
+// the whole run but are never driven at the same time. Every row is written
+// once per library, named `<row>.<library>` (agent_c32_req_s.beast), so the
+// two libraries are compared in one run against one yardstick.
 //
 // Requests: /v1/completions, a distinct ~20-token prompt each ("Note 000123:
 // the sea" + BOS; distinct so nothing comes from the prefix cache), max_tokens
@@ -25,15 +28,15 @@
 // Rows and their yardsticks (reference, measured in the same run):
 //  * agent_c{C}_*: a closed loop of C client threads (C = 1, 8, 32), each
 //    sending its next request when the previous one ended, N requests per
-//    level in 4 rounds that alternate with the yardstick's. Reference: the same request sequence at the same
-//    concurrency, with C threads submitting straight to the in-process EngineLoop and waiting. So for req/s the ratio
-//    is the fraction of the engine's own throughput that survives HTTP; for TTFT/TPOT percentiles it is how many times
-//    the engine-only latency the HTTP client sees. On 2 cores the HTTP client's threads compete with the engine for
-//    CPU; that cost is in the value.
+//    level in 4 rounds; each round runs the yardstick, then each library. Reference: the same request sequence at the
+//    same concurrency, with C threads submitting straight to the in-process EngineLoop and waiting. So for req/s the
+//    ratio is the fraction of the engine's own throughput that survives HTTP; for TTFT/TPOT percentiles it is how many
+//    times the engine-only latency the HTTP client sees. On 2 cores the HTTP client's threads compete with the engine
+//    for CPU; that cost is in the value.
 //  * http_ttft_ms_p50_max_tokens1: 200 sequential requests with max_tokens 1
 //    through HTTP (a new connection each, as SseClient does), interleaved with
-//    the same requests in-process; value = median HTTP TTFT, reference =
-//    median in-process TTFT.
+//    the same requests in-process and through the other library; value =
+//    median HTTP TTFT, reference = median in-process TTFT.
 //  * http_overhead_ms_p50: the difference of those medians (target: < 1 ms on
 //    loopback); reference = the in-process median, so ratio = relative cost.
 
@@ -288,6 +291,42 @@ void runLoad(Target& target, int concurrency, int num_requests, int first_index,
   }
 }
 
+// One agent, served by one HTTP server library.
+struct Library {
+  std::string name;  // "beast", "cpprest": the rows' suffix
+  std::unique_ptr<agent::AgentServer> server;
+  std::unique_ptr<HttpTarget> target;
+};
+
+// The rows of one concurrency level for one library against the yardstick.
+void addLevelRows(std::vector<bench::Result>& results, const Level& level, const std::string& library, LoadResult& h,
+                  LoadResult& e) {
+  const std::string prefix = strCat("agent_c", level.concurrency, "_");
+  const std::string suffix = strCat(".", library);
+  results.push_back({.name = prefix + "req_s" + suffix,
+                     .value = h.reqPerSecond(),
+                     .unit = "req/s",
+                     .reference = e.reqPerSecond(),
+                     .reference_name = "in-process req/s"});
+  struct Latency {
+    const char* name;  // row part
+    const char* label;
+    std::vector<double>& http;
+    std::vector<double>& engine;
+  };
+  for (const Latency& l :
+       {Latency{"ttft", "TTFT", h.ttft_ms, e.ttft_ms}, Latency{"tpot", "TPOT", h.tpot_ms, e.tpot_ms}}) {
+    for (double p : {50.0, 95.0, 99.0}) {
+      const std::string p_name = strCat("p", static_cast<int>(p));
+      results.push_back({.name = strCat(prefix, l.name, "_ms_", p_name, suffix),
+                         .value = percentile(l.http, p),
+                         .unit = "ms",
+                         .reference = percentile(l.engine, p),
+                         .reference_name = strCat("in-process ", l.label, " ", p_name)});
+    }
+  }
+}
+
 // Prints `status` and returns the process's exit code for a failed set-up.
 int fail(std::string_view what, const absl::Status& status) {
   std::fprintf(stderr, "bench_agent: %.*s: %.*s\n", static_cast<int>(what.size()), what.data(),
@@ -317,12 +356,17 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
   config.port = 0;
   config.log_level = kLogLevel;
   config.engine.seed = 1;
-  auto server = agent::AgentServer::start(config, SystemClock::instance());
-  if (!server.ok()) return fail("agent start-up", server.status());
-  const std::string base_url = strCat("http://127.0.0.1:", (*server)->port());
-  if (!waitReady(base_url)) {
-    std::fprintf(stderr, "bench_agent: the agent at %s never became ready\n", base_url.c_str());
-    return 1;
+  std::vector<Library> libraries;
+  for (const char* name : {"beast", "cpprest"}) {
+    config.http_server = name;
+    auto server = agent::AgentServer::start(config, SystemClock::instance());
+    if (!server.ok()) return fail(strCat("agent start-up (", name, ")"), server.status());
+    const std::string base_url = strCat("http://127.0.0.1:", (*server)->port());
+    if (!waitReady(base_url)) {
+      std::fprintf(stderr, "bench_agent: the agent at %s never became ready\n", base_url.c_str());
+      return 1;
+    }
+    libraries.push_back({name, std::move(*server), std::make_unique<HttpTarget>(base_url + "/v1/completions")});
   }
 
   // The yardstick: the same model directory and options, no HTTP.
@@ -339,78 +383,71 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
                           .default_max_tokens = config.default_max_tokens};
   auto loop = std::make_unique<engine::EngineLoop>(std::move(*eng));
 
-  HttpTarget http_target(base_url + "/v1/completions");
   EngineTarget engine_target(*loop, *shared_tokenizer, limits);
   std::vector<bench::Result> results;
   int next_index = 0;  // every request everywhere gets its own prompt
   int num_failed = 0;
 
-  // HTTP-path overhead: max_tokens 1, sequential, the two paths interleaved.
+  // HTTP-path overhead: max_tokens 1, sequential, all paths interleaved.
   {
-    std::vector<double> http_ms, engine_ms;
+    std::vector<double> engine_ms;
+    std::vector<std::vector<double>> http_ms(libraries.size());
     for (int i = 0; i < kNumWarmup + kNumOverheadRequests; ++i) {
       json body = requestBody(next_index++, 1);
       Sample e = engine_target.run(body);
-      Sample h = http_target.run(body);
-      if (!e.ok || !h.ok) ++num_failed;
-      // A first token without text has no TTFT on either path.
-      if (i < kNumWarmup || e.num_text_events == 0 || h.num_text_events == 0) continue;
+      std::vector<Sample> h;
+      for (Library& lib : libraries) h.push_back(lib.target->run(body));
+      bool any_empty = e.num_text_events == 0;
+      for (const Sample& s : h) {
+        if (!e.ok || !s.ok) ++num_failed;
+        any_empty = any_empty || s.num_text_events == 0;
+      }
+      // A first token without text has no TTFT on any path.
+      if (i < kNumWarmup || any_empty) continue;
       engine_ms.push_back(e.ttft_ms);
-      http_ms.push_back(h.ttft_ms);
+      for (size_t l = 0; l < h.size(); ++l) http_ms[l].push_back(h[l].ttft_ms);
     }
-    double http_p50 = percentile(http_ms, 50), engine_p50 = percentile(engine_ms, 50);
-    results.push_back({.name = "http_ttft_ms_p50_max_tokens1",
-                       .value = http_p50,
-                       .unit = "ms",
-                       .reference = engine_p50,
-                       .reference_name = "in-process TTFT p50"});
-    results.push_back({.name = "http_overhead_ms_p50",
-                       .value = http_p50 - engine_p50,
-                       .unit = "ms",
-                       .reference = engine_p50,
-                       .reference_name = "in-process TTFT p50"});
+    double engine_p50 = percentile(engine_ms, 50);
+    for (size_t l = 0; l < libraries.size(); ++l) {
+      double http_p50 = percentile(http_ms[l], 50);
+      const std::string suffix = strCat(".", libraries[l].name);
+      results.push_back({.name = "http_ttft_ms_p50_max_tokens1" + suffix,
+                         .value = http_p50,
+                         .unit = "ms",
+                         .reference = engine_p50,
+                         .reference_name = "in-process TTFT p50"});
+      results.push_back({.name = "http_overhead_ms_p50" + suffix,
+                         .value = http_p50 - engine_p50,
+                         .unit = "ms",
+                         .reference = engine_p50,
+                         .reference_name = "in-process TTFT p50"});
+    }
   }
 
   for (const Level& level : kLevels) {
     for (int i = 0; i < kNumWarmup; ++i) {
       (void)engine_target.run(requestBody(next_index++, kMaxTokens));
-      (void)http_target.run(requestBody(next_index++, kMaxTokens));
+      for (Library& lib : libraries) (void)lib.target->run(requestBody(next_index++, kMaxTokens));
     }
-    // Alternating rounds, so a neighbour's burst of CPU use hits both paths.
-    LoadResult e, h;
+    // Alternating rounds, so a neighbour's burst of CPU use hits every path.
+    LoadResult e;
+    std::vector<LoadResult> h(libraries.size());
     const int per_round = level.num_requests / kNumRounds;
     for (int round = 0; round < kNumRounds; ++round) {
       runLoad(engine_target, level.concurrency, per_round, next_index, e);
-      runLoad(http_target, level.concurrency, per_round, next_index, h);
+      for (size_t l = 0; l < libraries.size(); ++l)
+        runLoad(*libraries[l].target, level.concurrency, per_round, next_index, h[l]);
       next_index += per_round;
     }
-    num_failed += e.num_failed + h.num_failed;
-    const std::string prefix = strCat("agent_c", level.concurrency, "_");
-    results.push_back({.name = prefix + "req_s",
-                       .value = h.reqPerSecond(),
-                       .unit = "req/s",
-                       .reference = e.reqPerSecond(),
-                       .reference_name = "in-process req/s"});
-    for (double p : {50.0, 95.0, 99.0}) {
-      const std::string p_name = strCat("p", static_cast<int>(p));
-      results.push_back({.name = prefix + "ttft_ms_" + p_name,
-                         .value = percentile(h.ttft_ms, p),
-                         .unit = "ms",
-                         .reference = percentile(e.ttft_ms, p),
-                         .reference_name = "in-process TTFT " + p_name});
-    }
-    for (double p : {50.0, 95.0, 99.0}) {
-      const std::string p_name = strCat("p", static_cast<int>(p));
-      results.push_back({.name = prefix + "tpot_ms_" + p_name,
-                         .value = percentile(h.tpot_ms, p),
-                         .unit = "ms",
-                         .reference = percentile(e.tpot_ms, p),
-                         .reference_name = "in-process TPOT " + p_name});
+    num_failed += e.num_failed;
+    for (size_t l = 0; l < libraries.size(); ++l) {
+      num_failed += h[l].num_failed;
+      addLevelRows(results, level, libraries[l].name, h[l], e);
     }
   }
 
   loop.reset();
-  server->reset();
+  libraries.clear();
   int rc = bench::writeReport("agent", results, argc, argv);
   if (num_failed > 0) {
     std::fprintf(stderr, "bench_agent: %d requests failed or returned fewer tokens than asked\n", num_failed);

@@ -10,6 +10,13 @@ std::string errorBody(int status, std::string_view type, std::string_view messag
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string invalidJsonMessage(std::string_view what) {
+  if (size_t end = what.find("] "); what.starts_with("[json.exception.") && end != std::string_view::npos) {
+    what.remove_prefix(end + 2);
+  }
+  return "request body is not valid JSON: " + std::string(what);
+}
+
 std::string_view errorTypeForStatus(int status) {
   if (status == 429) return kRateLimitError;
   if (status == 503) return kUnavailableError;

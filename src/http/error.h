@@ -29,6 +29,11 @@ inline constexpr std::string_view kRateLimitError = "rate_limit_error";
 // quoting the bad input) is replaced with U+FFFD.
 std::string errorBody(int status, std::string_view type, std::string_view message);
 
+// "request body is not valid JSON: parse error at line 1, column 2: ...":
+// the message for a nlohmann::json exception's what(), without the library's
+// "[json.exception.parse_error.101] " prefix.
+std::string invalidJsonMessage(std::string_view what);
+
 // The `type` that goes with an HTTP status when nothing more specific applies.
 std::string_view errorTypeForStatus(int status);
 

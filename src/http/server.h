@@ -1,7 +1,8 @@
 #pragma once
 // The HTTP server under the agent's OpenAI-compatible API, its internal API,
-// /metrics and /healthz, and the router. Built on cpprestsdk's listener, which
-// stays out of this header.
+// /metrics and /healthz, and the router. Two libraries serve it behind this
+// one contract (ServerOptions::library): Boost.Beast and cpprestsdk's
+// listener; neither appears in this header.
 //
 //   Routes routes;
 //   routes.handle("GET", "/healthz", [](Request&) { return Response::text(200, "ok\n"); });
@@ -31,10 +32,11 @@
 //   a route, but not for this method      405 with an Allow header
 //   body not UTF-8 (requireUtf8Body)      400
 // (cpprestsdk writes any response only after the whole request body arrived,
-// so a 413 reaches a client once it finished sending.) A handler that throws
-// gets 400 for nlohmann::json::parse_error (with the parser's message: what
-// was wrong, at which line and column) and 500 for anything else; nothing
-// escapes into cpprestsdk.
+// so there a 413 reaches a client once it finished sending; Beast sends it at
+// once and closes the connection.) A handler that throws gets 400 for
+// nlohmann::json::parse_error (with the parser's message: what was wrong, at
+// which line and column) and 500 for anything else; nothing escapes into the
+// library.
 //
 // Deadlines. Each request's deadline is requestTimeout after its headers
 // arrived. A plain or deferred response that has not been started by then is
@@ -44,14 +46,24 @@
 // lives until close(), a client disconnect, or shutdown, and the handler
 // enforces its own limits (max_tokens, ...).
 //
-// Client disconnects. cpprestsdk does not read the socket while it writes a
+// Client disconnects. Neither library reads the socket while it writes a
 // response, so a closed connection shows only when a write fails: on a stream,
 // at the next event or keepalive comment (sseKeepalive). The kernel usually
 // accepts one more write after the peer closed, so expect detection within
 // two writes. The context is then cancelled with kClientDisconnected.
 // Non-streamed responses are bounded by the deadline instead.
 //
-// Threads. Handlers and start callbacks run on cpprestsdk's shared thread pool,
+// Connections (Beast). A connection is closed when a request's headers do
+// not arrive within headerTimeout, when a kept-alive connection stays without
+// a request for idleTimeout, and at once when maxConnections are open
+// already; a body that does not arrive within bodyTimeout gets 408 and the
+// connection is closed. A response that did not consume the whole request
+// body (413, 503) closes the connection after it, reading and dropping what
+// the client still sends for a moment so that it sees the response. The
+// cpprestsdk listener has none of these limits.
+//
+// Threads. Handlers and start callbacks run on the library's I/O threads
+// (cpprestsdk's shared thread pool; Beast's own pool of at least 4),
 // which also does the socket I/O; they must return quickly. Work that waits
 // (the engine) is handed off through Response::deferred / Response::sse, whose
 // Responder / SseWriter are thread-safe and may be used from any thread, also
@@ -266,6 +278,15 @@ class Routes {
   std::vector<Route> routes_;
 };
 
+// The HTTP library under the server. Both honour this header's contract;
+// only Beast enforces ServerOptions' connection limits (headerTimeout,
+// bodyTimeout, idleTimeout, maxConnections). docs/http.md has the
+// measurements behind the default.
+enum class ServerLibrary { kBeast, kCpprest };
+std::string_view serverLibraryName(ServerLibrary library);  // "beast", "cpprest"
+// "beast" or "cpprest"; InvalidArgument naming the value otherwise.
+absl::StatusOr<ServerLibrary> parseServerLibrary(std::string_view name);
+
 struct ServerOptions {
   // Address to bind. "0.0.0.0" serves every interface.
   std::string host = "127.0.0.1";
@@ -288,15 +309,33 @@ struct ServerOptions {
   // Mutual TLS: when set (PEM CA bundle), clients must present a certificate
   // signed by it; the handshake fails otherwise.
   std::string tlsClientCaFile;
+  // Time for deadlines, keepalives, connection limits and the shutdown
+  // grace period. Not owned; must outlive the server. Null: SystemClock::instance().
+  const Clock* clock = nullptr;
+  // Which library serves. TLS (tlsCertFile) is served by cpprestsdk whatever
+  // this says: the Beast listener speaks plain HTTP only.
+  ServerLibrary library = ServerLibrary::kBeast;
+  // Connection hygiene (Beast; see Connections above). A request's headers
+  // must be complete this long after the connection was accepted or, on a
+  // kept-alive connection, after the request's first byte; otherwise the
+  // connection is closed without a response.
+  Duration headerTimeout = std::chrono::seconds(10);
+  // The body must be complete this long after the headers; otherwise 408 and
+  // the connection is closed.
+  Duration bodyTimeout = std::chrono::seconds(60);
+  // A kept-alive connection with no request under way is closed after this.
+  Duration idleTimeout = std::chrono::seconds(60);
+  // Connections accepted beyond this many open ones are closed at once.
+  size_t maxConnections = 4096;
 };
 
 class Server {
  public:
   // Binds and starts serving; returns once the port accepts connections.
   // cpprestsdk cannot listen on port 0 and report the port it got, so for
-  // port 0 we bind a socket to port 0, note the port, close it, and hand that
-  // port to cpprestsdk. Another process could take the port in between; a
-  // failed bind is retried with a fresh port a few times.
+  // port 0 it gets a port found free by binding a socket to port 0 and
+  // closing it. Another process could take the port in between; a failed
+  // bind is retried with a fresh port a few times. (Beast binds port 0 itself.)
   static absl::StatusOr<std::unique_ptr<Server>> start(ServerOptions options, Routes routes);
 
   // shutdown(0) if it has not run.
@@ -324,7 +363,7 @@ class Server {
   void shutdown(Duration grace);
 
   class Impl;
-  // Use start(); Impl is private to server.cc.
+  // Use start(); Impl (server_core.h) is private to src/http.
   explicit Server(std::shared_ptr<Impl> impl);
 
  private:

@@ -213,6 +213,7 @@ TEST(ClientTest, SseTimeoutIsAboutSilenceNotStreamLength) {
   std::jthread late([&] {
     ASSERT_TRUE(kept.opened.WaitForNotificationWithTimeout(absl::FromChrono(kPatience)));
     // Three timeouts of silence from the handler; only keepalives flow meanwhile.
+    // Real time on purpose: the client's silence timeout (cpprestsdk's) runs on it.
     while (std::chrono::steady_clock::now() < opened + 3 * kTimeout) std::this_thread::sleep_for(milliseconds(5));
     absl::MutexLock lock(&kept.mu);
     kept.writer->send("late");
