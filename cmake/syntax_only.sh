@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Compiler and linker launcher for `./tandem check tsa`. CMake calls it as
-#   syntax_only.sh <compiler> <flags...> -o <object> -c <source>    (compile)
-#   syntax_only.sh <compiler> <flags...> <objects...> -o <binary> ... (link)
+#   syntax_only.sh --skip=<a.cc,b.cc> <compiler> <flags...> -o <object> -c <source>
+#   syntax_only.sh --skip=<a.cc,b.cc> <compiler> <flags...> <objects...> -o <binary> ...
 # A compile runs with -fsyntax-only: clang parses the translation unit and
 # runs its analyses (-Wthread-safety among them) but generates no code, which
 # is several times cheaper than a build. Either way the output is left as an
-# empty file, so Ninja sees the step done (a test's objects wait for the
-# binary it starts) and a second run re-checks only the files whose
-# dependencies changed. Nothing in that build directory can run.
-# A source whose path ends with an entry of $TANDEM_TSA_SKIP (space-separated)
-# is not compiled and gets no output, so it is tried again on every run.
+# empty file, so Ninja sees the step done (archives and links of empty files
+# succeed, and a test's objects wait for the binary it starts) and a second
+# run re-checks only the files whose dependencies changed. Nothing in that
+# build directory can run.
+# A source whose path ends with an entry of --skip is not compiled. The list
+# is part of every command line, so changing it re-checks everything.
 set -euo pipefail
+skips=${1#--skip=}
+shift
 out=
 src=
 prev=
@@ -19,10 +22,9 @@ for arg in "$@"; do
   [[ $prev == -c ]] && src=$arg
   prev=$arg
 done
-if [[ -n $src ]]; then
-  for skip in ${TANDEM_TSA_SKIP:-}; do
-    if [[ $src == */"$skip" ]]; then echo "skipped (TSA_SKIP): $skip"; exit 0; fi
-  done
-  "$@" -fsyntax-only
-fi
+compile=1
+for skip in ${skips//,/ }; do
+  if [[ -n $src && $src == */"$skip" ]]; then echo "not checked (TSA_SKIP): $skip"; compile=0; fi
+done
+if [[ -n $src && $compile -eq 1 ]]; then "$@" -fsyntax-only; fi
 if [[ -n $out ]]; then : >"$out"; fi
