@@ -433,7 +433,7 @@ absl::Status applyConfigFile(const std::string& path, AgentConfig& c) {
 
 absl::Status applyFlags(const std::vector<std::pair<std::string, std::string>>& flags, AgentConfig& c) {
   for (const auto& [name, value] : flags) {
-    auto it = std::find_if(options().begin(), options().end(), [&](const Option& o) { return name == o.flag; });
+    auto it = std::find_if(options().begin(), options().end(), [&name = name](const Option& o) { return name == o.flag; });
     if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
