@@ -56,7 +56,8 @@ class Server::Impl : public std::enable_shared_from_this<Server::Impl> {
   void dispatch(const std::shared_ptr<Exchange>& ex, std::string body);
   Response callHandler(const Handler& handler, Request& request);
   void deliver(const std::shared_ptr<Exchange>& ex, Response response);
-  void openStream(const std::shared_ptr<Exchange>& ex, const Response& response);
+  // False when the call was answered already (deadline, shutdown): the stream never starts.
+  bool openStream(const std::shared_ptr<Exchange>& ex, const Response& response);
   void sendReply(const std::shared_ptr<Exchange>& ex, const Response& response);
   // The Wire finished the response (ok) or failed.
   void onSent(const std::shared_ptr<Exchange>& ex, bool ok);
