@@ -6,6 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
@@ -61,6 +63,18 @@ Option engineNumber(const char* flag, const char* key, const char* help, T engin
           [member](const AgentConfig& c) { return strCat(c.engine.*member); },
           [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
+}
+
+template <typename T>
+Option routingNumber(const char* flag, const char* key, const char* help, T routing::RouterConfig::*member,
+                     double min, double max) {
+  return {flag,
+          "router",
+          key,
+          help,
+          [member](const AgentConfig& c) { return strCat(c.routing.*member); },
+          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.routing.*member), min, max); },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.routing.*member), {.min = min, .max = max}); }};
 }
 
 // `v` is one of `one_of` (any value when it is empty).
@@ -156,7 +170,7 @@ Option roleOption() {
   return {"role",
           "",
           "role",
-          "data-plane role: both, prefill or decode (router: not yet)",
+          "data-plane role: both, prefill, decode or router",
           [](const AgentConfig& c) { return std::string(agentRoleName(c.role)); },
           [set](AgentConfig& c, std::string_view v) -> absl::Status {
             TANDEM_RETURN_IF_ERROR(checkOneOf("role", v, names));
@@ -325,6 +339,77 @@ void addKvOptions(std::vector<Option>& o) {
 }
 
 
+// HOST:PORT[,HOST:PORT...] into `out`; an error names `what` and the bad entry.
+absl::Status parseHostPortList(std::string_view what, std::string_view v, std::vector<HostPort>* out) {
+  std::vector<HostPort> list;
+  for (absl::string_view item : absl::StrSplit(absl::string_view(v.data(), v.size()), ',', absl::SkipEmpty())) {
+    TANDEM_ASSIGN_OR_RETURN(HostPort hp, parseHostPort(what, toStd(item)));
+    list.push_back(std::move(hp));
+  }
+  *out = std::move(list);
+  return absl::OkStatus();
+}
+
+Option workerListOption(const char* flag, const char* key, const char* help, std::vector<HostPort> AgentConfig::*member) {
+  return {flag,
+          "router",
+          key,
+          help,
+          [member](const AgentConfig& c) {
+            std::string s;
+            for (const HostPort& hp : c.*member) s += strCat(s.empty() ? "" : ",", hp.host, ":", hp.port);
+            return s;
+          },
+          [=](AgentConfig& c, std::string_view v) { return parseHostPortList(strCat("--", flag), v, &(c.*member)); },
+          [=](AgentConfig& c, ConfigMap& m) {
+            std::vector<std::string> items;
+            if (!m.field(key, &items)) return;
+            absl::Status s = parseHostPortList(key, absl::StrJoin(items, ","), &(c.*member));
+            if (!s.ok()) m.fail(key, toStd(s.message()));
+          }};
+}
+
+// router: the router role's workers and policy (docs/routing.md).
+void addRouterOptions(std::vector<Option>& o) {
+  using routing::RouterConfig;
+  o.push_back(workerListOption("decode-workers", "decode_workers",
+                               "router: decode agents' HTTP addresses HOST:PORT,... (their state streams and APIs)",
+                               &AgentConfig::decode_workers));
+  o.push_back(workerListOption("prefill-workers", "prefill_workers",
+                               "router: prefill agents' HTTP addresses HOST:PORT,... (their state streams)",
+                               &AgentConfig::prefill_workers));
+  o.push_back(durationOption("upstream-open-timeout", "router", "upstream_open_timeout",
+                             "router: how long a decode agent may take to answer a request's headers",
+                             &AgentConfig::upstream_open_timeout));
+  o.push_back(routingNumber("route-overlap-weight", "overlap_weight", "router: score of holding the whole prompt prefix",
+                            &RouterConfig::overlap_weight, 0, 1e6));
+  o.push_back(routingNumber("route-sticky-weight", "sticky_weight", "router: score of holding the session resident",
+                            &RouterConfig::sticky_weight, 0, 1e6));
+  o.push_back(routingNumber("route-load-floor-weight", "load_floor_weight",
+                            "router: bonus of an idle worker, graduated to 0 at the mean assignment",
+                            &RouterConfig::load_floor_weight, 0, 1e6));
+  o.push_back(routingNumber("route-queue-penalty", "queue_penalty", "router: score lost per queued request",
+                            &RouterConfig::queue_penalty, 0, 1e6));
+  o.push_back(routingNumber("route-tie-epsilon", "tie_epsilon",
+                            "router: scores this close are ties, broken by the session's rendezvous hash",
+                            &RouterConfig::tie_epsilon, 0, 1e6));
+  o.push_back(routingNumber("route-miss-max-blocks", "miss_max_blocks",
+                            "router: overlap of at most this many blocks is a miss (least-loaded worker)",
+                            &RouterConfig::miss_max_blocks, 0, 1e9));
+  o.push_back(routingNumber("route-direct-max-suffix", "direct_max_suffix_tokens",
+                            "router: direct-to-D when the session is resident and at most this many tokens are new",
+                            &RouterConfig::direct_max_suffix_tokens, 0, 1e9));
+  o.push_back(routingNumber("route-prefill-overload-tokens", "prefill_overload_tokens",
+                            "router: a prefill agent with more queued prompt tokens is passed over",
+                            &RouterConfig::prefill_overload_tokens, 0, 1e12));
+  o.push_back(routingNumber("route-prefill-balance-tokens", "prefill_balance_tokens",
+                            "router: prefill agents this close in queued tokens are ties, broken by cached prefix",
+                            &RouterConfig::prefill_balance_tokens, 0, 1e12));
+  o.push_back(routingNumber("route-migrate-after", "capacity_rejections_to_migrate",
+                            "router: capacity rejections of a session before it moves to another decode agent",
+                            &RouterConfig::capacity_rejections_to_migrate, 1, 1e6));
+}
+
 // trace: and log:.
 void addLogOptions(std::vector<Option>& o) {
   o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off",
@@ -342,6 +427,7 @@ const std::vector<Option>& options() {
     addEngineOptions(o);
     addLimitOptions(o);
     addKvOptions(o);
+    addRouterOptions(o);
     addLogOptions(o);
     return o;
   }();
@@ -456,8 +542,8 @@ void fillDerivedDefaults(AgentConfig& c) {
 
 absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
-  if (c.role == AgentRole::kRouter) {
-    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
+  if (c.role == AgentRole::kRouter && c.decode_workers.empty()) {
+    return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
   }
   if (c.role == AgentRole::kDecode && !c.prefill_peer) {
     return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
