@@ -1,5 +1,7 @@
 #include "agent/router/router_core.h"
 
+#include "src/common/status.h"
+
 #include <algorithm>
 
 namespace tandem::agent {
@@ -68,7 +70,7 @@ std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const 
 
 std::optional<WorkerAddress> RouterCore::address(std::string_view worker) const {
   absl::MutexLock lock(&mu_);
-  auto it = addresses_.find(worker);
+  auto it = addresses_.find(absl::string_view(worker.data(), worker.size()));
   if (it == addresses_.end()) return std::nullopt;
   return it->second;
 }

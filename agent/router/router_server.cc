@@ -12,6 +12,7 @@
 #include "agent/router/upstream.h"
 #include "agent/router/upstream_error.h"
 #include "agent/router/worker_feeds.h"
+#include "agent/routing_headers.h"
 #include "engine/model/files.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tokenizer.h"
@@ -128,7 +129,7 @@ struct RouterServer::Impl {
     call->route = {.session = p.spec.session,
                    .prompt_hashes = computeBlockHashes(p.spec.prompt, hash->block_size, hash->root),
                    .prompt_tokens = static_cast<int64_t>(p.spec.prompt.size()),
-                   .expected_output_tokens = p.spec.max_tokens};
+                   .expected_output_tokens = p.spec.sampling.max_tokens};
     return http::Response::deferred([this, call](std::shared_ptr<http::Responder> r) {
       calls.run([this, call, r] { serve(*call, *r); });
     });
