@@ -299,10 +299,9 @@ class WorkerEventsPublisher::Impl {
     });
   }
 
-  // Sends each subscriber what it is owed (or a heartbeat); drops those that
-  // fell behind the buffer. Returns when the pump is next due: a
-  // subscriber's heartbeat, or a retry for one held back by its backlog
-  // (also retried whenever new deltas come).
+  // Sends each subscriber what it is owed (or a heartbeat). Returns when the
+  // pump is next due: a subscriber's heartbeat, or a retry for one held back
+  // by its backlog (also retried whenever new deltas come).
   MonoTime serveAll() {
     const MonoTime now = clock_.now();
     MonoTime next = MonoTime::max();
@@ -321,9 +320,7 @@ class WorkerEventsPublisher::Impl {
     const Duration heartbeat = options_.heartbeat_interval;
     const uint64_t last = ring_.empty() ? s.next_seq - 1 : ring_.back().seq;
     while (s.next_seq <= last) {
-      if (s.sink->numUnsentBytes() > options_.max_unsent_bytes) {
-        return heartbeat > Duration::zero() ? now + heartbeat : MonoTime::max();
-      }
+      if (s.sink->numUnsentBytes() > options_.max_unsent_bytes) return now + options_.held_back_retry;
       if (!s.sink->send(ring_[s.next_seq - ring_.front().seq].wire)) return std::nullopt;
       deltas_sent_.increment();
       ++s.next_seq;

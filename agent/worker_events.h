@@ -65,8 +65,10 @@ struct WorkerEventsOptions {
   Duration heartbeat_interval = std::chrono::seconds(5);
   // Deltas kept for subscribers that read slowly.
   size_t max_buffered_deltas = 4096;
-  // A subscriber whose sink holds more than this gets nothing more until it drains.
+  // A subscriber whose sink holds more than this gets nothing more until it
+  // drains; it is retried this often (and whenever new deltas come).
   size_t max_unsent_bytes = 4u << 20;
+  Duration held_back_retry = std::chrono::milliseconds(20);
   uint64_t epoch = 0;  // 0: random
   // Not owned; must outlive the publisher. Null: SystemClock::instance().
   const Clock* clock = nullptr;
