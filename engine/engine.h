@@ -27,8 +27,10 @@
 #include "engine/kv/layer_announcer.h"
 #include "engine/kv/lease_table.h"
 #include "engine/kv/session_store.h"
+#include "engine/routable_state.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
+#include "src/common/block_hash.h"
 #include "src/common/clock.h"
 #include "src/common/status.h"
 
@@ -165,6 +167,15 @@ class Engine {
   int numLeases() const { return leases_.numLeases(); }
   // Prefix-cache "stored"/"removed" events since the last call (for the router).
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
+
+  // --- What routers see of this engine (routable_state.h) ---
+  // The root of this engine's block-hash chain: its prefix-cache and
+  // session hashes are computed from it.
+  BlockHash blockHashRoot() const { return kBlockHashRoot; }
+  // Prefix-cache events and session residency changes since the last call
+  // (drainKvEvents() and this take from the same prefix-cache events).
+  // Call regularly (the agent does after every step): the events queue up until then.
+  RoutableChanges drainRoutableChanges();
 
   // Pool invariants plus ownership: every block's reference count equals the
   // number of live sequences, resident sessions and held leases that hold it.
