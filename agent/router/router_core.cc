@@ -1,6 +1,7 @@
 #include "agent/router/router_core.h"
 
 #include "src/common/status.h"
+#include "src/common/strings.h"
 
 #include <algorithm>
 
@@ -14,6 +15,12 @@ RouterCore::~RouterCore() = default;
 absl::Status RouterCore::applySnapshot(const routing::WorkerSnapshot& snapshot, std::string http_address,
                                        std::string kv_address) {
   absl::MutexLock lock(&mu_);
+  if (auto it = addresses_.find(snapshot.worker); it != addresses_.end() && it->second.http != http_address) {
+    // Two configured addresses answer with one name: their states would mix.
+    return absl::FailedPreconditionError(strCat("workers at ", it->second.http, " and ", http_address,
+                                                " both call themselves \"", snapshot.worker,
+                                                "\"; give each agent its own --worker name"));
+  }
   TANDEM_RETURN_IF_ERROR(cluster_.applySnapshot(snapshot));
   // A snapshot is the stream's proof of life: forget earlier failures.
   failures_.erase(snapshot.worker);
