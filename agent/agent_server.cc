@@ -7,6 +7,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/decode_service.h"
 #include "agent/openai_api.h"
+#include "agent/openai_http.h"
 #include "agent/openai_request.h"
 #include "agent/openai_stream.h"
 #include "agent/pd_metrics.h"
@@ -25,12 +26,6 @@ namespace tandem::agent {
 namespace {
 
 using nlohmann::json;
-
-http::Response apiError(const ApiError& e) {
-  http::Response r = http::Response::json(e.status, e.toJson());
-  for (const auto& [k, v] : e.headers) r.setHeader(k, v);
-  return r;
-}
 
 std::string newId(std::string_view prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
@@ -226,14 +221,7 @@ struct AgentServer::Impl {
     r.handle("GET", "/metrics", [this](http::Request&) {
       return http::Response::text(200, metrics::serializeText(registry), std::string(metrics::kContentType));
     });
-    r.handle("GET", "/v1/models", [this](http::Request&) {
-      json model = {{"id", limits.model_name},
-                    {"object", "model"},
-                    {"created", 0},
-                    {"owned_by", "tandem"},
-                    {"max_model_len", limits.max_model_len}};
-      return http::Response::json(200, json{{"object", "list"}, {"data", json::array({model})}});
-    });
+    r.handle("GET", "/v1/models", [this](http::Request&) { return modelsResponse(limits); });
     r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
     r.handle("GET", "/internal/v1/events", [this](http::Request&) { return serveWorkerEvents(*events); });

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/openai_api.h"
+#include "agent/openai_http.h"
 #include "agent/openai_request.h"
 #include "agent/router/router_core.h"
 #include "agent/router/router_metrics.h"
@@ -27,12 +28,6 @@ namespace tandem::agent {
 namespace {
 
 using nlohmann::json;
-
-http::Response apiError(const ApiError& e) {
-  http::Response r = http::Response::json(e.status, e.toJson());
-  for (const auto& [k, v] : e.headers) r.setHeader(k, v);
-  return r;
-}
 
 ApiError noWorkerError(routing::NoWorkerReason reason) {
   if (reason == routing::NoWorkerReason::kTooLong) {
@@ -239,11 +234,7 @@ http::Routes routerRoutes(RouterServer::Impl& impl) {
     for (const auto& w : impl.core.workerLoads()) impl.metrics.setWorkerLoad(w.name, w.sessions, w.in_flight);
     return http::Response::text(200, metrics::serializeText(impl.registry), std::string(metrics::kContentType));
   });
-  r.handle("GET", "/v1/models", [&impl](http::Request&) {
-    json model = {{"id", impl.limits.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
-                  {"max_model_len", impl.limits.max_model_len}};
-    return http::Response::json(200, json{{"object", "list"}, {"data", json::array({model})}});
-  });
+  r.handle("GET", "/v1/models", [&impl](http::Request&) { return modelsResponse(impl.limits); });
   r.handle("POST", "/v1/completions",
            [&impl](http::Request& req) { return impl.generate(Endpoint::kCompletions, req); });
   r.handle("POST", "/v1/chat/completions",
