@@ -42,8 +42,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     std::vector<TokenId> prompt;
     engine::SamplingParams sampling;
     ConnId conn = 0;
-    size_t peer = 0;             // which prefill peer serves it
-    bool peer_counted = false;   // counted in its peer's num_inflight
+    size_t peer = 0;                         // which prefill peer serves it
+    bool peer_counted = false;               // counted in its peer's num_inflight
     std::unordered_map<PullId, GetId> gets;  // outstanding pulls' transport gets
     // How the request ends when the transfer failed: error, unless the
     // engine was asked to end it (a cancel: the requested reason).
@@ -101,7 +101,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       peer.incompatible.reset();
       // Built in place (not through send()'s Body): GCC 12 warns about the
       // variant's moved-from members otherwise.
-      kvproto::Message hello{.transfer_id = 0, .body = helloFor(kvproto::PeerRole::kDecode, model, layout, *t, "decode")};
+      kvproto::Message hello{.transfer_id = 0,
+                             .body = helloFor(kvproto::PeerRole::kDecode, model, layout, *t, "decode")};
       t->send(peer.conn, kvproto::encode(hello));
     }
     return peer.conn;
@@ -194,10 +195,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       peers[it->second.peer].health->recordFailure();
       cv.SignalAll();  // the watchdog may have to probe
     }
-    log.warn("kv transfer failed",
-             {{"transfer", tid},
-              {"peer", it != transfers.end() ? peers[it->second.peer].name : std::string()},
-              {"reason", kvproto::failureReasonName(a.reason)}, {"detail", a.message}});
+    log.warn("kv transfer failed", {{"transfer", tid},
+                                    {"peer", it != transfers.end() ? peers[it->second.peer].name : std::string()},
+                                    {"reason", kvproto::failureReasonName(a.reason)},
+                                    {"detail", a.message}});
   }
 
   void completeImport(Entry& e, uint32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -354,7 +355,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       return;
     }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
-      if (!peers[*p].health->healthy()) log.info("prefill peer answers probes again; using it", {{"peer", peers[*p].name}});
+      if (!peers[*p].health->healthy())
+        log.info("prefill peer answers probes again; using it", {{"peer", peers[*p].name}});
       peers[*p].health->recordProbeSuccess();
     } else if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
       onHello(*p, c, *h);

@@ -81,7 +81,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
   for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer",
-                              "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
+                             "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
     rejected_.add({{"reason", reason}});
   }
 }

@@ -48,10 +48,10 @@ kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, cons
 
 std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer) {
   if (!kvproto::compatibleVersion(peer.min_version, peer.max_version)) {
-    return PeerRefusal{"incompatible_version",
-                       strCat("the peer ", peer.peer_name, " speaks kvproto versions [", peer.min_version, ", ",
-                              peer.max_version, "], this agent [", kvproto::kMinVersion, ", ", kvproto::kMaxVersion,
-                              "]: no common version")};
+    return PeerRefusal{
+        "incompatible_version",
+        strCat("the peer ", peer.peer_name, " speaks kvproto versions [", peer.min_version, ", ", peer.max_version,
+               "], this agent [", kvproto::kMinVersion, ", ", kvproto::kMaxVersion, "]: no common version")};
   }
   if (peer.model_fingerprint != mine.fingerprint) {
     return PeerRefusal{"fingerprint_mismatch",
@@ -61,10 +61,10 @@ std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::
                               ": another checkpoint, tokenizer or chat template (--model-fingerprint)")};
   }
   if (peer.hash_root != mine.hash_root.value()) {
-    return PeerRefusal{"hash_root_mismatch",
-                       strCat("the peer ", peer.peer_name, " chains block hashes from root ",
-                              engine::fingerprintHex(peer.hash_root), ", this agent from ",
-                              engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
+    return PeerRefusal{
+        "hash_root_mismatch",
+        strCat("the peer ", peer.peer_name, " chains block hashes from root ", engine::fingerprintHex(peer.hash_root),
+               ", this agent from ", engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
   }
   return std::nullopt;
 }

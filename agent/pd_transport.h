@@ -29,13 +29,13 @@ class PdMetrics;
 // What KV of this agent is KV of: P and D refuse a peer whose Hello
 // names another model or hash root (docs/pd.md).
 struct ModelIdentity {
-  uint64_t fingerprint = 0;  // engine/model/model_fingerprint.h, or the operator's --model-fingerprint
+  uint64_t fingerprint = 0;              // engine/model/model_fingerprint.h, or the operator's --model-fingerprint
   BlockHash hash_root = kBlockHashRoot;  // blockHashRoot(fingerprint, --cache-salt): the engine's
 };
 
 struct PdOptions {
   transport::TransportOptions transport;
-  uint64_t model_fingerprint = 0;  // sent in the Hello; the hash root comes from the engine
+  uint64_t model_fingerprint = 0;                    // sent in the Hello; the hash root comes from the engine
   std::chrono::milliseconds lease_ttl{30000};        // P: how long KV stays pinned without a Release
   std::chrono::milliseconds prefill_timeout{60000};  // D: P must deliver all layers within this
   double checksum_rate = 1.0;                        // D: fraction of transfers whose checksums are verified

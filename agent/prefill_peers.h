@@ -22,9 +22,9 @@ class PrefillPeers {
  public:
   struct Peer {
     PeerAddress address;
-    std::string name;                       // address.name()
-    transport::ConnId conn = 0;             // 0: not connected (reconnected when next needed)
-    std::optional<kvproto::Hello> hello;    // the peer's, once it arrived and was accepted
+    std::string name;                         // address.name()
+    transport::ConnId conn = 0;               // 0: not connected (reconnected when next needed)
+    std::optional<kvproto::Hello> hello;      // the peer's, once it arrived and was accepted
     std::optional<std::string> incompatible;  // why it cannot serve this agent (its Hello)
     std::unique_ptr<PeerHealth> health;
     std::optional<MonoTime> last_probe;

@@ -43,7 +43,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   const PdOptions options;
   Logger log{"prefill"};
   engine::KvLayout layout;
-  ModelIdentity model;  // set at start, before the transport exists
+  ModelIdentity model;                    // set at start, before the transport exists
   const engine::KvStorage* kv = nullptr;  // read on the engine thread only
   std::unique_ptr<transport::KvTransport> t;
   std::function<void(const engine::RequestUpdate&)> on_finished;

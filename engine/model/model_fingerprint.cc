@@ -17,8 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view kFingerprintFiles[] = {
-    "chat_template.jinja",  "chat_template.json",      "config.json",           "model.safetensors.index.json",
-    "special_tokens_map.json", "tokenizer.json",       "tokenizer.model",       "tokenizer_config.json",
+    "chat_template.jinja",     "chat_template.json", "config.json",     "model.safetensors.index.json",
+    "special_tokens_map.json", "tokenizer.json",     "tokenizer.model", "tokenizer_config.json",
 };
 
 bool isFingerprinted(const std::string& name) {
@@ -60,7 +60,8 @@ absl::StatusOr<uint64_t> modelFingerprint(const std::string& model_dir) {
     if (e.is_regular_file() && isFingerprinted(e.path().filename().string())) files.push_back(e.path());
   }
   if (ec) return absl::NotFoundError(strCat(model_dir, ": ", ec.message()));
-  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+  std::sort(files.begin(), files.end(),
+            [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
   std::unique_ptr<XXH3_state_t, StateFree> state(XXH3_createState());
   XXH3_64bits_reset(state.get());
   std::vector<char> buf(4u << 20);
@@ -71,8 +72,9 @@ absl::StatusOr<uint64_t> modelFingerprint(const std::string& model_dir) {
 absl::StatusOr<uint64_t> parseModelFingerprint(std::string_view what, std::string_view v) {
   std::string_view digits = v;
   if (digits.starts_with("0x") || digits.starts_with("0X")) digits.remove_prefix(2);
-  const bool hex = !digits.empty() && digits.size() <= 16 &&
-                   std::all_of(digits.begin(), digits.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  const bool hex = !digits.empty() && digits.size() <= 16 && std::all_of(digits.begin(), digits.end(), [](char c) {
+    return std::isxdigit(static_cast<unsigned char>(c));
+  });
   if (!hex) return absl::InvalidArgumentError(strCat(what, ": expected 1 to 16 hex digits, got \"", v, "\""));
   return std::stoull(std::string(digits), nullptr, 16);
 }

@@ -15,9 +15,9 @@
 // kBlockHashRoot (0x74616e64656d2e31, "tandem.1") is the root of a chain
 // keyed to no model, for code that has none (tools, benchmarks, unit tests).
 //
-// Only full blocks get a hash; a trailing partial block has none (it cannot be shared). Two prompts share their first k hashes iff
-// they share their first k*B tokens (up to 64-bit collisions). A hash value of
-// 0 is never produced (remapped to 1) so 0 can mean "no block" on the wire.
+// Only full blocks get a hash; a trailing partial block has none (it cannot be shared). Two prompts share their first k
+// hashes iff they share their first k*B tokens (up to 64-bit collisions). A hash value of 0 is never produced (remapped
+// to 1) so 0 can mean "no block" on the wire.
 
 #include <cstddef>
 #include <span>

@@ -141,14 +141,14 @@ TEST(AgentConfigTest, PrefillPeersListAndItsOneElementAlias) {
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,,b:2"}))
                 .find("--prefill-peers: expected HOST:PORT, got \"\""),
             std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,a:1"})).find("a:1 is listed twice"),
-            std::string::npos);
+  EXPECT_NE(
+      msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,a:1"})).find("a:1 is listed twice"),
+      std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "a:1,b:2"}))
                 .find("--prefill-peer: expected one HOST:PORT"),
             std::string::npos);
   std::string bad = writeFile("bad_peers.yaml", "model:\n  dir: m\nkv:\n  prefill_peers: [a:1, x]\n");
-  EXPECT_NE(msg(parse({"--config", bad})).find("kv.prefill_peers: expected HOST:PORT, got \"x\""),
-            std::string::npos)
+  EXPECT_NE(msg(parse({"--config", bad})).find("kv.prefill_peers: expected HOST:PORT, got \"x\""), std::string::npos)
       << msg(parse({"--config", bad}));
 }
 

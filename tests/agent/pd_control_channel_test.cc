@@ -15,14 +15,14 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
-#include <nlohmann/json.hpp>
 
 #include "agent/transport/ucx_transport.h"
 #include "engine/model/weights.h"
-#include "src/http/client.h"
 #include "src/common/block_hash.h"
+#include "src/http/client.h"
 #include "src/kvproto/kvproto.h"
 #include "tests/agent/agent_process.h"
 
@@ -491,7 +491,8 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
     std::vector<std::string> named;  // in the Abort's message
   };
   const std::vector<Case> cases = {
-      {"incompatible_version", [](RawPeer& d, ConnId c) { d.t->send(c, newerHello(d, kvproto::PeerRole::kDecode)); },
+      {"incompatible_version",
+       [](RawPeer& d, ConnId c) { d.t->send(c, newerHello(d, kvproto::PeerRole::kDecode)); },
        {"[4, 5]", "[3, 3]"}},
       {"fingerprint_mismatch",
        [](RawPeer& d, ConnId c) {

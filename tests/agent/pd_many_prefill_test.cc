@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
@@ -40,7 +40,8 @@ Reply complete(const AgentProcess& d, const std::string& prompt, const std::stri
   http::ClientRequest req{.method = "POST", .url = d.url("/v1/completions")};
   req.headers["Content-Type"] = "application/json";
   if (!peer.empty()) req.headers["x-tandem-prefill-peer"] = peer;
-  req.body = json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}.dump();
+  req.body =
+      json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}.dump();
   req.timeout = std::chrono::seconds(60);
   auto r = http::httpSend(req);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -108,7 +109,8 @@ TEST_F(PdManyPrefillTest, APrefillAgentOutsideTheSetIsATyped400) {
     Reply r = complete(*d_, "hello", bad);
     EXPECT_EQ(r.status, 400) << r.body.dump();
     EXPECT_EQ(r.body["error"]["code"], "unknown_prefill_peer");
-    EXPECT_NE(r.body["error"]["message"].get<std::string>().find("\"" + bad + "\""), std::string::npos) << r.body.dump();
+    EXPECT_NE(r.body["error"]["message"].get<std::string>().find("\"" + bad + "\""), std::string::npos)
+        << r.body.dump();
   }
   EXPECT_EQ(served(*p1_) + served(*p2_), 0);
 }
@@ -140,15 +142,15 @@ TEST_F(PdManyPrefillTest, RequestsNamingADeadPrefillAgentMoveToAHealthyOne) {
 TEST(PdCacheSaltTest, SameSaltServesAnotherSaltIsRefused) {
   auto p = startPrefill({"--cache-salt", "tenant-a"});
   ASSERT_NE(p, nullptr);
-  auto same = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--prefill-peer",
-                                   kvAddress(*p), "--cache-salt", "tenant-a"});
+  auto same = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                   "--prefill-peer", kvAddress(*p), "--cache-salt", "tenant-a"});
   ASSERT_NE(same, nullptr);
   Reply ok = complete(*same, "a prompt of tenant a");
   EXPECT_EQ(ok.status, 200) << ok.body.dump() << same->log();
   EXPECT_EQ(served(*p), 1);
 
-  auto other = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--prefill-peer",
-                                    kvAddress(*p), "--cache-salt", "tenant-b"});
+  auto other = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                    "--prefill-peer", kvAddress(*p), "--cache-salt", "tenant-b"});
   ASSERT_NE(other, nullptr);
   Reply refused = complete(*other, "a prompt of tenant b");
   EXPECT_EQ(refused.status, 503) << refused.body.dump();

@@ -5,8 +5,8 @@
 
 #include <filesystem>
 
-#include "engine/model/model_loader.h"
 #include "engine/model/files.h"
+#include "engine/model/model_loader.h"
 #include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::engine {

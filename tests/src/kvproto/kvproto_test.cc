@@ -8,8 +8,18 @@ namespace tandem::kvproto {
 namespace {
 
 std::vector<Message> samples() {
-  Hello h{.model_fingerprint = 0x0123456789abcdefULL, .hash_root = 0xfedcba9876543210ULL, .role = PeerRole::kPrefill, .num_layers = 4, .num_blocks = 512, .block_size = 16, .num_kv_heads = 2, .head_dim = 32,
-          .dtype = KvDtype::kFloat32, .region_base = 0x7f0012345000, .rkey = std::string("\x01\x02\x00\x03", 4), .peer_name = "p-0"};
+  Hello h{.model_fingerprint = 0x0123456789abcdefULL,
+          .hash_root = 0xfedcba9876543210ULL,
+          .role = PeerRole::kPrefill,
+          .num_layers = 4,
+          .num_blocks = 512,
+          .block_size = 16,
+          .num_kv_heads = 2,
+          .head_dim = 32,
+          .dtype = KvDtype::kFloat32,
+          .region_base = 0x7f0012345000,
+          .rkey = std::string("\x01\x02\x00\x03", 4),
+          .peer_name = "p-0"};
   PrefillRequest pr{.deadline_ms = 5000, .lease_ms = 30000, .tokens = {1, 50, 60, 70}, .temperature = 0.5f,
                     .top_p = 0.9f, .top_k = 40, .seed = 7};
   return {{1, h},
