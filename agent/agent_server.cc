@@ -102,6 +102,8 @@ struct AgentServer::Impl {
 
   // Runs a request here (roles both, prefill) or disaggregated (role decode).
   // The callback sees the typed transfer failure, if one ended the request.
+  // `prefill_peer`: role decode, the router's x-tandem-prefill-peer.
+  // Role decode: the P is the one `call` names (x-tandem-prefill-peer), if any.
   uint64_t submit(const Call& call, engine::RequestSpec spec, PdUpdateCallback cb) {
     if (decode) return decode->submit(std::move(spec), std::move(cb), call.prefill_peer);
     return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, PdInfo{}); });
@@ -191,7 +193,7 @@ struct AgentServer::Impl {
 
   http::Response unary(std::shared_ptr<Call> call, engine::RequestSpec spec) {
     return http::Response::deferred([this, call, spec = std::move(spec)](std::shared_ptr<http::Responder> r) mutable {
-      uint64_t handle = submit(*call, std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
+      auto handle = submit(*call, std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
         call->text += u.text_delta;
         if (!u.finished) return;
         finished(*call, u, info);
@@ -210,7 +212,7 @@ struct AgentServer::Impl {
 
   http::Response stream(std::shared_ptr<Call> call, engine::RequestSpec spec) {
     return http::Response::sse([this, call, spec = std::move(spec)](std::shared_ptr<http::SseWriter> w) mutable {
-      uint64_t handle = submit(*call, std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
+      auto handle = submit(*call, std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
         OpenAiStreamEncoder& encoder = *call->stream;
         std::string bytes = encoder.text(u.text_delta);
         if (u.finished) {
