@@ -8,25 +8,15 @@
 #include "engine/model/files.h"
 #include "engine/model/model_loader.h"
 #include "tests/engine/model/scratch_dir.h"
+#include "tests/engine/model/small_model.h"
 
 namespace tandem::engine {
 namespace {
 
 using ::testing::HasSubstr;
 using testing::ScratchDir;
+using testing::smallConfig;
 using testing::writeText;
-
-ModelConfig smallConfig() {
-  ModelConfig c = tinyModelConfig();
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  return c;
-}
 
 void writeModel(const ScratchDir& dir, uint64_t seed) {
   ASSERT_TRUE(writeModelDir(dir.path(), *makeRandomWeights(smallConfig(), seed), DType::kF32).ok());
