@@ -153,6 +153,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   void sendPrefillRequest(uint64_t tid, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     metrics.inflight.increment();
+    metrics.prefillRequested(peers[e.peer].name);
     e.inflight_counted = true;
     kvproto::PrefillRequest req;
     req.deadline_ms = static_cast<uint32_t>(options.prefill_timeout.count());
@@ -192,7 +193,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     // Failures that say something about the peer feed its health window.
     auto it = transfers.find(tid);
     if (it != transfers.end() && a.reason != FailureReason::kCancelled && a.reason != FailureReason::kCapacity) {
-      peers[it->second.peer].health->recordFailure();
+      PrefillPeers::Peer& peer = peers[it->second.peer];
+      peer.health->recordFailure();
+      metrics.peerHealthy(peer.name, peer.health->healthy());
       cv.SignalAll();  // the watchdog may have to probe
     }
     log.warn("kv transfer failed", {{"transfer", tid},
@@ -358,6 +361,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       if (!peers[*p].health->healthy())
         log.info("prefill peer answers probes again; using it", {{"peer", peers[*p].name}});
       peers[*p].health->recordProbeSuccess();
+      metrics.peerHealthy(peers[*p].name, true);
     } else if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
       onHello(*p, c, *h);
     } else if (std::holds_alternative<kvproto::PrefillAccepted>(m->body) ||
@@ -530,7 +534,10 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   TANDEM_ASSIGN_OR_RETURN(impl->t, startKvTransport(env, options, region, std::move(cb)));
   {
     absl::MutexLock lock(&raw->mu);
-    for (size_t p = 0; p < raw->peers.size(); ++p) raw->ensureConnected(p);
+    for (size_t p = 0; p < raw->peers.size(); ++p) {
+      raw->metrics.peerHealthy(raw->peers[p].name, true);
+      raw->ensureConnected(p);
+    }
   }
   impl->watchdog = std::thread([raw] { raw->watch(); });
   return std::unique_ptr<DecodeService>(new DecodeService(std::move(impl)));

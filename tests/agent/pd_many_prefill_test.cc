@@ -54,6 +54,11 @@ double served(const AgentProcess& p) {
   return metricValueWith(scrape(p), "tandem_request_path_total", "path=\"disagg\"");
 }
 
+// D's per-prefill-agent series `name` for prefill agent `p`.
+double peerMetric(const AgentProcess& d, const std::string& name, const AgentProcess& p) {
+  return metricValueWith(scrape(d), name, "peer=\"" + kvAddress(p) + "\"");
+}
+
 class PdManyPrefillTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -97,6 +102,10 @@ TEST_F(PdManyPrefillTest, EachRequestUsesTheNamedPrefillAgent) {
   EXPECT_EQ(served(*p2_), 1);
   EXPECT_EQ(lastTrace()["prefill_peer"], kvAddress(*p1_));
   EXPECT_EQ(via1.body["choices"][0]["text"], via2.body["choices"][0]["text"]);
+  for (const AgentProcess* p : {p1_.get(), p2_.get()}) {
+    EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_requests_total", *p), 1);
+    EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p), 1);
+  }
   // Without a header D picks the healthy P with the fewest transfers in
   // flight, ties by order: one at a time, that is the first.
   for (int i = 0; i < 3; ++i) ASSERT_EQ(complete(*d_, "no header " + std::to_string(i)).status, 200);
@@ -135,6 +144,8 @@ TEST_F(PdManyPrefillTest, RequestsNamingADeadPrefillAgentMoveToAHealthyOne) {
   EXPECT_EQ(lastTrace()["prefill_peer"], kvAddress(*p2_));
   EXPECT_EQ(lastTrace()["path"], "disagg");
   EXPECT_EQ(served(*p2_), 1);
+  EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p1_), 0);
+  EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p2_), 1);
 }
 
 // Same salt: one block-hash root, the P/D path works. Another salt: P and
