@@ -377,7 +377,12 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   void onDisconnect(ConnId c, const absl::Status& why) {
     absl::MutexLock lock(&mu);
-    if (auto p = peers.byConn(c)) peers[*p].conn = 0;
+    if (auto p = peers.byConn(c)) {
+      // What its Hello said holds for this connection only: the next one
+      // (e.g. to a restarted P) says it again.
+      peers[*p].conn = 0;
+      peers[*p].incompatible.reset();
+    }
     for (auto& [tid, e] : transfers) {
       if (e.conn == c)
         fail(tid, e, FailureReason::kPeerUnhealthy, strCat("prefill peer disconnected: ", toStd(why.message())));
@@ -503,6 +508,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         return fail(tid, e, FailureReason::kCancelled,
                     strCat("the request was ended (", engine::finishReasonName(u.finish_reason), ")"));
       }
+      // Served here without an import (direct-to-D, or refused): its P
+      // computes nothing for it.
+      if (!e.id) uncountPeer(e);
       cb = e.cb;
       info = infoFor(e, u);
       if (u.finished) {
