@@ -241,17 +241,20 @@ Option modelFingerprintOption() {
   return {"model-fingerprint",
           "model",
           "fingerprint",
-          "the model's 64-bit fingerprint in hex, pinned from a model revision (default: computed from the files)",
+          "the model's 64-bit fingerprint in hex, pinned from a model revision (empty: computed from the files)",
           [](const AgentConfig& c) {
             return c.model_fingerprint ? engine::fingerprintHex(*c.model_fingerprint) : std::string();
           },
           [](AgentConfig& c, std::string_view v) -> absl::Status {
-            TANDEM_ASSIGN_OR_RETURN(c.model_fingerprint, engine::parseModelFingerprint("--model-fingerprint", v));
+            c.model_fingerprint.reset();  // empty: computed
+            if (!v.empty()) {
+              TANDEM_ASSIGN_OR_RETURN(c.model_fingerprint, engine::parseModelFingerprint("--model-fingerprint", v));
+            }
             return absl::OkStatus();
           },
           [](AgentConfig& c, ConfigMap& m) {
             std::string v;
-            if (!m.field("fingerprint", &v)) return;
+            if (!m.field("fingerprint", &v) || v.empty()) return;  // empty: computed
             auto f = engine::parseModelFingerprint("fingerprint", v);
             if (f.ok())
               c.model_fingerprint = *f;

@@ -166,6 +166,13 @@ TEST(AgentConfigTest, ModelFingerprintAndCacheSalt) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->model_fingerprint, 0xabcu);
   EXPECT_EQ(c->cache_salt, "t");
+  // Empty, as in docs/agent.md's example: computed from the files.
+  c = parse({"--config", writeFile("fp_empty.yaml", "model:\n  dir: m\n  fingerprint: \"\"\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model_fingerprint.has_value());
+  c = parse({"--config", path, "--model-fingerprint", ""});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model_fingerprint.has_value()) << "an empty flag unpins the file's value";
   auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--model-fingerprint", "main"}))
                 .find("--model-fingerprint: expected 1 to 16 hex digits, got \"main\""),
