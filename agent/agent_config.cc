@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <vector>
 
+#include "engine/model/model_fingerprint.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
@@ -169,27 +171,95 @@ Option roleOption() {
           }};
 }
 
-// --prefill-peer / kv.prefill_peer: HOST:PORT, parsed here once.
-Option prefillPeerOption() {
-  return {"prefill-peer",
+// A comma-separated list of HOST:PORT (`what` names the flag or key in errors).
+absl::StatusOr<std::vector<HostPort>> parsePeerList(std::string_view what, std::string_view v) {
+  std::vector<HostPort> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = std::min(v.find(',', start), v.size());
+    TANDEM_ASSIGN_OR_RETURN(HostPort p, parseHostPort(what, v.substr(start, comma - start)));
+    for (const HostPort& q : out) {
+      if (q.host == p.host && q.port == p.port)
+        return absl::InvalidArgumentError(strCat(what, ": ", p.host, ":", p.port, " is listed twice in \"", v, "\""));
+    }
+    out.push_back(std::move(p));
+    if (comma == v.size()) return out;
+    start = comma + 1;
+  }
+}
+
+absl::Status onePeerError(std::string_view what, std::string_view v) {
+  return absl::InvalidArgumentError(
+      strCat(what, ": expected one HOST:PORT (several go to --prefill-peers), got \"", v, "\""));
+}
+
+// --prefill-peers / kv.prefill_peers (a YAML list or a comma-separated
+// string), and its one-peer alias --prefill-peer / kv.prefill_peer.
+Option prefillPeersOption(bool alias) {
+  const char* flag = alias ? "prefill-peer" : "prefill-peers";
+  const char* key = alias ? "prefill_peer" : "prefill_peers";
+  return {flag,
           "kv",
-          "prefill_peer",
-          "decode role: the prefill agent's KV address HOST:PORT",
+          key,
+          alias ? "decode role: one prefill agent's KV address HOST:PORT (the one-element form of --prefill-peers)"
+                : "decode role: the prefill agents' KV addresses HOST:PORT[,HOST:PORT...]; a request may name one "
+                  "(x-tandem-prefill-peer)",
           [](const AgentConfig& c) {
-            return c.prefill_peer ? strCat(c.prefill_peer->host, ":", c.prefill_peer->port) : std::string();
+            std::string out;
+            for (const HostPort& p : c.prefill_peers) out += strCat(out.empty() ? "" : ",", p.host, ":", p.port);
+            return out;
+          },
+          [=](AgentConfig& c, std::string_view v) -> absl::Status {
+            const std::string what = strCat("--", flag);
+            TANDEM_ASSIGN_OR_RETURN(std::vector<HostPort> peers, parsePeerList(what, v));
+            if (alias && peers.size() != 1) return onePeerError(what, v);
+            c.prefill_peers = std::move(peers);
+            return absl::OkStatus();
+          },
+          [=](AgentConfig& c, ConfigMap& m) {
+            std::string text;
+            if (alias) {
+              if (!m.field(key, &text)) return;
+            } else {
+              std::vector<std::string> list;
+              if (!m.field(key, &list)) return;
+              for (const std::string& e : list) text += (text.empty() ? "" : ",") + e;
+            }
+            auto peers = parsePeerList(key, text);
+            if (peers.ok() && alias && peers->size() != 1) peers = onePeerError(key, text);
+            if (peers.ok()) {
+              c.prefill_peers = std::move(*peers);
+            } else {
+              // The error without its "key: " prefix: ConfigMap names the key.
+              m.fail(key, toStd(peers.status().message()).substr(std::string_view(key).size() + 2));
+            }
+          }};
+}
+
+// --model-fingerprint / model.fingerprint: hex, pinned by the operator.
+Option modelFingerprintOption() {
+  return {"model-fingerprint",
+          "model",
+          "fingerprint",
+          "the model's 64-bit fingerprint in hex, pinned from a model revision (empty: computed from the files)",
+          [](const AgentConfig& c) {
+            return c.model_fingerprint ? engine::fingerprintHex(*c.model_fingerprint) : std::string();
           },
           [](AgentConfig& c, std::string_view v) -> absl::Status {
-            TANDEM_ASSIGN_OR_RETURN(c.prefill_peer, parseHostPort("--prefill-peer", v));
+            c.model_fingerprint.reset();  // empty: computed
+            if (!v.empty()) {
+              TANDEM_ASSIGN_OR_RETURN(c.model_fingerprint, engine::parseModelFingerprint("--model-fingerprint", v));
+            }
             return absl::OkStatus();
           },
           [](AgentConfig& c, ConfigMap& m) {
             std::string v;
-            if (!m.field("prefill_peer", &v)) return;
-            auto peer = parseHostPort("prefill_peer", v);
-            if (peer.ok())
-              c.prefill_peer = *peer;
+            if (!m.field("fingerprint", &v) || v.empty()) return;  // empty: computed
+            auto f = engine::parseModelFingerprint("fingerprint", v);
+            if (f.ok())
+              c.model_fingerprint = *f;
             else
-              m.fail("prefill_peer", strCat("expected HOST:PORT, got \"", v, "\""));
+              m.fail("fingerprint", strCat("expected 1 to 16 hex digits, got \"", v, "\""));
           }};
 }
 
@@ -218,6 +288,10 @@ void addServerOptions(std::vector<Option>& o) {
                            &AgentConfig::model_dir));
   o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)",
                            &AgentConfig::model_name));
+  o.push_back(modelFingerprintOption());
+  o.push_back(stringOption("cache-salt", "model", "cache_salt",
+                           "tenant salt of the KV block hashes: agents of another salt never share KV (empty: none)",
+                           &AgentConfig::cache_salt));
 }
 
 // engine: the EngineOptions the agent passes through.
@@ -296,7 +370,8 @@ void addKvOptions(std::vector<Option>& o) {
                    c.kv_port = tmp.port;
                  }
                }});
-  o.push_back(prefillPeerOption());
+  o.push_back(prefillPeersOption(/*alias=*/false));
+  o.push_back(prefillPeersOption(/*alias=*/true));
   o.push_back(stringOption("kv-tls", "kv", "tls",
                            "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
                            &AgentConfig::kv_tls));
@@ -459,8 +534,9 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.role == AgentRole::kRouter) {
     return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
   }
-  if (c.role == AgentRole::kDecode && !c.prefill_peer) {
-    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
+  if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
+    return absl::InvalidArgumentError(
+        "--prefill-peers (kv.prefill_peers) or --prefill-peer (kv.prefill_peer) is required for role decode");
   }
   return absl::OkStatus();
 }
