@@ -2,56 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <vector>
 
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "agent/config_option.h"
+#include "engine/model/model_fingerprint.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
 namespace {
-
-// One option: its flag, its YAML path (section.key), help, and how to set it
-// from a flag string or a YAML map. The same table drives --help, the YAML
-// reader and the flag parser.
-struct Option {
-  const char* flag;
-  const char* section;  // "" for top level
-  const char* key;
-  const char* help;
-  std::function<std::string(const AgentConfig&)> show;
-  std::function<absl::Status(AgentConfig&, std::string_view)> fromFlag;
-  std::function<void(AgentConfig&, ConfigMap&)> fromYaml;
-};
-
-template <typename T>
-absl::Status parseNumber(std::string_view flag, std::string_view text, T* out, double min, double max) {
-  T v{};
-  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (res.ec != std::errc() || res.ptr != text.data() + text.size()) {
-    return absl::InvalidArgumentError(strCat("--", flag, ": expected a number, got \"", text, "\""));
-  }
-  if (static_cast<double>(v) < min || static_cast<double>(v) > max) {
-    return absl::InvalidArgumentError(strCat("--", flag, ": ", text, " is out of range [", min, ", ", max, "]"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-template <typename T>
-Option numberOption(const char* flag, const char* section, const char* key, const char* help, T AgentConfig::*member,
-                    double min, double max) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(c.*member); },
-          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.*member), min, max); },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = min, .max = max}); }};
-}
 
 template <typename T>
 Option engineNumber(const char* flag, const char* key, const char* help, T engine::EngineOptions::*member, double min,
@@ -63,57 +25,6 @@ Option engineNumber(const char* flag, const char* key, const char* help, T engin
           [member](const AgentConfig& c) { return strCat(c.engine.*member); },
           [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
-}
-
-template <typename T>
-Option routingNumber(const char* flag, const char* key, const char* help, T routing::RouterConfig::*member,
-                     double min, double max) {
-  return {flag,
-          "router",
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(c.routing.*member); },
-          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.routing.*member), min, max); },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.routing.*member), {.min = min, .max = max}); }};
-}
-
-// `v` is one of `one_of` (any value when it is empty).
-absl::Status checkOneOf(const char* flag, std::string_view v, const std::vector<std::string>& one_of) {
-  if (one_of.empty() || std::find(one_of.begin(), one_of.end(), v) != one_of.end()) return absl::OkStatus();
-  std::string allowed;
-  for (const auto& a : one_of) allowed += (allowed.empty() ? "" : ", ") + a;
-  return absl::InvalidArgumentError(strCat("--", flag, ": \"", v, "\" is not one of: ", allowed));
-}
-
-Option stringOption(const char* flag, const char* section, const char* key, const char* help,
-                    std::string AgentConfig::*member, std::vector<std::string> one_of = {}) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return c.*member; },
-          [=](AgentConfig& c, std::string_view v) -> absl::Status {
-            TANDEM_RETURN_IF_ERROR(checkOneOf(flag, v, one_of));
-            c.*member = std::string(v);
-            return absl::OkStatus();
-          },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.one_of = one_of}); }};
-}
-
-Option durationOption(const char* flag, const char* section, const char* key, const char* help,
-                      std::chrono::nanoseconds AgentConfig::*member) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(std::chrono::duration<double>(c.*member).count(), "s"); },
-          [=](AgentConfig& c, std::string_view v) -> absl::Status {
-            auto d = parseDuration(v);
-            if (!d.ok()) return absl::InvalidArgumentError(strCat("--", flag, ": ", toStd(d.status().message())));
-            c.*member = *d;
-            return absl::OkStatus();
-          },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = 0}); }};
 }
 
 absl::Status parseListen(AgentConfig& c, std::string_view v) {
@@ -183,27 +94,78 @@ Option roleOption() {
           }};
 }
 
-// --prefill-peer / kv.prefill_peer: HOST:PORT, parsed here once.
-Option prefillPeerOption() {
-  return {"prefill-peer",
+absl::Status onePeerError(std::string_view what, std::string_view v) {
+  return absl::InvalidArgumentError(
+      strCat(what, ": expected one HOST:PORT (several go to --prefill-peers), got \"", v, "\""));
+}
+
+// --prefill-peers / kv.prefill_peers (a YAML list or a comma-separated
+// string), and its one-peer alias --prefill-peer / kv.prefill_peer.
+Option prefillPeersOption(bool alias) {
+  const char* flag = alias ? "prefill-peer" : "prefill-peers";
+  const char* key = alias ? "prefill_peer" : "prefill_peers";
+  return {flag,
           "kv",
-          "prefill_peer",
-          "decode role: the prefill agent's KV address HOST:PORT",
+          key,
+          alias ? "decode role: one prefill agent's KV address HOST:PORT (the one-element form of --prefill-peers)"
+                : "decode role: the prefill agents' KV addresses HOST:PORT[,HOST:PORT...]; a request may name one "
+                  "(x-tandem-prefill-peer)",
           [](const AgentConfig& c) {
-            return c.prefill_peer ? strCat(c.prefill_peer->host, ":", c.prefill_peer->port) : std::string();
+            std::string out;
+            for (const HostPort& p : c.prefill_peers) out += strCat(out.empty() ? "" : ",", p.host, ":", p.port);
+            return out;
+          },
+          [=](AgentConfig& c, std::string_view v) -> absl::Status {
+            const std::string what = strCat("--", flag);
+            TANDEM_ASSIGN_OR_RETURN(std::vector<HostPort> peers, parsePeerList(what, v));
+            if (alias && peers.size() != 1) return onePeerError(what, v);
+            c.prefill_peers = std::move(peers);
+            return absl::OkStatus();
+          },
+          [=](AgentConfig& c, ConfigMap& m) {
+            std::string text;
+            if (alias) {
+              if (!m.field(key, &text)) return;
+            } else {
+              std::vector<std::string> list;
+              if (!m.field(key, &list)) return;
+              for (const std::string& e : list) text += (text.empty() ? "" : ",") + e;
+            }
+            auto peers = parsePeerList(key, text);
+            if (peers.ok() && alias && peers->size() != 1) peers = onePeerError(key, text);
+            if (peers.ok()) {
+              c.prefill_peers = std::move(*peers);
+            } else {
+              // The error without its "key: " prefix: ConfigMap names the key.
+              m.fail(key, toStd(peers.status().message()).substr(std::string_view(key).size() + 2));
+            }
+          }};
+}
+
+// --model-fingerprint / model.fingerprint: hex, pinned by the operator.
+Option modelFingerprintOption() {
+  return {"model-fingerprint",
+          "model",
+          "fingerprint",
+          "the model's 64-bit fingerprint in hex, pinned from a model revision (empty: computed from the files)",
+          [](const AgentConfig& c) {
+            return c.model_fingerprint ? engine::fingerprintHex(*c.model_fingerprint) : std::string();
           },
           [](AgentConfig& c, std::string_view v) -> absl::Status {
-            TANDEM_ASSIGN_OR_RETURN(c.prefill_peer, parseHostPort("--prefill-peer", v));
+            c.model_fingerprint.reset();  // empty: computed
+            if (!v.empty()) {
+              TANDEM_ASSIGN_OR_RETURN(c.model_fingerprint, engine::parseModelFingerprint("--model-fingerprint", v));
+            }
             return absl::OkStatus();
           },
           [](AgentConfig& c, ConfigMap& m) {
             std::string v;
-            if (!m.field("prefill_peer", &v)) return;
-            auto peer = parseHostPort("prefill_peer", v);
-            if (peer.ok())
-              c.prefill_peer = *peer;
+            if (!m.field("fingerprint", &v) || v.empty()) return;  // empty: computed
+            auto f = engine::parseModelFingerprint("fingerprint", v);
+            if (f.ok())
+              c.model_fingerprint = *f;
             else
-              m.fail("prefill_peer", strCat("expected HOST:PORT, got \"", v, "\""));
+              m.fail("fingerprint", strCat("expected 1 to 16 hex digits, got \"", v, "\""));
           }};
 }
 
@@ -232,6 +194,10 @@ void addServerOptions(std::vector<Option>& o) {
                            &AgentConfig::model_dir));
   o.push_back(stringOption("model-name", "model", "name", "model id clients send (default: the directory's name)",
                            &AgentConfig::model_name));
+  o.push_back(modelFingerprintOption());
+  o.push_back(stringOption("cache-salt", "model", "cache_salt",
+                           "tenant salt of the KV block hashes: agents of another salt never share KV (empty: none)",
+                           &AgentConfig::cache_salt));
 }
 
 // engine: the EngineOptions the agent passes through.
@@ -323,7 +289,8 @@ void addKvOptions(std::vector<Option>& o) {
                    c.kv_port = tmp.port;
                  }
                }});
-  o.push_back(prefillPeerOption());
+  o.push_back(prefillPeersOption(/*alias=*/false));
+  o.push_back(prefillPeersOption(/*alias=*/true));
   o.push_back(stringOption("kv-tls", "kv", "tls",
                            "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
                            &AgentConfig::kv_tls));
@@ -349,78 +316,6 @@ void addKvOptions(std::vector<Option>& o) {
       numberOption("direct-max-suffix", "kv", "direct_max_suffix_tokens",
                    "decode: compute here when the session is resident and at most this many tokens are new (0: never)",
                    &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
-}
-
-
-// HOST:PORT[,HOST:PORT...] into `out`; an error names `what` and the bad entry.
-absl::Status parseHostPortList(std::string_view what, std::string_view v, std::vector<HostPort>* out) {
-  std::vector<HostPort> list;
-  for (absl::string_view item : absl::StrSplit(absl::string_view(v.data(), v.size()), ',', absl::SkipEmpty())) {
-    TANDEM_ASSIGN_OR_RETURN(HostPort hp, parseHostPort(what, toStd(item)));
-    list.push_back(std::move(hp));
-  }
-  *out = std::move(list);
-  return absl::OkStatus();
-}
-
-Option workerListOption(const char* flag, const char* key, const char* help, std::vector<HostPort> AgentConfig::*member) {
-  return {flag,
-          "router",
-          key,
-          help,
-          [member](const AgentConfig& c) {
-            std::string s;
-            for (const HostPort& hp : c.*member) s += strCat(s.empty() ? "" : ",", hp.host, ":", hp.port);
-            return s;
-          },
-          [=](AgentConfig& c, std::string_view v) { return parseHostPortList(strCat("--", flag), v, &(c.*member)); },
-          [=](AgentConfig& c, ConfigMap& m) {
-            std::vector<std::string> items;
-            if (!m.field(key, &items)) return;
-            absl::Status s = parseHostPortList(key, absl::StrJoin(items, ","), &(c.*member));
-            if (!s.ok()) m.fail(key, toStd(s.message()));
-          }};
-}
-
-// router: the router role's workers and policy (docs/routing.md).
-void addRouterOptions(std::vector<Option>& o) {
-  using routing::RouterConfig;
-  o.push_back(workerListOption("decode-workers", "decode_workers",
-                               "router: decode agents' HTTP addresses HOST:PORT,... (their state streams and APIs)",
-                               &AgentConfig::decode_workers));
-  o.push_back(workerListOption("prefill-workers", "prefill_workers",
-                               "router: prefill agents' HTTP addresses HOST:PORT,... (their state streams)",
-                               &AgentConfig::prefill_workers));
-  o.push_back(durationOption("upstream-open-timeout", "router", "upstream_open_timeout",
-                             "router: how long a decode agent may take to answer a request's headers",
-                             &AgentConfig::upstream_open_timeout));
-  o.push_back(routingNumber("route-overlap-weight", "overlap_weight", "router: score of holding the whole prompt prefix",
-                            &RouterConfig::overlap_weight, 0, 1e6));
-  o.push_back(routingNumber("route-sticky-weight", "sticky_weight", "router: score of holding the session resident",
-                            &RouterConfig::sticky_weight, 0, 1e6));
-  o.push_back(routingNumber("route-load-floor-weight", "load_floor_weight",
-                            "router: bonus of an idle worker, graduated to 0 at the mean assignment",
-                            &RouterConfig::load_floor_weight, 0, 1e6));
-  o.push_back(routingNumber("route-queue-penalty", "queue_penalty", "router: score lost per queued request",
-                            &RouterConfig::queue_penalty, 0, 1e6));
-  o.push_back(routingNumber("route-tie-epsilon", "tie_epsilon",
-                            "router: scores this close are ties, broken by the session's rendezvous hash",
-                            &RouterConfig::tie_epsilon, 0, 1e6));
-  o.push_back(routingNumber("route-miss-max-blocks", "miss_max_blocks",
-                            "router: overlap of at most this many blocks is a miss (least-loaded worker)",
-                            &RouterConfig::miss_max_blocks, 0, 1e9));
-  o.push_back(routingNumber("route-direct-max-suffix", "direct_max_suffix_tokens",
-                            "router: direct-to-D when the session is resident and at most this many tokens are new",
-                            &RouterConfig::direct_max_suffix_tokens, 0, 1e9));
-  o.push_back(routingNumber("route-prefill-overload-tokens", "prefill_overload_tokens",
-                            "router: a prefill agent with more queued prompt tokens is passed over",
-                            &RouterConfig::prefill_overload_tokens, 0, 1e12));
-  o.push_back(routingNumber("route-prefill-balance-tokens", "prefill_balance_tokens",
-                            "router: prefill agents this close in queued tokens are ties, broken by cached prefix",
-                            &RouterConfig::prefill_balance_tokens, 0, 1e12));
-  o.push_back(routingNumber("route-migrate-after", "capacity_rejections_to_migrate",
-                            "router: capacity rejections of a session before it moves to another decode agent",
-                            &RouterConfig::capacity_rejections_to_migrate, 1, 1e6));
 }
 
 // trace: and log:.
@@ -533,7 +428,8 @@ absl::Status applyConfigFile(const std::string& path, AgentConfig& c) {
 
 absl::Status applyFlags(const std::vector<std::pair<std::string, std::string>>& flags, AgentConfig& c) {
   for (const auto& [name, value] : flags) {
-    auto it = std::find_if(options().begin(), options().end(), [&name = name](const Option& o) { return name == o.flag; });
+    auto it =
+        std::find_if(options().begin(), options().end(), [&name = name](const Option& o) { return name == o.flag; });
     if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
@@ -559,8 +455,9 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.role == AgentRole::kRouter && c.decode_workers.empty()) {
     return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
   }
-  if (c.role == AgentRole::kDecode && !c.prefill_peer) {
-    return absl::InvalidArgumentError("--prefill-peer (kv.prefill_peer) is required for role decode");
+  if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
+    return absl::InvalidArgumentError(
+        "--prefill-peers (kv.prefill_peers) or --prefill-peer (kv.prefill_peer) is required for role decode");
   }
   return absl::OkStatus();
 }

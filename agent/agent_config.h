@@ -42,6 +42,10 @@ struct AgentConfig {
   std::string port_file;   // write the bound port here once serving (for tests and scripts)
   std::string model_dir;   // Hugging Face-style directory (config.json, model.safetensors, tokenizer)
   std::string model_name;  // served model id; default: the directory's base name
+  // The model's fingerprint (engine/model/model_fingerprint.h): computed
+  // from the model's files at load unless the operator pins it.
+  std::optional<uint64_t> model_fingerprint;
+  std::string cache_salt;  // tenant salt of the block-hash chain (empty: none); P and D of a pool share it
   engine::EngineOptions engine;
   int default_max_tokens = 256;                                         // chat requests without max_tokens
   size_t max_body_bytes = 8u << 20;                                     // larger request bodies get 413
@@ -57,7 +61,7 @@ struct AgentConfig {
   // P/D (roles prefill and decode): the UCX KV transport.
   std::string kv_host;                   // KV listener address; default: host
   int kv_port = 8200;                    // 0: any free port
-  std::optional<HostPort> prefill_peer;  // decode role (required there): the prefill agent's KV address
+  std::vector<HostPort> prefill_peers;   // decode role (required there): the prefill agents' KV addresses
   std::string kv_tls;                    // UCX_TLS for KV traffic ("" = UCX's choice; "tcp"; "posix,cma,tcp")
   int ib_sl = -1;                        // InfiniBand service level for KV traffic (UCX_IB_SL); -1 = unset
   int ib_traffic_class = -1;             // RoCE traffic class for KV traffic (UCX_IB_TRAFFIC_CLASS); -1 = unset

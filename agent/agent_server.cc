@@ -16,6 +16,7 @@
 #include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine_loop.h"
+#include "engine/model/model_fingerprint.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/tokenizer.h"
 #include "src/common/log.h"
@@ -81,6 +82,7 @@ struct AgentServer::Impl {
   std::atomic<bool> draining{false};
   int max_live = 0;
   int kv_port = 0;  // roles prefill and decode: the bound UCX port
+  uint64_t model_fingerprint = 0;  // set while the engine is built
 
   // One request's progress, shared by the engine callback and the HTTP side.
   struct Call {
@@ -88,6 +90,7 @@ struct AgentServer::Impl {
     std::string id;
     int64_t created;
     std::string session;
+    std::string prefill_peer;                   // role decode: the router's x-tandem-prefill-peer, if any
     std::string text;                           // unary: the text so far
     std::optional<OpenAiStreamEncoder> stream;  // streamed: its encoder
   };
@@ -96,8 +99,10 @@ struct AgentServer::Impl {
 
   // Runs a request here (roles both, prefill) or disaggregated (role decode).
   // The callback sees the typed transfer failure, if one ended the request.
-  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
-    if (decode) return decode->submit(std::move(spec), std::move(cb));
+  // `prefill_peer`: role decode, the router's x-tandem-prefill-peer.
+  // Role decode: the P is the one `call` names (x-tandem-prefill-peer), if any.
+  uint64_t submit(const Call& call, engine::RequestSpec spec, PdUpdateCallback cb) {
+    if (decode) return decode->submit(std::move(spec), std::move(cb), call.prefill_peer);
     return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, PdInfo{}); });
   }
 
@@ -110,7 +115,8 @@ struct AgentServer::Impl {
                                 .role = role,
                                 .worker = config.worker,
                                 .path = path,
-                                .kv = info.timings ? &*info.timings : nullptr},
+                                .kv = info.timings ? &*info.timings : nullptr,
+                                .prefill_peer = info.prefill_peer},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},
@@ -141,6 +147,16 @@ struct AgentServer::Impl {
     return std::nullopt;
   }
 
+  // A decode agent refuses a request naming a prefill agent it does not
+  // have (the router's mistake, or a stale view of the pool); other roles
+  // ignore the header.
+  std::optional<ApiError> refusePrefillPeer(const std::string& named) {
+    if (!decode || named.empty()) return std::nullopt;
+    absl::Status s = decode->checkPrefillPeer(named);
+    if (s.ok()) return std::nullopt;
+    return ApiError{.status = 400, .message = std::string(toStd(s.message())), .code = "unknown_prefill_peer"};
+  }
+
   http::Response generate(Endpoint endpoint, http::Request& req) {
     if (draining.load()) {
       return apiError({.status = 503,
@@ -154,12 +170,15 @@ struct AgentServer::Impl {
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
     if (auto e = refuse(p)) return apiError(*e);
+    const std::string prefill_peer = req.header(kPrefillPeerHeader).value_or("");
+    if (auto e = refusePrefillPeer(prefill_peer)) return apiError(*e);
     p.spec.deadline = clock.now() + config.request_timeout;
     auto call = std::make_shared<Call>();
     call->endpoint = endpoint;
     call->id = newId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
     call->created = unixSeconds(clock.wallNow());
     call->session = p.spec.session ? p.spec.session->value() : "";
+    call->prefill_peer = prefill_peer;
     if (!p.stream) return unary(call, std::move(p.spec));
     call->stream.emplace(OpenAiStreamEncoder::Options{.endpoint = endpoint,
                                                       .id = call->id,
@@ -171,7 +190,7 @@ struct AgentServer::Impl {
 
   http::Response unary(std::shared_ptr<Call> call, engine::RequestSpec spec) {
     return http::Response::deferred([this, call, spec = std::move(spec)](std::shared_ptr<http::Responder> r) mutable {
-      uint64_t handle = submit(std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
+      auto handle = submit(*call, std::move(spec), [this, call, r](const engine::RequestUpdate& u, const PdInfo& info) {
         call->text += u.text_delta;
         if (!u.finished) return;
         finished(*call, u, info);
@@ -190,7 +209,7 @@ struct AgentServer::Impl {
 
   http::Response stream(std::shared_ptr<Call> call, engine::RequestSpec spec) {
     return http::Response::sse([this, call, spec = std::move(spec)](std::shared_ptr<http::SseWriter> w) mutable {
-      uint64_t handle = submit(std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
+      auto handle = submit(*call, std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
         OpenAiStreamEncoder& encoder = *call->stream;
         std::string bytes = encoder.text(u.text_delta);
         if (u.finished) {
@@ -241,6 +260,8 @@ struct AgentServer::Impl {
     tokenizer = std::move(tok);
     std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
     engine::EngineOptions options = config.engine;
+    TANDEM_ASSIGN_OR_RETURN(model_fingerprint, fingerprintModel());
+    options.block_hash_root = blockHashRoot(model_fingerprint, config.cache_salt);
     if (isPdRole(config.role)) {
       options.kv_memory = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
         TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));
@@ -262,6 +283,17 @@ struct AgentServer::Impl {
     engine_options = engine->options();  // resolved, immutable: read on HTTP threads
     engine_options.kv_memory = nullptr;  // refers to start()'s KvSetup
     return engine;
+  }
+
+  // The operator's pinned fingerprint, or the model files' (read once: the
+  // cost is reading the weights again, logged).
+  absl::StatusOr<uint64_t> fingerprintModel() {
+    if (config.model_fingerprint) return *config.model_fingerprint;
+    const MonoTime start = clock.now();
+    TANDEM_ASSIGN_OR_RETURN(const uint64_t f, engine::modelFingerprint(config.model_dir));
+    log.info("model fingerprint", {{"fingerprint", engine::fingerprintHex(f)},
+                                   {"seconds", std::chrono::duration<double>(clock.now() - start).count()}});
+    return f;
   }
 
   // The agent's and the transport's metrics (with the engine's initial
@@ -299,6 +331,7 @@ struct AgentServer::Impl {
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
+    pd.model_fingerprint = model_fingerprint;
     const PdEnv env{.loop = *loop, .metrics = *pd_metrics, .clock = clock, .transport = std::move(kv_transport_factory)};
     if (config.role == AgentRole::kPrefill) {
       // Prefills for decode agents count like any request here (path disagg).
@@ -308,8 +341,9 @@ struct AgentServer::Impl {
           }));
       kv_port = prefill->port();
     } else {
-      pd.peer_host = config.prefill_peer->host;  // parseAgentConfig requires it for role decode
-      pd.peer_port = config.prefill_peer->port;
+      std::vector<PeerAddress> peers;  // validateAgentConfig requires one for role decode
+      for (const HostPort& p : config.prefill_peers) peers.push_back({.host = p.host, .port = p.port});
+      pd.prefill_peers = std::make_shared<StaticPeerDirectory>(std::move(peers));
       TANDEM_ASSIGN_OR_RETURN(decode, DecodeService::start(env, pd));
       kv_port = decode->port();
     }
@@ -333,6 +367,7 @@ struct AgentServer::Impl {
                          {"role", role},
                          {"pool", config.pool},
                          {"kv_blocks", config.engine.num_blocks},
+                         {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd}});
     return absl::OkStatus();
   }

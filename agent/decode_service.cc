@@ -8,7 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/pd_metrics.h"
 #include "agent/pd_transfer.h"
-#include "agent/peer_health.h"
+#include "agent/prefill_peers.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
 
@@ -42,6 +42,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     std::vector<TokenId> prompt;
     engine::SamplingParams sampling;
     ConnId conn = 0;
+    size_t peer = 0;                         // which prefill peer serves it
+    bool peer_counted = false;               // counted in its peer's num_inflight
     std::unordered_map<PullId, GetId> gets;  // outstanding pulls' transport gets
     // How the request ends when the transfer failed: error, unless the
     // engine was asked to end it (a cancel: the requested reason).
@@ -56,9 +58,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   const PdOptions options;
   Logger log{"decode"};
   engine::KvLayout layout;
+  ModelIdentity model;  // set at start, before the transport exists
   std::byte* region = nullptr;
   std::unique_ptr<transport::KvTransport> t;
-  PeerHealth health;
   std::thread watchdog;
   std::atomic<uint64_t> next_tid{1};
   // The transport is being shut down: nothing is sent or pulled any more
@@ -69,38 +71,48 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   absl::CondVar cv;  // wakes the watchdog: stopping, or a deadline may have moved
   std::unordered_map<uint64_t, Entry> transfers ABSL_GUARDED_BY(mu);  // by transfer id
   std::unordered_map<uint64_t, uint64_t> by_handle ABSL_GUARDED_BY(mu);
-  ConnId conn ABSL_GUARDED_BY(mu) = 0;  // to the prefill peer; 0 = not connected
-  std::optional<kvproto::Hello> peer ABSL_GUARDED_BY(mu);
-  // Why the prefill peer cannot serve this agent (its Hello showed another
-  // KV layout); transfers fail at once instead of waiting for a deadline.
-  std::optional<std::string> peer_incompatible ABSL_GUARDED_BY(mu);
+  // The prefill peers; a peer's `incompatible` says why it cannot serve
+  // this agent (its Hello showed another protocol version, model, hash root
+  // or KV layout): its transfers fail at once instead of waiting for a deadline.
+  PrefillPeers peers ABSL_GUARDED_BY(mu);
   std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
   uint64_t gets_counted ABSL_GUARDED_BY(mu) = 0;  // transport gets already in the metric
   bool stopping ABSL_GUARDED_BY(mu) = false;
-  std::optional<MonoTime> last_probe ABSL_GUARDED_BY(mu);
 
   Impl(const PdEnv& env, const PdOptions& o)
       : loop(env.loop),
         metrics(env.metrics),
         clock(env.clock),
         options(o),
-        health(o.unhealthy_failures, o.failure_window, env.clock) {}
+        peers(o.prefill_peers->prefillPeers(), o.unhealthy_failures, o.failure_window, env.clock) {}
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) {
     if (transport_closed.load()) return;
     t->send(c, kvproto::encode({tid, std::move(body)}));
   }
 
-  // Connects (again) if needed.
-  ConnId ensureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Connects (again) to peer `p` if needed.
+  ConnId ensureConnected(size_t p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (transport_closed.load()) return 0;
-    if (conn == 0) {
-      conn = t->connect(options.peer_host, options.peer_port);
-      peer.reset();
-      peer_incompatible.reset();
-      send(conn, 0, helloFor(kvproto::PeerRole::kDecode, layout, *t, "decode"));
+    PrefillPeers::Peer& peer = peers[p];
+    if (peer.conn == 0) {
+      peer.conn = t->connect(peer.address.host, peer.address.port);
+      peer.hello.reset();
+      peer.incompatible.reset();
+      // Built in place (not through send()'s Body): GCC 12 warns about the
+      // variant's moved-from members otherwise.
+      kvproto::Message hello{.transfer_id = 0,
+                             .body = helloFor(kvproto::PeerRole::kDecode, model, layout, *t, "decode")};
+      t->send(peer.conn, kvproto::encode(hello));
     }
-    return conn;
+    return peer.conn;
+  }
+
+  // The transfer no longer counts as in flight to its peer.
+  void uncountPeer(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!e.peer_counted) return;
+    peers[e.peer].num_inflight--;
+    e.peer_counted = false;
   }
 
   // ------------------------------------------------------------ actions --
@@ -128,9 +140,11 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
           send(e.conn, tid, kvproto::Release{});
           break;
         case Kind::kCompleteImport:
+          uncountPeer(e);
           completeImport(e, a.first_token);
           break;
         case Kind::kEndImport:
+          uncountPeer(e);
           endImport(e, a.message);
           break;
       }
@@ -139,6 +153,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   void sendPrefillRequest(uint64_t tid, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     metrics.inflight.increment();
+    metrics.prefillRequested(peers[e.peer].name);
     e.inflight_counted = true;
     kvproto::PrefillRequest req;
     req.deadline_ms = static_cast<uint32_t>(options.prefill_timeout.count());
@@ -176,12 +191,17 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   void reportFailure(uint64_t tid, const TransferAction& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     metrics.failure(a.reason);
     // Failures that say something about the peer feed its health window.
-    if (a.reason != FailureReason::kCancelled && a.reason != FailureReason::kCapacity) {
-      health.recordFailure();
+    auto it = transfers.find(tid);
+    if (it != transfers.end() && a.reason != FailureReason::kCancelled && a.reason != FailureReason::kCapacity) {
+      PrefillPeers::Peer& peer = peers[it->second.peer];
+      peer.health->recordFailure();
+      metrics.peerHealthy(peer.name, peer.health->healthy());
       cv.SignalAll();  // the watchdog may have to probe
     }
-    log.warn("kv transfer failed",
-             {{"transfer", tid}, {"reason", kvproto::failureReasonName(a.reason)}, {"detail", a.message}});
+    log.warn("kv transfer failed", {{"transfer", tid},
+                                    {"peer", it != transfers.end() ? peers[it->second.peer].name : std::string()},
+                                    {"reason", kvproto::failureReasonName(a.reason)},
+                                    {"detail", a.message}});
   }
 
   void completeImport(Entry& e, uint32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -242,30 +262,40 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     apply(tid, e, actions);
   }
 
-  void onHello(ConnId c, const kvproto::Hello& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Peer `p` cannot serve this agent: every transfer on `c` fails now, and
+  // new ones until it reconnects.
+  void markIncompatible(size_t p, ConnId c, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    log.error("no transfer can work", {{"peer", peers[p].name}, {"detail", why}});
+    peers[p].incompatible = std::move(why);
+    for (auto& [tid, e] : transfers) {
+      if (e.conn == c) fail(tid, e, FailureReason::kTransferFailed, *peers[p].incompatible);
+    }
+  }
+
+  void onHello(size_t p, ConnId c, const kvproto::Hello& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (h.role != kvproto::PeerRole::kPrefill) {
       log.error("the prefill peer's Hello names another role",
                 {{"peer", h.peer_name}, {"role", kvproto::peerRoleName(h.role)}});
       metrics.rejected("unexpected_type");
       return;
     }
+    if (auto no = refusePeer(model, h)) {
+      metrics.rejected(no->reason);
+      return markIncompatible(p, c, std::move(no->message));
+    }
     if (h.num_layers != layout.num_layers || h.block_size != layout.block_size ||
         h.num_kv_heads != layout.num_kv_heads || h.head_dim != layout.head_dim ||
         h.dtype != kvproto::KvDtype::kFloat32) {
-      peer_incompatible =
+      return markIncompatible(
+          p, c,
           strCat("the prefill peer ", h.peer_name, " has a different KV layout (", h.num_layers, " layers, block size ",
                  h.block_size, ", ", h.num_kv_heads, " kv heads, head_dim ", h.head_dim, ", dtype ",
                  static_cast<uint16_t>(h.dtype), ") than this agent (", layout.num_layers, ", ", layout.block_size,
                  ", ", layout.num_kv_heads, ", ", layout.head_dim, ", ",
-                 static_cast<uint16_t>(kvproto::KvDtype::kFloat32), "): do both serve the same model?");
-      log.error("no transfer can work", {{"detail", *peer_incompatible}});
-      for (auto& [tid, e] : transfers) {
-        if (e.conn == c) fail(tid, e, FailureReason::kTransferFailed, *peer_incompatible);
-      }
-      return;
+                 static_cast<uint16_t>(kvproto::KvDtype::kFloat32), "): do both serve the same model?"));
     }
-    peer_incompatible.reset();
-    peer = h;
+    peers[p].incompatible.reset();
+    peers[p].hello = h;
     t->setRemoteRegion(
         c, h.region_base,
         static_cast<uint64_t>(h.num_blocks) * static_cast<uint64_t>(h.num_layers) * layout.bytesPerLayerBlock(),
@@ -310,7 +340,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   void onMessage(ConnId c, std::vector<uint8_t> bytes) {
     absl::MutexLock lock(&mu);
     if (transport_closed.load()) return;
-    const uint32_t peer_blocks = peer ? peer->num_blocks : UINT32_MAX;
+    const std::optional<size_t> p = peers.byConn(c);
+    const uint32_t peer_blocks = p && peers[*p].hello ? peers[*p].hello->num_blocks : UINT32_MAX;
     auto m =
         kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
     if (!m.ok()) {
@@ -318,19 +349,21 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       metrics.rejected("malformed");
       return;
     }
-    if (c != conn) {
-      // Only the connection this agent opened to its prefill peer speaks
+    if (!p) {
+      // Only the connections this agent opened to its prefill peers speak
       // for P; anyone may connect to the KV listener.
-      log.warn("dropped a control message from a connection that is not to the prefill peer",
+      log.warn("dropped a control message from a connection that is not to a prefill peer",
                {{"conn", c}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
       metrics.rejected("unknown_peer");
       return;
     }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
-      if (!health.healthy()) log.info("prefill peer answers probes again; using it");
-      health.recordProbeSuccess();
+      if (!peers[*p].health->healthy())
+        log.info("prefill peer answers probes again; using it", {{"peer", peers[*p].name}});
+      peers[*p].health->recordProbeSuccess();
+      metrics.peerHealthy(peers[*p].name, true);
     } else if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
-      onHello(c, *h);
+      onHello(*p, c, *h);
     } else if (std::holds_alternative<kvproto::PrefillAccepted>(m->body) ||
                std::holds_alternative<kvproto::LayerReady>(m->body) ||
                std::holds_alternative<kvproto::PrefillDone>(m->body) ||
@@ -344,7 +377,12 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   void onDisconnect(ConnId c, const absl::Status& why) {
     absl::MutexLock lock(&mu);
-    if (c == conn) conn = 0;
+    if (auto p = peers.byConn(c)) {
+      // What its Hello said holds for this connection only: the next one
+      // (e.g. to a restarted P) says it again.
+      peers[*p].conn = 0;
+      peers[*p].incompatible.reset();
+    }
     for (auto& [tid, e] : transfers) {
       if (e.conn == c)
         fail(tid, e, FailureReason::kPeerUnhealthy, strCat("prefill peer disconnected: ", toStd(why.message())));
@@ -354,10 +392,14 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // ----------------------------------------------------------- watchdog --
 
   // When the watchdog must next act: the earliest transfer deadline, and
-  // the next probe while the peer is unhealthy.
+  // the next probe of each unhealthy peer.
   MonoTime nextWake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     MonoTime next = MonoTime::max();
-    if (!health.healthy()) next = last_probe ? *last_probe + options.probe_interval : clock.now();
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (peers[p].health->healthy()) continue;
+      const std::optional<MonoTime>& last = peers[p].last_probe;
+      next = std::min(next, last ? *last + options.probe_interval : clock.now());
+    }
     for (const auto& [tid, e] : transfers) {
       if (auto d = e.tr.nextDeadline(); d && *d < next) next = *d;
     }
@@ -370,10 +412,12 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       clock.waitUntil(cv, mu, nextWake());
       if (stopping) break;
       const MonoTime now = clock.now();
-      if (!health.healthy() && (!last_probe || now - *last_probe >= options.probe_interval)) {
+      for (size_t p = 0; p < peers.size(); ++p) {
+        std::optional<MonoTime>& last = peers[p].last_probe;
+        if (peers[p].health->healthy() || (last && now - *last < options.probe_interval)) continue;
         // Probe an unhealthy peer (reconnecting if needed) so it can come back.
-        last_probe = now;
-        send(ensureConnected(), 0, kvproto::Ping{});
+        last = now;
+        send(ensureConnected(p), 0, kvproto::Ping{});
       }
       for (auto& [tid, e] : transfers) {
         TransferActions actions;
@@ -385,24 +429,28 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   // ------------------------------------------------------------ requests --
 
-  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback cb) {
+  uint64_t submit(engine::RequestSpec spec, std::string_view named, PdUpdateCallback cb) {
     const uint64_t tid = next_tid.fetch_add(1);
-    if (!health.healthy()) {
-      // The prefill peer is unhealthy: compute the prompt here rather than fail.
-      return loop.submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) {
-        cb(u, PdInfo{.path = PdPath::kFallback});
-      });
-    }
-    spec.import_kv = true;
-    spec.direct_max_suffix_tokens = options.direct_max_suffix_tokens;
     {
       absl::MutexLock lock(&mu);
+      const std::optional<size_t> p = peers.choose(peers.find(named));
+      if (!p) {
+        // Every prefill peer is unhealthy: compute the prompt here rather than fail.
+        return loop.submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) {
+          cb(u, PdInfo{.path = PdPath::kFallback});
+        });
+      }
       const bool verify = std::uniform_real_distribution<double>(0, 1)(rng) < options.checksum_rate;
       Entry& e = transfers.try_emplace(tid, Entry{.tr = DecodeTransfer(layout.num_layers, verify)}).first->second;
       e.cb = std::move(cb);
       e.prompt = spec.prompt;
       e.sampling = spec.sampling;
+      e.peer = *p;
+      e.peer_counted = true;
+      peers[*p].num_inflight++;
     }
+    spec.import_kv = true;
+    spec.direct_max_suffix_tokens = options.direct_max_suffix_tokens;
     uint64_t handle = loop.submit(
         std::move(spec), [self = shared_from_this(), tid](const engine::RequestUpdate& u) { self->onUpdate(tid, u); });
     absl::MutexLock lock(&mu);
@@ -422,16 +470,18 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       e.tr.admitted(u.kv_blocks, now, now, actions);
       return apply(tid, e, actions);
     }
-    e.conn = ensureConnected();
-    if (peer_incompatible) return fail(tid, e, FailureReason::kTransferFailed, *peer_incompatible, /*tell_peer=*/false);
+    e.conn = ensureConnected(e.peer);
+    const PrefillPeers::Peer& peer = peers[e.peer];
+    if (peer.incompatible) return fail(tid, e, FailureReason::kTransferFailed, *peer.incompatible, /*tell_peer=*/false);
     e.tr.admitted(u.kv_blocks, now, now + options.prefill_timeout, actions);
-    if (peer) e.tr.peerReady(peer->num_blocks, now, actions);
+    if (peer.hello) e.tr.peerReady(peer.hello->num_blocks, now, actions);
     apply(tid, e, actions);
   }
 
   // Engine thread: what the client's callback learns with this update.
   PdInfo infoFor(Entry& e, const engine::RequestUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     PdInfo info{.failure = e.tr.failure(), .path = e.id ? PdPath::kDisagg : PdPath::kDirect};
+    if (e.id) info.prefill_peer = peers[e.peer].name;
     if (!e.tr.timings() || !e.tr.kvDoneAt()) return info;
     if (!e.timings && !u.new_tokens.empty()) {
       e.timings = e.tr.timings();
@@ -458,10 +508,14 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         return fail(tid, e, FailureReason::kCancelled,
                     strCat("the request was ended (", engine::finishReasonName(u.finish_reason), ")"));
       }
+      // Served here without an import (direct-to-D, or refused): its P
+      // computes nothing for it.
+      if (!e.id) uncountPeer(e);
       cb = e.cb;
       info = infoFor(e, u);
       if (u.finished) {
         if (e.inflight_counted) metrics.inflight.decrement();
+        uncountPeer(e);
         by_handle.erase(e.handle);
         transfers.erase(it);
       }
@@ -471,13 +525,14 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 };
 
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv& env, const PdOptions& options) {
-  if (options.peer_host.empty())
-    return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peer HOST:PORT)");
+  if (!options.prefill_peers || options.prefill_peers->prefillPeers().empty())
+    return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peers HOST:PORT[,...])");
   auto impl = std::make_shared<Impl>(env, options);
   Impl* raw = impl.get();
   std::span<std::byte> region;
   env.loop.runOnLoop([&](engine::Engine& e) {
     raw->layout = e.kv().layout();
+    raw->model = {.fingerprint = options.model_fingerprint, .hash_root = e.blockHashRoot()};
     region = e.kvRegion();
   });
   raw->region = region.data();
@@ -487,7 +542,10 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   TANDEM_ASSIGN_OR_RETURN(impl->t, startKvTransport(env, options, region, std::move(cb)));
   {
     absl::MutexLock lock(&raw->mu);
-    raw->ensureConnected();
+    for (size_t p = 0; p < raw->peers.size(); ++p) {
+      raw->metrics.peerHealthy(raw->peers[p].name, true);
+      raw->ensureConnected(p);
+    }
   }
   impl->watchdog = std::thread([raw] { raw->watch(); });
   return std::unique_ptr<DecodeService>(new DecodeService(std::move(impl)));
@@ -516,8 +574,17 @@ DecodeService::~DecodeService() {
   impl_->t.reset();
 }
 
-uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update) {
-  return impl_->submit(std::move(spec), std::move(on_update));
+uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update, std::string_view prefill_peer) {
+  return impl_->submit(std::move(spec), prefill_peer, std::move(on_update));
+}
+
+absl::Status DecodeService::checkPrefillPeer(std::string_view name) const {
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->peers.find(name)) return absl::OkStatus();
+  std::string known;
+  for (size_t p = 0; p < impl_->peers.size(); ++p) known += strCat(p ? ", " : "", impl_->peers[p].name);
+  return absl::InvalidArgumentError(
+      strCat("prefill peer \"", name, "\" is not one of this decode agent's prefill peers (", known, ")"));
 }
 
 void DecodeService::cancel(uint64_t handle) { impl_->loop.cancel(handle); }

@@ -30,6 +30,10 @@
 
 namespace tandem::agent {
 
+// The request header naming the prefill agent ("HOST:PORT", one of
+// --prefill-peers) a decode agent uses for the request: the router's choice.
+inline constexpr std::string_view kPrefillPeerHeader = "x-tandem-prefill-peer";
+
 // How a decode-role request was served.
 enum class PdPath { kDirect, kDisagg, kFallback };
 std::string_view pdPathName(PdPath path);
@@ -40,6 +44,7 @@ struct PdInfo {
   std::optional<kvproto::FailureReason> failure;
   PdPath path = PdPath::kDirect;
   std::optional<PdTimings> timings;  // disaggregated requests, once the first token is out
+  std::string prefill_peer;          // disaggregated requests: the P that served it ("HOST:PORT")
 };
 using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, const PdInfo&)>;
 
@@ -49,9 +54,15 @@ class DecodeService {
   // Completes (or aborts and waits for) every transfer before returning.
   ~DecodeService();
 
-  // Runs `spec` disaggregated: prefill on the peer, decode here (or all
-  // here while the peer is unhealthy). Returns a handle for cancel().
-  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update);
+  // Runs `spec` disaggregated: prefill on a peer, decode here (or all here
+  // while every peer is unhealthy). `prefill_peer` ("HOST:PORT", the
+  // router's x-tandem-prefill-peer) names the P to use; empty, unknown or
+  // unhealthy: this agent picks one (PrefillPeers::choose). Returns a
+  // handle for cancel().
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update, std::string_view prefill_peer = {});
+  // OK when `name` is one of this agent's prefill peers; InvalidArgument
+  // naming it and the peers otherwise (the request's 400).
+  absl::Status checkPrefillPeer(std::string_view name) const;
   void cancel(uint64_t handle);
   // The KV listener's port (D only pulls, but listens like every agent).
   int port() const;

@@ -51,9 +51,19 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
       rejected_(metrics::buildCounter()
                     .name("tandem_kv_control_messages_rejected_total")
                     .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, "
-                          "after_end, unknown_peer.")
+                          "after_end, unknown_peer, incompatible_version, fingerprint_mismatch, hash_root_mismatch.")
                     .labels(labels)
                     .registerOn(r)),
+      peer_requests_(metrics::buildCounter()
+                         .name("tandem_kv_prefill_requests_total")
+                         .help("Prefill requests this decode agent sent, by prefill agent (peer).")
+                         .labels(labels)
+                         .registerOn(r)),
+      peer_healthy_(metrics::buildGauge()
+                        .name("tandem_kv_prefill_peer_healthy")
+                        .help("1 while this decode agent considers the prefill agent (peer) healthy, else 0.")
+                        .labels(labels)
+                        .registerOn(r)),
       phase_seconds_(
           metrics::buildHistogram()
               .name("tandem_disagg_ttft_phase_seconds")
@@ -80,9 +90,16 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
-  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer"}) {
+  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer",
+                             "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
     rejected_.add({{"reason", reason}});
   }
+}
+
+void PdMetrics::prefillRequested(const std::string& peer) { peer_requests_.add({{"peer", peer}}).increment(); }
+
+void PdMetrics::peerHealthy(const std::string& peer, bool healthy) {
+  peer_healthy_.add({{"peer", peer}}).set(healthy ? 1 : 0);
 }
 
 void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }

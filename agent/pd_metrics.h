@@ -3,6 +3,7 @@
 // and traces"), registered with the agent's labels. Thread-safe (the
 // metrics themselves are).
 
+#include <string>
 #include <string_view>
 
 #include "agent/pd_timings.h"
@@ -19,8 +20,14 @@ class PdMetrics {
   // "malformed" (kvproto::decode failed), "unknown_transfer" (names no
   // transfer this side has), "unexpected_type" (not one this role takes),
   // "after_end" (P: a PrefillRequest for a transfer D already ended),
-  // "unknown_peer" (D: from a connection other than the one to its P).
+  // "unknown_peer" (D: from a connection other than those to its P), and a
+  // refused peer's Hello: "incompatible_version", "fingerprint_mismatch",
+  // "hash_root_mismatch".
   void rejected(std::string_view reason);
+  // D, per prefill agent ("HOST:PORT", from its configured set: bounded):
+  // a prefill request sent to it, and whether it is healthy.
+  void prefillRequested(const std::string& peer);
+  void peerHealthy(const std::string& peer, bool healthy);
   // A disaggregated request's TTFT phases (D side), once its first token is out.
   void phases(const PdTimings& t);
   metrics::Counter& bytes;
@@ -33,6 +40,8 @@ class PdMetrics {
  private:
   metrics::Family<metrics::Counter>& failures_;
   metrics::Family<metrics::Counter>& rejected_;
+  metrics::Family<metrics::Counter>& peer_requests_;
+  metrics::Family<metrics::Gauge>& peer_healthy_;
   metrics::Family<metrics::Histogram>& phase_seconds_;
   metrics::Counter& transfer_busy_;
   metrics::Counter& transfer_hidden_;

@@ -1,6 +1,8 @@
 #include "agent/pd_transport.h"
 
 #include "engine/kv/kv_storage.h"
+#include "engine/model/model_fingerprint.h"
+#include "src/common/strings.h"
 
 namespace tandem::agent {
 
@@ -26,9 +28,13 @@ absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const P
   return start(to, std::move(callbacks));
 }
 
-kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& l, const transport::KvTransport& t,
-                        std::string name) {
-  return {.role = role,
+kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, const engine::KvLayout& l,
+                        const transport::KvTransport& t, std::string name) {
+  return {.min_version = kvproto::kMinVersion,
+          .max_version = kvproto::kMaxVersion,
+          .model_fingerprint = model.fingerprint,
+          .hash_root = model.hash_root.value(),
+          .role = role,
           .num_layers = static_cast<uint16_t>(l.num_layers),
           .num_blocks = static_cast<uint32_t>(l.num_blocks),
           .block_size = static_cast<uint16_t>(l.block_size),
@@ -38,6 +44,29 @@ kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& l, const
           .region_base = t.regionBase(),
           .rkey = t.packedRkey(),
           .peer_name = std::move(name)};
+}
+
+std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer) {
+  if (!kvproto::compatibleVersion(peer.min_version, peer.max_version)) {
+    return PeerRefusal{
+        "incompatible_version",
+        strCat("the peer ", peer.peer_name, " speaks kvproto versions [", peer.min_version, ", ", peer.max_version,
+               "], this agent [", kvproto::kMinVersion, ", ", kvproto::kMaxVersion, "]: no common version")};
+  }
+  if (peer.model_fingerprint != mine.fingerprint) {
+    return PeerRefusal{"fingerprint_mismatch",
+                       strCat("the peer ", peer.peer_name, " serves the model with fingerprint ",
+                              engine::fingerprintHex(peer.model_fingerprint), ", this agent ",
+                              engine::fingerprintHex(mine.fingerprint),
+                              ": another checkpoint, tokenizer or chat template (--model-fingerprint)")};
+  }
+  if (peer.hash_root != mine.hash_root.value()) {
+    return PeerRefusal{
+        "hash_root_mismatch",
+        strCat("the peer ", peer.peer_name, " chains block hashes from root ", engine::fingerprintHex(peer.hash_root),
+               ", this agent from ", engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
+  }
+  return std::nullopt;
 }
 
 }  // namespace tandem::agent

@@ -6,11 +6,14 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
+#include "agent/peer_directory.h"
 #include "agent/transport/kv_transport.h"
 #include "agent/transport/ucx_transport.h"
+#include "src/common/block_hash.h"
 #include "src/common/clock.h"
 #include "src/kvproto/kvproto.h"
 
@@ -23,13 +26,20 @@ namespace tandem::agent {
 
 class PdMetrics;
 
+// What KV of this agent is KV of: P and D refuse a peer whose Hello
+// names another model or hash root (docs/pd.md).
+struct ModelIdentity {
+  uint64_t fingerprint = 0;              // engine/model/model_fingerprint.h, or the operator's --model-fingerprint
+  BlockHash hash_root = kBlockHashRoot;  // blockHashRoot(fingerprint, --cache-salt): the engine's
+};
+
 struct PdOptions {
   transport::TransportOptions transport;
+  uint64_t model_fingerprint = 0;                    // sent in the Hello; the hash root comes from the engine
   std::chrono::milliseconds lease_ttl{30000};        // P: how long KV stays pinned without a Release
   std::chrono::milliseconds prefill_timeout{60000};  // D: P must deliver all layers within this
   double checksum_rate = 1.0;                        // D: fraction of transfers whose checksums are verified
-  std::string peer_host;                             // D: the prefill agent
-  int peer_port = 8200;
+  std::shared_ptr<const PeerDirectory> prefill_peers;  // D: its prefill agents (read at start)
   int direct_max_suffix_tokens = 256;  // D: direct-to-D when the session is resident and at most this much is new
   // D: the prefill peer is unhealthy after this many failures within the
   // window; it is probed every probe_interval and healthy again on answer.
@@ -56,9 +66,21 @@ absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const P
                                                                          std::span<std::byte> kv,
                                                                          transport::TransportCallbacks callbacks);
 
-// The Hello that opens every connection: this side's KV layout and region.
-kvproto::Hello helloFor(kvproto::PeerRole role, const engine::KvLayout& layout, const transport::KvTransport& t,
-                        std::string name);
+// The Hello that opens every connection: this side's protocol versions,
+// model identity, KV layout and region.
+kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, const engine::KvLayout& layout,
+                        const transport::KvTransport& t, std::string name);
+
+// Why a peer whose Hello is `peer` cannot work with this side: no common
+// protocol version, another model fingerprint, or another hash root (another
+// --cache-salt). `reason` is the tandem_kv_control_messages_rejected_total
+// label (incompatible_version, fingerprint_mismatch, hash_root_mismatch);
+// `message` names both sides' values.
+struct PeerRefusal {
+  std::string_view reason;
+  std::string message;
+};
+std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer);
 
 // Byte offset of (layer, block) in a KvStorage region with this shape.
 inline uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, uint64_t bytes_per_layer_block) {

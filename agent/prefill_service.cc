@@ -43,6 +43,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   const PdOptions options;
   Logger log{"prefill"};
   engine::KvLayout layout;
+  ModelIdentity model;                    // set at start, before the transport exists
   const engine::KvStorage* kv = nullptr;  // read on the engine thread only
   std::unique_ptr<transport::KvTransport> t;
   std::function<void(const engine::RequestUpdate&)> on_finished;
@@ -59,6 +60,9 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   std::multimap<MonoTime, Key> lease_ends ABSL_GUARDED_BY(mu);
   std::deque<std::pair<MonoTime, Key>> ended_order ABSL_GUARDED_BY(mu);  // (forget after, transfer)
   std::set<Key> ended ABSL_GUARDED_BY(mu);
+  // Decode agents whose Hello this side refused (another protocol version,
+  // model or hash root), with why: their prefill requests are aborted.
+  std::unordered_map<ConnId, std::string> refused ABSL_GUARDED_BY(mu);
 
   Impl(const PdEnv& env, const PdOptions& o) : loop(env.loop), metrics(env.metrics), clock(env.clock), options(o) {}
 
@@ -224,9 +228,10 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
       return;
     }
     const uint64_t tid = m->transfer_id;
-    if (std::holds_alternative<kvproto::Hello>(m->body)) {
-      send(conn, 0, helloFor(kvproto::PeerRole::kPrefill, layout, *t, "prefill"));
+    if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
+      onHello(conn, *h);
     } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
+      if (auto why = refusal(conn)) return send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, *why});
       onPrefillRequest(conn, tid, *req);
     } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
       endTransfer({conn, tid}, /*by_message=*/true);
@@ -239,10 +244,30 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     }
   }
 
+  // Answers with this side's Hello in any case, so a refused decode agent
+  // can name both sides' values too.
+  void onHello(ConnId conn, const kvproto::Hello& h) {
+    if (auto no = refusePeer(model, h)) {
+      log.error("refused a decode agent", {{"conn", conn}, {"reason", no->reason}, {"detail", no->message}});
+      metrics.rejected(no->reason);
+      absl::MutexLock lock(&mu);
+      refused[conn] = no->message;
+    }
+    send(conn, 0, helloFor(kvproto::PeerRole::kPrefill, model, layout, *t, "prefill"));
+  }
+
+  std::optional<std::string> refusal(ConnId conn) {
+    absl::MutexLock lock(&mu);
+    auto it = refused.find(conn);
+    if (it == refused.end()) return std::nullopt;
+    return it->second;
+  }
+
   void onDisconnect(ConnId conn) {
     std::vector<Key> keys;
     {
       absl::MutexLock lock(&mu);
+      refused.erase(conn);
       for (const auto& [k, tr] : transfers) {
         if (k.first == conn) keys.push_back(k);
       }
@@ -259,6 +284,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
   Impl* raw = impl.get();
   env.loop.runOnLoop([&](engine::Engine& e) {
     raw->layout = e.kv().layout();
+    raw->model = {.fingerprint = options.model_fingerprint, .hash_root = e.blockHashRoot()};
     raw->kv = &e.kv();
     region = e.kvRegion();
   });

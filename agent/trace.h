@@ -24,6 +24,7 @@ struct TraceContext {
   std::string worker;
   std::string path = "direct";
   const PdTimings* kv = nullptr;  // phases of a disaggregated request (D side)
+  std::string prefill_peer;       // D: the prefill agent that served it ("HOST:PORT"; empty: none)
 };
 
 // The trace record of one finished request.

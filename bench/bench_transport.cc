@@ -175,7 +175,7 @@ absl::StatusOr<Agent> startAgent(const std::string& dir, const std::string& name
   c.kv_host = "127.0.0.1";
   c.kv_port = 0;
   c.kv_tls = tls;
-  if (prefill_kv_port > 0) c.prefill_peer = agent::HostPort{.host = "127.0.0.1", .port = prefill_kv_port};
+  if (prefill_kv_port > 0) c.prefill_peers = {agent::HostPort{.host = "127.0.0.1", .port = prefill_kv_port}};
   TANDEM_ASSIGN_OR_RETURN(auto server, agent::AgentServer::start(c, SystemClock::instance()));
   Agent a{.server = std::move(server), .trace = c.trace_file, .url = ""};
   a.url = strCat("http://127.0.0.1:", a.server->port(), "/v1/completions");

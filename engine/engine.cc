@@ -198,7 +198,7 @@ std::optional<std::string> capacityRejection(const EngineOptions& options, int n
 
 RequestId Engine::addRequest(RequestSpec spec, UpdateCallback on_update) {
   RequestId id(next_id_++);
-  auto owned = std::make_unique<Sequence>(id, std::move(spec), options_.block_size);
+  auto owned = std::make_unique<Sequence>(id, std::move(spec), options_.block_size, options_.block_hash_root);
   Sequence* seq = owned.get();
   seq->on_update = std::move(on_update);
   seq->arrival = clock_.now();

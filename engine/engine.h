@@ -58,6 +58,11 @@ struct EngineOptions {
   int session_low_watermark_blocks = 0;
   int max_session_evictions_per_step = 4;  // for the watermark, admission and running requests together
   uint64_t seed = 0;                       // seeds unseeded requests' sampling; 0 = from std::random_device
+  // Root of the block-hash chain of every sequence (prefix cache, session
+  // chains): blockHashRoot(model fingerprint, cache salt) in the agent, so
+  // KV of another model or tenant never matches. The default is the
+  // unkeyed root (src/common/block_hash.h).
+  BlockHash block_hash_root = kBlockHashRoot;
   // Where the KV pool lives. Unset: the engine allocates it. Set: called
   // once by create() with the pool's size in bytes (the agent returns memory
   // UCX allocated, so a shared-memory peer can map it); the memory must be
@@ -129,6 +134,9 @@ class Engine {
   std::optional<MonoTime> nextDeadline() const;
   // The clock it was created with (not owned), for its owning thread's waits.
   const Clock& clock() const { return clock_; }
+  // The root its block hashes chain from (EngineOptions::block_hash_root):
+  // what a router needs to compute the same hashes (worker_state's hash_root).
+  BlockHash blockHashRoot() const { return options_.block_hash_root; }
   // The gauges of StepStats (running, waiting, queue tokens, blocks, sessions)
   // as they are now, with the per-step counters zero. For observers that must
   // see changes made between steps (a cancel when the engine then idles).

@@ -29,8 +29,9 @@ enum class SeqState : uint8_t { kWaiting, kRunning, kFinished };
 enum class PromptKv : uint8_t { kCompute, kImport, kDirect, kImporting, kImported };
 
 struct Sequence {
-  Sequence(RequestId id_in, RequestSpec spec_in, int block_size)
-      : id(id_in), spec(std::move(spec_in)), chain(block_size) {}
+  // `root`: the engine's block-hash root (EngineOptions::block_hash_root).
+  Sequence(RequestId id_in, RequestSpec spec_in, int block_size, BlockHash root = kBlockHashRoot)
+      : id(id_in), spec(std::move(spec_in)), chain(block_size, root) {}
 
   RequestId id;
   RequestSpec spec;  // spec.prompt is moved into `tokens`; otherwise as the caller gave it

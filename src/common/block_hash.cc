@@ -19,6 +19,16 @@ static_assert(std::endian::native == std::endian::little,
 
 }  // namespace
 
+BlockHash blockHashRoot(uint64_t model_fingerprint, std::string_view salt) {
+  constexpr uint64_t kRootSeed = 0x74616e64656d2e32ULL;  // "tandem.2"
+  XXH64_state_t state;
+  XXH64_reset(&state, kRootSeed);
+  XXH64_update(&state, &model_fingerprint, sizeof(model_fingerprint));
+  XXH64_update(&state, salt.data(), salt.size());
+  const uint64_t h = XXH64_digest(&state);
+  return BlockHash(h == 0 ? 1 : h);
+}
+
 BlockHash chainBlockHash(BlockHash parent, std::span<const TokenId> tokens) {
   // Hash parent and tokens as one contiguous buffer without copying:
   // the streaming API gives the same result as the one-shot call.
@@ -43,7 +53,7 @@ std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int b
   return out;
 }
 
-BlockHashChain::BlockHashChain(int block_size) : block_size_(block_size) {
+BlockHashChain::BlockHashChain(int block_size, BlockHash root) : block_size_(block_size), root_(root) {
   TANDEM_CHECK(block_size > 0, "a block-hash chain of blocks of no tokens");
   pending_.reserve(static_cast<size_t>(block_size));
 }
@@ -53,7 +63,7 @@ void BlockHashChain::append(std::span<const TokenId> tokens) {
   for (TokenId t : tokens) {
     pending_.push_back(t);
     if (pending_.size() == b) {
-      BlockHash parent = hashes_.empty() ? kBlockHashRoot : hashes_.back();
+      BlockHash parent = hashes_.empty() ? root_ : hashes_.back();
       hashes_.push_back(chainBlockHash(parent, pending_));
       pending_.clear();
     }

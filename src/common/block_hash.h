@@ -3,14 +3,21 @@
 // (prefix cache), the router (KV-aware scoring) and the simulator. All three
 // must compute bit-identical values, so the definition is fixed here:
 //
-//   h[-1] = kBlockHashRoot (0x74616e64656d2e31, "tandem.1")
+//   h[-1] = blockHashRoot(F, S) = XXH64(le64(F) || S, seed = 0x74616e64656d2e32 "tandem.2")
 //   h[i]  = XXH64(le64(h[i-1]) || le32(t[i*B]) || ... || le32(t[i*B+B-1]), seed = 0)
 //
-// where B is the block size in tokens, le64/le32 are little-endian encodings
-// and t are token ids. Only full blocks get a hash; a trailing partial block
-// has none (it cannot be shared). Two prompts share their first k hashes iff
-// they share their first k*B tokens (up to 64-bit collisions). A hash value of
-// 0 is never produced (remapped to 1) so 0 can mean "no block" on the wire.
+// where B is the block size in tokens, le64/le32 are little-endian encodings,
+// t are token ids, F is the model's 64-bit fingerprint (weights, tokenizer,
+// chat template and config: engine/model/model_fingerprint.h) and S the
+// optional tenant salt's bytes (--cache-salt; empty: none). Rooting the chain
+// in both means KV of another checkpoint (a rolling update) or another tenant
+// can never be matched or pulled: the same tokens give other hashes.
+// kBlockHashRoot (0x74616e64656d2e31, "tandem.1") is the root of a chain
+// keyed to no model, for code that has none (tools, benchmarks, unit tests).
+//
+// Only full blocks get a hash; a trailing partial block has none (it cannot be shared). Two prompts share their first k
+// hashes iff they share their first k*B tokens (up to 64-bit collisions). A hash value of 0 is never produced (remapped
+// to 1) so 0 can mean "no block" on the wire.
 
 #include <cstddef>
 #include <span>
@@ -20,7 +27,14 @@
 
 namespace tandem {
 
+#include <cstdint>
+#include <string_view>
+
 inline constexpr BlockHash kBlockHashRoot{0x74616e64656d2e31ULL};
+
+// The root of the chain of one model (its fingerprint) and tenant salt
+// (empty: none). Never 0.
+BlockHash blockHashRoot(uint64_t model_fingerprint, std::string_view salt);
 
 // Hash of one full block given its parent's hash. `tokens.size()` is the block size.
 BlockHash chainBlockHash(BlockHash parent, std::span<const TokenId> tokens);
@@ -35,7 +49,8 @@ std::vector<BlockHash> computeBlockHashes(std::span<const TokenId> tokens, int b
 // blocks. Not thread-safe; one owner.
 class BlockHashChain {
  public:
-  explicit BlockHashChain(int block_size);
+  // Hashes chain from `root` (the engine's: blockHashRoot of its model and salt).
+  explicit BlockHashChain(int block_size, BlockHash root = kBlockHashRoot);
 
   // Appends tokens; every block that fills gets its hash appended to hashes().
   void append(std::span<const TokenId> tokens);
@@ -47,6 +62,7 @@ class BlockHashChain {
 
  private:
   int block_size_;
+  BlockHash root_;
   std::vector<BlockHash> hashes_;
   std::vector<TokenId> pending_;
 };

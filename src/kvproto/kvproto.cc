@@ -1,5 +1,6 @@
 #include "src/kvproto/kvproto.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -89,6 +90,7 @@ class Reader {
     if (error_.empty()) error_ = std::move(msg);
   }
   size_t remaining() const { return data_.size() - pos_; }
+  void skipRest() { pos_ = data_.size(); }
   const std::string& error() const { return error_; }
 
  private:
@@ -98,6 +100,10 @@ class Reader {
 };
 
 void encodeBody(const Hello& h, Writer& w) {
+  w.put(h.min_version);
+  w.put(h.max_version);
+  w.put(h.model_fingerprint);
+  w.put(h.hash_root);
   w.put(static_cast<uint16_t>(h.role));
   w.put(h.num_layers);
   w.put(h.num_blocks);
@@ -176,6 +182,13 @@ MessageType typeOf(const Body& body) {
   return kTypes[body.index()];
 }
 
+std::optional<uint16_t> compatibleVersion(uint16_t peer_min, uint16_t peer_max) {
+  const uint16_t lo = std::max(kMinVersion, peer_min);
+  const uint16_t hi = std::min(kMaxVersion, peer_max);
+  if (lo > hi) return std::nullopt;
+  return hi;
+}
+
 void encode(const Message& m, std::vector<uint8_t>* out) {
   const size_t start = out->size();
   Writer w(out);
@@ -209,8 +222,12 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
   const uint32_t payload_len = r.get<uint32_t>("payload_len");
   r.get<uint32_t>("reserved");
   if (magic != kMagic) return absl::InvalidArgumentError(strCat("kvproto: bad magic 0x", magic, " (not a Tandem KV message)"));
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(strCat("kvproto: unsupported version ", version, " (this agent speaks ", kVersion, ")"));
+  // A Hello of any ranged version decodes, so a peer of another version is
+  // refused by name (compatibleVersion) rather than as malformed.
+  const bool hello = type == static_cast<uint16_t>(MessageType::kHello);
+  if (hello ? version < kFirstRangedHelloVersion : (version < kMinVersion || version > kMaxVersion)) {
+    return absl::InvalidArgumentError(strCat("kvproto: unsupported version ", version, " (this agent speaks ",
+                                             kMinVersion, " to ", kMaxVersion, ")"));
   }
   if (payload_len != r.remaining()) {
     return invalid(m.transfer_id, strCat("payload_len ", payload_len, " but ", r.remaining(), " bytes follow the header"));
@@ -218,6 +235,13 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
   switch (static_cast<MessageType>(type)) {
     case MessageType::kHello: {
       Hello h;
+      h.min_version = r.get<uint16_t>("min_version");
+      h.max_version = r.get<uint16_t>("max_version");
+      h.model_fingerprint = r.get<uint64_t>("model_fingerprint");
+      h.hash_root = r.get<uint64_t>("hash_root");
+      if (r.ok() && h.min_version > h.max_version) {
+        r.fail(strCat("version range [", h.min_version, ", ", h.max_version, "] is empty"));
+      }
       const auto role = r.get<uint16_t>("role");
       h.num_layers = r.get<uint16_t>("num_layers");
       h.num_blocks = r.get<uint32_t>("num_blocks");
@@ -228,6 +252,7 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
       h.region_base = r.get<uint64_t>("region_base");
       h.rkey = r.bytes("rkey", limits.max_string);
       h.peer_name = r.bytes("peer_name", limits.max_string);
+      if (version > kMaxVersion) r.skipRest();  // a newer sender's appended fields
       if (r.ok() && role != static_cast<uint16_t>(PeerRole::kPrefill) && role != static_cast<uint16_t>(PeerRole::kDecode)) {
         r.fail(strCat("unknown role ", role));
       }

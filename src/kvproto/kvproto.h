@@ -8,7 +8,7 @@
 //
 //   offset size field
 //   0      4    magic        0x3156_4B54 ("TKV1" in memory order)
-//   4      2    version      kVersion (2). A receiver rejects any other.
+//   4      2    version      the sender's protocol version (see "Versions" below)
 //   6      2    type         MessageType
 //   8      8    transfer_id  chosen by D, unique per D; names one prefill/transfer
 //   16     4    payload_len  bytes after the header; must equal what remains
@@ -17,7 +17,10 @@
 // Payloads (u8/u16/u32/u64 fixed width; "list<T>" = u32 count then count × T;
 // "bytes" = u32 length then the bytes):
 //
-//   kHello            u16 role (1 prefill, 2 decode), u16 num_layers, u32 num_blocks,
+//   kHello            u16 min_version, u16 max_version (the range the sender speaks),
+//                     u64 model_fingerprint, u64 hash_root (the block-hash chain's root:
+//                     fingerprint and cache salt, src/common/block_hash.h),
+//                     u16 role (1 prefill, 2 decode), u16 num_layers, u32 num_blocks,
 //                     u16 block_size, u16 num_kv_heads, u16 head_dim, u16 dtype (1 = fp32),
 //                     u64 region_base, bytes rkey, bytes peer_name
 //   kPrefillRequest   u32 deadline_ms, u32 lease_ms, list<u32> tokens,
@@ -32,6 +35,16 @@
 //   kRelease          (empty) D is done reading; P unpins
 //   kAbort            u16 reason (FailureReason), bytes message
 //   kPing, kPong      (empty) health probe
+//
+// Versions. Each side speaks [kMinVersion, kMaxVersion]. The Hello that
+// opens a connection carries that range, and its layout starts with it in
+// every version from 3 on (a later version may only append fields), so a
+// Hello of any header version >= 3 decodes (a newer sender's extra fields
+// are ignored). The peers then use the highest version both speak; with no
+// common version the receiver refuses the peer, naming both ranges
+// (compatibleVersion). Every other message must carry a version this side
+// speaks. History: 2, LayerReady names a block range; 3, the Hello carries
+// the version range, model fingerprint and hash root.
 //
 // decode() checks everything a peer could get wrong — magic, version, type,
 // lengths (a count can never exceed the bytes that remain, and each is capped
@@ -52,7 +65,10 @@
 namespace tandem::kvproto {
 
 inline constexpr uint32_t kMagic = 0x31564B54;
-inline constexpr uint16_t kVersion = 2;  // 2: LayerReady names a block range
+inline constexpr uint16_t kMinVersion = 3;  // the oldest version this build speaks
+inline constexpr uint16_t kMaxVersion = 3;  // the newest; what it sends
+inline constexpr uint16_t kVersion = kMaxVersion;
+inline constexpr uint16_t kFirstRangedHelloVersion = 3;  // Hellos from here on start with the range
 inline constexpr size_t kHeaderSize = 24;
 
 enum class MessageType : uint16_t {
@@ -93,6 +109,10 @@ enum class KvDtype : uint16_t {
 };
 
 struct Hello {
+  uint16_t min_version = kMinVersion;
+  uint16_t max_version = kMaxVersion;
+  uint64_t model_fingerprint = 0;
+  uint64_t hash_root = 0;
   PeerRole role = PeerRole::kPrefill;
   uint16_t num_layers = 0;
   uint32_t num_blocks = 0;
@@ -152,6 +172,10 @@ struct DecodeLimits {
 };
 
 MessageType typeOf(const Body& body);
+
+// The highest version both this build and a peer whose Hello says
+// [peer_min, peer_max] speak; nothing when the ranges do not meet.
+std::optional<uint16_t> compatibleVersion(uint16_t peer_min, uint16_t peer_max);
 
 // Appends the encoding of `m` to `out`.
 void encode(const Message& m, std::vector<uint8_t>* out);

@@ -92,18 +92,19 @@ TEST(AgentConfigTest, RoleAndPrefillPeerAreParsedOnce) {
   auto c = parse({"--model-dir", "m"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->role, AgentRole::kBoth);
-  EXPECT_FALSE(c->prefill_peer.has_value());
+  EXPECT_TRUE(c->prefill_peers.empty());
   c = parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "10.0.0.1:8201"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->role, AgentRole::kDecode);
-  ASSERT_TRUE(c->prefill_peer.has_value());
-  EXPECT_EQ(c->prefill_peer->host, "10.0.0.1");
-  EXPECT_EQ(c->prefill_peer->port, 8201);
+  ASSERT_EQ(c->prefill_peers.size(), 1u);
+  EXPECT_EQ(c->prefill_peers[0].host, "10.0.0.1");
+  EXPECT_EQ(c->prefill_peers[0].port, 8201);
   std::string path = writeFile("roles.yaml", "role: prefill\nmodel:\n  dir: m\nkv:\n  prefill_peer: p:1\n");
   c = parse({"--config", path});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->role, AgentRole::kPrefill);
-  EXPECT_EQ(c->prefill_peer->host, "p");
+  ASSERT_EQ(c->prefill_peers.size(), 1u);
+  EXPECT_EQ(c->prefill_peers[0].host, "p");
   auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "wizard"}))
                 .find("--role: \"wizard\" is not one of: both, prefill, decode, router"),
@@ -114,6 +115,71 @@ TEST(AgentConfigTest, RoleAndPrefillPeerAreParsedOnce) {
   EXPECT_NE(m.find("kv.prefill_peer: expected HOST:PORT"), std::string::npos) << m;
   EXPECT_EQ(agentRoleName(AgentRole::kPrefill), "prefill");
   EXPECT_NE(agentHelp().find("--role VALUE"), std::string::npos);
+}
+
+TEST(AgentConfigTest, PrefillPeersListAndItsOneElementAlias) {
+  auto c = parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "10.0.0.1:8200,p-1:8201"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->prefill_peers.size(), 2u);
+  EXPECT_EQ(c->prefill_peers[1].host, "p-1");
+  EXPECT_EQ(c->prefill_peers[1].port, 8201);
+  std::string path = writeFile("peers.yaml", "role: decode\nmodel:\n  dir: m\nkv:\n  prefill_peers: [a:1, b:2, c:3]\n");
+  c = parse({"--config", path});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->prefill_peers.size(), 3u);
+  EXPECT_EQ(c->prefill_peers[2].host, "c");
+  // The alias is the one-element list; a flag wins over the file.
+  c = parse({"--config", path, "--prefill-peer", "d:4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->prefill_peers.size(), 1u);
+  EXPECT_EQ(c->prefill_peers[0].host, "d");
+
+  auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,nohost"}))
+                .find("--prefill-peers: expected HOST:PORT, got \"nohost\""),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,,b:2"}))
+                .find("--prefill-peers: expected HOST:PORT, got \"\""),
+            std::string::npos);
+  EXPECT_NE(
+      msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peers", "a:1,a:1"})).find("a:1 is listed twice"),
+      std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "a:1,b:2"}))
+                .find("--prefill-peer: expected one HOST:PORT"),
+            std::string::npos);
+  std::string bad = writeFile("bad_peers.yaml", "model:\n  dir: m\nkv:\n  prefill_peers: [a:1, x]\n");
+  EXPECT_NE(msg(parse({"--config", bad})).find("kv.prefill_peers: expected HOST:PORT, got \"x\""), std::string::npos)
+      << msg(parse({"--config", bad}));
+}
+
+TEST(AgentConfigTest, ModelFingerprintAndCacheSalt) {
+  auto c = parse({"--model-dir", "m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model_fingerprint.has_value());
+  EXPECT_EQ(c->cache_salt, "");
+  c = parse({"--model-dir", "m", "--model-fingerprint", "0x00000000deadbeef", "--cache-salt", "tenant-a"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_fingerprint, 0xdeadbeefu);
+  EXPECT_EQ(c->cache_salt, "tenant-a");
+  std::string path = writeFile("fp.yaml", "model:\n  dir: m\n  fingerprint: abc\n  cache_salt: t\n");
+  c = parse({"--config", path});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_fingerprint, 0xabcu);
+  EXPECT_EQ(c->cache_salt, "t");
+  // Empty, as in docs/agent.md's example: computed from the files.
+  c = parse({"--config", writeFile("fp_empty.yaml", "model:\n  dir: m\n  fingerprint: \"\"\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model_fingerprint.has_value());
+  c = parse({"--config", path, "--model-fingerprint", ""});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model_fingerprint.has_value()) << "an empty flag unpins the file's value";
+  auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--model-fingerprint", "main"}))
+                .find("--model-fingerprint: expected 1 to 16 hex digits, got \"main\""),
+            std::string::npos);
+  std::string bad = writeFile("bad_fp.yaml", "model:\n  dir: m\n  fingerprint: 12345678901234567\n");
+  EXPECT_NE(msg(parse({"--config", bad})).find("model.fingerprint: expected 1 to 16 hex digits"), std::string::npos)
+      << msg(parse({"--config", bad}));
 }
 
 TEST(AgentConfigTest, HelpListsEveryFlagWithYamlKey) {

@@ -12,14 +12,16 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
-#include <nlohmann/json.hpp>
 
 #include "agent/transport/ucx_transport.h"
 #include "engine/model/weights.h"
+#include "src/common/block_hash.h"
 #include "src/http/client.h"
 #include "src/kvproto/kvproto.h"
 #include "tests/agent/agent_process.h"
@@ -36,6 +38,11 @@ using testing::waitFor;
 using transport::ConnId;
 
 constexpr int kBlocks = 64;
+// The agents here run with this pinned fingerprint (and no salt), so the raw
+// peer's Hello names the same model.
+constexpr uint64_t kFingerprint = 0x7e57ab1e00c0ffeeULL;
+constexpr const char* kFingerprintFlag = "7e57ab1e00c0ffee";
+std::vector<std::string> identityFlags() { return {"--model-fingerprint", kFingerprintFlag}; }
 constexpr int kBlockSize = 16;  // the agent's default
 
 const engine::ModelConfig& tiny() {
@@ -78,7 +85,9 @@ struct RawPeer {
   ~RawPeer() { t.reset(); }  // no callback may run once the members below it are gone
 
   kvproto::Hello hello(kvproto::PeerRole role) const {
-    return {.role = role,
+    return {.model_fingerprint = kFingerprint,
+            .hash_root = blockHashRoot(kFingerprint, "").value(),
+            .role = role,
             .num_layers = static_cast<uint16_t>(tiny().num_layers),
             .num_blocks = kBlocks,
             .block_size = kBlockSize,
@@ -156,7 +165,7 @@ std::vector<uint32_t> promptTokens(int n) {
 std::unique_ptr<AgentProcess> startPrefill(int blocks, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
                                    std::to_string(blocks)};
-  args.insert(args.end(), extra.begin(), extra.end());
+  for (const auto& v : {identityFlags(), extra}) args.insert(args.end(), v.begin(), v.end());
   return AgentProcess::start(args);
 }
 
@@ -164,7 +173,7 @@ std::unique_ptr<AgentProcess> startPrefill(int blocks, std::vector<std::string> 
 std::unique_ptr<AgentProcess> startDecode(const RawPeer& fake_p, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
                                    std::to_string(kBlocks), "--prefill-peer", "127.0.0.1:" + std::to_string(fake_p.t->port())};
-  args.insert(args.end(), extra.begin(), extra.end());
+  for (const auto& v : {identityFlags(), extra}) args.insert(args.end(), v.begin(), v.end());
   return AgentProcess::start(args);
 }
 
@@ -451,6 +460,111 @@ TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
   Reply r = pending.get();
   EXPECT_NE(r.status, 200);
+}
+
+}  // namespace
+}  // namespace tandem::agent
+
+namespace tandem::agent {
+namespace {
+
+// A Hello from a peer of kvproto versions [4, 5] (its header says 5).
+std::vector<uint8_t> newerHello(const RawPeer& peer, kvproto::PeerRole role) {
+  kvproto::Hello h = peer.hello(role);
+  h.min_version = 4;
+  h.max_version = 5;
+  std::vector<uint8_t> wire = kvproto::encode({0, h});
+  wire[4] = 5;
+  return wire;
+}
+
+// P answers every Hello with its own (so the peer can name both sides), but
+// refuses the prefill requests of a decode agent with no common protocol
+// version, another model fingerprint or another hash root (another salt):
+// each is counted and named; a matching peer is still served.
+TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) {
+  auto p = startPrefill(kBlocks);
+  ASSERT_NE(p, nullptr);
+  struct Case {
+    std::string reason;
+    std::function<void(RawPeer&, ConnId)> hello;
+    std::vector<std::string> named;  // in the Abort's message
+  };
+  const std::vector<Case> cases = {
+      {"incompatible_version",
+       [](RawPeer& d, ConnId c) { d.t->send(c, newerHello(d, kvproto::PeerRole::kDecode)); },
+       {"[4, 5]", "[3, 3]"}},
+      {"fingerprint_mismatch",
+       [](RawPeer& d, ConnId c) {
+         kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
+         h.model_fingerprint = 0x1234;
+         d.send(c, 0, h);
+       },
+       {"0000000000001234", kFingerprintFlag}},
+      {"hash_root_mismatch",
+       [](RawPeer& d, ConnId c) {
+         kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
+         h.hash_root = blockHashRoot(kFingerprint, "another-tenant").value();
+         d.send(c, 0, h);
+       },
+       {"--cache-salt"}},
+  };
+  for (const Case& k : cases) {
+    RawPeer d;
+    ASSERT_NE(d.t, nullptr);
+    const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+    k.hello(d, c);
+    auto hello = d.next(kvproto::MessageType::kHello);
+    ASSERT_TRUE(hello) << k.reason;
+    const auto& ph = std::get<kvproto::Hello>(hello->second.body);
+    EXPECT_EQ(ph.min_version, kvproto::kMinVersion);
+    EXPECT_EQ(ph.max_version, kvproto::kMaxVersion);
+    EXPECT_EQ(ph.model_fingerprint, kFingerprint);
+    EXPECT_EQ(ph.hash_root, blockHashRoot(kFingerprint, "").value());
+    d.send(c, 5, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+    auto abort = d.next(kvproto::MessageType::kAbort);
+    ASSERT_TRUE(abort) << k.reason;
+    EXPECT_EQ(abort->second.transfer_id, 5u);
+    const auto& a = std::get<kvproto::Abort>(abort->second.body);
+    EXPECT_EQ(a.reason, kvproto::FailureReason::kTransferFailed);
+    for (const std::string& n : k.named) EXPECT_NE(a.message.find(n), std::string::npos) << a.message;
+    EXPECT_TRUE(waitFor([&] { return rejected(*p, k.reason) == 1; })) << scrape(*p);
+    EXPECT_TRUE(d.takeFor(5).empty()) << "a refused peer's request was computed";
+  }
+  // A peer of the same model is served.
+  RawPeer d;
+  ASSERT_NE(d.t, nullptr);
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  d.send(connected->first, 6, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+  auto done = d.next(kvproto::MessageType::kPrefillDone);
+  ASSERT_TRUE(done) << p->log();
+  d.send(connected->first, 6, kvproto::Release{});
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+// D refuses a prefill peer whose Hello shows no common version: requests
+// fail at once, naming both ranges, and it is counted.
+TEST(PdControlChannelTest, DecodeAgentRefusesAPrefillPeerOfAnotherVersion) {
+  RawPeer fake_p;
+  ASSERT_NE(fake_p.t, nullptr);
+  auto d = startDecode(fake_p, {"--prefill-timeout", "120s"});
+  ASSERT_NE(d, nullptr);
+  std::future<Reply> first = postAsync(*d, std::string(40, 'v'));
+  auto hello = fake_p.next(kvproto::MessageType::kHello);
+  ASSERT_TRUE(hello);
+  const auto& dh = std::get<kvproto::Hello>(hello->second.body);
+  EXPECT_EQ(dh.model_fingerprint, kFingerprint);
+  EXPECT_EQ(dh.max_version, kvproto::kMaxVersion);
+  fake_p.t->send(hello->first, newerHello(fake_p, kvproto::PeerRole::kPrefill));
+  Reply r = first.get();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.code, "transfer_failed");
+  EXPECT_TRUE(waitFor([&] { return rejected(*d, "incompatible_version") == 1; })) << scrape(*d);
+  EXPECT_NE(d->log().find("speaks kvproto versions [4, 5], this agent [3, 3]"), std::string::npos) << d->log();
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }
 
 }  // namespace

@@ -50,8 +50,8 @@ class PdServicesTest : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
     d_options.transport = options.transport;
-    d_options.peer_host = "127.0.0.1";
-    d_options.peer_port = prefill_->port();
+    d_options.prefill_peers = std::make_shared<StaticPeerDirectory>(
+        std::vector<PeerAddress>{{.host = "127.0.0.1", .port = prefill_->port()}});
     auto d = DecodeService::start({.loop = *d_loop_, .metrics = d_metrics_, .clock = clock_}, d_options);
     ASSERT_TRUE(d.ok()) << d.status();
     decode_ = std::move(*d);

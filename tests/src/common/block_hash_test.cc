@@ -72,5 +72,34 @@ TEST(BlockHashTest, ParentSeedsTheChain) {
   EXPECT_EQ(from_other[0], chainBlockHash(BlockHash(12345), tokens));
 }
 
+TEST(BlockHashTest, RootIsKeyedByModelFingerprintAndSalt) {
+  const BlockHash root = blockHashRoot(0x1234, "");
+  EXPECT_EQ(root, blockHashRoot(0x1234, "")) << "deterministic";
+  EXPECT_NE(root, blockHashRoot(0x1235, "")) << "another model";
+  EXPECT_NE(root, blockHashRoot(0x1234, "tenant-a")) << "a salt";
+  EXPECT_NE(blockHashRoot(0x1234, "tenant-a"), blockHashRoot(0x1234, "tenant-b"));
+  EXPECT_NE(root, kBlockHashRoot);
+  EXPECT_NE(root.value(), 0u);
+}
+
+TEST(BlockHashTest, ChainRootChangesEveryHash) {
+  std::vector<TokenId> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 1);
+  const BlockHash a = blockHashRoot(42, "");
+  const BlockHash b = blockHashRoot(42, "salt");
+  auto ha = computeBlockHashes(tokens, 16, a);
+  auto hb = computeBlockHashes(tokens, 16, b);
+  ASSERT_EQ(ha.size(), 4u);
+  for (size_t i = 0; i < ha.size(); ++i) EXPECT_NE(ha[i], hb[i]) << "block " << i;
+  // The incremental chain starts from the same root.
+  BlockHashChain chain(16, a);
+  chain.append(tokens);
+  EXPECT_EQ(chain.hashes(), ha);
+  BlockHashChain unkeyed(16);
+  unkeyed.append(tokens);
+  EXPECT_EQ(unkeyed.hashes(), computeBlockHashes(tokens, 16));
+  EXPECT_NE(unkeyed.hashes(), ha);
+}
+
 }  // namespace
 }  // namespace tandem

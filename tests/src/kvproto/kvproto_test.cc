@@ -8,8 +8,18 @@ namespace tandem::kvproto {
 namespace {
 
 std::vector<Message> samples() {
-  Hello h{.role = PeerRole::kPrefill, .num_layers = 4, .num_blocks = 512, .block_size = 16, .num_kv_heads = 2, .head_dim = 32,
-          .dtype = KvDtype::kFloat32, .region_base = 0x7f0012345000, .rkey = std::string("\x01\x02\x00\x03", 4), .peer_name = "p-0"};
+  Hello h{.model_fingerprint = 0x0123456789abcdefULL,
+          .hash_root = 0xfedcba9876543210ULL,
+          .role = PeerRole::kPrefill,
+          .num_layers = 4,
+          .num_blocks = 512,
+          .block_size = 16,
+          .num_kv_heads = 2,
+          .head_dim = 32,
+          .dtype = KvDtype::kFloat32,
+          .region_base = 0x7f0012345000,
+          .rkey = std::string("\x01\x02\x00\x03", 4),
+          .peer_name = "p-0"};
   PrefillRequest pr{.deadline_ms = 5000, .lease_ms = 30000, .tokens = {1, 50, 60, 70}, .temperature = 0.5f,
                     .top_p = 0.9f, .top_k = 40, .seed = 7};
   return {{1, h},
@@ -44,7 +54,7 @@ TEST(KvProtoTest, HeaderLayoutIsAsDocumented) {
   std::vector<uint8_t> wire = encode({0x0102030405060708ULL, PrefillDone{.first_token = 5}});
   ASSERT_EQ(wire.size(), kHeaderSize + 4);
   EXPECT_EQ(std::string(wire.begin(), wire.begin() + 4), "TKV1");
-  EXPECT_EQ(wire[4], 2);  // version, little-endian
+  EXPECT_EQ(wire[4], 3);  // version, little-endian
   EXPECT_EQ(wire[6], static_cast<uint8_t>(MessageType::kPrefillDone));
   EXPECT_EQ(wire[8], 0x08);  // transfer id, little-endian
   EXPECT_EQ(wire[16], 4);    // payload length
@@ -72,14 +82,58 @@ TEST(KvProtoTest, BadHeadersAreRejectedWithReason) {
   bad[0] ^= 0xff;
   EXPECT_NE(errorOf(bad).find("bad magic"), std::string::npos);
   bad = wire;
-  bad[4] = 1;  // the previous version: LayerReady had no block range
-  EXPECT_NE(errorOf(bad).find("unsupported version 1"), std::string::npos);
+  bad[4] = 2;  // the previous version: the Hello had no version range
+  EXPECT_NE(errorOf(bad).find("unsupported version 2 (this agent speaks 3 to 3)"), std::string::npos);
+  bad[4] = 4;  // a later version, for a message other than the Hello
+  EXPECT_NE(errorOf(bad).find("unsupported version 4"), std::string::npos);
   bad = wire;
   bad[6] = 99;
   EXPECT_NE(errorOf(bad).find("unknown message type 99"), std::string::npos);
   bad = wire;
   bad.push_back(0);
   EXPECT_NE(errorOf(bad).find("payload_len 0 but 1 bytes follow"), std::string::npos);
+}
+
+TEST(KvProtoTest, HelloCarriesVersionRangeFingerprintAndRoot) {
+  auto back = decode(encode(samples()[0]));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Hello& h = std::get<Hello>(back->body);
+  EXPECT_EQ(h.min_version, kMinVersion);
+  EXPECT_EQ(h.max_version, kMaxVersion);
+  EXPECT_EQ(h.model_fingerprint, 0x0123456789abcdefULL);
+  EXPECT_EQ(h.hash_root, 0xfedcba9876543210ULL);
+  std::vector<uint8_t> wire = encode(samples()[0]);
+  EXPECT_EQ(wire[kHeaderSize], kMinVersion);  // the range opens the payload
+  EXPECT_EQ(wire[kHeaderSize + 2], kMaxVersion);
+}
+
+TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
+  // A newer peer's Hello (header version 5, fields appended) still decodes,
+  // so the receiver can name its range when it refuses it.
+  Hello newer{.min_version = 4, .max_version = 5, .peer_name = "p-new"};
+  std::vector<uint8_t> wire = encode({0, newer});
+  wire[4] = 5;
+  for (int i = 0; i < 8; ++i) wire.push_back(0xab);
+  const uint32_t len = static_cast<uint32_t>(wire.size() - kHeaderSize);
+  std::memcpy(wire.data() + 16, &len, 4);
+  auto back = decode(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::get<Hello>(back->body).max_version, 5);
+  EXPECT_EQ(std::get<Hello>(back->body).peer_name, "p-new");
+  // Trailing bytes after a Hello of this version are still malformed.
+  wire[4] = kMaxVersion;
+  EXPECT_NE(errorOf(wire).find("unexpected bytes"), std::string::npos);
+  // An empty range is malformed.
+  EXPECT_NE(errorOf(encode({0, Hello{.min_version = 5, .max_version = 4}})).find("version range [5, 4] is empty"),
+            std::string::npos);
+}
+
+TEST(KvProtoTest, CompatibleVersionIsTheHighestCommonOne) {
+  EXPECT_EQ(compatibleVersion(kMinVersion, kMaxVersion), kMaxVersion);
+  EXPECT_EQ(compatibleVersion(1, 100), kMaxVersion);
+  EXPECT_EQ(compatibleVersion(kMinVersion, kMinVersion), kMinVersion);
+  EXPECT_FALSE(compatibleVersion(kMaxVersion + 1, kMaxVersion + 3).has_value());
+  EXPECT_FALSE(compatibleVersion(1, kMinVersion - 1).has_value());
 }
 
 TEST(KvProtoTest, OversizedLengthsAreRejectedBeforeAllocating) {

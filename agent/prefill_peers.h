@@ -1,0 +1,59 @@
+#pragma once
+// A decode agent's prefill peers (docs/pd.md "Many prefill agents"): per P
+// its connection, what its Hello said, its windowed health (PeerHealth) and
+// the transfers in flight to it, and which P serves a request.
+//
+// Thread-safety: none; DecodeService holds its mutex around every call.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/peer_directory.h"
+#include "agent/peer_health.h"
+#include "agent/transport/kv_transport.h"
+#include "src/kvproto/kvproto.h"
+
+namespace tandem::agent {
+
+class PrefillPeers {
+ public:
+  struct Peer {
+    PeerAddress address;
+    std::string name;                         // address.name()
+    transport::ConnId conn = 0;               // 0: not connected (reconnected when next needed)
+    std::optional<kvproto::Hello> hello;      // the peer's, once it arrived and was accepted
+    std::optional<std::string> incompatible;  // why it cannot serve this agent (its Hello)
+    std::unique_ptr<PeerHealth> health;
+    std::optional<MonoTime> last_probe;
+    int num_inflight = 0;  // transfers to it not yet complete or ended
+  };
+
+  // Each peer is unhealthy after `failures` failures within `window`.
+  PrefillPeers(const std::vector<PeerAddress>& addresses, int failures, std::chrono::milliseconds window,
+               const Clock& clock);
+
+  size_t size() const { return peers_.size(); }
+  Peer& operator[](size_t i) { return peers_[i]; }
+  const Peer& operator[](size_t i) const { return peers_[i]; }
+
+  // The peer named "HOST:PORT", if it is one of them.
+  std::optional<size_t> find(std::string_view name) const;
+  // The peer connected through `conn`.
+  std::optional<size_t> byConn(transport::ConnId conn) const;
+
+  // Which peer serves the next request: `named` (the router's choice) when
+  // it is healthy and not known incompatible; otherwise the healthy peer
+  // not known incompatible with the fewest transfers in flight, ties by
+  // order; otherwise any healthy one (its incompatibility then fails the
+  // transfer with the reason). Nothing when every peer is unhealthy: the
+  // request is computed here (fallback).
+  std::optional<size_t> choose(std::optional<size_t> named);
+
+ private:
+  std::vector<Peer> peers_;
+};
+
+}  // namespace tandem::agent

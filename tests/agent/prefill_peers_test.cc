@@ -1,0 +1,74 @@
+// Which prefill peer serves a request (PrefillPeers::choose), on a FakeClock.
+
+#include "agent/prefill_peers.h"
+
+#include <gtest/gtest.h>
+
+#include "src/common/clock.h"
+
+namespace tandem::agent {
+namespace {
+
+class PrefillPeersTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  // Three peers; each unhealthy after 2 failures within 10 s.
+  PrefillPeers peers_{{{"p0", 1}, {"p1", 2}, {"p2", 3}}, 2, std::chrono::seconds(10), clock_};
+
+  void failTwice(size_t p) {
+    peers_[p].health->recordFailure();
+    peers_[p].health->recordFailure();
+  }
+};
+
+TEST_F(PrefillPeersTest, NamesAreHostPortAndFound) {
+  EXPECT_EQ(peers_[1].name, "p1:2");
+  EXPECT_EQ(peers_.find("p2:3"), 2u);
+  EXPECT_FALSE(peers_.find("p2:4").has_value());
+  EXPECT_FALSE(peers_.find("").has_value());
+  peers_[2].conn = 7;
+  EXPECT_EQ(peers_.byConn(7), 2u);
+  EXPECT_FALSE(peers_.byConn(0).has_value()) << "0 is no connection";
+}
+
+TEST_F(PrefillPeersTest, TheNamedPeerWhenItIsUsable) {
+  peers_[0].num_inflight = 0;
+  peers_[2].num_inflight = 5;
+  EXPECT_EQ(peers_.choose(2), 2u) << "the router's choice wins over load";
+  failTwice(2);
+  EXPECT_EQ(peers_.choose(2), 0u) << "unhealthy: D picks";
+  peers_[2].health->recordProbeSuccess();
+  EXPECT_EQ(peers_.choose(2), 2u);
+  peers_[2].incompatible = "another model";
+  EXPECT_EQ(peers_.choose(2), 0u) << "known incompatible: D picks";
+}
+
+TEST_F(PrefillPeersTest, WithoutANameFewestInFlightTiesByOrder) {
+  EXPECT_EQ(peers_.choose(std::nullopt), 0u);
+  peers_[0].num_inflight = 2;
+  peers_[1].num_inflight = 1;
+  peers_[2].num_inflight = 1;
+  EXPECT_EQ(peers_.choose(std::nullopt), 1u);
+  failTwice(1);
+  EXPECT_EQ(peers_.choose(std::nullopt), 2u);
+}
+
+TEST_F(PrefillPeersTest, IncompatiblePeersOnlyWhenNothingElseIsHealthy) {
+  peers_[0].incompatible = "x";
+  peers_[1].incompatible = "y";
+  failTwice(2);
+  // Only incompatible peers are healthy: one of them, whose transfer then
+  // fails with the reason (as with a single incompatible peer).
+  EXPECT_EQ(peers_.choose(std::nullopt), 0u);
+  failTwice(0);
+  failTwice(1);
+  EXPECT_FALSE(peers_.choose(std::nullopt).has_value()) << "every peer unhealthy: fallback";
+  // A peer that answers a probe is used again.
+  clock_.advance(std::chrono::seconds(11));
+  EXPECT_FALSE(peers_.choose(std::nullopt).has_value()) << "unhealthy until a probe answers";
+  peers_[2].health->recordProbeSuccess();
+  EXPECT_EQ(peers_.choose(std::nullopt), 2u);
+}
+
+}  // namespace
+}  // namespace tandem::agent
