@@ -177,9 +177,6 @@ class Engine {
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
 
   // --- What routers see of this engine (routable_state.h) ---
-  // The root of this engine's block-hash chain: its prefix-cache and
-  // session hashes are computed from it.
-  BlockHash blockHashRoot() const { return kBlockHashRoot; }
   // Prefix-cache events and session residency changes since the last call
   // (drainKvEvents() and this take from the same prefix-cache events).
   // Call regularly (the agent does after every step): the events queue up until then.
