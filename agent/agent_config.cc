@@ -348,6 +348,19 @@ void addLimitOptions(std::vector<Option>& o) {
                              &AgentConfig::drain_grace));
 }
 
+// events: the worker-state stream routers subscribe to (docs/routing.md).
+void addEventOptions(std::vector<Option>& o) {
+  o.push_back(durationOption("events-load-interval", "events", "load_interval",
+                             "worker-state stream: load deltas at most this often (0: every change)",
+                             &AgentConfig::events_load_interval));
+  o.push_back(durationOption("events-heartbeat", "events", "heartbeat",
+                             "worker-state stream: an idle stream gets a heartbeat this often (0: none)",
+                             &AgentConfig::events_heartbeat));
+  o.push_back(numberOption("events-buffer", "events", "buffer",
+                           "worker-state stream: deltas kept for slow subscribers; one further behind is closed",
+                           &AgentConfig::events_buffer, 1, 1 << 24));
+}
+
 // kv: the P/D transport (roles prefill and decode).
 void addKvOptions(std::vector<Option>& o) {
   o.push_back({"kv-listen", "kv", "listen", "UCX KV listener HOST:PORT (prefill and decode roles); port 0 picks one",
@@ -416,6 +429,7 @@ const std::vector<Option>& options() {
     addServerOptions(o);
     addEngineOptions(o);
     addLimitOptions(o);
+    addEventOptions(o);
     addKvOptions(o);
     addLogOptions(o);
     return o;

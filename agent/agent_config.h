@@ -53,7 +53,11 @@ struct AgentConfig {
   std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
-  std::string trace_file;  // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  std::string trace_file;             // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  // The worker-state stream (GET /internal/v1/events; docs/routing.md).
+  std::chrono::nanoseconds events_load_interval = std::chrono::milliseconds(50);  // load deltas at most this often
+  std::chrono::nanoseconds events_heartbeat = std::chrono::seconds(5);            // an idle stream's heartbeat; 0: none
+  int events_buffer = 4096;  // deltas kept for slow subscribers; one further behind is closed
   // P/D (roles prefill and decode): the UCX KV transport.
   std::string kv_host;                   // KV listener address; default: host
   int kv_port = 8200;                    // 0: any free port

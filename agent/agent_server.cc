@@ -12,6 +12,7 @@
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
 #include "agent/trace.h"
+#include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine_loop.h"
 #include "engine/model/model_fingerprint.h"
@@ -77,6 +78,7 @@ struct AgentServer::Impl {
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
+  std::unique_ptr<WorkerEventsPublisher> events;  // before loop: its observer publishes here
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<PdMetrics> pd_metrics;
   std::unique_ptr<PrefillService> prefill;  // role prefill
@@ -253,6 +255,7 @@ struct AgentServer::Impl {
     });
     r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
+    r.handle("GET", "/internal/v1/events", [this](http::Request&) { return serveWorkerEvents(*events); });
     return r;
   }
 
@@ -318,11 +321,14 @@ struct AgentServer::Impl {
     initial.num_free_blocks = engine->numAvailableBlocks();
     metrics->onStep(initial);
     pd_metrics = std::make_unique<PdMetrics>(registry, metrics::Labels{{"pool", config.pool}, {"role", role}});
-    loop = std::make_unique<engine::EngineLoop>(std::move(engine),
-                                                [this](const engine::StepStats& s, const engine::Engine& e) {
-                                                  metrics->onStep(s);
-                                                  pd_metrics->leases.set(e.numLeases());
-                                                });
+    events = WorkerEventsPublisher::start(workerEventsOptions(config, *engine, clock), registry,
+                                          {{"pool", config.pool}, {"role", role}});
+    loop =
+        std::make_unique<engine::EngineLoop>(std::move(engine), [this](const engine::StepStats& s, engine::Engine& e) {
+          metrics->onStep(s);
+          pd_metrics->leases.set(e.numLeases());
+          events->onEngineStep(e.drainRoutableChanges(), s);
+        });
     return absl::OkStatus();
   }
 
@@ -409,6 +415,7 @@ int AgentServer::port() const { return impl_->server->port(); }
 
 void AgentServer::drain() {
   impl_->draining.store(true);
+  impl_->events->setDraining(true);
   impl_->log.info("draining", {{"grace_s", std::chrono::duration<double>(impl_->config.drain_grace).count()},
                                {"in_flight", impl_->loop->numLive()}});
   impl_->server->shutdown(impl_->config.drain_grace);

@@ -27,6 +27,7 @@
 #include "engine/kv/layer_announcer.h"
 #include "engine/kv/lease_table.h"
 #include "engine/kv/session_store.h"
+#include "engine/routable_state.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
 #include "src/common/block_hash.h"
@@ -174,6 +175,12 @@ class Engine {
   int numLeases() const { return leases_.numLeases(); }
   // Prefix-cache "stored"/"removed" events since the last call (for the router).
   std::vector<KvEvent> drainKvEvents() { return blocks_.drainEvents(); }
+
+  // --- What routers see of this engine (routable_state.h) ---
+  // Prefix-cache events and session residency changes since the last call
+  // (drainKvEvents() and this take from the same prefix-cache events).
+  // Call regularly (the agent does after every step): the events queue up until then.
+  RoutableChanges drainRoutableChanges();
 
   // Pool invariants plus ownership: every block's reference count equals the
   // number of live sequences, resident sessions and held leases that hold it.

@@ -28,8 +28,10 @@ namespace tandem::engine {
 class EngineLoop {
  public:
   // Called on the loop thread after every step, and with currentStats() when
-  // commands changed the engine and it is idle (metrics export).
-  using StepObserver = std::function<void(const StepStats&, const Engine&)>;
+  // commands changed the engine and it is idle (metrics export; the
+  // worker-state stream drains Engine::drainRoutableChanges() here, so every
+  // change to the engine is followed by a call).
+  using StepObserver = std::function<void(const StepStats&, Engine&)>;
 
   // Starts the thread. The engine is owned by the loop from now on; the
   // loop waits on the engine's clock.

@@ -7,6 +7,7 @@ void SessionStore::put(const SessionId& id, ResidentSession state) {
     blocks_.releaseAll(it->second.state.blocks);
     erase(it);
   }
+  changed_.insert(id);
   uint64_t tick = ++tick_;
   num_blocks_held_ += static_cast<int>(state.blocks.size());
   order_.insert({state.priority, tick, id});
@@ -16,6 +17,7 @@ void SessionStore::put(const SessionId& id, ResidentSession state) {
 std::optional<ResidentSession> SessionStore::take(const SessionId& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return std::nullopt;
+  changed_.insert(id);
   ResidentSession out = std::move(it->second.state);
   num_blocks_held_ -= static_cast<int>(out.blocks.size());
   order_.erase({out.priority, it->second.tick, it->first});
@@ -31,6 +33,7 @@ bool SessionStore::evictOne() {
 bool SessionStore::drop(const SessionId& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return false;
+  changed_.insert(id);
   blocks_.releaseAll(it->second.state.blocks);
   erase(it);
   return true;
@@ -39,6 +42,12 @@ bool SessionStore::drop(const SessionId& id) {
 void SessionStore::clear() {
   while (evictOne()) {
   }
+}
+
+std::vector<SessionId> SessionStore::drainChanged() {
+  std::vector<SessionId> out(changed_.begin(), changed_.end());
+  changed_.clear();
+  return out;
 }
 
 void SessionStore::erase(absl::flat_hash_map<SessionId, Entry>::iterator it) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "engine/kv/block_manager.h"
 #include "src/common/ids.h"
 
@@ -47,6 +48,11 @@ class SessionStore {
   bool drop(const SessionId& id);
   void clear();
 
+  // Sessions whose residency changed (put, take, drop, eviction) since the
+  // last call, each once, for the router's view of this engine
+  // (Engine::drainRoutableChanges). Look each up with find() for its state now.
+  std::vector<SessionId> drainChanged();
+
   int numResident() const { return static_cast<int>(sessions_.size()); }
   int numBlocksHeld() const { return num_blocks_held_; }
   template <typename Fn>
@@ -75,6 +81,7 @@ class SessionStore {
   std::set<Key> order_;
   uint64_t tick_ = 0;
   int num_blocks_held_ = 0;
+  absl::flat_hash_set<SessionId> changed_;  // since the last drainChanged()
 };
 
 }  // namespace tandem::engine

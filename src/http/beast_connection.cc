@@ -146,6 +146,7 @@ void Connection::send(std::string bytes, bool last, bool closeAfter, std::functi
     endResponse(false);
     return;
   }
+  unsent_.fetch_add(bytes.size());
   outbox_.push_back({std::move(bytes), last});
   if (!writing_) writeNext();
 }
@@ -160,15 +161,18 @@ void Connection::onWritten(error_code ec) {
   writing_ = false;
   Piece piece = std::move(outbox_.front());
   outbox_.pop_front();
+  unsent_.fetch_sub(piece.bytes.size());
   if (ec) {
     failed_.store(true);
     outbox_.clear();
+    unsent_.store(0);
     endResponse(false);
     close();
     return;
   }
   if (piece.last) {
     outbox_.clear();  // nothing may follow the end of a response
+    unsent_.store(0);
     endResponse(true);
     afterResponse();
     return;

@@ -77,6 +77,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send(std::string bytes, bool last, bool closeAfter, std::function<void(bool)> done);
   // False once the connection failed or closed: a stream write would be lost.
   bool writable() const { return !failed_.load(); }
+  // Bytes of the response queued and not yet written (from any thread).
+  size_t numUnsentBytes() const { return unsent_.load(); }
   // Runs `fn` on the strand; false (and `fn` dropped) once the listener closed.
   template <typename F>
   bool post(F&& fn) {
@@ -118,6 +120,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   std::deque<Piece> outbox_;
   bool writing_ = false;
+  std::atomic<size_t> unsent_{0};  // bytes in outbox_; written on the strand, read anywhere
   std::atomic<bool> failed_{false};
   TimerQueue::Id timer_ = 0;
   uint64_t generation_ = 0;  // of the armed deadline; a stale one is ignored

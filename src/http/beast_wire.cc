@@ -116,6 +116,8 @@ class BeastWire final : public Wire {
     return c->post([c, chunk = std::move(chunk)]() mutable { c->send(std::move(chunk), false, false, nullptr); });
   }
 
+  size_t numUnsentBytes() const override { return connection_->numUnsentBytes(); }
+
   void closeStream() override {
     auto c = connection_;
     c->post([c, end = std::string(http10_ ? "" : "0\r\n\r\n")]() mutable {

@@ -20,6 +20,7 @@ class SseWriterImpl final : public SseWriter {
   bool send(std::string_view data) override;
   bool sendEvent(const SseEvent& event) override;
   bool sendRaw(std::string_view bytes) override { return ex_->write(bytes); }
+  size_t numUnsentBytes() const override { return ex_->numUnsentBytes(); }
   void close() override { ex_->closeStream(); }
   CallContext& context() override { return *ex_->context; }
 

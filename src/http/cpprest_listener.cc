@@ -109,6 +109,7 @@ class CpprestWire final : public Wire, public std::enable_shared_from_this<Cppre
   void reply(const Response& response, std::function<void(bool ok)> done) override;
   void openStream(const Headers& headers, std::function<void(bool ok)> done) override;
   bool writeStream(std::string_view bytes) override;
+  size_t numUnsentBytes() const override;
   void closeStream() override;
 
  private:
@@ -120,7 +121,7 @@ class CpprestWire final : public Wire, public std::enable_shared_from_this<Cppre
   const std::string method_;
   // Written only by the body-reading chain (one step at a time).
   std::string body_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::optional<ByteBuffer> stream_ ABSL_GUARDED_BY(mu_);
   bool streamClosed_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -229,6 +230,18 @@ bool CpprestWire::writeStream(std::string_view bytes) {
     return false;
   }
   return true;
+}
+
+size_t CpprestWire::numUnsentBytes() const {
+  absl::MutexLock lock(&mu_);
+  if (!stream_ || streamClosed_) return 0;
+  try {
+    // What cpprestsdk has not read from the buffer yet (it reads the next
+    // chunk once the previous one was written to the socket).
+    return stream_->in_avail();
+  } catch (...) {
+    return 0;
+  }
 }
 
 void CpprestWire::closeStream() {

@@ -54,6 +54,7 @@ class Exchange {
   // Writes bytes to the open stream (one chunk, pushed now). False once the
   // stream is closed or the call cancelled.
   bool write(std::string_view bytes);
+  size_t numUnsentBytes() const { return wire->numUnsentBytes(); }
   // Ends the stream: the Wire sends what is queued, then the last chunk.
   void closeStream();
   // When an idle stream should next get a keepalive; nullopt once closed.

@@ -187,6 +187,10 @@ class SseWriter {
   // its own Content-Type with Response::setHeader and runs on a server whose
   // sseKeepalive is zero, since keepalive comments are SSE framing.
   virtual bool sendRaw(std::string_view bytes) = 0;
+  // Bytes handed to the stream and not yet written to the socket: how far a
+  // slow reader is behind, so a producer can stop feeding it instead of
+  // queueing without bound. 0 where the library cannot tell.
+  virtual size_t numUnsentBytes() const { return 0; }
   // Ends the stream (the final chunk goes out after what was sent). Idempotent.
   virtual void close() = 0;
   virtual CallContext& context() = 0;

@@ -66,6 +66,8 @@ class Wire {
   // Queues `bytes` and pushes them to the client now (one chunk). False when
   // the stream cannot take them (closed, failed).
   virtual bool writeStream(std::string_view bytes) = 0;
+  // Bytes queued by writeStream() and not yet written to the socket.
+  virtual size_t numUnsentBytes() const = 0;
   // Ends the stream after what was written. Idempotent.
   virtual void closeStream() = 0;
 };
