@@ -183,7 +183,7 @@ void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
   }
   int64_t p_overlap = 0;
   const WorkerView* p = choosePrefill(ctx, p_overlap);
-  if (p == nullptr) {  // no prefill worker: D computes the prompt itself
+  if (p == nullptr || p == c.w) {  // no prefill worker, or D itself (role kBoth): D computes the prompt
     d.path = RoutePath::kDirect;
     d.prefill_tokens = suffix;
     return;
@@ -223,7 +223,6 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   if (s.candidates.empty()) {
     return NoWorker{any_alive ? NoWorkerReason::kTooLong : NoWorkerReason::kNoDecodeWorker};
   }
-  const int num_candidates = static_cast<int>(s.candidates.size());
   auto fits_end =
       std::partition(s.candidates.begin(), s.candidates.end(), [](const Candidate& c) { return c.fits_now; });
   std::vector<Candidate> feasible(s.candidates.begin(), fits_end);
@@ -251,7 +250,6 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   d.decode_cached_blocks = pick->overlap;
   d.score = pick->score;
   d.num_feasible = static_cast<int>(feasible.size());
-  (void)num_candidates;
   choosePath(ctx, *pick, d);
   return d;
 }
