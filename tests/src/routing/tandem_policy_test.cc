@@ -93,6 +93,29 @@ TEST(TandemPolicyTest, TheReservationIsPromptMinusCachedPlusOutput) {
   EXPECT_EQ(d.num_feasible, 1);
 }
 
+TEST(TandemPolicyTest, IdleResidentSessionsOfOthersCountAsAvailable) {
+  // d0 has no free blocks, but 60 blocks of another idle session that its
+  // scheduler evicts to admit; its own session's blocks do not count twice.
+  ClusterState c;
+  addWorker(c, {.name = "d0",
+                .total_blocks = 200,
+                .free_blocks = 0,
+                .sessions = {resident("s1", chain(100, 40)), resident("other", chain(9000, 60))}});
+  addWorker(c, {.name = "d1", .total_blocks = 200, .free_blocks = 0});
+  InFlight f;
+  TandemPolicy p;
+  // s1's next turn: 10 new blocks + 4 of output = 14 <= 60.
+  Decision d = mustRoute(p, request("s1", chain(100, 50)), c, f);
+  EXPECT_EQ(d.decode, "d0");
+  EXPECT_EQ(d.num_feasible, 1);
+  EXPECT_EQ(d.path, RoutePath::kDirect);
+  // For a new session both idle sessions are evictable: 100 blocks.
+  EXPECT_EQ(mustRoute(p, request("s2", chain(5000, 97)), c, f).reason, DecisionReason::kNoneFree);  // 97 + 4 > 100
+  Decision fits = mustRoute(p, request("s2", chain(5000, 96)), c, f);
+  EXPECT_EQ(fits.decode, "d0");
+  EXPECT_EQ(fits.reason, DecisionReason::kLeastLoaded);
+}
+
 TEST(TandemPolicyTest, WhenNothingFitsNowTheLeastLoadedThatCanHoldItQueuesIt) {
   ClusterState c;
   addWorker(c, {.name = "d0", .total_blocks = 200, .free_blocks = 0, .running = 5});
