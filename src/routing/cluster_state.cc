@@ -45,7 +45,7 @@ struct ClusterState::Impl {
   void dropSession(Worker& w, uint32_t slot, const SessionId& session) {
     auto it = w.sessions.find(session);
     if (it == w.sessions.end()) return;
-    index.removeSession(slot, w.refs, it->second.hashes);
+    w.view.num_session_blocks -= index.removeSession(slot, w.refs, it->second.hashes);
     w.sessions.erase(it);
     auto r = resident_on.find(session);
     if (r != resident_on.end()) {
@@ -57,7 +57,7 @@ struct ClusterState::Impl {
 
   void storeSession(Worker& w, uint32_t slot, const ResidentSessionBlocks& s) {
     dropSession(w, slot, s.session);
-    index.addSession(slot, w.refs, s.hashes);
+    w.view.num_session_blocks += index.addSession(slot, w.refs, s.hashes);
     w.sessions.emplace(s.session, Resident{s.hashes, s.num_tokens});
     resident_on[s.session].push_back(slot);
   }
@@ -71,6 +71,7 @@ struct ClusterState::Impl {
       if (v.empty()) resident_on.erase(it);
     }
     w.sessions.clear();
+    w.view.num_session_blocks = 0;
     index.clearWorker(slot, w.refs);
   }
 
@@ -256,6 +257,14 @@ int64_t ClusterState::residentTokens(WorkerSlot slot, const SessionId& session) 
   const auto& sessions = impl_->slots[slot.value()]->sessions;
   auto it = sessions.find(session);
   return it == sessions.end() ? 0 : it->second.num_tokens;
+}
+
+int64_t ClusterState::residentBlocks(WorkerSlot slot, const SessionId& session) const {
+  const WorkerView* v = worker(slot);
+  if (v == nullptr || v->stale) return 0;
+  const auto& sessions = impl_->slots[slot.value()]->sessions;
+  auto it = sessions.find(session);
+  return it == sessions.end() ? 0 : static_cast<int64_t>(it->second.hashes.size());
 }
 
 bool needsResnapshot(const absl::Status& status) { return absl::IsFailedPrecondition(status); }

@@ -56,7 +56,8 @@ struct WorkerView {
   bool stale = false;   // its stream is down or out of step: no cache credit
   bool healthy = true;  // set by the caller's failure detector (setHealthy)
   int64_t num_resident_sessions = 0;
-  int64_t num_blocks_held = 0;  // distinct hashes, cached or resident
+  int64_t num_blocks_held = 0;     // distinct hashes, cached or resident
+  int64_t num_session_blocks = 0;  // distinct hashes held by resident sessions (D evicts idle sessions LRU to admit)
 
   bool canDecode() const { return role != WorkerRole::kPrefill; }
   bool canPrefill() const { return role != WorkerRole::kDecode; }
@@ -96,8 +97,10 @@ class ClusterState {
   void prefixOverlap(std::span<const BlockHash> hashes, std::span<int32_t> out) const;
   // Fresh workers where `session` is resident.
   std::vector<WorkerSlot> residentOn(const SessionId& session) const;
-  // Tokens of `session` resident on that worker (0 when not resident or stale).
+  // Tokens / full blocks of `session` resident on that worker (0 when not
+  // resident or stale).
   int64_t residentTokens(WorkerSlot slot, const SessionId& session) const;
+  int64_t residentBlocks(WorkerSlot slot, const SessionId& session) const;
 
  private:
   struct Impl;

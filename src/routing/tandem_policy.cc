@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -20,7 +21,7 @@ struct Candidate {
   int64_t reserve = 0;    // blocks the request needs there
   int64_t assigned = 0;   // resident sessions + running + waiting + in-flight requests
   bool resident = false;  // the request's session is resident there
-  bool fits_now = false;  // reserve <= free blocks - in-flight reservations
+  bool fits_now = false;  // reserve <= available blocks (see makeCandidate)
   double score = 0;
   uint64_t tie = 0;  // rendezvous weight
 };
@@ -87,7 +88,11 @@ Candidate makeCandidate(const RouteContext& ctx, const WorkerView& w, bool resid
   c.reserve = std::max<int64_t>(0, ceilDiv(total_tokens, w.block_size) - c.overlap);
   c.assigned = w.num_resident_sessions + w.load.running + w.load.waiting + c.pending.requests;
   c.resident = resident;
-  c.fits_now = c.reserve <= w.load.free_blocks - c.pending.blocks;
+  // Available: reported free (incl. evictable prefix cache), minus the
+  // router's in-flight reservations, plus the blocks of the other idle
+  // sessions resident there, which D evicts (LRU) to admit a request.
+  int64_t own = resident ? ctx.cluster.residentBlocks(w.ref.slot, *ctx.request.session) : 0;
+  c.fits_now = c.reserve <= w.load.free_blocks - c.pending.blocks + (w.num_session_blocks - own);
   c.tie = rendezvousWeight(ctx.key, w.name_hash);
   return c;
 }
@@ -113,7 +118,7 @@ void collectCandidates(const RouteContext& ctx, const std::vector<WorkerSlot>& r
 
 // The score of issue 14 §3 for the candidates that fit now; returns the best
 // (near-ties within tie_epsilon go to the highest rendezvous weight).
-const Candidate* bestScored(const RouteContext& ctx, std::vector<Candidate>& feasible, bool resident_somewhere) {
+const Candidate* bestScored(const RouteContext& ctx, std::span<Candidate> feasible, bool resident_somewhere) {
   double mean = 0;
   for (const Candidate& c : feasible) mean += static_cast<double>(c.assigned);
   mean /= static_cast<double>(feasible.size());
@@ -183,7 +188,7 @@ void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
   }
   int64_t p_overlap = 0;
   const WorkerView* p = choosePrefill(ctx, p_overlap);
-  if (p == nullptr) {  // no prefill worker: D computes the prompt itself
+  if (p == nullptr || p == c.w) {  // no prefill worker, or D itself (role kBoth): D computes the prompt
     d.path = RoutePath::kDirect;
     d.prefill_tokens = suffix;
     return;
@@ -223,10 +228,9 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   if (s.candidates.empty()) {
     return NoWorker{any_alive ? NoWorkerReason::kTooLong : NoWorkerReason::kNoDecodeWorker};
   }
-  const int num_candidates = static_cast<int>(s.candidates.size());
   auto fits_end =
       std::partition(s.candidates.begin(), s.candidates.end(), [](const Candidate& c) { return c.fits_now; });
-  std::vector<Candidate> feasible(s.candidates.begin(), fits_end);
+  std::span<Candidate> feasible(s.candidates.begin(), fits_end);
 
   const Candidate* pick = nullptr;
   DecisionReason reason = DecisionReason::kScored;
@@ -251,7 +255,6 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   d.decode_cached_blocks = pick->overlap;
   d.score = pick->score;
   d.num_feasible = static_cast<int>(feasible.size());
-  (void)num_candidates;
   choosePath(ctx, *pick, d);
   return d;
 }

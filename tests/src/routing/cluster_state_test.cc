@@ -13,6 +13,11 @@ std::vector<BlockHash> chain(uint64_t first, int n) {
   return out;
 }
 
+std::vector<BlockHash> concat4(std::vector<BlockHash> a, const std::vector<BlockHash>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 WorkerSnapshot snapshot(const std::string& name, std::vector<BlockHash> cached, uint64_t epoch = 7, uint64_t seq = 0) {
   WorkerSnapshot s;
   s.worker = name;
@@ -130,10 +135,20 @@ TEST(ClusterStateTest, SessionsCountAsHeldAndTrackResidency) {
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 6);
   EXPECT_EQ(c.residentOn(SessionId("s1")), std::vector<WorkerSlot>{*c.find("d")});
   EXPECT_EQ(c.residentTokens(*c.find("d"), SessionId("s1")), 100);
+  EXPECT_EQ(c.residentBlocks(*c.find("d"), SessionId("s1")), 6);
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 6);
+  // A second session sharing the first 4 blocks adds only its own 2.
+  ResidentSessionBlocks s2{
+      .session = SessionId("s2"), .hashes = concat4(chain(100, 4), chain(700, 2)), .num_tokens = 96};
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 2, .body = SessionStored{s2}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 8);
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 3, .body = SessionRemoved{SessionId("s2")}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 6);
   // The cache forgets two shared blocks: the session still holds them.
-  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 2, .body = BlocksRemoved{chain(100, 2)}}).ok());
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 4, .body = BlocksRemoved{chain(100, 2)}}).ok());
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 6);
-  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 3, .body = SessionRemoved{SessionId("s1")}}).ok());
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 5, .body = SessionRemoved{SessionId("s1")}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 0);
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 0);
   EXPECT_TRUE(c.residentOn(SessionId("s1")).empty());
   EXPECT_EQ(c.numIndexedBlocks(), 0u);
