@@ -177,7 +177,9 @@ absl::StatusOr<Command> parseCommandLine(const std::vector<std::string>& args) {
 }
 
 std::string usage() {
-  return R"(usage:
+  const WorkerModel m;
+  const GeneratorOptions g;
+  return strCat(R"(usage:
   tandem-replay --trace FILE --workers N (--cache-blocks B | --cache-fraction F)
                 --policy NAME[,NAME...] [--json]
       Replays a Mooncake-format trace (JSONL: timestamp ms, input_length,
@@ -187,18 +189,31 @@ std::string usage() {
       --cache-blocks B            KV blocks per worker
       --cache-fraction F          all workers together hold F x the trace's unique blocks
       --json                      one JSON object per policy and line
-      --prefill-tokens-per-s X    a worker's prefill speed (default 10000)
-      --decode-tokens-per-s X     one decoding request's speed (default 50)
-      --max-waiting N             queued requests a worker accepts (default 256)
+      --prefill-tokens-per-s X    a worker's prefill speed (default )",
+                m.prefill_tokens_per_s, R"()
+      --decode-tokens-per-s X     one decoding request's speed (default )",
+                m.decode_tokens_per_s, R"()
+      --max-waiting N             queued requests a worker accepts (default )",
+                m.max_waiting, R"()
       --direct-max-suffix-tokens N  uncached suffix a worker computes direct-to-D
-                                  for a resident session (default 2048)
+                                  for a resident session (default )",
+                m.direct_max_suffix_tokens, R"()
   tandem-replay generate --sessions N --shape 32K|48K|64K [--seed S] [--active A]
                 [--system-tokens T] [--tool-s S] [--out FILE]
       Writes agentic session traces (DualPath shapes) in the same format.
-      --active A         about A sessions at once (default 24)
-      --system-tokens T  shared system prompt (default 4096)
-      --tool-s S         mean time between an answer and the next turn (default 10)
-)";
+      --sessions N       sessions (default )",
+                g.num_sessions, R"()
+      --shape S          DualPath shape (default )",
+                g.shape.name, R"()
+      --seed S           the same seed gives the same trace (default )",
+                g.seed, R"()
+      --active A         about A sessions at once (default )",
+                g.active_sessions, R"()
+      --system-tokens T  shared system prompt (default )",
+                g.system_prompt_tokens, R"()
+      --tool-s S         mean time between an answer and the next turn (default )",
+                g.tool_time_s, R"()
+)");
 }
 
 }  // namespace tandem::replay

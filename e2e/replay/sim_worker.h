@@ -25,6 +25,7 @@
 #include "src/routing/cluster_state.h"
 #include "src/routing/decision.h"
 #include "src/routing/reject_reason.h"
+#include "src/routing/router_config.h"
 
 namespace tandem::replay {
 
@@ -36,8 +37,9 @@ struct WorkerModel {
   int max_waiting = 256;                // queued requests beyond this are refused (queue_full)
   // A turn whose session is resident here and whose uncached suffix is at
   // most this many tokens is computed here directly (direct-to-D), as the
-  // engine's scheduler decides (engine/sched/scheduler.h).
-  int64_t direct_max_suffix_tokens = 2048;
+  // engine's scheduler decides (engine/sched/scheduler.h); by default the
+  // threshold the tandem policy uses to choose that path.
+  int64_t direct_max_suffix_tokens = routing::RouterConfig{}.direct_max_suffix_tokens;
 };
 
 // A request at a worker.
