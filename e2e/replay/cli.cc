@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <functional>
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
@@ -12,36 +13,32 @@
 namespace tandem::replay {
 namespace {
 
-// Walks "--name value" / "--name=value" pairs; each flag at most once.
-class FlagReader {
- public:
-  explicit FlagReader(const std::vector<std::string>& args, size_t begin) : args_(args), i_(begin) {}
+using FlagSetter = std::function<absl::Status(const std::string& name, const std::optional<std::string>& value)>;
 
-  // Next flag into *name and its value (or nullopt for a flag without one
-  // when `is_switch(name)`); false at the end.
-  absl::StatusOr<bool> next(std::string* name, std::optional<std::string>* value, bool (*is_switch)(std::string_view)) {
-    if (i_ >= args_.size()) return false;
-    std::string_view arg = args_[i_++];
+// Walks args[begin..] as "--name value" / "--name=value" pairs (a switch
+// named by `is_switch` takes no value unless given with '='), each flag at
+// most once, handing each to `set`. Returns whether --help was among them.
+absl::StatusOr<bool> readFlags(const std::vector<std::string>& args, size_t begin, bool (*is_switch)(std::string_view),
+                               const FlagSetter& set) {
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = begin; i < args.size();) {
+    std::string_view arg = args[i++];
     if (!arg.starts_with("--")) return absl::InvalidArgumentError(strCat("unexpected argument '", arg, "'"));
     const size_t eq = arg.find('=');
-    *name = std::string(arg.substr(0, eq));
-    if (!seen_.insert(*name).second) return absl::InvalidArgumentError(strCat(*name, " given twice"));
+    const std::string name(arg.substr(0, eq));
+    if (!seen.insert(name).second) return absl::InvalidArgumentError(strCat(name, " given twice"));
+    std::optional<std::string> value;
     if (eq != std::string_view::npos) {
-      *value = std::string(arg.substr(eq + 1));
-    } else if (is_switch(*name)) {
-      *value = std::nullopt;
-    } else {
-      if (i_ >= args_.size()) return absl::InvalidArgumentError(strCat(*name, " needs a value"));
-      *value = args_[i_++];
+      value = std::string(arg.substr(eq + 1));
+    } else if (!is_switch(name)) {
+      if (i >= args.size()) return absl::InvalidArgumentError(strCat(name, " needs a value"));
+      value = args[i++];
     }
-    return true;
+    if (name == "--help") return true;
+    TANDEM_RETURN_IF_ERROR(set(name, value));
   }
-
- private:
-  const std::vector<std::string>& args_;
-  size_t i_;
-  absl::flat_hash_set<std::string> seen_;
-};
+  return false;
+}
 
 template <typename T>
 absl::StatusOr<T> parseNumber(std::string_view flag, const std::optional<std::string>& value, T min) {
@@ -77,7 +74,7 @@ absl::StatusOr<std::vector<std::string>> parsePolicies(const std::optional<std::
 }
 
 bool replaySwitch(std::string_view name) { return name == "--json" || name == "--help"; }
-bool noSwitch(std::string_view name) { return name == "--help"; }
+bool generateSwitch(std::string_view name) { return name == "--help"; }
 
 absl::Status setReplayFlag(ReplayCommand& c, const std::string& name, const std::optional<std::string>& v) {
   if (name == "--trace") {
@@ -111,15 +108,10 @@ absl::Status setReplayFlag(ReplayCommand& c, const std::string& name, const std:
 
 absl::StatusOr<Command> parseReplay(const std::vector<std::string>& args) {
   ReplayCommand c;
-  FlagReader flags(args, 0);
-  std::string name;
-  std::optional<std::string> value;
-  while (true) {
-    TANDEM_ASSIGN_OR_RETURN(bool more, flags.next(&name, &value, replaySwitch));
-    if (!more) break;
-    if (name == "--help") return HelpCommand{};
-    TANDEM_RETURN_IF_ERROR(setReplayFlag(c, name, value));
-  }
+  TANDEM_ASSIGN_OR_RETURN(bool help, readFlags(args, 0, replaySwitch, [&](const std::string& name, const auto& value) {
+                            return setReplayFlag(c, name, value);
+                          }));
+  if (help) return HelpCommand{};
   if (c.trace_path.empty()) return absl::InvalidArgumentError("--trace FILE is required");
   if (c.num_workers == 0) return absl::InvalidArgumentError("--workers N is required");
   if (c.cache_blocks.has_value() == c.cache_fraction.has_value()) {
@@ -157,15 +149,11 @@ absl::Status setGenerateFlag(GenerateCommand& c, const std::string& name, const 
 
 absl::StatusOr<Command> parseGenerate(const std::vector<std::string>& args) {
   GenerateCommand c;
-  FlagReader flags(args, 1);
-  std::string name;
-  std::optional<std::string> value;
-  while (true) {
-    TANDEM_ASSIGN_OR_RETURN(bool more, flags.next(&name, &value, noSwitch));
-    if (!more) break;
-    if (name == "--help") return HelpCommand{};
-    TANDEM_RETURN_IF_ERROR(setGenerateFlag(c, name, value));
-  }
+  TANDEM_ASSIGN_OR_RETURN(bool help,
+                          readFlags(args, 1, generateSwitch, [&](const std::string& name, const auto& value) {
+                            return setGenerateFlag(c, name, value);
+                          }));
+  if (help) return HelpCommand{};
   return c;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 
 namespace tandem::replay {
 
@@ -32,7 +33,7 @@ class Rng {
     // Box-Muller; u1 in (0, 1] so the log is finite.
     const double u1 = 1.0 - uniform();
     const double u2 = uniform();
-    const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
     const double mu = std::log(mean) - sigma * sigma / 2;  // E[X] = exp(mu + sigma^2/2) = mean
     return std::exp(mu + sigma * normal);
   }
