@@ -193,8 +193,11 @@ absl::Status ClusterState::applyDelta(std::string_view worker, const WorkerDelta
   return absl::OkStatus();
 }
 
-void ClusterState::markStale(std::string_view worker) {
-  if (Impl::Worker* w = impl_->lookup(worker)) w->view.stale = true;
+bool ClusterState::markStale(std::string_view worker) {
+  Impl::Worker* w = impl_->lookup(worker);
+  if (w == nullptr || w->view.stale) return false;
+  w->view.stale = true;
+  return true;
 }
 
 void ClusterState::setHealthy(std::string_view worker, bool healthy) {
@@ -226,6 +229,12 @@ const WorkerView* ClusterState::worker(WorkerSlot slot) const {
 }
 
 size_t ClusterState::numWorkers() const { return impl_->by_name.size(); }
+
+size_t ClusterState::numStale() const {
+  size_t n = 0;
+  for (const auto& w : impl_->slots) n += w && w->view.stale ? 1 : 0;
+  return n;
+}
 
 size_t ClusterState::numIndexedBlocks() const { return impl_->index.numHashes(); }
 
