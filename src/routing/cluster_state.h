@@ -75,8 +75,9 @@ class ClusterState {
   // kFailedPrecondition: take a fresh snapshot of `worker` (it is now stale).
   absl::Status applyDelta(std::string_view worker, const WorkerDelta& delta);
   // The worker's stream is down: keep routing to it without cache credit.
-  // No-op for an unknown worker.
-  void markStale(std::string_view worker);
+  // Returns true when this call made it stale (it was fresh), so the caller
+  // logs the transition once; false for an unknown or already stale worker.
+  bool markStale(std::string_view worker);
   // The caller's failure detector: an unhealthy worker is not routed to.
   void setHealthy(std::string_view worker, bool healthy);
   // Forgets the worker and everything it held; its slot may be reused.
@@ -88,6 +89,8 @@ class ClusterState {
   // nullptr for an empty slot.
   const WorkerView* worker(WorkerSlot slot) const;
   size_t numWorkers() const;
+  // Workers whose cache view is stale now (tandem_router_stale_workers).
+  size_t numStale() const;
   // Distinct block hashes held by at least one worker.
   size_t numIndexedBlocks() const;
 

@@ -26,6 +26,14 @@ struct Candidate {
   uint64_t tie = 0;  // rendezvous weight
 };
 
+// One prefill worker that passed the hard checks.
+struct PrefillCandidate {
+  const WorkerView* w = nullptr;
+  int64_t queued = 0;   // prompt tokens: reported waiting + the router's in-flight
+  int64_t overlap = 0;  // leading prompt blocks it holds
+  uint64_t tie = 0;     // rendezvous weight
+};
+
 double freeFraction(const Candidate& c) {
   const WorkerLoad& l = c.w->load;
   return l.total_blocks <= 0
@@ -46,6 +54,7 @@ bool lessLoaded(const Candidate& a, const Candidate& b) {
 struct TandemPolicy::Scratch {
   std::vector<int32_t> overlap;  // by slot
   std::vector<Candidate> candidates;
+  std::vector<PrefillCandidate> prefill;
 };
 
 struct TandemPolicy::Migration {
@@ -143,14 +152,9 @@ const Candidate* bestScored(const RouteContext& ctx, std::span<Candidate> feasib
 
 // A prefill worker by token-load balance among non-overloaded P; P-side
 // overlap breaks ties within prefill_balance_tokens. nullptr when there is none.
-const WorkerView* choosePrefill(const RouteContext& ctx, int64_t& overlap_out) {
-  struct P {
-    const WorkerView* w;
-    int64_t queued;
-    int64_t overlap;
-    uint64_t tie;
-  };
-  std::vector<P> ps;
+const WorkerView* choosePrefill(const RouteContext& ctx, std::vector<PrefillCandidate>& ps, int64_t& overlap_out) {
+  using P = PrefillCandidate;
+  ps.clear();
   bool any_not_overloaded = false;
   for (uint32_t s = 0; s < ctx.cluster.slotEnd(); ++s) {
     const WorkerView* w = ctx.cluster.worker(WorkerSlot(s));
@@ -178,7 +182,7 @@ const WorkerView* choosePrefill(const RouteContext& ctx, int64_t& overlap_out) {
 }
 
 // Fills the path and the prefill worker of `d` for the chosen decode worker `c`.
-void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
+void choosePath(const RouteContext& ctx, const Candidate& c, std::vector<PrefillCandidate>& scratch, Decision& d) {
   const int64_t bs = c.w->block_size;
   const int64_t suffix = std::max<int64_t>(0, ctx.request.prompt_tokens - c.overlap * bs);
   if (c.resident && suffix <= ctx.config.direct_max_suffix_tokens) {
@@ -187,7 +191,7 @@ void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
     return;
   }
   int64_t p_overlap = 0;
-  const WorkerView* p = choosePrefill(ctx, p_overlap);
+  const WorkerView* p = choosePrefill(ctx, scratch, p_overlap);
   if (p == nullptr || p == c.w) {  // no prefill worker, or D itself (role kBoth): D computes the prompt
     d.path = RoutePath::kDirect;
     d.prefill_tokens = suffix;
@@ -255,7 +259,7 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   d.decode_cached_blocks = pick->overlap;
   d.score = pick->score;
   d.num_feasible = static_cast<int>(feasible.size());
-  choosePath(ctx, *pick, d);
+  choosePath(ctx, *pick, s.prefill, d);
   return d;
 }
 

@@ -12,6 +12,7 @@
 //     P-side overlap breaking ties;
 //  4. rejections: after K capacity rejections of a session, migrate it.
 // The weights and thresholds are RouterConfig (router_config.h).
+// Not thread-safe (like every Policy): one owner.
 
 #include <memory>
 #include <string>

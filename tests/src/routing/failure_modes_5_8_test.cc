@@ -221,6 +221,30 @@ TEST(FailureMode7, ReplicasFedTheSameStatePickTheSameWorkerForNewSessions) {
   EXPECT_EQ(used.size(), 6u) << "equal workers: the rendezvous hash spreads sessions over all of them";
 }
 
+TEST(FailureMode7, ReplicasAgreeWhateverOrderTheyLearnedTheWorkersIn) {
+  // Replica b subscribed to the workers in the opposite order: other slots,
+  // same names and state.
+  std::vector<WorkerSpec> workers;
+  for (int p = 0; p < 3; ++p) workers.push_back({.name = "p" + std::to_string(p), .role = WorkerRole::kPrefill});
+  for (int d = 0; d < 5; ++d) {
+    workers.push_back({.name = "d" + std::to_string(d),
+                       .running = d % 2,
+                       .cached = chain(1, 8),
+                       .sessions = {resident("old" + std::to_string(d), chain(500 * (d + 1), 3))}});
+  }
+  ClusterState ca, cb;
+  for (const auto& w : workers) addWorker(ca, w);
+  for (auto it = workers.rbegin(); it != workers.rend(); ++it) addWorker(cb, *it);
+  TandemPolicy a, b;
+  InFlight fa, fb;
+  for (int s = 0; s < 40; ++s) {
+    RouteRequest r = request("s" + std::to_string(s), concat(chain(1, 8), chain(1000 * (s + 1), 4)));
+    Decision da = mustRoute(a, r, ca, fa), db = mustRoute(b, r, cb, fb);
+    EXPECT_EQ(da.decode, db.decode) << "session " << s;
+    EXPECT_EQ(da.prefill, db.prefill) << "session " << s;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Mode 8: a router silently falls back to guessing when a worker stops
 // publishing; an "overloaded" mark that never clears; a recovery that replays
