@@ -9,7 +9,9 @@
 namespace tandem::replay {
 namespace {
 
-nlohmann::json orNull(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); }
+nlohmann::ordered_json orNull(const std::optional<double>& v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json();
+}
 
 std::string fixed(double v, int decimals) {
   char buf[32];
@@ -26,7 +28,8 @@ std::string padLeft(const std::string& s, size_t width) {
 }  // namespace
 
 std::string resultJson(const ReplayResult& r) {
-  nlohmann::json j = nlohmann::json::object();
+  // Fields in the documented order (report.h), the policy first.
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
   j["policy"] = r.policy;
   j["requests"] = r.requests;
   j["dropped"] = r.dropped;
