@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "src/common/check.h"
 
 namespace tandem::replay {
 namespace {
@@ -91,6 +92,7 @@ std::optional<int64_t> WorkerKv::tryAdmit(const KvRequest& request) {
   }
   used_ += privateBlocks(request);
   running_reserved_ += request.total_blocks;
+  TANDEM_CHECK(used_ <= capacity_, "admission overbooked the pool");
   return hits;
 }
 
@@ -167,6 +169,7 @@ void WorkerKv::unrefChain(std::span<const BlockHash> hashes) {
 }
 
 void WorkerKv::evictCachedBlock() {
+  TANDEM_CHECK(!lru_.empty(), "evicting from an empty LRU: admission counted room that is not there");
   const BlockHash victim = lru_.back();
   lru_.pop_back();
   auto it = blocks_.find(victim);
