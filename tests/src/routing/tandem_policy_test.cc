@@ -213,6 +213,15 @@ TEST(TandemPolicyTest, NamesForLogsAndLabels) {
   EXPECT_EQ(decisionReasonName(DecisionReason::kLeastLoaded), "least_loaded");
   EXPECT_EQ(rejectReasonName(RejectReason::kQueueFull), "queue_full");
   EXPECT_EQ(TandemPolicy().name(), "tandem");
+  Decision d{.decode = "d1", .prefill = "p0", .path = RoutePath::kDisagg, .reason = DecisionReason::kScored};
+  d.reserve_blocks = 14;
+  d.prefill_tokens = 650;
+  d.decode_cached_blocks = 40;
+  d.score = 1.25;
+  d.num_feasible = 3;
+  EXPECT_EQ(describeDecision(d),
+            "decode=d1 prefill=p0 path=disagg reason=scored score=1.25 decode_cached=40 prefill_cached=0 reserve=14 "
+            "prefill_tokens=650 feasible=3");
 }
 
 }  // namespace
