@@ -207,6 +207,21 @@ TEST(TandemPolicyTest, MigrationThatWouldExcludeEveryWorkerFallsBackToThem) {
   EXPECT_EQ(d.reason, DecisionReason::kMigrated);
 }
 
+TEST(TandemPolicyTest, RejectionCountsOfAbandonedSessionsAreBounded) {
+  ClusterState c;
+  addWorker(c, {.name = "d0"});
+  InFlight f;
+  TandemPolicy p;
+  Decision d = mustRoute(p, request("s", chain(100, 1)), c, f);
+  for (size_t i = 0; i < TandemPolicy::kMaxTrackedMigrations + 10; ++i) {
+    p.onRejected(request("s" + std::to_string(i), {}), d, RejectReason::kCapacity);
+    ASSERT_LE(p.numTrackedMigrations(), TandemPolicy::kMaxTrackedMigrations);
+  }
+  EXPECT_EQ(p.numTrackedMigrations(), 10u);
+  p.onFinished(request("s" + std::to_string(TandemPolicy::kMaxTrackedMigrations + 9), {}), d);
+  EXPECT_EQ(p.numTrackedMigrations(), 9u);
+}
+
 TEST(TandemPolicyTest, NamesForLogsAndLabels) {
   EXPECT_EQ(routePathName(RoutePath::kDirect), "direct");
   EXPECT_EQ(routePathName(RoutePath::kDisagg), "disagg");
