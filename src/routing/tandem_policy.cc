@@ -271,6 +271,12 @@ void TandemPolicy::onFinished(const RouteRequest& request, const Decision& decis
 
 void TandemPolicy::onRejected(const RouteRequest& request, const Decision& decision, RejectReason reason) {
   if (reason != RejectReason::kCapacity || !request.session) return;
+  // Sessions abandoned after a refusal never reach onFinished; bound the
+  // table so a long-running router cannot grow it without limit. Starting
+  // the counts over only delays a migration: worker state still leads.
+  if (migrations_.size() >= kMaxTrackedMigrations && !migrations_.contains(request.session->value())) {
+    migrations_.clear();
+  }
   auto& m = migrations_[request.session->value()];
   if (!m) m = std::make_unique<Migration>();
   ++m->capacity_rejections;

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
+
+#include "src/common/strings.h"
 
 #include "src/routing/router_config.h"
 #include "src/routing/tandem_policy.h"
@@ -182,6 +185,15 @@ TEST(RouterConfigKnobs, CapacityRejectionsToMigrateSetsTheBackstop) {
     p.onFinished(r, d);
     EXPECT_EQ(mustRoute(p, r, c, f).decode, "d0");
   }
+}
+
+TEST(RouterConfigKnobs, ValidationNamesTheKnobOutOfRange) {
+  EXPECT_TRUE(validateRouterConfig({}).ok());
+  absl::Status s = validateRouterConfig({.sticky_weight = -1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(toStd(s.message()).find("sticky_weight"), std::string_view::npos);
+  EXPECT_FALSE(validateRouterConfig({.prefill_balance_tokens = -5}).ok());
+  EXPECT_FALSE(validateRouterConfig({.capacity_rejections_to_migrate = 0}).ok());
 }
 
 }  // namespace

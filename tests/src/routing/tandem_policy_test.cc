@@ -207,12 +207,36 @@ TEST(TandemPolicyTest, MigrationThatWouldExcludeEveryWorkerFallsBackToThem) {
   EXPECT_EQ(d.reason, DecisionReason::kMigrated);
 }
 
+TEST(TandemPolicyTest, RejectionCountsOfAbandonedSessionsAreBounded) {
+  ClusterState c;
+  addWorker(c, {.name = "d0"});
+  InFlight f;
+  TandemPolicy p;
+  Decision d = mustRoute(p, request("s", chain(100, 1)), c, f);
+  for (size_t i = 0; i < TandemPolicy::kMaxTrackedMigrations + 10; ++i) {
+    p.onRejected(request("s" + std::to_string(i), {}), d, RejectReason::kCapacity);
+    ASSERT_LE(p.numTrackedMigrations(), TandemPolicy::kMaxTrackedMigrations);
+  }
+  EXPECT_EQ(p.numTrackedMigrations(), 10u);
+  p.onFinished(request("s" + std::to_string(TandemPolicy::kMaxTrackedMigrations + 9), {}), d);
+  EXPECT_EQ(p.numTrackedMigrations(), 9u);
+}
+
 TEST(TandemPolicyTest, NamesForLogsAndLabels) {
   EXPECT_EQ(routePathName(RoutePath::kDirect), "direct");
   EXPECT_EQ(routePathName(RoutePath::kDisagg), "disagg");
   EXPECT_EQ(decisionReasonName(DecisionReason::kLeastLoaded), "least_loaded");
   EXPECT_EQ(rejectReasonName(RejectReason::kQueueFull), "queue_full");
   EXPECT_EQ(TandemPolicy().name(), "tandem");
+  Decision d{.decode = "d1", .prefill = "p0", .path = RoutePath::kDisagg, .reason = DecisionReason::kScored};
+  d.reserve_blocks = 14;
+  d.prefill_tokens = 650;
+  d.decode_cached_blocks = 40;
+  d.score = 1.25;
+  d.num_feasible = 3;
+  EXPECT_EQ(describeDecision(d),
+            "decode=d1 prefill=p0 path=disagg reason=scored score=1.25 decode_cached=40 prefill_cached=0 reserve=14 "
+            "prefill_tokens=650 feasible=3");
 }
 
 }  // namespace
