@@ -10,6 +10,7 @@
 //   GET  /v1/models             the one served model
 //   POST /v1/completions        OpenAI completions, stream or not
 //   POST /v1/chat/completions   OpenAI chat completions, stream or not
+//   GET  /internal/v1/events    the worker-state stream routers subscribe to (worker_events.h)
 //
 // A client that disconnects cancels its request through the engine's one
 // cleanup path, so its KV blocks return to the pool. Thread-safe: handlers run

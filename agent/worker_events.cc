@@ -84,6 +84,7 @@ class WorkerEventsPublisher::Impl {
                      .registerOn(r)
                      .add({})) {
     sent_load_ = options_.initial_load;
+    idle_ = sent_load_.running == 0 && sent_load_.waiting == 0;
     load_sent_at_ = MonoTime::min();  // the first change goes out at once
     pump_ = std::thread([this] { run(); });
   }

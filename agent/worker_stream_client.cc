@@ -171,20 +171,25 @@ class WorkerStreamClient::Impl {
 
   // Cuts a stream that stayed silent for stale_after.
   void watchLoop() {
+    while (std::shared_ptr<http::SseClient> silent = waitForSilence()) silent->stop();
+  }
+
+  // The open stream once it has been silent for stale_after (each stream
+  // once); null when stopping.
+  std::shared_ptr<http::SseClient> waitForSilence() {
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
       if (!current_ || silent_) {
         clock_.waitUntil(cv_, mu_, MonoTime::max());
         continue;
       }
-      if (!clock_.waitUntil(cv_, mu_, last_message_ + options_.stale_after)) continue;
-      if (!current_ || clock_.now() < last_message_ + options_.stale_after) continue;
-      silent_ = true;
-      std::shared_ptr<http::SseClient> cut = current_;
-      mu_.Unlock();
-      cut->stop();
-      mu_.Lock();
+      if (clock_.waitUntil(cv_, mu_, last_message_ + options_.stale_after) && current_ && !silent_ &&
+          clock_.now() >= last_message_ + options_.stale_after) {
+        silent_ = true;
+        return current_;
+      }
     }
+    return nullptr;
   }
 
   const WorkerStreamOptions options_;

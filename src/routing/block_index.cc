@@ -41,27 +41,34 @@ void BlockIndex::removeCached(uint32_t slot, WorkerRefs& refs, std::span<const B
   }
 }
 
-void BlockIndex::addSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes) {
+int64_t BlockIndex::addSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes) {
+  int64_t newly_session_held = 0;
   for (BlockHash h : hashes) {
     auto [it, inserted] = refs.try_emplace(h, 1);
     if (inserted) {
       link(slot, h);
+      ++newly_session_held;
     } else {
+      newly_session_held += (it->second & ~kCachedBit) == 0 ? 1 : 0;
       ++it->second;
     }
   }
+  return newly_session_held;
 }
 
-void BlockIndex::removeSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes) {
+int64_t BlockIndex::removeSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes) {
+  int64_t no_longer_session_held = 0;
   for (BlockHash h : hashes) {
     auto it = refs.find(h);
     if (it == refs.end() || (it->second & ~kCachedBit) == 0) continue;
     --it->second;
+    no_longer_session_held += (it->second & ~kCachedBit) == 0 ? 1 : 0;
     if (it->second == 0) {
       refs.erase(it);
       unlink(slot, h);
     }
   }
+  return no_longer_session_held;
 }
 
 void BlockIndex::clearWorker(uint32_t slot, WorkerRefs& refs) {

@@ -28,8 +28,11 @@ class BlockIndex {
 
   void addCached(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
   void removeCached(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
-  void addSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
-  void removeSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
+  // Return how many hashes became held (add) or stopped being held (remove)
+  // by some resident session of the worker: the change in its distinct
+  // session-held blocks.
+  int64_t addSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
+  int64_t removeSession(uint32_t slot, WorkerRefs& refs, std::span<const BlockHash> hashes);
   // Drops every hash the worker holds.
   void clearWorker(uint32_t slot, WorkerRefs& refs);
 

@@ -45,7 +45,7 @@ struct ClusterState::Impl {
   void dropSession(Worker& w, uint32_t slot, const SessionId& session) {
     auto it = w.sessions.find(session);
     if (it == w.sessions.end()) return;
-    index.removeSession(slot, w.refs, it->second.hashes);
+    w.view.num_session_blocks -= index.removeSession(slot, w.refs, it->second.hashes);
     w.sessions.erase(it);
     auto r = resident_on.find(session);
     if (r != resident_on.end()) {
@@ -57,7 +57,7 @@ struct ClusterState::Impl {
 
   void storeSession(Worker& w, uint32_t slot, const ResidentSessionBlocks& s) {
     dropSession(w, slot, s.session);
-    index.addSession(slot, w.refs, s.hashes);
+    w.view.num_session_blocks += index.addSession(slot, w.refs, s.hashes);
     w.sessions.emplace(s.session, Resident{s.hashes, s.num_tokens});
     resident_on[s.session].push_back(slot);
   }
@@ -71,6 +71,7 @@ struct ClusterState::Impl {
       if (v.empty()) resident_on.erase(it);
     }
     w.sessions.clear();
+    w.view.num_session_blocks = 0;
     index.clearWorker(slot, w.refs);
   }
 
@@ -119,7 +120,7 @@ struct ClusterState::Impl {
   // Bisection over [lo, hi] for the candidates in cand (every one holds
   // hashes[0, lo) and none holds hashes[hi, ...), by prefix-closedness).
   void bisect(std::span<const BlockHash> hashes, uint32_t lo, uint32_t hi, std::span<uint32_t> cand,
-              std::vector<uint64_t>& mark, std::span<int32_t> out) const {
+              std::span<uint64_t> mark, std::span<int32_t> out) const {
     while (!cand.empty()) {
       if (lo == hi) {
         for (uint32_t s : cand) out[s] = static_cast<int32_t>(lo);
@@ -192,8 +193,11 @@ absl::Status ClusterState::applyDelta(std::string_view worker, const WorkerDelta
   return absl::OkStatus();
 }
 
-void ClusterState::markStale(std::string_view worker) {
-  if (Impl::Worker* w = impl_->lookup(worker)) w->view.stale = true;
+bool ClusterState::markStale(std::string_view worker) {
+  Impl::Worker* w = impl_->lookup(worker);
+  if (w == nullptr || w->view.stale) return false;
+  w->view.stale = true;
+  return true;
 }
 
 void ClusterState::setHealthy(std::string_view worker, bool healthy) {
@@ -226,17 +230,24 @@ const WorkerView* ClusterState::worker(WorkerSlot slot) const {
 
 size_t ClusterState::numWorkers() const { return impl_->by_name.size(); }
 
+size_t ClusterState::numStale() const {
+  size_t n = 0;
+  for (const auto& w : impl_->slots) n += w && w->view.stale ? 1 : 0;
+  return n;
+}
+
 size_t ClusterState::numIndexedBlocks() const { return impl_->index.numHashes(); }
 
 void ClusterState::prefixOverlap(std::span<const BlockHash> hashes, std::span<int32_t> out) const {
   const Impl& s = *impl_;
   std::fill(out.begin(), out.end(), 0);
-  absl::InlinedVector<uint32_t, 64> cand;
+  // On the stack up to 1024 workers: no allocation on the decision path.
+  absl::InlinedVector<uint32_t, 1024> cand;
   for (uint32_t slot = 0; slot < s.slots.size(); ++slot) {
     if (s.slots[slot] && !s.slots[slot]->view.stale) cand.push_back(slot);
   }
   if (hashes.empty() || cand.empty()) return;
-  std::vector<uint64_t> mark((s.slots.size() + 63) / 64, 0);
+  absl::InlinedVector<uint64_t, 16> mark((s.slots.size() + 63) / 64, 0);
   s.bisect(hashes, 0, static_cast<uint32_t>(hashes.size()), std::span<uint32_t>(cand.data(), cand.size()), mark, out);
 }
 
@@ -256,6 +267,14 @@ int64_t ClusterState::residentTokens(WorkerSlot slot, const SessionId& session) 
   const auto& sessions = impl_->slots[slot.value()]->sessions;
   auto it = sessions.find(session);
   return it == sessions.end() ? 0 : it->second.num_tokens;
+}
+
+int64_t ClusterState::residentBlocks(WorkerSlot slot, const SessionId& session) const {
+  const WorkerView* v = worker(slot);
+  if (v == nullptr || v->stale) return 0;
+  const auto& sessions = impl_->slots[slot.value()]->sessions;
+  auto it = sessions.find(session);
+  return it == sessions.end() ? 0 : static_cast<int64_t>(it->second.hashes.size());
 }
 
 bool needsResnapshot(const absl::Status& status) { return absl::IsFailedPrecondition(status); }

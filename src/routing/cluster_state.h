@@ -56,7 +56,8 @@ struct WorkerView {
   bool stale = false;   // its stream is down or out of step: no cache credit
   bool healthy = true;  // set by the caller's failure detector (setHealthy)
   int64_t num_resident_sessions = 0;
-  int64_t num_blocks_held = 0;  // distinct hashes, cached or resident
+  int64_t num_blocks_held = 0;     // distinct hashes, cached or resident
+  int64_t num_session_blocks = 0;  // distinct hashes held by resident sessions (D evicts idle sessions LRU to admit)
 
   bool canDecode() const { return role != WorkerRole::kPrefill; }
   bool canPrefill() const { return role != WorkerRole::kDecode; }
@@ -74,8 +75,9 @@ class ClusterState {
   // kFailedPrecondition: take a fresh snapshot of `worker` (it is now stale).
   absl::Status applyDelta(std::string_view worker, const WorkerDelta& delta);
   // The worker's stream is down: keep routing to it without cache credit.
-  // No-op for an unknown worker.
-  void markStale(std::string_view worker);
+  // Returns true when this call made it stale (it was fresh), so the caller
+  // logs the transition once; false for an unknown or already stale worker.
+  bool markStale(std::string_view worker);
   // The caller's failure detector: an unhealthy worker is not routed to.
   void setHealthy(std::string_view worker, bool healthy);
   // Forgets the worker and everything it held; its slot may be reused.
@@ -87,6 +89,8 @@ class ClusterState {
   // nullptr for an empty slot.
   const WorkerView* worker(WorkerSlot slot) const;
   size_t numWorkers() const;
+  // Workers whose cache view is stale now (tandem_router_stale_workers).
+  size_t numStale() const;
   // Distinct block hashes held by at least one worker.
   size_t numIndexedBlocks() const;
 
@@ -96,8 +100,10 @@ class ClusterState {
   void prefixOverlap(std::span<const BlockHash> hashes, std::span<int32_t> out) const;
   // Fresh workers where `session` is resident.
   std::vector<WorkerSlot> residentOn(const SessionId& session) const;
-  // Tokens of `session` resident on that worker (0 when not resident or stale).
+  // Tokens / full blocks of `session` resident on that worker (0 when not
+  // resident or stale).
   int64_t residentTokens(WorkerSlot slot, const SessionId& session) const;
+  int64_t residentBlocks(WorkerSlot slot, const SessionId& session) const;
 
  private:
   struct Impl;

@@ -1,5 +1,9 @@
 #include "src/routing/decision.h"
 
+#include <cstdio>
+
+#include "src/common/strings.h"
+
 namespace tandem::routing {
 
 std::string_view routePathName(RoutePath p) {
@@ -28,6 +32,15 @@ std::string_view decisionReasonName(DecisionReason r) {
       return "baseline";
   }
   return "unknown";
+}
+
+std::string describeDecision(const Decision& d) {
+  char score[32];
+  std::snprintf(score, sizeof(score), "%.3g", d.score);
+  return strCat("decode=", d.decode, " prefill=", d.prefill.value_or("-"), " path=", routePathName(d.path),
+                " reason=", decisionReasonName(d.reason), " score=", std::string_view(score),
+                " decode_cached=", d.decode_cached_blocks, " prefill_cached=", d.prefill_cached_blocks,
+                " reserve=", d.reserve_blocks, " prefill_tokens=", d.prefill_tokens, " feasible=", d.num_feasible);
 }
 
 std::string_view noWorkerReasonName(NoWorkerReason r) {

@@ -49,6 +49,10 @@ struct Decision {
   int num_feasible = 0;  // decode workers that passed feasibility
 };
 
+// One log line's worth: "decode=d1 prefill=p0 path=disagg reason=scored
+// score=1.25 decode_cached=40 prefill_cached=0 reserve=14 prefill_tokens=650 feasible=3".
+std::string describeDecision(const Decision& d);
+
 // Why no worker was chosen. Running out of workers is a normal result, not an error.
 enum class NoWorkerReason : uint8_t {
   kNoDecodeWorker,  // no healthy, non-draining decode worker at all (a 503)

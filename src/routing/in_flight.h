@@ -6,7 +6,8 @@
 //
 // The caller owns one InFlight next to its ClusterState: add() when it sends
 // a decision, remove() when D has taken the request into its own accounting
-// (admitted: its first token arrived) or the request ended or was refused.
+// (admitted: its first token arrived) or the request ended or was refused;
+// exactly one remove() per add(), with the same Decision.
 // Not thread-safe; one owner (like ClusterState).
 
 #include <cstdint>

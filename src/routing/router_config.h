@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+
 namespace tandem::routing {
 
 struct RouterConfig {
@@ -52,5 +54,9 @@ struct RouterConfig {
   // excluded for its next request and its stickiness there is ignored.
   int capacity_rejections_to_migrate = 2;
 };
+
+// InvalidArgument naming the first knob out of range: a negative weight,
+// epsilon or threshold, or capacity_rejections_to_migrate < 1.
+absl::Status validateRouterConfig(const RouterConfig& config);
 
 }  // namespace tandem::routing

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -20,9 +21,17 @@ struct Candidate {
   int64_t reserve = 0;    // blocks the request needs there
   int64_t assigned = 0;   // resident sessions + running + waiting + in-flight requests
   bool resident = false;  // the request's session is resident there
-  bool fits_now = false;  // reserve <= free blocks - in-flight reservations
+  bool fits_now = false;  // reserve <= available blocks (see makeCandidate)
   double score = 0;
   uint64_t tie = 0;  // rendezvous weight
+};
+
+// One prefill worker that passed the hard checks.
+struct PrefillCandidate {
+  const WorkerView* w = nullptr;
+  int64_t queued = 0;   // prompt tokens: reported waiting + the router's in-flight
+  int64_t overlap = 0;  // leading prompt blocks it holds
+  uint64_t tie = 0;     // rendezvous weight
 };
 
 double freeFraction(const Candidate& c) {
@@ -45,6 +54,7 @@ bool lessLoaded(const Candidate& a, const Candidate& b) {
 struct TandemPolicy::Scratch {
   std::vector<int32_t> overlap;  // by slot
   std::vector<Candidate> candidates;
+  std::vector<PrefillCandidate> prefill;
 };
 
 struct TandemPolicy::Migration {
@@ -87,7 +97,11 @@ Candidate makeCandidate(const RouteContext& ctx, const WorkerView& w, bool resid
   c.reserve = std::max<int64_t>(0, ceilDiv(total_tokens, w.block_size) - c.overlap);
   c.assigned = w.num_resident_sessions + w.load.running + w.load.waiting + c.pending.requests;
   c.resident = resident;
-  c.fits_now = c.reserve <= w.load.free_blocks - c.pending.blocks;
+  // Available: reported free (incl. evictable prefix cache), minus the
+  // router's in-flight reservations, plus the blocks of the other idle
+  // sessions resident there, which D evicts (LRU) to admit a request.
+  int64_t own = resident ? ctx.cluster.residentBlocks(w.ref.slot, *ctx.request.session) : 0;
+  c.fits_now = c.reserve <= w.load.free_blocks - c.pending.blocks + (w.num_session_blocks - own);
   c.tie = rendezvousWeight(ctx.key, w.name_hash);
   return c;
 }
@@ -113,7 +127,7 @@ void collectCandidates(const RouteContext& ctx, const std::vector<WorkerSlot>& r
 
 // The score of issue 14 §3 for the candidates that fit now; returns the best
 // (near-ties within tie_epsilon go to the highest rendezvous weight).
-const Candidate* bestScored(const RouteContext& ctx, std::vector<Candidate>& feasible, bool resident_somewhere) {
+const Candidate* bestScored(const RouteContext& ctx, std::span<Candidate> feasible, bool resident_somewhere) {
   double mean = 0;
   for (const Candidate& c : feasible) mean += static_cast<double>(c.assigned);
   mean /= static_cast<double>(feasible.size());
@@ -138,14 +152,9 @@ const Candidate* bestScored(const RouteContext& ctx, std::vector<Candidate>& fea
 
 // A prefill worker by token-load balance among non-overloaded P; P-side
 // overlap breaks ties within prefill_balance_tokens. nullptr when there is none.
-const WorkerView* choosePrefill(const RouteContext& ctx, int64_t& overlap_out) {
-  struct P {
-    const WorkerView* w;
-    int64_t queued;
-    int64_t overlap;
-    uint64_t tie;
-  };
-  std::vector<P> ps;
+const WorkerView* choosePrefill(const RouteContext& ctx, std::vector<PrefillCandidate>& ps, int64_t& overlap_out) {
+  using P = PrefillCandidate;
+  ps.clear();
   bool any_not_overloaded = false;
   for (uint32_t s = 0; s < ctx.cluster.slotEnd(); ++s) {
     const WorkerView* w = ctx.cluster.worker(WorkerSlot(s));
@@ -173,7 +182,7 @@ const WorkerView* choosePrefill(const RouteContext& ctx, int64_t& overlap_out) {
 }
 
 // Fills the path and the prefill worker of `d` for the chosen decode worker `c`.
-void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
+void choosePath(const RouteContext& ctx, const Candidate& c, std::vector<PrefillCandidate>& scratch, Decision& d) {
   const int64_t bs = c.w->block_size;
   const int64_t suffix = std::max<int64_t>(0, ctx.request.prompt_tokens - c.overlap * bs);
   if (c.resident && suffix <= ctx.config.direct_max_suffix_tokens) {
@@ -182,8 +191,8 @@ void choosePath(const RouteContext& ctx, const Candidate& c, Decision& d) {
     return;
   }
   int64_t p_overlap = 0;
-  const WorkerView* p = choosePrefill(ctx, p_overlap);
-  if (p == nullptr) {  // no prefill worker: D computes the prompt itself
+  const WorkerView* p = choosePrefill(ctx, scratch, p_overlap);
+  if (p == nullptr || p == c.w) {  // no prefill worker, or D itself (role kBoth): D computes the prompt
     d.path = RoutePath::kDirect;
     d.prefill_tokens = suffix;
     return;
@@ -223,10 +232,9 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   if (s.candidates.empty()) {
     return NoWorker{any_alive ? NoWorkerReason::kTooLong : NoWorkerReason::kNoDecodeWorker};
   }
-  const int num_candidates = static_cast<int>(s.candidates.size());
   auto fits_end =
       std::partition(s.candidates.begin(), s.candidates.end(), [](const Candidate& c) { return c.fits_now; });
-  std::vector<Candidate> feasible(s.candidates.begin(), fits_end);
+  std::span<Candidate> feasible(s.candidates.begin(), fits_end);
 
   const Candidate* pick = nullptr;
   DecisionReason reason = DecisionReason::kScored;
@@ -251,8 +259,7 @@ RouteResult TandemPolicy::route(const RouteRequest& request, const ClusterState&
   d.decode_cached_blocks = pick->overlap;
   d.score = pick->score;
   d.num_feasible = static_cast<int>(feasible.size());
-  (void)num_candidates;
-  choosePath(ctx, *pick, d);
+  choosePath(ctx, *pick, s.prefill, d);
   return d;
 }
 
@@ -264,6 +271,12 @@ void TandemPolicy::onFinished(const RouteRequest& request, const Decision& decis
 
 void TandemPolicy::onRejected(const RouteRequest& request, const Decision& decision, RejectReason reason) {
   if (reason != RejectReason::kCapacity || !request.session) return;
+  // Sessions abandoned after a refusal never reach onFinished; bound the
+  // table so a long-running router cannot grow it without limit. Starting
+  // the counts over only delays a migration: worker state still leads.
+  if (migrations_.size() >= kMaxTrackedMigrations && !migrations_.contains(request.session->value())) {
+    migrations_.clear();
+  }
   auto& m = migrations_[request.session->value()];
   if (!m) m = std::make_unique<Migration>();
   ++m->capacity_rejections;

@@ -12,6 +12,7 @@
 //     P-side overlap breaking ties;
 //  4. rejections: after K capacity rejections of a session, migrate it.
 // The weights and thresholds are RouterConfig (router_config.h).
+// Not thread-safe (like every Policy): one owner.
 
 #include <memory>
 #include <string>
@@ -35,6 +36,10 @@ class TandemPolicy final : public Policy {
   void onRejected(const RouteRequest& request, const Decision& decision, RejectReason reason) override;
 
   const RouterConfig& config() const { return config_; }
+  // Sessions whose capacity rejections are counted at once, at most.
+  static constexpr size_t kMaxTrackedMigrations = 65536;
+  // Sessions with counted capacity rejections now (a gauge for the router role).
+  size_t numTrackedMigrations() const { return migrations_.size(); }
 
  private:
   struct Scratch;

@@ -110,6 +110,29 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({"--config", broken})).find("invalid YAML"), std::string::npos);
 }
 
+TEST(AgentConfigTest, WorkerStreamSettingsFromYamlAndFlags) {
+  auto d = parse({"--model-dir", "m"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->events_load_interval, std::chrono::milliseconds(50));
+  EXPECT_EQ(d->events_heartbeat, std::chrono::seconds(5));
+  EXPECT_EQ(d->events_buffer, 4096);
+  std::string path = writeFile("events.yaml", R"(
+model:
+  dir: /models/tiny
+events:
+  load_interval: 10ms
+  heartbeat: 2s
+  buffer: 64
+)");
+  auto c = parse({"--config", path, "--events-heartbeat", "0s"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->events_load_interval, std::chrono::milliseconds(10));
+  EXPECT_EQ(c->events_heartbeat, Duration(0));  // the flag wins
+  EXPECT_EQ(c->events_buffer, 64);
+  EXPECT_NE(parse({"--model-dir", "m", "--events-buffer", "0"}).status().message().find("out of range"),
+            absl::string_view::npos);
+}
+
 TEST(AgentConfigTest, RoleAndPrefillPeerAreParsedOnce) {
   auto c = parse({"--model-dir", "m"});
   ASSERT_TRUE(c.ok()) << c.status();

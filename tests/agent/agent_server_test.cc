@@ -71,5 +71,27 @@ TEST_F(AgentServerTest, RequestDeadlineRunsOnTheInjectedClock) {
   EXPECT_LT(events.size(), 4000u);  // ended by the deadline, not by max_tokens
 }
 
+// The worker-state stream's heartbeat runs on the injected clock: an idle
+// stream gets one when the clock passes events.heartbeat, carrying the seq
+// the stream is at.
+TEST_F(AgentServerTest, EventsStreamHeartbeatRunsOnTheInjectedClock) {
+  auto s =
+      http::SseClient::open({.url = "http://127.0.0.1:" + std::to_string(server_->port()) + "/internal/v1/events"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ((*s)->status(), 200);
+  std::vector<json> events;
+  absl::Status read = (*s)->readEvents([&](const http::SseEvent& e) {
+    events.push_back(json::parse(e.data));
+    if (events.size() == 1) clock_.advance(std::chrono::seconds(5));  // the default events.heartbeat
+    return events.size() < 2;
+  });
+  ASSERT_TRUE(read.ok()) << read;
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["type"], "snapshot");
+  EXPECT_EQ(events[1]["type"], "heartbeat");
+  EXPECT_EQ(events[1]["epoch"], events[0]["epoch"]);
+  EXPECT_EQ(events[1]["seq"], events[0]["seq"]);
+}
+
 }  // namespace
 }  // namespace tandem::agent

@@ -188,6 +188,15 @@ TEST_F(WorkerEventsTest, DrainingAndIdleEndsEveryStream) {
   EXPECT_EQ(last.running, 0);
 }
 
+// An engine that never stepped is idle: draining ends the streams at once.
+TEST_F(WorkerEventsTest, DrainingBeforeAnyStepEndsEveryStream) {
+  start();
+  auto sink = subscribe();
+  publisher_->setDraining(true);
+  ASSERT_TRUE(waitFor([&] { return sink->closed(); }));
+  EXPECT_TRUE(std::get<WorkerLoad>(delta(sink->events().back()).body).draining);
+}
+
 TEST_F(WorkerEventsTest, IdleStreamGetsAHeartbeatWithItsSeq) {
   start({.heartbeat_interval = std::chrono::seconds(5)});
   publisher_->onEngineStep(stored({1}), stats(0));

@@ -44,7 +44,7 @@ class WorkerStreamClientTest : public ::testing::Test {
     routes.handle(
         "GET", "/internal/v1/events",
         handler ? handler : [this](http::Request&) { return serveWorkerEvents(*publisher_); });
-    auto server = http::Server::start({.clock = &clock_}, std::move(routes));
+    auto server = http::Server::start({.clock = &clock_, .library = library_}, std::move(routes));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -72,6 +72,7 @@ class WorkerStreamClientTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  http::ServerLibrary library_ = http::ServerLibrary::kBeast;
   metrics::Registry registry_;
   std::unique_ptr<WorkerEventsPublisher> publisher_;
   std::unique_ptr<http::Server> server_;
@@ -175,7 +176,15 @@ TEST_F(WorkerStreamClientTest, WorkerDownIsStaleOnceWhileRetried) {
 // A subscriber that reads nothing (a raw socket with a small receive
 // buffer) is dropped once it falls behind the buffer; a client reading
 // alongside gets every delta.
-TEST_F(WorkerStreamClientTest, ReaderThatStopsReadingIsDroppedOthersKeepUp) {
+class WorkerStreamSlowReaderTest : public WorkerStreamClientTest,
+                                   public ::testing::WithParamInterface<http::ServerLibrary> {};
+
+INSTANTIATE_TEST_SUITE_P(Libraries, WorkerStreamSlowReaderTest,
+                         ::testing::Values(http::ServerLibrary::kBeast, http::ServerLibrary::kCpprest),
+                         [](const auto& info) { return std::string(http::serverLibraryName(info.param)); });
+
+TEST_P(WorkerStreamSlowReaderTest, ReaderThatStopsReadingIsDroppedOthersKeepUp) {
+  library_ = GetParam();
   serve({.max_buffered_deltas = 8, .max_unsent_bytes = 16 << 10});
   connect();
   ASSERT_TRUE(recorder_.waitForSnapshots(1));

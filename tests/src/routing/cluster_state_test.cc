@@ -4,14 +4,13 @@
 
 #include <vector>
 
+#include "tests/src/routing/routing_test_util.h"
+
 namespace tandem::routing {
 namespace {
 
-std::vector<BlockHash> chain(uint64_t first, int n) {
-  std::vector<BlockHash> out;
-  for (int i = 0; i < n; ++i) out.push_back(BlockHash(first + static_cast<uint64_t>(i)));
-  return out;
-}
+using test_util::chain;
+using test_util::concat;
 
 WorkerSnapshot snapshot(const std::string& name, std::vector<BlockHash> cached, uint64_t epoch = 7, uint64_t seq = 0) {
   WorkerSnapshot s;
@@ -130,10 +129,20 @@ TEST(ClusterStateTest, SessionsCountAsHeldAndTrackResidency) {
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 6);
   EXPECT_EQ(c.residentOn(SessionId("s1")), std::vector<WorkerSlot>{*c.find("d")});
   EXPECT_EQ(c.residentTokens(*c.find("d"), SessionId("s1")), 100);
+  EXPECT_EQ(c.residentBlocks(*c.find("d"), SessionId("s1")), 6);
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 6);
+  // A second session sharing the first 4 blocks adds only its own 2.
+  ResidentSessionBlocks s2{
+      .session = SessionId("s2"), .hashes = concat(chain(100, 4), chain(700, 2)), .num_tokens = 96};
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 2, .body = SessionStored{s2}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 8);
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 3, .body = SessionRemoved{SessionId("s2")}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 6);
   // The cache forgets two shared blocks: the session still holds them.
-  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 2, .body = BlocksRemoved{chain(100, 2)}}).ok());
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 4, .body = BlocksRemoved{chain(100, 2)}}).ok());
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 6);
-  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 3, .body = SessionRemoved{SessionId("s1")}}).ok());
+  ASSERT_TRUE(c.applyDelta("d", {.epoch = 1, .seq = 5, .body = SessionRemoved{SessionId("s1")}}).ok());
+  EXPECT_EQ(c.worker(*c.find("d"))->num_session_blocks, 0);
   EXPECT_EQ(overlapOf(c, "d", chain(100, 8)), 0);
   EXPECT_TRUE(c.residentOn(SessionId("s1")).empty());
   EXPECT_EQ(c.numIndexedBlocks(), 0u);
@@ -144,7 +153,11 @@ TEST(ClusterStateTest, StaleWorkersStayRoutableWithoutCacheCredit) {
   WorkerSnapshot snap = snapshot("d", chain(100, 4));
   snap.sessions.push_back({.session = SessionId("s1"), .hashes = chain(100, 4), .num_tokens = 64});
   ASSERT_TRUE(c.applySnapshot(snap).ok());
-  c.markStale("d");
+  EXPECT_EQ(c.numStale(), 0u);
+  EXPECT_TRUE(c.markStale("d"));
+  EXPECT_FALSE(c.markStale("d")) << "already stale: the caller logs the transition once";
+  EXPECT_FALSE(c.markStale("nobody"));
+  EXPECT_EQ(c.numStale(), 1u);
   const WorkerView* v = c.worker(*c.find("d"));
   ASSERT_NE(v, nullptr);
   EXPECT_TRUE(v->stale);

@@ -1,0 +1,207 @@
+#include "e2e/replay/cli.h"
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <string_view>
+
+#include "absl/container/flat_hash_set.h"
+#include "e2e/replay/policy_factory.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace tandem::replay {
+namespace {
+
+using FlagSetter = std::function<absl::Status(const std::string& name, const std::optional<std::string>& value)>;
+
+// Walks args[begin..] as "--name value" / "--name=value" pairs (a switch
+// named by `is_switch` takes no value unless given with '='), each flag at
+// most once, handing each to `set`. Returns whether --help was among them.
+absl::StatusOr<bool> readFlags(const std::vector<std::string>& args, size_t begin, bool (*is_switch)(std::string_view),
+                               const FlagSetter& set) {
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = begin; i < args.size();) {
+    std::string_view arg = args[i++];
+    if (!arg.starts_with("--")) return absl::InvalidArgumentError(strCat("unexpected argument '", arg, "'"));
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(0, eq));
+    if (!seen.insert(name).second) return absl::InvalidArgumentError(strCat(name, " given twice"));
+    std::optional<std::string> value;
+    if (eq != std::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (!is_switch(name)) {
+      if (i >= args.size()) return absl::InvalidArgumentError(strCat(name, " needs a value"));
+      value = args[i++];
+    }
+    if (name == "--help") return true;
+    TANDEM_RETURN_IF_ERROR(set(name, value));
+  }
+  return false;
+}
+
+template <typename T>
+absl::StatusOr<T> parseNumber(std::string_view flag, const std::optional<std::string>& value, T min) {
+  if (!value) return absl::InvalidArgumentError(strCat(flag, " needs a value"));
+  T out{};
+  const char* end = value->data() + value->size();
+  auto [ptr, ec] = std::from_chars(value->data(), end, out);
+  if (ec != std::errc() || ptr != end || value->empty()) {
+    return absl::InvalidArgumentError(strCat(flag, ": '", *value, "' is not a number"));
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(out)) return absl::InvalidArgumentError(strCat(flag, ": '", *value, "' is not finite"));
+  }
+  if (out < min) return absl::InvalidArgumentError(strCat(flag, " must be >= ", min, ", got ", *value));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> parsePolicies(const std::optional<std::string>& value) {
+  if (!value || value->empty()) return absl::InvalidArgumentError("--policy needs a value");
+  std::vector<std::string> out;
+  absl::flat_hash_set<std::string> seen;
+  std::string_view rest = *value;
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string name(rest.substr(0, comma));
+    TANDEM_RETURN_IF_ERROR(makePolicy(name).status());
+    if (!seen.insert(name).second) return absl::InvalidArgumentError(strCat("--policy names ", name, " twice"));
+    out.push_back(name);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
+bool replaySwitch(std::string_view name) { return name == "--json" || name == "--help"; }
+bool generateSwitch(std::string_view name) { return name == "--help"; }
+
+absl::Status setReplayFlag(ReplayCommand& c, const std::string& name, const std::optional<std::string>& v) {
+  if (name == "--trace") {
+    if (!v || v->empty()) return absl::InvalidArgumentError("--trace needs a file");
+    c.trace_path = *v;
+  } else if (name == "--workers") {
+    TANDEM_ASSIGN_OR_RETURN(c.num_workers, parseNumber<int>(name, v, 1));
+  } else if (name == "--cache-blocks") {
+    TANDEM_ASSIGN_OR_RETURN(c.cache_blocks, parseNumber<int64_t>(name, v, 1));
+  } else if (name == "--cache-fraction") {
+    TANDEM_ASSIGN_OR_RETURN(c.cache_fraction, parseNumber<double>(name, v, 0.0));
+    if (*c.cache_fraction <= 0) return absl::InvalidArgumentError("--cache-fraction must be > 0");
+  } else if (name == "--policy") {
+    TANDEM_ASSIGN_OR_RETURN(c.policies, parsePolicies(v));
+  } else if (name == "--json") {
+    if (v) return absl::InvalidArgumentError("--json takes no value");
+    c.json = true;
+  } else if (name == "--prefill-tokens-per-s") {
+    TANDEM_ASSIGN_OR_RETURN(c.model.prefill_tokens_per_s, parseNumber<double>(name, v, 1.0));
+  } else if (name == "--decode-tokens-per-s") {
+    TANDEM_ASSIGN_OR_RETURN(c.model.decode_tokens_per_s, parseNumber<double>(name, v, 0.001));
+  } else if (name == "--max-waiting") {
+    TANDEM_ASSIGN_OR_RETURN(c.model.max_waiting, parseNumber<int>(name, v, 1));
+  } else if (name == "--direct-max-suffix-tokens") {
+    TANDEM_ASSIGN_OR_RETURN(c.model.direct_max_suffix_tokens, parseNumber<int64_t>(name, v, 0));
+  } else {
+    return absl::InvalidArgumentError(strCat("unknown flag ", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Command> parseReplay(const std::vector<std::string>& args) {
+  ReplayCommand c;
+  TANDEM_ASSIGN_OR_RETURN(bool help, readFlags(args, 0, replaySwitch, [&](const std::string& name, const auto& value) {
+                            return setReplayFlag(c, name, value);
+                          }));
+  if (help) return HelpCommand{};
+  if (c.trace_path.empty()) return absl::InvalidArgumentError("--trace FILE is required");
+  if (c.num_workers == 0) return absl::InvalidArgumentError("--workers N is required");
+  if (c.cache_blocks.has_value() == c.cache_fraction.has_value()) {
+    return absl::InvalidArgumentError("give exactly one of --cache-blocks B and --cache-fraction F");
+  }
+  if (c.policies.empty()) return absl::InvalidArgumentError("--policy NAME[,NAME...] is required");
+  return c;
+}
+
+absl::Status setGenerateFlag(GenerateCommand& c, const std::string& name, const std::optional<std::string>& v) {
+  GeneratorOptions& o = c.options;
+  if (name == "--sessions") {
+    TANDEM_ASSIGN_OR_RETURN(o.num_sessions, parseNumber<int>(name, v, 1));
+  } else if (name == "--shape") {
+    std::optional<SessionShape> shape = v ? findSessionShape(*v) : std::nullopt;
+    if (!shape)
+      return absl::InvalidArgumentError(strCat("--shape must be 32K, 48K or 64K, got '", v.value_or(""), "'"));
+    o.shape = *shape;
+  } else if (name == "--seed") {
+    TANDEM_ASSIGN_OR_RETURN(o.seed, parseNumber<uint64_t>(name, v, 0));
+  } else if (name == "--active") {
+    TANDEM_ASSIGN_OR_RETURN(o.active_sessions, parseNumber<double>(name, v, 0.001));
+  } else if (name == "--system-tokens") {
+    TANDEM_ASSIGN_OR_RETURN(o.system_prompt_tokens, parseNumber<int64_t>(name, v, 0));
+  } else if (name == "--tool-s") {
+    TANDEM_ASSIGN_OR_RETURN(o.tool_time_s, parseNumber<double>(name, v, 0.0));
+  } else if (name == "--out") {
+    if (!v || v->empty()) return absl::InvalidArgumentError("--out needs a file");
+    c.out_path = *v;
+  } else {
+    return absl::InvalidArgumentError(strCat("unknown flag for generate: ", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Command> parseGenerate(const std::vector<std::string>& args) {
+  GenerateCommand c;
+  TANDEM_ASSIGN_OR_RETURN(bool help,
+                          readFlags(args, 1, generateSwitch, [&](const std::string& name, const auto& value) {
+                            return setGenerateFlag(c, name, value);
+                          }));
+  if (help) return HelpCommand{};
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Command> parseCommandLine(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "generate") return parseGenerate(args);
+  return parseReplay(args);
+}
+
+std::string usage() {
+  const WorkerModel m;
+  const GeneratorOptions g;
+  return strCat(R"(usage:
+  tandem-replay --trace FILE --workers N (--cache-blocks B | --cache-fraction F)
+                --policy NAME[,NAME...] [--json]
+      Replays a Mooncake-format trace (JSONL: timestamp ms, input_length,
+      output_length, hash_ids of 512-token blocks, optional session_id) through
+      each routing policy on the same simulated workers.
+      policies: round_robin, least_load, cache_aware, tandem
+      --cache-blocks B            KV blocks per worker
+      --cache-fraction F          all workers together hold F x the trace's unique blocks
+      --json                      one JSON object per policy and line
+      --prefill-tokens-per-s X    a worker's prefill speed (default )",
+                m.prefill_tokens_per_s, R"()
+      --decode-tokens-per-s X     one decoding request's speed (default )",
+                m.decode_tokens_per_s, R"()
+      --max-waiting N             queued requests a worker accepts (default )",
+                m.max_waiting, R"()
+      --direct-max-suffix-tokens N  uncached suffix a worker computes direct-to-D
+                                  for a resident session (default )",
+                m.direct_max_suffix_tokens, R"()
+  tandem-replay generate --sessions N --shape 32K|48K|64K [--seed S] [--active A]
+                [--system-tokens T] [--tool-s S] [--out FILE]
+      Writes agentic session traces (DualPath shapes) in the same format.
+      --sessions N       sessions (default )",
+                g.num_sessions, R"()
+      --shape S          DualPath shape (default )",
+                g.shape.name, R"()
+      --seed S           the same seed gives the same trace (default )",
+                g.seed, R"()
+      --active A         about A sessions at once (default )",
+                g.active_sessions, R"()
+      --system-tokens T  shared system prompt (default )",
+                g.system_prompt_tokens, R"()
+      --tool-s S         mean time between an answer and the next turn (default )",
+                g.tool_time_s, R"()
+)");
+}
+
+}  // namespace tandem::replay
