@@ -103,8 +103,19 @@ void build(Setup& setup, int num_workers, int target_hashes, int num_requests) {
 }
 
 struct Latency {
-  double p50_us = 0, p99_us = 0, per_s = 0;
+  double p50_us = 0, p99_us = 0;  // over requests, each its fastest of kRepeats decisions
+  double raw_p99_us = 0;          // over every single decision
+  double per_s = 0;
 };
+
+// Every request is decided once per pass, kRepeats passes in a row (a
+// decision does not change state, so each pass takes the same paths, and
+// between two decisions of one request all the others run, so its data is
+// as cold each time). A request's cost is its fastest pass: the shared VM's
+// interrupts and steal add ~25 us to a random ~1 % of multi-microsecond
+// calls, which the raw p99 (over every decision) shows and the fastest pass
+// removes, leaving what the data makes slow (a long chain, many holders).
+constexpr int kRepeats = 3;
 
 // This thread's CPU time, for throughput: on the shared 2-core machine other
 // processes take the core for milliseconds at a time, and wall time over a
@@ -124,18 +135,26 @@ template <typename Fn>
 Latency measure(const std::vector<RouteRequest>& requests, Fn&& decide) {
   using Clock = std::chrono::steady_clock;
   for (size_t i = 0; i < std::min<size_t>(1000, requests.size()); ++i) decide(requests[i]);  // warm-up
-  std::vector<double> us;
-  us.reserve(requests.size());
-  for (const auto& r : requests) {
-    auto t0 = Clock::now();
-    decide(r);
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  std::vector<double> fastest(requests.size(), 1e300), all;
+  all.reserve(requests.size() * kRepeats);
+  for (int pass = 0; pass < kRepeats; ++pass) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto t0 = Clock::now();
+      decide(requests[i]);
+      double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      all.push_back(us);
+      fastest[i] = std::min(fastest[i], us);
+    }
   }
   double start = threadCpuSeconds();
   for (const auto& r : requests) decide(r);
   double total_s = threadCpuSeconds() - start;
-  std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us[us.size() * 99 / 100], static_cast<double>(requests.size()) / total_s};
+  std::sort(fastest.begin(), fastest.end());
+  std::sort(all.begin(), all.end());
+  return {.p50_us = fastest[fastest.size() / 2],
+          .p99_us = fastest[fastest.size() * 99 / 100],
+          .raw_p99_us = all[all.size() * 99 / 100],
+          .per_s = static_cast<double>(requests.size()) / total_s};
 }
 
 // The yardstick decision: fewest running + waiting among decode workers.
@@ -165,21 +184,14 @@ void decisionResults(std::vector<bench::Result>& out) {
       });
       std::string tag = "_w" + std::to_string(workers) + "_h" + std::to_string(hashes / 1000) + "k";
       std::printf("w=%d hashes=%zu (target %d)\n", workers, setup.cluster.numIndexedBlocks(), hashes);
-      out.push_back({.name = "decision_p50" + tag,
-                     .value = ours.p50_us,
-                     .unit = "us",
-                     .reference = base.p50_us,
-                     .reference_name = "least_load p50"});
-      out.push_back({.name = "decision_p99" + tag,
-                     .value = ours.p99_us,
-                     .unit = "us",
-                     .reference = base.p99_us,
-                     .reference_name = "least_load p99"});
-      out.push_back({.name = "decisions_per_s" + tag,
-                     .value = ours.per_s,
-                     .unit = "1/s",
-                     .reference = base.per_s,
-                     .reference_name = "least_load"});
+      auto row = [&](std::string name, double value, const char* unit, double reference, const char* yardstick) {
+        out.push_back(
+            {.name = name + tag, .value = value, .unit = unit, .reference = reference, .reference_name = yardstick});
+      };
+      row("decision_p50", ours.p50_us, "us", base.p50_us, "least_load p50");
+      row("decision_p99", ours.p99_us, "us", base.p99_us, "least_load p99");
+      row("decision_raw_p99", ours.raw_p99_us, "us", base.raw_p99_us, "least_load raw p99");
+      row("decisions_per_s", ours.per_s, "1/s", base.per_s, "least_load");
     }
   }
 }

@@ -6,7 +6,9 @@
 // A decode worker's score (higher wins), among the feasible ones:
 //   overlap_weight    * (prompt blocks it holds, as a prefix) / (prompt blocks)
 // + sticky_weight     * [the request's session is resident on it]
-// + load_floor_weight * clamp((mean - assigned) / mean, 0, 1)   [never when the session is resident elsewhere]
+// + load_floor_weight * clamp((mean - assigned) / mean, 0, 1)   [requests with a session id, unless
+//                                                                 load_floor_without_session; never when the
+//                                                                 session is resident elsewhere]
 // - queue_penalty     * (its waiting requests + the router's own in-flight ones)
 // where `assigned` = resident sessions + running + waiting + in-flight requests,
 // and `mean` is its average over the feasible decode workers.
@@ -22,7 +24,13 @@ struct RouterConfig {
   double overlap_weight = 1.0;     // full prefix held = +1.0
   double sticky_weight = 2.0;      // the session's KV is resident there
   double load_floor_weight = 1.5;  // an idle worker when the mean is > 0: +1.5, graduated to 0 at the mean
-  double queue_penalty = 0.1;      // per queued request (reported waiting + router in-flight)
+  // The bonus spreads sessions (whose KV then stays where they land); a
+  // request without a session id gets it only when this is set. Without
+  // it such requests follow their prefix, balanced by the queue penalty and
+  // the least-loaded miss: on a session-less trace the bonus (up to 1.5)
+  // outweighs a whole-prompt overlap (1.0) and halves cache hits.
+  bool load_floor_without_session = false;
+  double queue_penalty = 0.1;  // per queued request (reported waiting + router in-flight)
   // Scores within this of the best are equally good: the session id's
   // rendezvous hash picks among them, so replicas agree (docs/routing.md).
   double tie_epsilon = 0.05;

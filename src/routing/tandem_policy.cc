@@ -137,7 +137,8 @@ const Candidate* bestScored(const RouteContext& ctx, std::span<Candidate> feasib
     c.score = ctx.config.overlap_weight * static_cast<double>(c.overlap) / prompt_blocks;
     if (c.resident) c.score += ctx.config.sticky_weight;
     // Graduated bonus below the mean; never pulls a session away from where it is resident.
-    if (mean > 0 && (!resident_somewhere || c.resident)) {
+    const bool floor_applies = ctx.request.session.has_value() || ctx.config.load_floor_without_session;
+    if (floor_applies && mean > 0 && (!resident_somewhere || c.resident)) {
       c.score += ctx.config.load_floor_weight * std::clamp((mean - static_cast<double>(c.assigned)) / mean, 0.0, 1.0);
     }
     c.score -= ctx.config.queue_penalty * static_cast<double>(c.w->load.waiting + c.pending.requests);

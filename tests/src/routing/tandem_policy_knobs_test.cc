@@ -69,10 +69,21 @@ TEST(RouterConfigKnobs, LoadFloorBonusIsGraduatedBelowTheMean) {
   ClusterState c;
   addWorker(c, {.name = "d0", .running = 4, .cached = chain(100, 5)});
   addWorker(c, {.name = "d1", .running = 2, .cached = chain(100, 5)});
-  Decision d = routeWith({}, c, request(std::nullopt, chain(100, 10)));
+  Decision d = routeWith({}, c, request("s1", chain(100, 10)));
   EXPECT_EQ(d.decode, "d1");
   EXPECT_DOUBLE_EQ(d.score, 1.0);
-  EXPECT_DOUBLE_EQ(routeWith({.load_floor_weight = 3.0}, c, request(std::nullopt, chain(100, 10))).score, 1.5);
+  EXPECT_DOUBLE_EQ(routeWith({.load_floor_weight = 3.0}, c, request("s1", chain(100, 10))).score, 1.5);
+}
+
+TEST(RouterConfigKnobs, LoadFloorWithoutSessionExtendsTheBonusToSessionlessRequests) {
+  // d0 holds the whole prompt and runs 2 requests; d1 is idle and holds nothing.
+  ClusterState c;
+  addWorker(c, {.name = "d0", .running = 2, .cached = chain(100, 10)});
+  addWorker(c, {.name = "d1"});
+  RouteRequest sessionless = request(std::nullopt, chain(100, 10));
+  EXPECT_EQ(routeWith({}, c, sessionless).decode, "d0");  // follows its prefix: 1.0 vs 0
+  EXPECT_EQ(routeWith({.load_floor_without_session = true}, c, sessionless).decode, "d1");  // 1.0 vs 1.5
+  EXPECT_EQ(routeWith({}, c, request("s1", chain(100, 10))).decode, "d1");                  // a session gets it anyway
 }
 
 TEST(RouterConfigKnobs, LoadFloorBonusNeverPullsASessionResidentElsewhere) {
