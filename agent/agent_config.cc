@@ -452,8 +452,11 @@ void fillDerivedDefaults(AgentConfig& c) {
 
 absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
-  if (c.role == AgentRole::kRouter && c.decode_workers.empty()) {
-    return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
+  if (c.role == AgentRole::kRouter) {
+    if (c.decode_workers.empty()) {
+      return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
+    }
+    TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
     return absl::InvalidArgumentError(

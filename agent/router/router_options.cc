@@ -68,6 +68,20 @@ void addRouterOptions(std::vector<Option>& o) {
   o.push_back(routingNumber("route-load-floor-weight", "load_floor_weight",
                             "router: bonus of an idle worker, graduated to 0 at the mean assignment",
                             &RouterConfig::load_floor_weight, 0, 1e6));
+  o.push_back({"route-load-floor-without-session", "router", "load_floor_without_session",
+               "router: give the load-floor bonus to requests without a session id too (true|false)",
+               [](const AgentConfig& c) { return std::string(c.routing.load_floor_without_session ? "true" : "false"); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 if (v != "true" && v != "false") {
+                   return absl::InvalidArgumentError(
+                       strCat("--route-load-floor-without-session: expected true or false, got \"", v, "\""));
+                 }
+                 c.routing.load_floor_without_session = v == "true";
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) {
+                 m.field("load_floor_without_session", &c.routing.load_floor_without_session);
+               }});
   o.push_back(routingNumber("route-queue-penalty", "queue_penalty", "router: score lost per queued request",
                             &RouterConfig::queue_penalty, 0, 1e6));
   o.push_back(routingNumber("route-tie-epsilon", "tie_epsilon",
