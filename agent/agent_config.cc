@@ -7,51 +7,13 @@
 #include <functional>
 #include <vector>
 
+#include "agent/config_option.h"
 #include "engine/model/model_fingerprint.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
 namespace {
-
-// One option: its flag, its YAML path (section.key), help, and how to set it
-// from a flag string or a YAML map. The same table drives --help, the YAML
-// reader and the flag parser.
-struct Option {
-  const char* flag;
-  const char* section;  // "" for top level
-  const char* key;
-  const char* help;
-  std::function<std::string(const AgentConfig&)> show;
-  std::function<absl::Status(AgentConfig&, std::string_view)> fromFlag;
-  std::function<void(AgentConfig&, ConfigMap&)> fromYaml;
-};
-
-template <typename T>
-absl::Status parseNumber(std::string_view flag, std::string_view text, T* out, double min, double max) {
-  T v{};
-  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (res.ec != std::errc() || res.ptr != text.data() + text.size()) {
-    return absl::InvalidArgumentError(strCat("--", flag, ": expected a number, got \"", text, "\""));
-  }
-  if (static_cast<double>(v) < min || static_cast<double>(v) > max) {
-    return absl::InvalidArgumentError(strCat("--", flag, ": ", text, " is out of range [", min, ", ", max, "]"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-template <typename T>
-Option numberOption(const char* flag, const char* section, const char* key, const char* help, T AgentConfig::*member,
-                    double min, double max) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(c.*member); },
-          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.*member), min, max); },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = min, .max = max}); }};
-}
 
 template <typename T>
 Option engineNumber(const char* flag, const char* key, const char* help, T engine::EngineOptions::*member, double min,
@@ -63,45 +25,6 @@ Option engineNumber(const char* flag, const char* key, const char* help, T engin
           [member](const AgentConfig& c) { return strCat(c.engine.*member); },
           [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
-}
-
-// `v` is one of `one_of` (any value when it is empty).
-absl::Status checkOneOf(const char* flag, std::string_view v, const std::vector<std::string>& one_of) {
-  if (one_of.empty() || std::find(one_of.begin(), one_of.end(), v) != one_of.end()) return absl::OkStatus();
-  std::string allowed;
-  for (const auto& a : one_of) allowed += (allowed.empty() ? "" : ", ") + a;
-  return absl::InvalidArgumentError(strCat("--", flag, ": \"", v, "\" is not one of: ", allowed));
-}
-
-Option stringOption(const char* flag, const char* section, const char* key, const char* help,
-                    std::string AgentConfig::*member, std::vector<std::string> one_of = {}) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return c.*member; },
-          [=](AgentConfig& c, std::string_view v) -> absl::Status {
-            TANDEM_RETURN_IF_ERROR(checkOneOf(flag, v, one_of));
-            c.*member = std::string(v);
-            return absl::OkStatus();
-          },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.one_of = one_of}); }};
-}
-
-Option durationOption(const char* flag, const char* section, const char* key, const char* help,
-                      std::chrono::nanoseconds AgentConfig::*member) {
-  return {flag,
-          section,
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(std::chrono::duration<double>(c.*member).count(), "s"); },
-          [=](AgentConfig& c, std::string_view v) -> absl::Status {
-            auto d = parseDuration(v);
-            if (!d.ok()) return absl::InvalidArgumentError(strCat("--", flag, ": ", toStd(d.status().message())));
-            c.*member = *d;
-            return absl::OkStatus();
-          },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = 0}); }};
 }
 
 absl::Status parseListen(AgentConfig& c, std::string_view v) {
@@ -158,7 +81,7 @@ Option roleOption() {
   return {"role",
           "",
           "role",
-          "data-plane role: both, prefill or decode (router: not yet)",
+          "data-plane role: both, prefill, decode or router",
           [](const AgentConfig& c) { return std::string(agentRoleName(c.role)); },
           [set](AgentConfig& c, std::string_view v) -> absl::Status {
             TANDEM_RETURN_IF_ERROR(checkOneOf("role", v, names));
@@ -169,23 +92,6 @@ Option roleOption() {
             std::string v;
             if (m.field("role", &v, {.one_of = names})) set(c, v);
           }};
-}
-
-// A comma-separated list of HOST:PORT (`what` names the flag or key in errors).
-absl::StatusOr<std::vector<HostPort>> parsePeerList(std::string_view what, std::string_view v) {
-  std::vector<HostPort> out;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = std::min(v.find(',', start), v.size());
-    TANDEM_ASSIGN_OR_RETURN(HostPort p, parseHostPort(what, v.substr(start, comma - start)));
-    for (const HostPort& q : out) {
-      if (q.host == p.host && q.port == p.port)
-        return absl::InvalidArgumentError(strCat(what, ": ", p.host, ":", p.port, " is listed twice in \"", v, "\""));
-    }
-    out.push_back(std::move(p));
-    if (comma == v.size()) return out;
-    start = comma + 1;
-  }
 }
 
 absl::Status onePeerError(std::string_view what, std::string_view v) {
@@ -412,7 +318,6 @@ void addKvOptions(std::vector<Option>& o) {
                    &AgentConfig::direct_max_suffix_tokens, 0, 1 << 24));
 }
 
-
 // trace: and log:.
 void addLogOptions(std::vector<Option>& o) {
   o.push_back(stringOption("trace-file", "trace", "file", "per-request JSON lines: a file, - for stdout, empty for off",
@@ -431,6 +336,7 @@ const std::vector<Option>& options() {
     addLimitOptions(o);
     addEventOptions(o);
     addKvOptions(o);
+    addRouterOptions(o);
     addLogOptions(o);
     return o;
   }();
@@ -522,7 +428,8 @@ absl::Status applyConfigFile(const std::string& path, AgentConfig& c) {
 
 absl::Status applyFlags(const std::vector<std::pair<std::string, std::string>>& flags, AgentConfig& c) {
   for (const auto& [name, value] : flags) {
-    auto it = std::find_if(options().begin(), options().end(), [&name = name](const Option& o) { return name == o.flag; });
+    auto it =
+        std::find_if(options().begin(), options().end(), [&name = name](const Option& o) { return name == o.flag; });
     if (it == options().end()) return absl::InvalidArgumentError(strCat("unknown flag --", name, " (see --help)"));
     TANDEM_RETURN_IF_ERROR(it->fromFlag(c, value));
   }
@@ -546,7 +453,10 @@ void fillDerivedDefaults(AgentConfig& c) {
 absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
   if (c.role == AgentRole::kRouter) {
-    return absl::UnimplementedError("role \"router\" is not served by this build yet; use both, prefill or decode");
+    if (c.decode_workers.empty()) {
+      return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
+    }
+    TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
     return absl::InvalidArgumentError(

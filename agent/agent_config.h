@@ -12,12 +12,12 @@
 
 #include "engine/engine.h"
 #include "src/common/status.h"
+#include "src/routing/router_config.h"
 
 namespace tandem::agent {
 
 // The data-plane role of this process (DESIGN.md §1), parsed once from
-// --role (role:). kRouter parses but is refused by parseAgentConfig (not
-// served by this build yet).
+// --role (role:).
 enum class AgentRole { kBoth, kPrefill, kDecode, kRouter };
 
 // "both", "prefill", "decode", "router": the flag's spelling, and the `role`
@@ -71,6 +71,12 @@ struct AgentConfig {
   double checksum_rate = 1.0;  // decode: fraction of transfers whose per-block checksums are verified
   int direct_max_suffix_tokens =
       256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
+  // Router role: the agents it routes to (their HTTP addresses; it
+  // subscribes to each one's /internal/v1/events) and the policy's knobs.
+  std::vector<HostPort> decode_workers;
+  std::vector<HostPort> prefill_workers;
+  routing::RouterConfig routing;
+  std::chrono::nanoseconds upstream_open_timeout = std::chrono::seconds(10);  // until D's response headers
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

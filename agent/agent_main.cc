@@ -11,6 +11,7 @@
 
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
+#include "agent/router/router_server.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
 
@@ -71,14 +72,26 @@ int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_f
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto server = AgentServer::start(*config, SystemClock::instance(), std::move(kv_transport_factory));
-  if (!server.ok()) {
-    log.error("start-up failed", {{"error", toStd(server.status().message())}});
+  // Role router holds no engine: its own server (router/router_server.h).
+  std::unique_ptr<AgentServer> agent;
+  std::unique_ptr<RouterServer> router;
+  absl::Status started = absl::OkStatus();
+  if (config->role == AgentRole::kRouter) {
+    auto r = RouterServer::start(*config, SystemClock::instance());
+    if (r.ok()) router = std::move(*r);
+    started = r.status();
+  } else {
+    auto a = AgentServer::start(*config, SystemClock::instance(), std::move(kv_transport_factory));
+    if (a.ok()) agent = std::move(*a);
+    started = a.status();
+  }
+  if (!started.ok()) {
+    log.error("start-up failed", {{"error", toStd(started.message())}});
     return 1;
   }
   if (!config->port_file.empty()) {
     std::string tmp = config->port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n" << (*server)->kvPort() << "\n";
+    std::ofstream(tmp) << (router ? router->port() : agent->port()) << "\n" << (agent ? agent->kvPort() : 0) << "\n";
     std::rename(tmp.c_str(), config->port_file.c_str());
   }
   int sig = waitForSignal();
@@ -91,8 +104,13 @@ int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_f
       log.warn("already draining; signal ignored");
     }
   }).detach();
-  (*server)->drain();
-  server->reset();
+  if (router) {
+    router->drain();
+    router.reset();
+  } else {
+    agent->drain();
+    agent.reset();
+  }
   log.info("exiting");
   return 0;
 }

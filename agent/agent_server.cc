@@ -7,10 +7,12 @@
 #include "agent/agent_metrics.h"
 #include "agent/decode_service.h"
 #include "agent/openai_api.h"
+#include "agent/openai_http.h"
 #include "agent/openai_request.h"
 #include "agent/openai_stream.h"
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
+#include "agent/routing_headers.h"
 #include "agent/trace.h"
 #include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
@@ -26,12 +28,6 @@ namespace tandem::agent {
 namespace {
 
 using nlohmann::json;
-
-http::Response apiError(const ApiError& e) {
-  http::Response r = http::Response::json(e.status, e.toJson());
-  for (const auto& [k, v] : e.headers) r.setHeader(k, v);
-  return r;
-}
 
 std::string newId(std::string_view prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
@@ -86,7 +82,7 @@ struct AgentServer::Impl {
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   int max_live = 0;
-  int kv_port = 0;  // roles prefill and decode: the bound UCX port
+  int kv_port = 0;                 // roles prefill and decode: the bound UCX port
   uint64_t model_fingerprint = 0;  // set while the engine is built
 
   // One request's progress, shared by the engine callback and the HTTP side.
@@ -95,7 +91,7 @@ struct AgentServer::Impl {
     std::string id;
     int64_t created;
     std::string session;
-    std::string prefill_peer;                   // role decode: the router's x-tandem-prefill-peer, if any
+    RouteHint route;                            // role decode: the router's decision, if any (routing_headers.h)
     std::string text;                           // unary: the text so far
     std::optional<OpenAiStreamEncoder> stream;  // streamed: its encoder
   };
@@ -104,10 +100,9 @@ struct AgentServer::Impl {
 
   // Runs a request here (roles both, prefill) or disaggregated (role decode).
   // The callback sees the typed transfer failure, if one ended the request.
-  // `prefill_peer`: role decode, the router's x-tandem-prefill-peer.
-  // Role decode: the P is the one `call` names (x-tandem-prefill-peer), if any.
+  // Role decode follows the router's decision the call carries, if any.
   uint64_t submit(const Call& call, engine::RequestSpec spec, PdUpdateCallback cb) {
-    if (decode) return decode->submit(std::move(spec), std::move(cb), call.prefill_peer);
+    if (decode) return decode->submit(std::move(spec), std::move(cb), call.route);
     return loop->submit(std::move(spec), [cb = std::move(cb)](const engine::RequestUpdate& u) { cb(u, PdInfo{}); });
   }
 
@@ -152,13 +147,27 @@ struct AgentServer::Impl {
     return std::nullopt;
   }
 
-  // A decode agent refuses a request naming a prefill agent it does not
-  // have (the router's mistake, or a stale view of the pool); other roles
-  // ignore the header.
-  std::optional<ApiError> refusePrefillPeer(const std::string& named) {
-    if (!decode || named.empty()) return std::nullopt;
-    absl::Status s = decode->checkPrefillPeer(named);
-    if (s.ok()) return std::nullopt;
+  // A router's decision from the request's headers (routing_headers.h). A
+  // decode agent refuses a path it does not know and a prefill agent it
+  // does not have (the router's mistake, or a stale view of the pool);
+  // other roles ignore the headers.
+  std::variant<RouteHint, ApiError> routeHint(const http::Request& req) {
+    RouteHint hint;
+    if (!decode) return hint;
+    if (auto path = req.header(kRoutePathHeader)) {
+      if (*path == "direct") {
+        hint.path = PdPath::kDirect;
+      } else if (*path == "disagg") {
+        hint.path = PdPath::kDisagg;
+      } else {
+        return ApiError{.message = strCat(kRoutePathHeader, ": expected direct or disagg, got \"", *path, "\""),
+                        .param = std::string(kRoutePathHeader)};
+      }
+    }
+    hint.prefill_peer = req.header(kPrefillPeerHeader).value_or("");
+    if (hint.prefill_peer.empty()) return hint;
+    absl::Status s = decode->checkPrefillPeer(hint.prefill_peer);
+    if (s.ok()) return hint;
     return ApiError{.status = 400, .message = std::string(toStd(s.message())), .code = "unknown_prefill_peer"};
   }
 
@@ -175,15 +184,15 @@ struct AgentServer::Impl {
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
     if (auto e = refuse(p)) return apiError(*e);
-    const std::string prefill_peer = req.header(kPrefillPeerHeader).value_or("");
-    if (auto e = refusePrefillPeer(prefill_peer)) return apiError(*e);
+    auto route = routeHint(req);
+    if (auto* e = std::get_if<ApiError>(&route)) return apiError(*e);
     p.spec.deadline = clock.now() + config.request_timeout;
     auto call = std::make_shared<Call>();
     call->endpoint = endpoint;
     call->id = newId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
     call->created = unixSeconds(clock.wallNow());
     call->session = p.spec.session ? p.spec.session->value() : "";
-    call->prefill_peer = prefill_peer;
+    call->route = std::get<RouteHint>(std::move(route));
     if (!p.stream) return unary(call, std::move(p.spec));
     call->stream.emplace(OpenAiStreamEncoder::Options{.endpoint = endpoint,
                                                       .id = call->id,
@@ -245,14 +254,7 @@ struct AgentServer::Impl {
     r.handle("GET", "/metrics", [this](http::Request&) {
       return http::Response::text(200, metrics::serializeText(registry), std::string(metrics::kContentType));
     });
-    r.handle("GET", "/v1/models", [this](http::Request&) {
-      json model = {{"id", limits.model_name},
-                    {"object", "model"},
-                    {"created", 0},
-                    {"owned_by", "tandem"},
-                    {"max_model_len", limits.max_model_len}};
-      return http::Response::json(200, json{{"object", "list"}, {"data", json::array({model})}});
-    });
+    r.handle("GET", "/v1/models", [this](http::Request&) { return modelsResponse(limits); });
     r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
     r.handle("GET", "/internal/v1/events", [this](http::Request&) { return serveWorkerEvents(*events); });
@@ -344,13 +346,14 @@ struct AgentServer::Impl {
     pd.checksum_rate = config.checksum_rate;
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     pd.model_fingerprint = model_fingerprint;
-    const PdEnv env{.loop = *loop, .metrics = *pd_metrics, .clock = clock, .transport = std::move(kv_transport_factory)};
+    const PdEnv env{
+        .loop = *loop, .metrics = *pd_metrics, .clock = clock, .transport = std::move(kv_transport_factory)};
     if (config.role == AgentRole::kPrefill) {
       // Prefills for decode agents count like any request here (path disagg).
-      TANDEM_ASSIGN_OR_RETURN(
-          prefill, PrefillService::start(env, pd, [this](const engine::RequestUpdate& u) {
-            finished(Call{.id = strCat("prefill-", u.id.value())}, u, PdInfo{.path = PdPath::kDisagg});
-          }));
+      TANDEM_ASSIGN_OR_RETURN(prefill, PrefillService::start(env, pd, [this](const engine::RequestUpdate& u) {
+                                finished(Call{.id = strCat("prefill-", u.id.value())}, u,
+                                         PdInfo{.path = PdPath::kDisagg});
+                              }));
       kv_port = prefill->port();
     } else {
       std::vector<PeerAddress> peers;  // validateAgentConfig requires one for role decode
@@ -393,6 +396,11 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, impl->buildEngine(kv));
   TANDEM_RETURN_IF_ERROR(impl->startEngineLoop(std::move(engine)));
   TANDEM_RETURN_IF_ERROR(impl->startPdService(kv, std::move(kv_transport_factory)));
+  // Routers name a prefill agent to D by this address (D's --prefill-peers
+  // spell it the same way): the listener's, as configured.
+  if (impl->kv_port > 0) {
+    impl->events->setKvAddress(strCat(kv.transport.host.empty() ? config.host : kv.transport.host, ":", impl->kv_port));
+  }
   TANDEM_RETURN_IF_ERROR(impl->startHttp());
   return std::unique_ptr<AgentServer>(new AgentServer(std::move(impl)));
 }

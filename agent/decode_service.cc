@@ -1,6 +1,7 @@
 #include "agent/decode_service.h"
 
 #include <atomic>
+#include <limits>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -429,7 +430,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   // ------------------------------------------------------------ requests --
 
-  uint64_t submit(engine::RequestSpec spec, std::string_view named, PdUpdateCallback cb) {
+  uint64_t submit(engine::RequestSpec spec, const RouteHint& hint, PdUpdateCallback cb) {
+    const std::string_view named = hint.prefill_peer;
     const uint64_t tid = next_tid.fetch_add(1);
     {
       absl::MutexLock lock(&mu);
@@ -451,6 +453,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     }
     spec.import_kv = true;
     spec.direct_max_suffix_tokens = options.direct_max_suffix_tokens;
+    if (hint.path == PdPath::kDirect) spec.direct_max_suffix_tokens = std::numeric_limits<int>::max();
+    if (hint.path == PdPath::kDisagg) spec.direct_max_suffix_tokens = 0;
     uint64_t handle = loop.submit(
         std::move(spec), [self = shared_from_this(), tid](const engine::RequestUpdate& u) { self->onUpdate(tid, u); });
     absl::MutexLock lock(&mu);
@@ -574,8 +578,8 @@ DecodeService::~DecodeService() {
   impl_->t.reset();
 }
 
-uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update, std::string_view prefill_peer) {
-  return impl_->submit(std::move(spec), prefill_peer, std::move(on_update));
+uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_update, const RouteHint& hint) {
+  return impl_->submit(std::move(spec), hint, std::move(on_update));
 }
 
 absl::Status DecodeService::checkPrefillPeer(std::string_view name) const {

@@ -30,10 +30,6 @@
 
 namespace tandem::agent {
 
-// The request header naming the prefill agent ("HOST:PORT", one of
-// --prefill-peers) a decode agent uses for the request: the router's choice.
-inline constexpr std::string_view kPrefillPeerHeader = "x-tandem-prefill-peer";
-
 // How a decode-role request was served.
 enum class PdPath { kDirect, kDisagg, kFallback };
 std::string_view pdPathName(PdPath path);
@@ -48,6 +44,17 @@ struct PdInfo {
 };
 using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, const PdInfo&)>;
 
+// A router's decision for one request (routing_headers.h), as D takes it.
+struct RouteHint {
+  // The prefill agent to use ("HOST:PORT", one of --prefill-peers); empty:
+  // this agent picks one.
+  std::string prefill_peer;
+  // kDirect: compute any uncached suffix of a resident session here (the
+  // router judged it short enough); kDisagg: never direct, a P computes
+  // the prompt. Unset: this agent's --direct-max-suffix decides.
+  std::optional<PdPath> path;
+};
+
 class DecodeService {
  public:
   static absl::StatusOr<std::unique_ptr<DecodeService>> start(const PdEnv& env, const PdOptions& options);
@@ -59,7 +66,7 @@ class DecodeService {
   // router's x-tandem-prefill-peer) names the P to use; empty, unknown or
   // unhealthy: this agent picks one (PrefillPeers::choose). Returns a
   // handle for cancel().
-  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update, std::string_view prefill_peer = {});
+  uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update, const RouteHint& hint = {});
   // OK when `name` is one of this agent's prefill peers; InvalidArgument
   // naming it and the peers otherwise (the request's 400).
   absl::Status checkPrefillPeer(std::string_view name) const;

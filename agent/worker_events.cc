@@ -110,6 +110,11 @@ class WorkerEventsPublisher::Impl {
     if (incoming_.size() != before || pending_load_ || (draining_ && idle_)) cv_.SignalAll();
   }
 
+  void setKvAddress(std::string address) {
+    absl::MutexLock lock(&mu_);
+    kv_address_ = std::move(address);
+  }
+
   void setDraining(bool draining) {
     absl::MutexLock lock(&mu_);
     draining_ = draining;
@@ -213,6 +218,7 @@ class WorkerEventsPublisher::Impl {
     routing::WorkerSnapshot s{.epoch = epoch_,
                               .seq = seq_,
                               .worker = options_.worker,
+                              .kv_address = kv_address_,
                               .role = options_.role,
                               .block_size = options_.block_size,
                               .hash_root = options_.hash_root,
@@ -341,6 +347,7 @@ class WorkerEventsPublisher::Impl {
   }
 
   const WorkerEventsOptions options_;
+  std::string kv_address_ ABSL_GUARDED_BY(mu_);  // setKvAddress
   const Clock& clock_;
   const uint64_t epoch_;
   metrics::Gauge& subscribers_;
@@ -388,6 +395,7 @@ void WorkerEventsPublisher::onEngineStep(engine::RoutableChanges changes, const 
   impl_->onEngineStep(std::move(changes), stats);
 }
 void WorkerEventsPublisher::setDraining(bool draining) { impl_->setDraining(draining); }
+void WorkerEventsPublisher::setKvAddress(std::string address) { impl_->setKvAddress(std::move(address)); }
 uint64_t WorkerEventsPublisher::subscribe(std::shared_ptr<WorkerEventSink> sink) {
   return impl_->subscribe(std::move(sink));
 }

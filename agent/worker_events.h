@@ -88,6 +88,10 @@ class WorkerEventsPublisher {
   // The engine thread, after every step (EngineLoop's observer): applies
   // what changed and the load now. Never waits for a subscriber.
   void onEngineStep(engine::RoutableChanges changes, const engine::StepStats& stats);
+  // The KV listener's address as peers reach it ("HOST:PORT"), once the
+  // P/D service bound it; later snapshots carry it (routers name a prefill
+  // agent to D by it). Set before the HTTP server starts serving.
+  void setKvAddress(std::string address);
   // The agent started (or stopped) draining; sent at once.
   void setDraining(bool draining);
 

@@ -186,6 +186,9 @@ absl::StatusOr<routing::ResidentSessionBlocks> readSession(const json& obj, std:
 absl::StatusOr<WorkerSnapshot> readSnapshot(const json& j, uint64_t epoch, uint64_t seq) {
   WorkerSnapshot s{.epoch = epoch, .seq = seq};
   TANDEM_ASSIGN_OR_RETURN(s.worker, readString(j, "", "worker"));
+  if (j.contains("kv_address")) {  // optional: older workers do not send it
+    TANDEM_ASSIGN_OR_RETURN(s.kv_address, readString(j, "", "kv_address"));
+  }
   TANDEM_ASSIGN_OR_RETURN(s.role, readRole(j));
   TANDEM_ASSIGN_OR_RETURN(int64_t block_size, readInt(j, "", "block_size"));
   if (block_size < 1 || block_size > (1 << 20)) return fieldError("block_size", strCat("out of range: ", block_size));
@@ -244,6 +247,7 @@ std::string_view workerRoleName(WorkerRole role) {
 std::string encodeWorkerSnapshot(const WorkerSnapshot& s) {
   json j = header("snapshot", s.epoch, s.seq);
   j["worker"] = s.worker;
+  j["kv_address"] = s.kv_address;
   j["role"] = workerRoleName(s.role);
   j["block_size"] = s.block_size;
   j["hash_root"] = hex16(s.hash_root.value());

@@ -7,7 +7,15 @@
 // directory with the same EngineOptions serve the benchmark. All exist for
 // the whole run but are never driven at the same time. Every row is written
 // once per library, named `<row>.<library>` (agent_c32_req_s.beast), so the
-// two libraries are compared in one run against one yardstick.
+// two libraries are compared in one run against one yardstick. A third
+// "library", `router`, is the router role (RouterServer, Beast) in front of
+// the Beast agent: the proxy path every request takes on a cluster. Its
+// own rows compare it with the agent alone in the same run:
+//  * router_c{C}_req_s: req/s through the router; reference = the Beast
+//    agent's req/s at that level (target at C = 32: ratio >= 0.8).
+//  * router_c{C}_ttft_ms_p50: reference = the Beast agent's.
+//  * router_ttft_added_ms_p50_max_tokens1: router TTFT p50 minus the Beast
+//    agent's in the sequential max_tokens 1 run (target <= 0.5 ms).
 //
 // Requests: /v1/completions, a distinct ~20-token prompt each ("Note 000123:
 // the sea" + BOS; distinct so nothing comes from the prefix cache), max_tokens
@@ -63,6 +71,7 @@
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
 #include "agent/openai_request.h"
+#include "agent/router/router_server.h"
 #include "bench/bench_report.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -291,11 +300,13 @@ void runLoad(Target& target, int concurrency, int num_requests, int first_index,
   }
 }
 
-// One agent, served by one HTTP server library.
+// One agent, served by one HTTP server library; or (name "router") a
+// router in front of the first of them.
 struct Library {
-  std::string name;  // "beast", "cpprest": the rows' suffix
+  std::string name;  // "beast", "cpprest", "router": the rows' suffix
   std::unique_ptr<agent::AgentServer> server;
   std::unique_ptr<HttpTarget> target;
+  std::unique_ptr<agent::RouterServer> router;
 };
 
 // The rows of one concurrency level for one library against the yardstick.
@@ -325,6 +336,21 @@ void addLevelRows(std::vector<bench::Result>& results, const Level& level, const
                          .reference_name = strCat("in-process ", l.label, " ", p_name)});
     }
   }
+}
+
+// The router in front of the agent against the agent alone, at one level.
+void addRouterRows(std::vector<bench::Result>& results, const Level& level, LoadResult& router, LoadResult& agent) {
+  const std::string prefix = strCat("router_c", level.concurrency, "_");
+  results.push_back({.name = prefix + "req_s",
+                     .value = router.reqPerSecond(),
+                     .unit = "req/s",
+                     .reference = agent.reqPerSecond(),
+                     .reference_name = "agent alone (beast) req/s"});
+  results.push_back({.name = prefix + "ttft_ms_p50",
+                     .value = percentile(router.ttft_ms, 50),
+                     .unit = "ms",
+                     .reference = percentile(agent.ttft_ms, 50),
+                     .reference_name = "agent alone (beast) TTFT p50"});
 }
 
 // Prints `status` and returns the process's exit code for a failed set-up.
@@ -368,6 +394,23 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
     }
     libraries.push_back({name, std::move(*server), std::make_unique<HttpTarget>(base_url + "/v1/completions")});
   }
+  // The router role in front of the Beast agent (both on Beast): the proxy
+  // path every request takes on a cluster.
+  {
+    agent::AgentConfig rc = config;
+    rc.http_server = "beast";
+    rc.role = agent::AgentRole::kRouter;
+    rc.decode_workers = {{.host = "127.0.0.1", .port = libraries[0].server->port()}};
+    auto router = agent::RouterServer::start(rc, SystemClock::instance());
+    if (!router.ok()) return fail("router start-up", router.status());
+    const std::string base_url = strCat("http://127.0.0.1:", (*router)->port());
+    if (!waitReady(base_url)) {
+      std::fprintf(stderr, "bench_agent: the router at %s never became ready\n", base_url.c_str());
+      return 1;
+    }
+    libraries.push_back({"router", nullptr, std::make_unique<HttpTarget>(base_url + "/v1/completions"),
+                         std::move(*router)});
+  }
 
   // The yardstick: the same model directory and options, no HTTP.
   auto weights = engine::loadModelWeights(model_dir);
@@ -408,6 +451,12 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
       for (size_t l = 0; l < h.size(); ++l) http_ms[l].push_back(h[l].ttft_ms);
     }
     double engine_p50 = percentile(engine_ms, 50);
+    // What the router adds to TTFT: router in front of Beast vs Beast alone.
+    results.push_back({.name = "router_ttft_added_ms_p50_max_tokens1",
+                       .value = percentile(http_ms.back(), 50) - percentile(http_ms.front(), 50),
+                       .unit = "ms",
+                       .reference = percentile(http_ms.front(), 50),
+                       .reference_name = "agent alone (beast) TTFT p50"});
     for (size_t l = 0; l < libraries.size(); ++l) {
       double http_p50 = percentile(http_ms[l], 50);
       const std::string suffix = strCat(".", libraries[l].name);
@@ -444,9 +493,12 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
       num_failed += h[l].num_failed;
       addLevelRows(results, level, libraries[l].name, h[l], e);
     }
+    addRouterRows(results, level, h.back(), h.front());
   }
 
   loop.reset();
+  // The router first: it subscribes to the Beast agent.
+  libraries.back().router.reset();
   libraries.clear();
   int rc = bench::writeReport("agent", results, argc, argv);
   if (num_failed > 0) {

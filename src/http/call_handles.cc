@@ -18,8 +18,9 @@ ResponderImpl::~ResponderImpl() {
 
 bool ResponderImpl::respond(Response response) {
   responded_.store(true);
+  if (response.kind() == Response::Kind::kSse) return ex_->server->openStream(ex_, response);
   if (response.kind() != Response::Kind::kPlain) {
-    return ex_->server->answerError(ex_, 500, "internal error: a deferred response must be a plain response");
+    return ex_->server->answerError(ex_, 500, "internal error: a deferred response must be plain or a stream");
   }
   return ex_->server->answer(ex_, response);
 }

@@ -204,8 +204,11 @@ class Response;
 class Responder {
  public:
   virtual ~Responder() = default;
-  // Sends `response` (plain, not sse/deferred). False if a response was
-  // already sent, e.g. 504 after the deadline or 503 at shutdown.
+  // Sends `response`: plain, or an event stream (Response::sse, whose start
+  // callback runs on this thread before respond() returns), not deferred.
+  // A handler that must wait before it knows whether it will stream (the
+  // router, until D's first token) answers this way. False if a response
+  // was already sent, e.g. 504 after the deadline or 503 at shutdown.
   virtual bool respond(Response response) = 0;
   virtual CallContext& context() = 0;
   bool cancelled() { return context().cancelled(); }

@@ -162,8 +162,8 @@ void Server::Impl::deliver(const std::shared_ptr<Exchange>& ex, Response respons
   }
 }
 
-void Server::Impl::openStream(const std::shared_ptr<Exchange>& ex, const Response& response) {
-  if (!ex->claim(Exchange::State::kStreaming)) return;  // answered already (deadline): never start
+bool Server::Impl::openStream(const std::shared_ptr<Exchange>& ex, const Response& response) {
+  if (!ex->claim(Exchange::State::kStreaming)) return false;  // answered already (deadline): never start
   Headers headers{{"Content-Type", "text/event-stream"},
                   {"Cache-Control", "no-cache"},
                   {"X-Accel-Buffering", "no"}};  // tell nginx-style proxies not to buffer
@@ -182,6 +182,7 @@ void Server::Impl::openStream(const std::shared_ptr<Exchange>& ex, const Respons
     writer->send(errorBody(500, kServerError, "internal error: unknown exception"));
     writer->close();
   }
+  return true;
 }
 
 bool Server::Impl::answer(const std::shared_ptr<Exchange>& ex, const Response& response) {

@@ -50,13 +50,16 @@ class Server::Impl : public std::enable_shared_from_this<Server::Impl> {
   // Sends a complete response if nobody answered yet; false otherwise.
   bool answer(const std::shared_ptr<Exchange>& ex, const Response& response);
   bool answerError(const std::shared_ptr<Exchange>& ex, int status, std::string_view message);
+  // Opens an event stream (a handler's Response::sse, or a deferred call
+  // answered with one); false when the call was answered already
+  // (deadline, shutdown): the stream never starts.
+  bool openStream(const std::shared_ptr<Exchange>& ex, const Response& response);
 
  private:
   void onBody(const std::shared_ptr<Exchange>& ex, BodyRead read);
   void dispatch(const std::shared_ptr<Exchange>& ex, std::string body);
   Response callHandler(const Handler& handler, Request& request);
   void deliver(const std::shared_ptr<Exchange>& ex, Response response);
-  void openStream(const std::shared_ptr<Exchange>& ex, const Response& response);
   void sendReply(const std::shared_ptr<Exchange>& ex, const Response& response);
   // The Wire finished the response (ok) or failed.
   void onSent(const std::shared_ptr<Exchange>& ex, bool ok);

@@ -51,6 +51,9 @@ struct WorkerSnapshot {
   uint64_t epoch = 0;
   uint64_t seq = 0;
   std::string worker;  // the worker's name (its pod name on a cluster)
+  // Its KV listener HOST:PORT as peers reach it (prefill workers: what a
+  // router names to D in its decision); "" when it has none (role both).
+  std::string kv_address;
   WorkerRole role = WorkerRole::kDecode;
   int block_size = 0;            // tokens per KV block
   BlockHash hash_root{0};        // the chain's root: model fingerprint and tenant salt

@@ -59,6 +59,20 @@ trace:
   EXPECT_EQ(c->trace_file, "-");
 }
 
+TEST(AgentConfigTest, RouterRole) {
+  auto c = parse({"--model-dir", "m", "--role", "router", "--decode-workers", "10.0.0.2:8100,10.0.0.3:8100",
+                  "--prefill-workers", "10.0.0.1:8100", "--route-sticky-weight", "3.5", "--route-migrate-after", "4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->role, AgentRole::kRouter);
+  ASSERT_EQ(c->decode_workers.size(), 2u);
+  EXPECT_EQ(c->decode_workers[1].host, "10.0.0.3");
+  EXPECT_EQ(c->decode_workers[1].port, 8100);
+  ASSERT_EQ(c->prefill_workers.size(), 1u);
+  EXPECT_EQ(c->routing.sticky_weight, 3.5);
+  EXPECT_EQ(c->routing.capacity_rejections_to_migrate, 4);
+  EXPECT_EQ(c->routing.overlap_weight, routing::RouterConfig{}.overlap_weight);  // defaults stay
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),
@@ -69,7 +83,15 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({})).find("--model-dir (model.dir) is required"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--listen", "nowhere"})).find("expected HOST:PORT"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--log-format", "xml"})).find("not one of: text, json"), std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"})).find("not served by this build"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"})).find("--decode-workers (router.decode_workers) is required"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1,nohost"}))
+                .find("--decode-workers: expected HOST:PORT, got \"nohost\""),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1,a:1"})).find("listed twice"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--route-sticky-weight", "-1"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--route-migrate-after", "0"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"}))

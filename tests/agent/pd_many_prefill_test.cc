@@ -35,11 +35,15 @@ struct Reply {
   json body;
 };
 
-// A greedy completion, naming prefill agent `peer` unless it is empty.
-Reply complete(const AgentProcess& d, const std::string& prompt, const std::string& peer = "") {
+// A greedy completion, naming prefill agent `peer` unless it is empty, and
+// the router's path `path` unless it is empty, in session `session` if set.
+Reply complete(const AgentProcess& d, const std::string& prompt, const std::string& peer = "",
+               const std::string& path = "", const std::string& session = "") {
   http::ClientRequest req{.method = "POST", .url = d.url("/v1/completions")};
   req.headers["Content-Type"] = "application/json";
   if (!peer.empty()) req.headers["x-tandem-prefill-peer"] = peer;
+  if (!path.empty()) req.headers["x-tandem-route-path"] = path;
+  if (!session.empty()) req.headers["x-session-id"] = session;
   req.body =
       json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}.dump();
   req.timeout = std::chrono::seconds(60);
@@ -122,6 +126,29 @@ TEST_F(PdManyPrefillTest, APrefillAgentOutsideTheSetIsATyped400) {
         << r.body.dump();
   }
   EXPECT_EQ(served(*p1_) + served(*p2_), 0);
+}
+
+// The router's path decides: "direct" computes a resident session's
+// suffix here whatever its length, "disagg" sends even a one-token append
+// to the named P; a path D does not know is a 400 naming the header.
+TEST_F(PdManyPrefillTest, DecodeFollowsTheRoutersPath) {
+  auto path = [&] { return lastTrace()["path"].get<std::string>(); };
+  const std::string turn0 = "a conversation that stays resident on this decode agent.";
+  ASSERT_EQ(complete(*d_, turn0, kvAddress(*p1_), "disagg", "s1").status, 200);
+  EXPECT_EQ(path(), "disagg");
+  // A long append (more than --direct-max-suffix, 256 tokens) the router judged direct.
+  const std::string turn1 = turn0 + std::string(400, 'x');
+  ASSERT_EQ(complete(*d_, turn1, "", "direct", "s1").status, 200);
+  EXPECT_EQ(path(), "direct");
+  EXPECT_EQ(served(*p1_) + served(*p2_), 1);
+  // A one-character append the router sends to P.
+  ASSERT_EQ(complete(*d_, turn1 + "y", kvAddress(*p2_), "disagg", "s1").status, 200);
+  EXPECT_EQ(path(), "disagg");
+  EXPECT_EQ(served(*p2_), 1);
+  Reply bad = complete(*d_, "hello", "", "sideways");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body["error"]["message"].get<std::string>().find("x-tandem-route-path"), std::string::npos)
+      << bad.body.dump();
 }
 
 // The named P dies: its transfers fail (typed) until its failure window

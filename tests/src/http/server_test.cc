@@ -368,6 +368,40 @@ TEST_P(ServerTest, DeferredResponseFromAnotherThread) {
   for (auto& t : workers) t.join();
 }
 
+// The router's shape: the handler defers, and a worker thread decides later
+// (once the upstream's first event arrived) to answer with a stream.
+TEST_P(ServerTest, DeferredCallAnsweredWithAStreamFromAnotherThread) {
+  std::vector<std::jthread> workers;
+  absl::Mutex mu;
+  Routes routes;
+  routes.handle("POST", "/later-stream", [&](Request&) {
+    return Response::deferred([&](std::shared_ptr<Responder> r) {
+      absl::MutexLock lock(&mu);
+      workers.emplace_back([r] {
+        std::shared_ptr<SseWriter> writer;
+        EXPECT_TRUE(r->respond(Response::sse([&writer](std::shared_ptr<SseWriter> w) { writer = std::move(w); })));
+        ASSERT_NE(writer, nullptr);  // the start callback ran before respond() returned
+        EXPECT_TRUE(writer->send("one"));
+        EXPECT_TRUE(writer->send("two"));
+        writer->close();
+        EXPECT_FALSE(r->respond(Response::text(200, "too late")));
+      });
+    });
+  });
+  auto server = startServer(std::move(routes));
+  auto stream = SseClient::open({.method = "POST", .url = server->baseUrl() + "/later-stream", .body = "{}"});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ((*stream)->status(), 200);
+  std::vector<std::string> data;
+  ASSERT_TRUE((*stream)->readEvents([&](const SseEvent& e) {
+                 data.push_back(e.data);
+                 return true;
+               }).ok());
+  EXPECT_EQ(data, (std::vector<std::string>{"one", "two"}));
+  absl::MutexLock lock(&mu);
+  for (auto& t : workers) t.join();
+}
+
 TEST_P(ServerTest, DroppedResponderGives500) {
   Routes routes;
   routes.handle("GET", "/drop", [](Request&) { return Response::deferred([](std::shared_ptr<Responder>) {}); });

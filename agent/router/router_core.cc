@@ -1,0 +1,145 @@
+#include "agent/router/router_core.h"
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+#include <algorithm>
+
+namespace tandem::agent {
+
+RouterCore::RouterCore(std::unique_ptr<routing::Policy> policy, const Clock& clock, Options options)
+    : clock_(clock), options_(options), policy_(std::move(policy)) {}
+
+RouterCore::~RouterCore() = default;
+
+absl::Status RouterCore::applySnapshot(const routing::WorkerSnapshot& snapshot, std::string http_address,
+                                       std::string kv_address) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = addresses_.find(snapshot.worker); it != addresses_.end() && it->second.http != http_address) {
+    // Two configured addresses answer with one name: their states would mix.
+    return absl::FailedPreconditionError(strCat("workers at ", it->second.http, " and ", http_address,
+                                                " both call themselves \"", snapshot.worker,
+                                                "\"; give each agent its own --worker name"));
+  }
+  TANDEM_RETURN_IF_ERROR(cluster_.applySnapshot(snapshot));
+  // A snapshot is the stream's proof of life: forget earlier failures.
+  failures_.erase(snapshot.worker);
+  cluster_.setHealthy(snapshot.worker, true);
+  addresses_[snapshot.worker] = {.http = std::move(http_address), .kv = std::move(kv_address)};
+  return absl::OkStatus();
+}
+
+absl::Status RouterCore::applyDelta(std::string_view worker, const routing::WorkerDelta& delta) {
+  absl::MutexLock lock(&mu_);
+  return cluster_.applyDelta(worker, delta);
+}
+
+void RouterCore::markStale(std::string_view worker) {
+  absl::MutexLock lock(&mu_);
+  cluster_.markStale(worker);
+}
+
+std::optional<HashSpec> RouterCore::hashSpec() const {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
+    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
+    if (w != nullptr && w->canDecode() && w->block_size > 0) return HashSpec{w->block_size, w->hash_root};
+  }
+  return std::nullopt;
+}
+
+std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const routing::RouteRequest& request, const std::vector<std::string>& avoid) {
+  absl::MutexLock lock(&mu_);
+  // Workers that failed too often within the window sit out, as do those to
+  // avoid; both only for this decision (the marks are restored before the
+  // lock is released, so nothing else ever sees them).
+  const MonoTime now = clock_.now();
+  std::vector<std::string> benched = avoid;
+  for (auto& [name, times] : failures_) {
+    std::erase_if(times, [&](MonoTime t) { return now - t > options_.failure_window; });
+    if (static_cast<int>(times.size()) >= options_.unhealthy_failures) benched.push_back(name);
+  }
+  std::vector<std::pair<std::string, bool>> restore;
+  for (const std::string& name : benched) {
+    std::optional<routing::WorkerSlot> slot = cluster_.find(name);
+    if (!slot) continue;
+    restore.emplace_back(name, cluster_.worker(*slot)->healthy);
+    cluster_.setHealthy(name, false);
+  }
+  routing::RouteResult result = policy_->route(request, cluster_, in_flight_);
+  for (auto it = restore.rbegin(); it != restore.rend(); ++it) cluster_.setHealthy(it->first, it->second);
+  if (const auto* none = std::get_if<routing::NoWorker>(&result)) return *none;
+  Assignment a{.decision = std::get<routing::Decision>(std::move(result))};
+  in_flight_.add(a.decision);
+  policy_->onAssigned(request, a.decision);
+  return a;
+}
+
+std::optional<WorkerAddress> RouterCore::address(std::string_view worker) const {
+  absl::MutexLock lock(&mu_);
+  auto it = addresses_.find(absl::string_view(worker.data(), worker.size()));
+  if (it == addresses_.end()) return std::nullopt;
+  return it->second;
+}
+
+void RouterCore::release(Assignment& a) {
+  if (!a.in_flight) return;
+  in_flight_.remove(a.decision);
+  a.in_flight = false;
+}
+
+void RouterCore::admitted(Assignment& a) {
+  absl::MutexLock lock(&mu_);
+  release(a);
+}
+
+void RouterCore::finished(const routing::RouteRequest& request, Assignment& a) {
+  absl::MutexLock lock(&mu_);
+  release(a);
+  policy_->onFinished(request, a.decision);
+}
+
+void RouterCore::rejected(const routing::RouteRequest& request, Assignment& a, routing::RejectReason reason) {
+  absl::MutexLock lock(&mu_);
+  release(a);
+  policy_->onRejected(request, a.decision, reason);
+}
+
+void RouterCore::unreachable(const routing::RouteRequest& request, Assignment& a) {
+  absl::MutexLock lock(&mu_);
+  release(a);
+  policy_->onFinished(request, a.decision);
+  failures_[a.decision.decode].push_back(clock_.now());
+}
+
+bool RouterCore::hasDecodeSnapshot() const {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
+    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
+    if (w != nullptr && w->canDecode()) return true;
+  }
+  return false;
+}
+
+int64_t RouterCore::numStale() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
+    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
+    if (w != nullptr && w->stale) ++n;
+  }
+  return n;
+}
+
+std::vector<RouterCore::WorkerLoadView> RouterCore::workerLoads() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerLoadView> out;
+  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
+    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
+    if (w == nullptr) continue;
+    out.push_back({.name = w->name, .sessions = w->num_resident_sessions, .in_flight = in_flight_.at(w->ref).requests});
+  }
+  return out;
+}
+
+}  // namespace tandem::agent

@@ -1,0 +1,109 @@
+#pragma once
+// The router's routing state behind one lock: the workers' state
+// (routing::ClusterState, fed by their event streams), the router's own
+// in-flight assignments (routing::InFlight) and the policy. HTTP threads ask
+// it for decisions and report how each ended; the stream clients feed it.
+// Everything a decision reads is in here, so two decisions never see a
+// half-applied update, and a burst of requests sees each earlier
+// assignment at once (InFlight).
+//
+// Thread-safe.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "src/common/clock.h"
+#include "src/routing/cluster_state.h"
+#include "src/routing/in_flight.h"
+#include "src/routing/policy.h"
+
+namespace tandem::agent {
+
+// How the router hashes prompts: the decode workers' block size and chain root.
+struct HashSpec {
+  int block_size = 0;
+  BlockHash root{0};
+};
+
+// What the router learns of a worker beyond the policy's view: where to
+// reach it. From the configuration (HTTP) and its snapshot (KV listener).
+struct WorkerAddress {
+  std::string http;  // "http://host:port"
+  std::string kv;    // "host:port" of its KV listener (prefill workers; "" when unknown)
+};
+
+class RouterCore {
+ public:
+  struct Options {
+    // A decode worker that failed this many requests within the window
+    // (unreachable) gets no new requests until its stream delivers a
+    // snapshot again (DESIGN.md §3: windowed, never permanent).
+    int unhealthy_failures = 3;
+    std::chrono::milliseconds failure_window{10000};
+  };
+  RouterCore(std::unique_ptr<routing::Policy> policy, const Clock& clock, Options options);
+  RouterCore(std::unique_ptr<routing::Policy> policy, const Clock& clock) : RouterCore(std::move(policy), clock, {}) {}
+  ~RouterCore();
+
+  // ---- the workers' event streams ----
+  absl::Status applySnapshot(const routing::WorkerSnapshot& snapshot, std::string http_address,
+                             std::string kv_address);
+  // kFailedPrecondition (routing::needsResnapshot): take a fresh snapshot.
+  absl::Status applyDelta(std::string_view worker, const routing::WorkerDelta& delta);
+  void markStale(std::string_view worker);
+
+  // ---- decisions ----
+  // The block size and root to hash prompts with; nullopt until a decode
+  // worker's snapshot arrived.
+  std::optional<HashSpec> hashSpec() const;
+  // One routed request: its decision, counted in the router's in-flight
+  // view (InFlight) from route() until D has taken it into its own
+  // accounting (admitted(): its first token arrived) or it ended.
+  struct Assignment {
+    routing::Decision decision;
+    bool in_flight = true;
+  };
+  // A decision for `request`, never on a worker in `avoid` (the worker a
+  // retry moves away from), or why there is none.
+  std::variant<Assignment, routing::NoWorker> route(const routing::RouteRequest& request,
+                                                    const std::vector<std::string>& avoid = {});
+  std::optional<WorkerAddress> address(std::string_view worker) const;
+  void admitted(Assignment& a);
+  // Exactly one of these per assignment.
+  void finished(const routing::RouteRequest& request, Assignment& a);
+  void rejected(const routing::RouteRequest& request, Assignment& a, routing::RejectReason reason);
+  // D could not be reached: ends the assignment and counts a failure of D.
+  void unreachable(const routing::RouteRequest& request, Assignment& a);
+
+  // ---- for /readyz and metrics ----
+  bool hasDecodeSnapshot() const;
+  int64_t numStale() const;
+  struct WorkerLoadView {
+    std::string name;
+    int64_t sessions = 0;
+    int64_t in_flight = 0;
+  };
+  std::vector<WorkerLoadView> workerLoads() const;
+
+ private:
+  void release(Assignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock& clock_;
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<routing::Policy> policy_ ABSL_GUARDED_BY(mu_);
+  routing::ClusterState cluster_ ABSL_GUARDED_BY(mu_);
+  routing::InFlight in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, WorkerAddress> addresses_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<MonoTime>> failures_ ABSL_GUARDED_BY(mu_);  // within the window
+};
+
+}  // namespace tandem::agent

@@ -1,0 +1,203 @@
+#include "agent/router/upstream.h"
+
+#include <nlohmann/json.hpp>
+
+#include "agent/router/upstream_error.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+namespace {
+
+using Kind = UpstreamOutcome::Kind;
+
+// The `code` of an OpenAI error body ({"error": {"code": ...}}), if any.
+std::optional<std::string> errorCode(std::string_view body) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  auto e = j.find("error");
+  if (e == j.end() || !e->is_object()) return std::nullopt;
+  auto c = e->find("code");
+  if (c == e->end() || !c->is_string()) return std::nullopt;
+  return c->get<std::string>();
+}
+
+// D's answer when it is a refusal another worker could serve (kRefused),
+// else nullopt (relay it).
+std::optional<routing::RejectReason> retryableRefusal(std::string_view body) {
+  std::optional<std::string> code = errorCode(body);
+  if (!code) return std::nullopt;
+  std::optional<routing::RejectReason> reason = rejectReasonForCode(*code);
+  if (!reason || !retryElsewhere(*reason)) return std::nullopt;
+  return reason;
+}
+
+http::ClientRequest clientRequest(const UpstreamRequest& r, std::string url, Duration timeout) {
+  http::ClientRequest c{.method = "POST", .url = std::move(url), .headers = r.headers, .body = r.body,
+                        .timeout = timeout};
+  c.headers["Content-Type"] = "application/json";
+  return c;
+}
+
+http::Response plainResponse(int status, std::string body, const http::Headers& headers) {
+  auto ct = headers.find("Content-Type");
+  http::Response resp =
+      http::Response::text(status, std::move(body), ct != headers.end() ? ct->second : "application/json");
+  if (auto ra = headers.find("Retry-After"); ra != headers.end()) resp.setHeader("Retry-After", ra->second);
+  return resp;
+}
+
+UpstreamOutcome unreachable(const absl::Status& s) {
+  return {.kind = Kind::kUnreachable, .detail = std::string(toStd(s.message()))};
+}
+
+// An error event ({"error": {...}}) instead of a chunk.
+bool isError(const http::SseEvent& e) {
+  if (e.data.empty() || e.data.front() != '{') return false;
+  nlohmann::json j = nlohmann::json::parse(e.data, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("error");
+}
+
+// Relays D's events to the client once the first token arrived (the
+// readEvents callback of forwardStream).
+class StreamRelay {
+ public:
+  StreamRelay(http::Responder& responder, const Clock& clock, const std::function<void()>& on_first_chunk)
+      : responder_(responder), clock_(clock), on_first_chunk_(on_first_chunk) {}
+
+  // False: stop reading (the connection to D closes).
+  bool onEvent(const http::SseEvent& e) {
+    if (!writer_) {
+      if (isError(e)) {
+        // D failed before any token: the client has seen nothing yet.
+        out_.in_stream = true;
+        out_.status = 200;
+        out_.body = e.data;
+        out_.reason = retryableRefusal(e.data);
+        return false;
+      }
+      if (!open()) return false;
+    }
+    if (!writer_->send(e.data)) {
+      out_.kind = Kind::kClientGone;
+      return false;
+    }
+    if (e.data != "[DONE]") {
+      ++out_.chunks;
+      out_.last_chunk = clock_.now();
+      if (!out_.first_chunk) {
+        out_.first_chunk = out_.last_chunk;
+        if (on_first_chunk_) on_first_chunk_();
+      }
+    }
+    return true;
+  }
+
+  // After readEvents returned `status`.
+  UpstreamOutcome finish(const absl::Status& status) {
+    if (writer_) {
+      if (responder_.context().cancelled()) out_.kind = Kind::kClientGone;
+      if (!status.ok() && out_.kind != Kind::kClientGone) {
+        // D went away after tokens: the request cannot move; end the client's
+        // stream with an error event, as D itself does.
+        writer_->send(nlohmann::json{{"error",
+                                      {{"message", strCat("the decode worker's stream broke: ", status.message())},
+                                       {"type", "service_unavailable_error"},
+                                       {"param", nullptr},
+                                       {"code", "upstream_failed"}}}}
+                          .dump());
+        writer_->send("[DONE]");
+      }
+      writer_->close();
+      return out_;
+    }
+    if (out_.in_stream) {
+      out_.kind = out_.reason ? Kind::kRefused : Kind::kServed;
+      if (!out_.reason) relayRefusal(out_, responder_);
+      return out_;
+    }
+    if (status.code() == absl::StatusCode::kCancelled) return {.kind = Kind::kClientGone};
+    return unreachable(status.ok() ? absl::UnavailableError("the stream ended before any event") : status);
+  }
+
+ private:
+  bool open() {
+    responder_.respond(http::Response::sse([this](std::shared_ptr<http::SseWriter> w) { writer_ = std::move(w); }));
+    if (!writer_) {  // the call was answered already (deadline, shutdown)
+      out_.kind = Kind::kClientGone;
+      return false;
+    }
+    return true;
+  }
+
+  http::Responder& responder_;
+  const Clock& clock_;
+  const std::function<void()>& on_first_chunk_;
+  std::shared_ptr<http::SseWriter> writer_;
+  UpstreamOutcome out_;
+};
+
+// Opens the request on D; the call's cancellation (client gone, deadline,
+// shutdown) closes the connection, which D takes as a cancel.
+absl::StatusOr<std::shared_ptr<http::SseClient>> openUpstream(const UpstreamRequest& request,
+                                                               http::Responder& responder) {
+  absl::StatusOr<std::unique_ptr<http::SseClient>> opened =
+      http::SseClient::open(clientRequest(request, strCat(request.base_url, request.path), request.open_timeout));
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<http::SseClient> sse = std::move(*opened);
+  responder.context().onCancel([weak = std::weak_ptr<http::SseClient>(sse)] {
+    if (auto s = weak.lock()) s->stop();
+  });
+  return sse;
+}
+
+// D answered with an error status: a refusal to retry elsewhere, or the
+// answer to relay.
+UpstreamOutcome errorStatus(http::SseClient& sse, http::Responder& responder) {
+  absl::StatusOr<std::string> body = sse.readBody();
+  if (!body.ok()) return unreachable(body.status());
+  UpstreamOutcome out{.status = sse.status(), .body = std::move(*body), .headers = sse.headers()};
+  out.reason = retryableRefusal(out.body);
+  out.kind = out.reason ? Kind::kRefused : Kind::kServed;
+  if (!out.reason) relayRefusal(out, responder);
+  return out;
+}
+
+}  // namespace
+
+UpstreamOutcome forwardUnary(const UpstreamRequest& request, http::Responder& responder) {
+  auto sse = openUpstream(request, responder);
+  if (!sse.ok()) return unreachable(sse.status());
+  if ((*sse)->status() != 200) return errorStatus(**sse, responder);
+  absl::StatusOr<std::string> body = (*sse)->readBody();
+  if (!body.ok()) {
+    if (responder.context().cancelled()) return {.kind = Kind::kClientGone};
+    return unreachable(body.status());
+  }
+  if (!responder.respond(plainResponse(200, std::move(*body), (*sse)->headers()))) return {.kind = Kind::kClientGone};
+  return {.kind = Kind::kServed, .status = 200};
+}
+
+UpstreamOutcome forwardStream(const UpstreamRequest& request, http::Responder& responder, const Clock& clock,
+                              const std::function<void()>& on_first_chunk) {
+  auto sse = openUpstream(request, responder);
+  if (!sse.ok()) return unreachable(sse.status());
+  if ((*sse)->status() != 200) return errorStatus(**sse, responder);
+  StreamRelay relay(responder, clock, on_first_chunk);
+  absl::Status status = (*sse)->readEvents([&relay](const http::SseEvent& e) { return relay.onEvent(e); });
+  return relay.finish(status);
+}
+
+void relayRefusal(const UpstreamOutcome& outcome, http::Responder& responder) {
+  if (!outcome.in_stream) {
+    responder.respond(plainResponse(outcome.status, outcome.body, outcome.headers));
+    return;
+  }
+  std::string event = outcome.body;
+  responder.respond(http::Response::sse([event](std::shared_ptr<http::SseWriter> w) {
+    w->send(event);
+    w->send("[DONE]");
+    w->close();
+  }));
+}
+
+}  // namespace tandem::agent

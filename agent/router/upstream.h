@@ -1,0 +1,77 @@
+#pragma once
+// One attempt to serve a client's request on one decode agent, the part of
+// the router that speaks HTTP to D (docs/routing.md, "Router role").
+//
+// A streamed request is relayed event by event as D sends it: the client's
+// stream opens only when D's first event arrives, so a refusal (an HTTP
+// error, or an error event before any token, e.g. a prefill that timed out)
+// is still invisible to the client and the router may send the request to
+// another worker. Once a token went out the attempt is the request's only
+// one. When the client hangs up, the router closes its connection to D,
+// which cancels the request there and frees its blocks (D notices the
+// closed connection at its next write).
+//
+// Blocking: each call runs on the caller's thread until the attempt ends.
+// Thread-safe (no shared state).
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "src/common/clock.h"
+#include "src/http/client.h"
+#include "src/http/server.h"
+#include "src/routing/reject_reason.h"
+
+namespace tandem::agent {
+
+struct UpstreamRequest {
+  std::string base_url;  // "http://host:port" of D's agent API
+  std::string path;      // "/v1/chat/completions"
+  std::string body;      // the client's body, as it came
+  http::Headers headers;  // the client's session header and the decision's headers
+  Duration open_timeout = std::chrono::seconds(10);  // until D's response headers
+  Duration idle_timeout = std::chrono::minutes(10);  // longest silence on a stream (D sends keepalives)
+};
+
+// How an attempt ended.
+struct UpstreamOutcome {
+  enum class Kind {
+    kServed,       // D's answer (success, or an error to relay as it is) reached the client
+    kRefused,      // D refused before any token, for a typed reason: the client saw nothing yet
+    kUnreachable,  // no response from D at all: the client saw nothing yet
+    kClientGone,   // the client hung up (or the router is shutting down); D's request was cancelled
+  };
+  Kind kind = Kind::kServed;
+  std::optional<routing::RejectReason> reason;  // kRefused
+  // What D said, to relay if no other worker takes the request (kRefused):
+  // an HTTP error response, or (in_stream) the error event D sent as the
+  // first event of its 200 stream.
+  bool in_stream = false;
+  int status = 0;
+  std::string body;
+  http::Headers headers;
+  std::string detail;  // kUnreachable: the client library's message
+  // Streams that reached the client: content chunks sent, when the first
+  // and the last went out.
+  int64_t chunks = 0;
+  std::optional<MonoTime> first_chunk;
+  MonoTime last_chunk{};
+};
+
+// Non-streamed: sends the request and, unless D refused for a reason
+// another worker could serve, answers `responder` with D's response.
+UpstreamOutcome forwardUnary(const UpstreamRequest& request, http::Responder& responder);
+
+// Streamed: opens a stream to D; on D's first token answers `responder`
+// with an event stream and relays every event until D ends it.
+// `on_first_chunk` runs when the first token is on its way to the client.
+UpstreamOutcome forwardStream(const UpstreamRequest& request, http::Responder& responder, const Clock& clock,
+                              const std::function<void()>& on_first_chunk);
+
+// Answers the client with a refusal that no worker could get past: D's own
+// status and body (its `code` says why).
+void relayRefusal(const UpstreamOutcome& outcome, http::Responder& responder);
+
+}  // namespace tandem::agent

@@ -1,0 +1,49 @@
+#include "agent/router/worker_feeds.h"
+
+#include "agent/worker_stream_client.h"
+#include "src/common/strings.h"
+
+namespace tandem::agent {
+
+struct WorkerFeeds::Feed {
+  std::string url;
+  routing::WorkerRole expected;
+  std::string name;  // from its first snapshot; guarded by the client's callback order (one thread)
+  std::unique_ptr<WorkerStreamClient> client;
+};
+
+WorkerFeeds::WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log) : core_(core), clock_(clock), log_(log) {}
+
+WorkerFeeds::~WorkerFeeds() {
+  for (auto& f : feeds_) f->client.reset();  // no callback runs after this
+}
+
+void WorkerFeeds::add(const HostPort& address, routing::WorkerRole role) {
+  auto feed = std::make_unique<Feed>();
+  Feed* f = feed.get();
+  f->url = strCat("http://", address.host, ":", address.port);
+  f->expected = role;
+  WorkerStreamCallbacks callbacks;
+  callbacks.on_snapshot = [this, f](const routing::WorkerSnapshot& s) {
+    if (s.role != f->expected && s.role != routing::WorkerRole::kBoth) {
+      log_.warn("worker's role differs from its place in the router's configuration",
+                {{"url", f->url}, {"worker", s.worker}});
+    }
+    f->name = s.worker;
+    absl::Status st = core_.applySnapshot(s, f->url, s.kv_address);
+    if (!st.ok()) log_.warn("worker snapshot refused", {{"url", f->url}, {"error", toStd(st.message())}});
+  };
+  callbacks.on_delta = [this, f](const routing::WorkerDelta& d) {
+    // A delta the state refuses (out of step) leaves the worker stale; the
+    // stream client checks sequence numbers itself, so this is a backstop.
+    absl::Status st = core_.applyDelta(f->name, d);
+    if (!st.ok()) log_.warn("worker delta refused", {{"worker", f->name}, {"error", toStd(st.message())}});
+  };
+  callbacks.on_stale = [this, f](bool stale) {
+    if (stale && !f->name.empty()) core_.markStale(f->name);
+  };
+  f->client = WorkerStreamClient::start({.url = f->url, .clock = &clock_}, std::move(callbacks));
+  feeds_.push_back(std::move(feed));
+}
+
+}  // namespace tandem::agent

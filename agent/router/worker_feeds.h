@@ -1,0 +1,37 @@
+#pragma once
+// The router's subscriptions to its workers' state streams
+// (`GET /internal/v1/events`, docs/routing.md): one per configured worker,
+// each feeding snapshots and deltas into the RouterCore. A stream that
+// breaks, skips a sequence number or changes epoch is re-opened and starts
+// from a fresh snapshot; while it is down the worker is marked stale (no
+// cache credit; still routable) and that is logged once.
+//
+// Thread-safe; the destructor stops every subscription.
+
+#include <memory>
+#include <vector>
+
+#include "agent/agent_config.h"
+#include "agent/router/router_core.h"
+#include "src/common/clock.h"
+#include "src/common/log.h"
+
+namespace tandem::agent {
+
+class WorkerFeeds {
+ public:
+  WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log);
+  ~WorkerFeeds();
+
+  // Subscribes to the agent whose HTTP API is at `address`.
+  void add(const HostPort& address, routing::WorkerRole role);
+
+ private:
+  struct Feed;
+  RouterCore& core_;
+  const Clock& clock_;
+  Logger& log_;
+  std::vector<std::unique_ptr<Feed>> feeds_;
+};
+
+}  // namespace tandem::agent
