@@ -489,7 +489,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (!e.tr.timings() || !e.tr.kvDoneAt()) return info;
     if (!e.timings && !u.new_tokens.empty()) {
       e.timings = e.tr.timings();
-      e.timings->first_step_ms = std::chrono::duration<double, std::milli>(clock.now() - *e.tr.kvDoneAt()).count();
+      // Up to the engine's own first-token time, the end of the TTFT the
+      // trace reports, so the phases add up to it (the callback runs later).
+      const MonoTime first = u.first_token.value_or(clock.now());
+      e.timings->first_step_ms = std::chrono::duration<double, std::milli>(first - *e.tr.kvDoneAt()).count();
       metrics.phases(*e.timings);
     }
     info.timings = e.timings ? e.timings : e.tr.timings();
