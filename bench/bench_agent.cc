@@ -382,6 +382,7 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
   config.port = 0;
   config.log_level = kLogLevel;
   config.engine.seed = 1;
+  config.worker = "bench-agent";  // the name its state stream gives the router
   std::vector<Library> libraries;
   for (const char* name : {"beast", "cpprest"}) {
     config.http_server = name;
