@@ -489,8 +489,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (!e.tr.timings() || !e.tr.kvDoneAt()) return info;
     if (!e.timings && !u.new_tokens.empty()) {
       e.timings = e.tr.timings();
-      // Up to the engine's own first-token time, the end of the TTFT the
-      // trace reports, so the phases add up to it (the callback runs later).
+      // Ends at the engine's first-token time (the trace's TTFT), not now.
       const MonoTime first = u.first_token.value_or(clock.now());
       e.timings->first_step_ms = std::chrono::duration<double, std::milli>(first - *e.tr.kvDoneAt()).count();
       metrics.phases(*e.timings);
