@@ -113,7 +113,8 @@ class SessionSim {
     return *std::find_if(decode_.begin(), decode_.end(), [&](const Decode& d) { return d.name == name; });
   }
 
-  void drop(Decode& d, const SessionId& s) {
+  // `s` by value: callers pass d.lru.front(), which remove() frees.
+  void drop(Decode& d, SessionId s) {
     d.lru.remove(s);
     d.used -= static_cast<int64_t>(d.blocks[s].size());
     d.blocks.erase(s);
