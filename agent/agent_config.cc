@@ -18,13 +18,7 @@ namespace {
 template <typename T>
 Option engineNumber(const char* flag, const char* key, const char* help, T engine::EngineOptions::*member, double min,
                     double max) {
-  return {flag,
-          "engine",
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(c.engine.*member); },
-          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.engine.*member), min, max); },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.engine.*member), {.min = min, .max = max}); }};
+  return nestedNumber(flag, "engine", key, help, &AgentConfig::engine, member, min, max);
 }
 
 absl::Status parseListen(AgentConfig& c, std::string_view v) {
@@ -222,18 +216,8 @@ void addEngineOptions(std::vector<Option>& o) {
                            &engine::EngineOptions::session_low_watermark_blocks, 0, 1 << 24));
   o.push_back(engineNumber("seed", "seed", "seed for requests without one (0: random)", &engine::EngineOptions::seed, 0,
                            1.8e19));
-  o.push_back({"prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
-               [](const AgentConfig& c) { return std::string(c.engine.enable_prefix_cache ? "true" : "false"); },
-               [](AgentConfig& c, std::string_view v) -> absl::Status {
-                 if (v == "true")
-                   c.engine.enable_prefix_cache = true;
-                 else if (v == "false")
-                   c.engine.enable_prefix_cache = false;
-                 else
-                   return absl::InvalidArgumentError(strCat("--prefix-cache: expected true or false, got \"", v, "\""));
-                 return absl::OkStatus();
-               },
-               [](AgentConfig& c, ConfigMap& m) { m.field("prefix_cache", &c.engine.enable_prefix_cache); }});
+  o.push_back(nestedBool("prefix-cache", "engine", "prefix_cache", "reuse cached prompt prefixes (true|false)",
+                         &AgentConfig::engine, &engine::EngineOptions::enable_prefix_cache));
 }
 
 // limits: and the drain.

@@ -58,6 +58,38 @@ Option numberOption(const char* flag, const char* section, const char* key, cons
           [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*member), {.min = min, .max = max}); }};
 }
 
+// A number in one of AgentConfig's nested structs (engine:, router:).
+template <typename S, typename T>
+Option nestedNumber(const char* flag, const char* section, const char* key, const char* help, S AgentConfig::*outer,
+                    T S::*member, double min, double max) {
+  return {flag,
+          section,
+          key,
+          help,
+          [=](const AgentConfig& c) { return strCat(c.*outer.*member); },
+          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.*outer.*member), min, max); },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*outer.*member), {.min = min, .max = max}); }};
+}
+
+// A true|false switch in one of AgentConfig's nested structs.
+template <typename S>
+Option nestedBool(const char* flag, const char* section, const char* key, const char* help, S AgentConfig::*outer,
+                  bool S::*member) {
+  return {flag,
+          section,
+          key,
+          help,
+          [=](const AgentConfig& c) { return std::string(c.*outer.*member ? "true" : "false"); },
+          [=](AgentConfig& c, std::string_view v) -> absl::Status {
+            if (v != "true" && v != "false") {
+              return absl::InvalidArgumentError(strCat("--", flag, ": expected true or false, got \"", v, "\""));
+            }
+            c.*outer.*member = v == "true";
+            return absl::OkStatus();
+          },
+          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.*outer.*member)); }};
+}
+
 // `v` is one of `one_of` (any value when it is empty).
 absl::Status checkOneOf(const char* flag, std::string_view v, const std::vector<std::string>& one_of);
 

@@ -8,13 +8,7 @@ namespace {
 template <typename T>
 Option routingNumber(const char* flag, const char* key, const char* help, T routing::RouterConfig::*member, double min,
                      double max) {
-  return {flag,
-          "router",
-          key,
-          help,
-          [member](const AgentConfig& c) { return strCat(c.routing.*member); },
-          [=](AgentConfig& c, std::string_view v) { return parseNumber(flag, v, &(c.routing.*member), min, max); },
-          [=](AgentConfig& c, ConfigMap& m) { m.field(key, &(c.routing.*member), {.min = min, .max = max}); }};
+  return nestedNumber(flag, "router", key, help, &AgentConfig::routing, member, min, max);
 }
 
 // A list of agents' HTTP addresses.
@@ -68,20 +62,9 @@ void addRouterOptions(std::vector<Option>& o) {
   o.push_back(routingNumber("route-load-floor-weight", "load_floor_weight",
                             "router: bonus of an idle worker, graduated to 0 at the mean assignment",
                             &RouterConfig::load_floor_weight, 0, 1e6));
-  o.push_back({"route-load-floor-without-session", "router", "load_floor_without_session",
-               "router: give the load-floor bonus to requests without a session id too (true|false)",
-               [](const AgentConfig& c) { return std::string(c.routing.load_floor_without_session ? "true" : "false"); },
-               [](AgentConfig& c, std::string_view v) -> absl::Status {
-                 if (v != "true" && v != "false") {
-                   return absl::InvalidArgumentError(
-                       strCat("--route-load-floor-without-session: expected true or false, got \"", v, "\""));
-                 }
-                 c.routing.load_floor_without_session = v == "true";
-                 return absl::OkStatus();
-               },
-               [](AgentConfig& c, ConfigMap& m) {
-                 m.field("load_floor_without_session", &c.routing.load_floor_without_session);
-               }});
+  o.push_back(nestedBool("route-load-floor-without-session", "router", "load_floor_without_session",
+                         "router: give the load-floor bonus to requests without a session id too (true|false)",
+                         &AgentConfig::routing, &RouterConfig::load_floor_without_session));
   o.push_back(routingNumber("route-queue-penalty", "queue_penalty", "router: score lost per queued request",
                             &RouterConfig::queue_penalty, 0, 1e6));
   o.push_back(routingNumber("route-tie-epsilon", "tie_epsilon",

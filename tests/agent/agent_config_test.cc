@@ -70,6 +70,10 @@ TEST(AgentConfigTest, RouterRole) {
   ASSERT_EQ(c->prefill_workers.size(), 1u);
   EXPECT_EQ(c->routing.sticky_weight, 3.5);
   EXPECT_EQ(c->routing.capacity_rejections_to_migrate, 4);
+  EXPECT_FALSE(c->routing.load_floor_without_session);
+  auto on = parse({"--model-dir", "m", "--route-load-floor-without-session", "true"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->routing.load_floor_without_session);
   EXPECT_EQ(c->routing.overlap_weight, routing::RouterConfig{}.overlap_weight);  // defaults stay
 }
 
@@ -92,6 +96,12 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--route-sticky-weight", "-1"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--route-migrate-after", "0"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--prefix-cache", "maybe"}))
+                .find("--prefix-cache: expected true or false, got \"maybe\""),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--route-load-floor-without-session", "yes"}))
+                .find("--route-load-floor-without-session: expected true or false, got \"yes\""),
+            std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"}))
