@@ -123,12 +123,7 @@ bool RouterCore::hasDecodeSnapshot() const {
 
 int64_t RouterCore::numStale() const {
   absl::MutexLock lock(&mu_);
-  int64_t n = 0;
-  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
-    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
-    if (w != nullptr && w->stale) ++n;
-  }
-  return n;
+  return static_cast<int64_t>(cluster_.numStale());
 }
 
 std::vector<RouterCore::WorkerLoadView> RouterCore::workerLoads() const {
