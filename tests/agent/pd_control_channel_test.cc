@@ -298,7 +298,16 @@ TEST(PdControlChannelTest, PrefillAgentForgetsTransfersWhoseLeaseRanOut) {
   const ConnId c = connected->first;
   d.send(c, 50, kvproto::PrefillRequest{.tokens = promptTokens(40)});
   ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillDone));
-  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
+  // The lease began before P sent PrefillDone, so it has run out 200 ms
+  // after its arrival here (one monotonic clock for both processes). The
+  // gauges alone are not enough: P sends PrefillDone inside the engine
+  // step and updates them after it, so a quick scrape still reads the
+  // values from before the request.
+  const auto lease_over = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  EXPECT_TRUE(waitFor([&] {
+    return std::chrono::steady_clock::now() >= lease_over &&
+           metricValue(scrape(*p), "tandem_kv_leases_active{") == 0;
+  }));
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_blocks_free{") == kBlocks; }));
   // The next request makes P forget transfers whose lease ran out.
   d.send(c, 51, kvproto::PrefillRequest{.tokens = promptTokens(20)});

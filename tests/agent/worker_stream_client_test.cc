@@ -101,6 +101,8 @@ TEST_F(WorkerStreamClientTest, SilentStreamIsCutAndResyncedFromOneSnapshot) {
   ASSERT_TRUE(recorder_.waitForSnapshots(1));
   ASSERT_TRUE(advanceUntil([&] { return recorder_.numSnapshots() >= 2; }));
   EXPECT_EQ(recorder_.numSnapshots(), 2u);
+  // "Fresh" is said just after the snapshot callback returns.
+  EXPECT_TRUE(waitFor([&] { return recorder_.stale().size() == 2; }));
   EXPECT_EQ(recorder_.stale(), (std::vector<bool>{true, false}));
 }
 
@@ -170,6 +172,8 @@ TEST_F(WorkerStreamClientTest, WorkerDownIsStaleOnceWhileRetried) {
   EXPECT_EQ(recorder_.numSnapshots(), 0u);
   up.store(true);
   ASSERT_TRUE(advanceUntil([&] { return recorder_.numSnapshots() >= 1; }, std::chrono::milliseconds(500)));
+  // "Fresh" is said just after the snapshot callback returns.
+  EXPECT_TRUE(waitFor([&] { return recorder_.stale().size() == 2; }));
   EXPECT_EQ(recorder_.stale(), (std::vector<bool>{true, false}));
 }
 
