@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/worker_events_json.h"
 #include "src/common/check.h"
+#include "src/common/thread_name.h"
 
 namespace tandem::agent {
 namespace {
@@ -86,7 +87,10 @@ class WorkerEventsPublisher::Impl {
     sent_load_ = options_.initial_load;
     idle_ = sent_load_.running == 0 && sent_load_.waiting == 0;
     load_sent_at_ = MonoTime::min();  // the first change goes out at once
-    pump_ = std::thread([this] { run(); });
+    pump_ = std::thread([this] {
+      nameThisThread("events-pump");
+      run();
+    });
   }
 
   ~Impl() {

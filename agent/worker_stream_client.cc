@@ -8,6 +8,7 @@
 #include "src/common/log.h"
 #include "src/common/strings.h"
 #include "src/http/client.h"
+#include "src/common/thread_name.h"
 
 namespace tandem::agent {
 namespace {
@@ -26,8 +27,14 @@ class WorkerStreamClient::Impl {
       : options_(std::move(options)),
         callbacks_(std::move(callbacks)),
         clock_(options_.clock ? *options_.clock : SystemClock::instance()) {
-    reader_ = std::thread([this] { readLoop(); });
-    watchdog_ = std::thread([this] { watchLoop(); });
+    reader_ = std::thread([this] {
+      nameThisThread("stream-reader");
+      readLoop();
+    });
+    watchdog_ = std::thread([this] {
+      nameThisThread("stream-watch");
+      watchLoop();
+    });
   }
 
   ~Impl() {

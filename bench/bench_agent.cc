@@ -24,7 +24,7 @@
 // clock starts).
 //
 // Client-side times (steady clock), the same definitions on both paths:
-//   TTFT  request sent (HTTP: before SseClient::open; in-process: before
+//   TTFT  request sent (HTTP: before ConnectionPool::open; in-process: before
 //         submit) -> first event carrying text (HTTP: the client thread has
 //         read the SSE event; in-process: the update callback on the loop thread)
 //   TPOT  (last text event - first text event) / (text events - 1)
@@ -42,7 +42,7 @@
 //    times the engine-only latency the HTTP client sees. On 2 cores the HTTP client's threads compete with the engine
 //    for CPU; that cost is in the value.
 //  * http_ttft_ms_p50_max_tokens1: 200 sequential requests with max_tokens 1
-//    through HTTP (a new connection each, as SseClient does), interleaved with
+//    through HTTP (on a kept-alive connection), interleaved with
 //    the same requests in-process and through the other library; value =
 //    median HTTP TTFT, reference = median in-process TTFT.
 //  * http_overhead_ms_p50: the difference of those medians (target: < 1 ms on
@@ -83,6 +83,7 @@
 #include "src/common/log.h"
 #include "src/common/strings.h"
 #include "src/http/client.h"
+#include "src/http/connection_pool.h"
 
 namespace tandem {
 namespace {
@@ -159,20 +160,22 @@ class Target {
   virtual Sample run(const json& body) = 0;
 };
 
-// Through the agent's HTTP API, one SseClient (one connection) per request.
+// Through the agent's HTTP API on kept-alive connections (a ConnectionPool,
+// as an OpenAI client library keeps its connections).
 class HttpTarget : public Target {
  public:
-  explicit HttpTarget(std::string url) : url_(std::move(url)) {}
+  HttpTarget(const std::string& base_url, std::string path)
+      : pool_(std::move(http::ConnectionPool::create(base_url).value())), path_(std::move(path)) {}
 
   Sample run(const json& body) override {
     http::ClientRequest request{.method = "POST",
-                                .url = url_,
+                                .url = path_,
                                 .headers = {{"Content-Type", "application/json"}},
                                 .body = body.dump(),
                                 .timeout = std::chrono::seconds(120)};
     EventTimes times;
     times.start = Steady::now();
-    auto stream = http::SseClient::open(request);
+    auto stream = pool_->open(request);
     if (!stream.ok()) {
       std::fprintf(stderr, "bench_agent: %s\n", std::string(toStd(stream.status().message())).c_str());
       return {};
@@ -188,7 +191,7 @@ class HttpTarget : public Target {
       Steady::time_point t = Steady::now();
       if (e.data == "[DONE]") {
         done = true;
-        return false;
+        return true;  // read on to the end of the body, so the connection is kept
       }
       json chunk = json::parse(e.data, nullptr, /*allow_exceptions=*/false);
       if (chunk.is_discarded() || chunk.contains("error")) {
@@ -206,7 +209,8 @@ class HttpTarget : public Target {
   }
 
  private:
-  std::string url_;
+  std::unique_ptr<http::ConnectionPool> pool_;
+  const std::string path_;
 };
 
 // Straight into an EngineLoop: the same RequestSpec the agent would submit.
@@ -393,7 +397,7 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
       std::fprintf(stderr, "bench_agent: the agent at %s never became ready\n", base_url.c_str());
       return 1;
     }
-    libraries.push_back({name, std::move(*server), std::make_unique<HttpTarget>(base_url + "/v1/completions")});
+    libraries.push_back({name, std::move(*server), std::make_unique<HttpTarget>(base_url, "/v1/completions")});
   }
   // The router role in front of the Beast agent (both on Beast): the proxy
   // path every request takes on a cluster.
@@ -409,7 +413,7 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
       std::fprintf(stderr, "bench_agent: the router at %s never became ready\n", base_url.c_str());
       return 1;
     }
-    libraries.push_back({"router", nullptr, std::make_unique<HttpTarget>(base_url + "/v1/completions"),
+    libraries.push_back({"router", nullptr, std::make_unique<HttpTarget>(base_url, "/v1/completions"),
                          std::move(*router)});
   }
 

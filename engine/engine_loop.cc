@@ -1,4 +1,5 @@
 #include "engine/engine_loop.h"
+#include "src/common/thread_name.h"
 
 #include <future>
 
@@ -6,7 +7,10 @@ namespace tandem::engine {
 
 EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, StepObserver on_step)
     : engine_(std::move(engine)), clock_(engine_->clock()), on_step_(std::move(on_step)) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    nameThisThread("engine-loop");
+    run();
+  });
 }
 
 EngineLoop::~EngineLoop() {

@@ -23,6 +23,7 @@
 #include "src/http/client.h"
 #include "src/http/server.h"
 #include "src/routing/tandem_policy.h"
+#include "src/common/thread_name.h"
 
 namespace tandem::agent {
 namespace {
@@ -53,6 +54,7 @@ class CallThreads {
       ++live_;
     }
     std::thread([this, fn = std::forward<Fn>(fn)]() mutable {
+      nameThisThread("router-call");
       fn();
       absl::MutexLock lock(&mu_);
       --live_;
@@ -100,6 +102,7 @@ struct RouterServer::Impl {
   std::unique_ptr<WorkerFeeds> feeds;
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
+  UpstreamPools upstreams;  // kept-alive connections to the decode workers
   CallThreads calls;
 
   http::Response generate(Endpoint endpoint, http::Request& req) {
@@ -187,8 +190,8 @@ struct RouterServer::Impl {
       std::optional<WorkerAddress> p = core.address(*d.prefill);
       if (p && !p->kv.empty()) up.headers[std::string(kPrefillPeerHeader)] = p->kv;
     }
-    if (!call.stream) return forwardUnary(up, responder);
-    UpstreamOutcome out = forwardStream(up, responder, clock, [&] {
+    if (!call.stream) return forwardUnary(upstreams, up, responder);
+    UpstreamOutcome out = forwardStream(upstreams, up, responder, clock, [&] {
       core.admitted(a);
       metrics.onFirstToken(clock.now() - call.arrival);
     });

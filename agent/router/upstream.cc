@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/router/upstream_error.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
@@ -31,9 +32,9 @@ std::optional<routing::RejectReason> retryableRefusal(std::string_view body) {
   return reason;
 }
 
-http::ClientRequest clientRequest(const UpstreamRequest& r, std::string url, Duration timeout) {
-  http::ClientRequest c{.method = "POST", .url = std::move(url), .headers = r.headers, .body = r.body,
-                        .timeout = timeout};
+http::ClientRequest clientRequest(const UpstreamRequest& r) {
+  http::ClientRequest c{.method = "POST", .url = r.path, .headers = r.headers, .body = r.body,
+                        .timeout = r.open_timeout, .read_timeout = r.idle_timeout};
   c.headers["Content-Type"] = "application/json";
   return c;
 }
@@ -138,10 +139,10 @@ class StreamRelay {
 
 // Opens the request on D; the call's cancellation (client gone, deadline,
 // shutdown) closes the connection, which D takes as a cancel.
-absl::StatusOr<std::shared_ptr<http::SseClient>> openUpstream(const UpstreamRequest& request,
+absl::StatusOr<std::shared_ptr<http::SseClient>> openUpstream(UpstreamPools& pools, const UpstreamRequest& request,
                                                                http::Responder& responder) {
-  absl::StatusOr<std::unique_ptr<http::SseClient>> opened =
-      http::SseClient::open(clientRequest(request, strCat(request.base_url, request.path), request.open_timeout));
+  TANDEM_ASSIGN_OR_RETURN(http::ConnectionPool * pool, pools.get(request.base_url));
+  absl::StatusOr<std::unique_ptr<http::SseClient>> opened = pool->open(clientRequest(request));
   if (!opened.ok()) return opened.status();
   std::shared_ptr<http::SseClient> sse = std::move(*opened);
   responder.context().onCancel([weak = std::weak_ptr<http::SseClient>(sse)] {
@@ -164,8 +165,16 @@ UpstreamOutcome errorStatus(http::SseClient& sse, http::Responder& responder) {
 
 }  // namespace
 
-UpstreamOutcome forwardUnary(const UpstreamRequest& request, http::Responder& responder) {
-  auto sse = openUpstream(request, responder);
+absl::StatusOr<http::ConnectionPool*> UpstreamPools::get(const std::string& base_url) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(base_url);
+  if (it != pools_.end()) return it->second.get();
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<http::ConnectionPool> pool, http::ConnectionPool::create(base_url));
+  return pools_.emplace(base_url, std::move(pool)).first->second.get();
+}
+
+UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder) {
+  auto sse = openUpstream(pools, request, responder);
   if (!sse.ok()) return unreachable(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   absl::StatusOr<std::string> body = (*sse)->readBody();
@@ -177,9 +186,9 @@ UpstreamOutcome forwardUnary(const UpstreamRequest& request, http::Responder& re
   return {.kind = Kind::kServed, .status = 200};
 }
 
-UpstreamOutcome forwardStream(const UpstreamRequest& request, http::Responder& responder, const Clock& clock,
-                              const std::function<void()>& on_first_chunk) {
-  auto sse = openUpstream(request, responder);
+UpstreamOutcome forwardStream(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder,
+                              const Clock& clock, const std::function<void()>& on_first_chunk) {
+  auto sse = openUpstream(pools, request, responder);
   if (!sse.ok()) return unreachable(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   StreamRelay relay(responder, clock, on_first_chunk);

@@ -11,8 +11,9 @@
 // which cancels the request there and frees its blocks (D notices the
 // closed connection at its next write).
 //
-// Blocking: each call runs on the caller's thread until the attempt ends.
-// Thread-safe (no shared state).
+// Each attempt borrows a kept-alive connection to D from that worker's
+// ConnectionPool (UpstreamPools) and runs on the caller's thread until it
+// ends. Thread-safe.
 
 #include <functional>
 #include <memory>
@@ -20,11 +21,26 @@
 #include <string>
 
 #include "src/common/clock.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "src/http/client.h"
+#include "src/http/connection_pool.h"
 #include "src/http/server.h"
 #include "src/routing/reject_reason.h"
 
 namespace tandem::agent {
+
+// The router's connections to its decode workers: one pool per worker
+// address, made on first use and kept while the router runs.
+class UpstreamPools {
+ public:
+  // InvalidArgument for a base URL a pool cannot take.
+  absl::StatusOr<http::ConnectionPool*> get(const std::string& base_url);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<http::ConnectionPool>> pools_ ABSL_GUARDED_BY(mu_);
+};
 
 struct UpstreamRequest {
   std::string base_url;  // "http://host:port" of D's agent API
@@ -32,7 +48,9 @@ struct UpstreamRequest {
   std::string body;      // the client's body, as it came
   http::Headers headers;  // the client's session header and the decision's headers
   Duration open_timeout = std::chrono::seconds(10);  // until D's response headers
-  Duration idle_timeout = std::chrono::minutes(10);  // longest silence on a stream (D sends keepalives)
+  // The longest silence once D answered: D sends a keepalive comment on an
+  // idle stream, but a non-streamed answer is silent until it is whole.
+  Duration idle_timeout = std::chrono::minutes(10);
 };
 
 // How an attempt ended.
@@ -62,13 +80,13 @@ struct UpstreamOutcome {
 
 // Non-streamed: sends the request and, unless D refused for a reason
 // another worker could serve, answers `responder` with D's response.
-UpstreamOutcome forwardUnary(const UpstreamRequest& request, http::Responder& responder);
+UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder);
 
 // Streamed: opens a stream to D; on D's first token answers `responder`
 // with an event stream and relays every event until D ends it.
 // `on_first_chunk` runs when the first token is on its way to the client.
-UpstreamOutcome forwardStream(const UpstreamRequest& request, http::Responder& responder, const Clock& clock,
-                              const std::function<void()>& on_first_chunk);
+UpstreamOutcome forwardStream(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder,
+                              const Clock& clock, const std::function<void()>& on_first_chunk);
 
 // Answers the client with a refusal that no worker could get past: D's own
 // status and body (its `code` says why).

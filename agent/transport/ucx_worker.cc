@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "agent/transport/ucx_transport_impl.h"
+#include "src/common/thread_name.h"
 
 namespace tandem::transport {
 namespace {
@@ -74,7 +75,10 @@ absl::Status UcxTransport::Impl::setupWakeup() {
 
 void UcxTransport::Impl::startThread() {
   absl::MutexLock lock(&join_mu);
-  thread = std::thread([this] { run(); });
+  thread = std::thread([this] {
+    nameThisThread("ucx-worker");
+    run();
+  });
 }
 
 void UcxTransport::Impl::post(std::function<void()> fn) {

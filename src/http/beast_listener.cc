@@ -10,6 +10,7 @@
 #include "src/common/log.h"
 #include "src/common/strings.h"
 #include "src/http/beast_connection.h"
+#include "src/common/thread_name.h"
 
 namespace tandem::http {
 
@@ -39,7 +40,10 @@ class BeastListener final : public Listener {
   void start() {
     accept();
     unsigned n = std::max(kMinIoThreads, std::thread::hardware_concurrency());
-    for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] { shared_->io.run(); });
+    for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] {
+      nameThisThread("http-io");
+      shared_->io.run();
+    });
   }
 
   int port() const override { return port_; }

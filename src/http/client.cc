@@ -11,6 +11,7 @@
 #include "src/common/strings.h"
 #include "src/http/cpprest_await.h"
 #include "src/http/error.h"
+#include "src/http/sse_client_impl.h"
 
 namespace tandem::http {
 
@@ -193,9 +194,12 @@ absl::StatusOr<ClientResponse> Client::post(std::string_view path, const nlohman
 // ---------------------------------------------------------------------------
 // SseClient
 
-class SseClient::Impl {
+namespace {
+
+// A stream on a cpprestsdk client of its own.
+class CpprestStream final : public SseClient::Impl {
  public:
-  Impl(std::unique_ptr<whc::http_client> client, pplx::cancellation_token_source cts, wh::http_response response,
+  CpprestStream(std::unique_ptr<whc::http_client> client, pplx::cancellation_token_source cts, wh::http_response response,
        std::string what)
       : client_(std::move(client)),
         cts_(std::move(cts)),
@@ -204,12 +208,12 @@ class SseClient::Impl {
         headers_(toHeaders(response_.headers())),
         what_(std::move(what)) {}
 
-  ~Impl() { stop(); }
+  ~CpprestStream() override { stop(); }
 
-  int status() const { return status_; }
-  const Headers& headers() const { return headers_; }
+  int status() const override { return status_; }
+  const Headers& headers() const override { return headers_; }
 
-  absl::Status readEvents(const std::function<bool(const SseEvent&)>& onEvent) {
+  absl::Status readEvents(const std::function<bool(const SseEvent&)>& onEvent) override {
     try {
       auto body = response_.body().streambuf();
       std::vector<uint8_t> chunk(16 * 1024);
@@ -235,7 +239,7 @@ class SseClient::Impl {
     }
   }
 
-  absl::StatusOr<std::string> readBody() {
+  absl::StatusOr<std::string> readBody() override {
     try {
       std::vector<unsigned char> body = response_.extract_vector().get();
       return std::string(body.begin(), body.end());
@@ -245,7 +249,7 @@ class SseClient::Impl {
     }
   }
 
-  void stop() {
+  void stop() override {
     if (stopped_.exchange(true)) return;
     // cpprestsdk closes the socket on cancellation, also while the body is
     // still being read.
@@ -265,6 +269,8 @@ class SseClient::Impl {
   std::atomic<bool> stopped_{false};
 };
 
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SseClient>> SseClient::open(const ClientRequest& request) {
   TANDEM_ASSIGN_OR_RETURN(Target target, parseUrl(request.url));
   std::string what = strCat(request.method, " ", request.url);
@@ -280,7 +286,7 @@ absl::StatusOr<std::unique_ptr<SseClient>> SseClient::open(const ClientRequest& 
         wh::http_response response,
         await(client->request(toCpprest(withAccept, target.resource), cts.get_token()), cts, request.timeout, what));
     return std::make_unique<SseClient>(
-        std::make_unique<Impl>(std::move(client), std::move(cts), std::move(response), std::move(what)));
+        std::make_unique<CpprestStream>(std::move(client), std::move(cts), std::move(response), std::move(what)));
   } catch (...) {
     return statusFromException(std::current_exception(), what);
   }

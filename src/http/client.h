@@ -23,6 +23,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -45,6 +46,10 @@ struct ClientRequest {
   // response headers arrive), and then the longest silence between two
   // reads of the stream.
   Duration timeout = std::chrono::seconds(30);
+  // ConnectionPool only: the longest silence between two reads once the
+  // response headers arrived, when it should differ from `timeout` (a
+  // server that answers its headers at once and may then think a while).
+  std::optional<Duration> read_timeout;
 };
 
 struct ClientResponse {

@@ -1,4 +1,5 @@
 #include "engine/backend/cpu/worker_pool.h"
+#include "src/common/thread_name.h"
 
 #include <pthread.h>
 
@@ -6,7 +7,10 @@ namespace tandem::engine {
 
 WorkerPool::WorkerPool(int num_threads) {
   if (sched_getaffinity(0, sizeof(allowed_cpus_), &allowed_cpus_) != 0) CPU_ZERO(&allowed_cpus_);
-  for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this, t] { workerLoop(t); });
+  for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this, t] {
+    nameThisThread("cpu-worker");
+    workerLoop(t);
+  });
 }
 
 WorkerPool::~WorkerPool() {

@@ -1,4 +1,7 @@
 // The blocking client and the SSE client against a real server on 127.0.0.1.
+// The stream tests run on both ways of opening a stream: a cpprestsdk client
+// of its own (SseClient::open) and a kept-alive Beast connection
+// (ConnectionPool::open; its pooling has connection_pool_test.cc).
 
 #include "src/http/client.h"
 
@@ -15,7 +18,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/common/log.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/http/connection_pool.h"
 #include "src/http/error.h"
 #include "tests/testing/quiet_logs.h"
 #include "src/http/server.h"
@@ -47,6 +52,26 @@ int unusedPort() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
+
+// How a test opens a stream.
+enum class Opener { kCpprest, kPool };
+
+std::string openerName(Opener o) { return o == Opener::kCpprest ? "cpprest" : "pool"; }
+
+// `request.url` is the path; `base` is "http://host:port".
+absl::StatusOr<std::unique_ptr<SseClient>> openStream(Opener opener, const std::string& base, ClientRequest request) {
+  if (opener == Opener::kCpprest) {
+    request.url = base + request.url;
+    return SseClient::open(request);
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<ConnectionPool> pool, ConnectionPool::create(base));
+  return pool->open(request);  // a stream may outlive its pool
+}
+
+class SseStreamTest : public ::testing::TestWithParam<Opener> {};
+
+INSTANTIATE_TEST_SUITE_P(Openers, SseStreamTest, ::testing::Values(Opener::kCpprest, Opener::kPool),
+                         [](const auto& info) { return openerName(info.param); });
 
 Routes testRoutes() {
   Routes routes;
@@ -98,7 +123,10 @@ TEST(ClientTest, ConnectionRefusedIsUnavailable) {
   auto r = httpGet(strCat("http://127.0.0.1:", unusedPort(), "/x"), seconds(5));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-  auto stream = SseClient::open({.url = strCat("http://127.0.0.1:", unusedPort(), "/x"), .timeout = seconds(5)});
+}
+
+TEST_P(SseStreamTest, ConnectionRefusedIsUnavailable) {
+  auto stream = openStream(GetParam(), strCat("http://127.0.0.1:", unusedPort()), {.url = "/x", .timeout = seconds(5)});
   ASSERT_FALSE(stream.ok());
   EXPECT_EQ(stream.status().code(), absl::StatusCode::kUnavailable) << stream.status();
 }
@@ -130,7 +158,7 @@ TEST(ClientTest, SlowServerIsDeadlineExceeded) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, kPatience);
 }
 
-TEST(ClientTest, SseClientStopsMidStreamAndServerSeesIt) {
+TEST_P(SseStreamTest, StopsMidStreamAndServerSeesIt) {
   absl::Notification opened;
   std::shared_ptr<SseWriter> writer;
   Routes routes;
@@ -142,7 +170,7 @@ TEST(ClientTest, SseClientStopsMidStreamAndServerSeesIt) {
     });
   });
   auto server = startServer(std::move(routes), {.sseKeepalive = milliseconds(20)});
-  auto stream = SseClient::open({.method = "POST", .url = server->baseUrl() + "/stream", .body = "{}"});
+  auto stream = openStream(GetParam(), server->baseUrl(), {.method = "POST", .url = "/stream", .body = "{}"});
   ASSERT_TRUE(stream.ok()) << stream.status();
   std::vector<std::string> got;
   absl::Status status = (*stream)->readEvents([&](const SseEvent& e) {
@@ -156,7 +184,7 @@ TEST(ClientTest, SseClientStopsMidStreamAndServerSeesIt) {
   EXPECT_EQ(writer->context().cancelReason(), CancelReason::kClientDisconnected);
 }
 
-TEST(ClientTest, SseClientStopFromAnotherThreadUnblocksReader) {
+TEST_P(SseStreamTest, StopFromAnotherThreadUnblocksReader) {
   absl::Notification opened;
   std::shared_ptr<SseWriter> writer;
   Routes routes;
@@ -167,8 +195,9 @@ TEST(ClientTest, SseClientStopFromAnotherThreadUnblocksReader) {
       opened.Notify();
     });
   });
-  auto server = startServer(std::move(routes));
-  auto stream = SseClient::open({.url = server->baseUrl() + "/quiet"});
+  // Keepalives: how the server notices a client that hung up.
+  auto server = startServer(std::move(routes), {.sseKeepalive = milliseconds(20)});
+  auto stream = openStream(GetParam(), server->baseUrl(), {.url = "/quiet"});
   ASSERT_TRUE(stream.ok()) << stream.status();
   absl::Notification firstEvent;
   std::jthread stopper([&] {
@@ -182,11 +211,12 @@ TEST(ClientTest, SseClientStopFromAnotherThreadUnblocksReader) {
   stopper.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
   ASSERT_TRUE(opened.WaitForNotificationWithTimeout(absl::FromChrono(kPatience)));
+  EXPECT_TRUE(writer->context().waitCancelled(kPatience));
 }
 
 // A stream may last far longer than the client's timeout as long as bytes
 // keep coming (events or the server's keepalive comments); silence fails it.
-TEST(ClientTest, SseTimeoutIsAboutSilenceNotStreamLength) {
+TEST_P(SseStreamTest, TimeoutIsAboutSilenceNotStreamLength) {
   struct Quiet {
     absl::Mutex mu;
     std::shared_ptr<SseWriter> writer;
@@ -207,13 +237,13 @@ TEST(ClientTest, SseTimeoutIsAboutSilenceNotStreamLength) {
   Quiet kept;
   auto withKeepalives = startServer(quietRoutes(kept), {.sseKeepalive = milliseconds(30)});
   constexpr Duration kTimeout = milliseconds(300);
-  auto stream = SseClient::open({.url = withKeepalives->baseUrl() + "/quiet", .timeout = kTimeout});
+  auto stream = openStream(GetParam(), withKeepalives->baseUrl(), {.url = "/quiet", .timeout = kTimeout});
   ASSERT_TRUE(stream.ok()) << stream.status();
   MonoTime opened = std::chrono::steady_clock::now();
   std::jthread late([&] {
     ASSERT_TRUE(kept.opened.WaitForNotificationWithTimeout(absl::FromChrono(kPatience)));
     // Three timeouts of silence from the handler; only keepalives flow meanwhile.
-    // Real time on purpose: the client's silence timeout (cpprestsdk's) runs on it.
+    // Real time on purpose: the client's silence timeout runs on it.
     while (std::chrono::steady_clock::now() < opened + 3 * kTimeout) std::this_thread::sleep_for(milliseconds(5));
     absl::MutexLock lock(&kept.mu);
     kept.writer->send("late");
@@ -229,18 +259,19 @@ TEST(ClientTest, SseTimeoutIsAboutSilenceNotStreamLength) {
 
   Quiet silent;
   auto withoutKeepalives = startServer(quietRoutes(silent), {.sseKeepalive = Duration::zero()});
-  auto silentStream = SseClient::open({.url = withoutKeepalives->baseUrl() + "/quiet", .timeout = milliseconds(200)});
+  auto silentStream =
+      openStream(GetParam(), withoutKeepalives->baseUrl(), {.url = "/quiet", .timeout = milliseconds(200)});
   ASSERT_TRUE(silentStream.ok()) << silentStream.status();
   status = (*silentStream)->readEvents([](const SseEvent&) { return true; });
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
-TEST(ClientTest, SseClientReadsAnErrorBodyInsteadOfAStream) {
+TEST_P(SseStreamTest, ReadsAnErrorBodyInsteadOfAStream) {
   Routes routes;
   routes.handle("POST", "/v1/completions",
                 [](Request&) { return Response::error(400, kInvalidRequestError, "prompt is required"); });
   auto server = startServer(std::move(routes));
-  auto stream = SseClient::open({.method = "POST", .url = server->baseUrl() + "/v1/completions", .body = "{}"});
+  auto stream = openStream(GetParam(), server->baseUrl(), {.method = "POST", .url = "/v1/completions", .body = "{}"});
   ASSERT_TRUE(stream.ok()) << stream.status();
   EXPECT_EQ((*stream)->status(), 400);
   auto body = (*stream)->readBody();
