@@ -76,7 +76,7 @@ struct AgentConfig {
   std::vector<HostPort> decode_workers;
   std::vector<HostPort> prefill_workers;
   routing::RouterConfig routing;
-  std::chrono::nanoseconds upstream_open_timeout = std::chrono::seconds(10);  // until D's response headers
+  std::chrono::nanoseconds upstream_open_timeout = std::chrono::seconds(10);  // connect; a stream's headers
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

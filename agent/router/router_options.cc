@@ -53,7 +53,7 @@ void addRouterOptions(std::vector<Option>& o) {
                                "router: prefill agents' HTTP addresses HOST:PORT,... (their state streams)",
                                &AgentConfig::prefill_workers));
   o.push_back(durationOption("upstream-open-timeout", "router", "upstream_open_timeout",
-                             "router: how long a decode agent may take to answer a request's headers",
+                             "router: how long a decode agent may take to accept a connection and, for a streamed request, to answer its headers",
                              &AgentConfig::upstream_open_timeout));
   o.push_back(routingNumber("route-overlap-weight", "overlap_weight",
                             "router: score of holding the whole prompt prefix", &RouterConfig::overlap_weight, 0, 1e6));

@@ -89,7 +89,8 @@ struct RouterServer::Impl {
       : config(c),
         clock(clk),
         metrics(registry, c.pool),
-        core(std::make_unique<routing::TandemPolicy>(c.routing), clk) {}
+        core(std::make_unique<routing::TandemPolicy>(c.routing), clk),
+        upstreams(c.upstream_open_timeout) {}
 
   const AgentConfig config;
   const Clock& clock;

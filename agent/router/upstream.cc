@@ -32,9 +32,9 @@ std::optional<routing::RejectReason> retryableRefusal(std::string_view body) {
   return reason;
 }
 
-http::ClientRequest clientRequest(const UpstreamRequest& r) {
+http::ClientRequest clientRequest(const UpstreamRequest& r, bool stream) {
   http::ClientRequest c{.method = "POST", .url = r.path, .headers = r.headers, .body = r.body,
-                        .timeout = r.open_timeout, .read_timeout = r.idle_timeout};
+                        .timeout = stream ? r.open_timeout : r.idle_timeout, .read_timeout = r.idle_timeout};
   c.headers["Content-Type"] = "application/json";
   return c;
 }
@@ -140,9 +140,9 @@ class StreamRelay {
 // Opens the request on D; the call's cancellation (client gone, deadline,
 // shutdown) closes the connection, which D takes as a cancel.
 absl::StatusOr<std::shared_ptr<http::SseClient>> openUpstream(UpstreamPools& pools, const UpstreamRequest& request,
-                                                               http::Responder& responder) {
+                                                               bool stream, http::Responder& responder) {
   TANDEM_ASSIGN_OR_RETURN(http::ConnectionPool * pool, pools.get(request.base_url));
-  absl::StatusOr<std::unique_ptr<http::SseClient>> opened = pool->open(clientRequest(request));
+  absl::StatusOr<std::unique_ptr<http::SseClient>> opened = pool->open(clientRequest(request, stream));
   if (!opened.ok()) return opened.status();
   std::shared_ptr<http::SseClient> sse = std::move(*opened);
   responder.context().onCancel([weak = std::weak_ptr<http::SseClient>(sse)] {
@@ -169,12 +169,13 @@ absl::StatusOr<http::ConnectionPool*> UpstreamPools::get(const std::string& base
   absl::MutexLock lock(&mu_);
   auto it = pools_.find(base_url);
   if (it != pools_.end()) return it->second.get();
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<http::ConnectionPool> pool, http::ConnectionPool::create(base_url));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<http::ConnectionPool> pool,
+                          http::ConnectionPool::create(base_url, {.connect_timeout = connect_timeout_}));
   return pools_.emplace(base_url, std::move(pool)).first->second.get();
 }
 
 UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder) {
-  auto sse = openUpstream(pools, request, responder);
+  auto sse = openUpstream(pools, request, /*stream=*/false, responder);
   if (!sse.ok()) return unreachable(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   absl::StatusOr<std::string> body = (*sse)->readBody();
@@ -188,7 +189,7 @@ UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& reques
 
 UpstreamOutcome forwardStream(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder,
                               const Clock& clock, const std::function<void()>& on_first_chunk) {
-  auto sse = openUpstream(pools, request, responder);
+  auto sse = openUpstream(pools, request, /*stream=*/true, responder);
   if (!sse.ok()) return unreachable(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   StreamRelay relay(responder, clock, on_first_chunk);

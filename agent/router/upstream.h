@@ -34,10 +34,14 @@ namespace tandem::agent {
 // address, made on first use and kept while the router runs.
 class UpstreamPools {
  public:
+  // New connections to D take at most `connect_timeout`.
+  explicit UpstreamPools(Duration connect_timeout) : connect_timeout_(connect_timeout) {}
+
   // InvalidArgument for a base URL a pool cannot take.
   absl::StatusOr<http::ConnectionPool*> get(const std::string& base_url);
 
  private:
+  const Duration connect_timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<http::ConnectionPool>> pools_ ABSL_GUARDED_BY(mu_);
 };
@@ -47,9 +51,11 @@ struct UpstreamRequest {
   std::string path;      // "/v1/chat/completions"
   std::string body;      // the client's body, as it came
   http::Headers headers;  // the client's session header and the decision's headers
-  Duration open_timeout = std::chrono::seconds(10);  // until D's response headers
-  // The longest silence once D answered: D sends a keepalive comment on an
-  // idle stream, but a non-streamed answer is silent until it is whole.
+  // Streamed: until D's response headers, which D sends at once.
+  Duration open_timeout = std::chrono::seconds(10);
+  // The longest silence once D answered a stream (D sends a keepalive
+  // comment on an idle one), and the whole wait for a non-streamed answer,
+  // whose headers come only with the finished completion.
   Duration idle_timeout = std::chrono::minutes(10);
 };
 

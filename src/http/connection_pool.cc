@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <optional>
@@ -294,7 +295,8 @@ absl::StatusOr<std::unique_ptr<SseClient>> ConnectionPool::open(const ClientRequ
       error_code ec;
       tcp::resolver::results_type addresses = resolver.resolve(shared_->host, shared_->port, ec);
       if (ec) return absl::UnavailableError(strCat(what, ": cannot resolve ", shared_->host, ": ", ec.message()));
-      ec = conn->run(deadline, [&](auto handler) { conn->stream.async_connect(addresses, std::move(handler)); });
+      const MonoTime connect_by = std::min(deadline, std::chrono::steady_clock::now() + shared_->options.connect_timeout);
+      ec = conn->run(connect_by, [&](auto handler) { conn->stream.async_connect(addresses, std::move(handler)); });
       if (ec == beast::error::timeout) return absl::DeadlineExceededError(strCat(what, ": connecting timed out"));
       if (ec) return absl::UnavailableError(strCat(what, ": ", ec.message()));
       conn->stream.socket().set_option(tcp::no_delay(true), ec);

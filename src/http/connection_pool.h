@@ -17,9 +17,10 @@
 // not one response byte (the server closed it as the request went out), it
 // is sent once more on a new connection; any other failure is returned.
 //
-// Timeouts: `request.timeout` bounds connecting, sending and the response
-// headers together; then `request.read_timeout` (else `timeout`) bounds
-// each silence while reading the body.
+// Timeouts: `request.timeout` bounds connecting (also bounded by the
+// pool's connect_timeout), sending and the response headers together; then
+// `request.read_timeout` (else `timeout`) bounds each silence while reading
+// the body.
 //
 // Thread-safety: open() may be called from any number of threads; each
 // stream is read by one thread and stop()ped from any. The pool may be
@@ -44,6 +45,9 @@ struct ConnectionPoolOptions {
   // the servers' own idle timeout, 60 s by default, so the client closes
   // first).
   Duration idle_timeout = std::chrono::seconds(30);
+  // Connecting a new connection takes at most this (and at most the
+  // request's own timeout).
+  Duration connect_timeout = std::chrono::seconds(10);
 };
 
 class ConnectionPool {

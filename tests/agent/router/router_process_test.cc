@@ -9,8 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <future>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -161,6 +165,26 @@ TEST_F(RouterProcessTest, ACutEventStreamIsResyncedFromOneSnapshotAndTheWorkerKe
   ASSERT_EQ(post(*router, completion(turnPrompt("c-a", 1)), "c-a").status, 200);
   EXPECT_EQ(metricValue(scrape(*d0), "tandem_events_snapshots_sent_total"), before + 1);
   EXPECT_EQ(metricValue(scrape(*router), "tandem_router_stale_workers"), 0);
+}
+
+// A non-streamed answer's headers come only with the finished completion: a
+// D slower than --upstream-open-timeout is waited for (up to the request
+// timeout), not taken for unreachable and the request sent elsewhere.
+TEST_F(RouterProcessTest, ASlowNonStreamedAnswerIsWaitedForNotRetried) {
+  auto d0 = startWorker("d0");
+  ASSERT_TRUE(d0);
+  auto router = startRouter({hostPort(*d0)}, {"--upstream-open-timeout", "300ms"});
+  ASSERT_TRUE(router);
+  ASSERT_EQ(post(*router, completion("a first request opens the connection")).status, 200);
+  ASSERT_EQ(kill(d0->pid(), SIGSTOP), 0);
+  auto reply = std::async(std::launch::async, [&] { return post(*router, completion("a slow answer")); });
+  // Stopped for over three open timeouts. Real time on purpose: the
+  // router's socket deadline runs on it.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ASSERT_EQ(kill(d0->pid(), SIGCONT), 0);
+  http::ClientResponse r = reply.get();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_LE(metricValue(scrape(*router), "tandem_router_retries_total{"), 0) << scrape(*router);
 }
 
 TEST_F(RouterProcessTest, AClientThatHangsUpMidStreamFreesTheDecodeWorkersBlocks) {
