@@ -431,6 +431,13 @@ bool Engine::abortImport(RequestId id, FinishReason reason, std::string message)
   return true;
 }
 
+bool Engine::computeImportLocally(RequestId id) {
+  auto it = live_.find(id);
+  if (it == live_.end() || !it->second->importing()) return false;
+  engine::computeImportLocally(*it->second);
+  return true;
+}
+
 bool Engine::releaseLease(uint64_t lease_id) { return leases_.release(lease_id); }
 
 int Engine::expireLeases() { return leases_.expire(clock_.now()); }

@@ -167,6 +167,11 @@ class Engine {
   // Ends an importing request (the importer's transfers are over). Returns
   // false if `id` is not an importing request.
   bool abortImport(RequestId id, FinishReason reason, std::string message);
+  // The importer gave up before any KV was written into the request's
+  // blocks (its prefill peer stalled before accepting): the request computes
+  // its prompt here instead, keeping its blocks and place. Returns false if
+  // `id` is not an importing request.
+  bool computeImportLocally(RequestId id);
   // Unpins a lease's blocks. Returns whether the lease existed.
   bool releaseLease(uint64_t lease_id);
   // Releases leases whose expiry has passed; returns how many. step() does

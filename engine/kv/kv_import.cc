@@ -20,6 +20,11 @@ absl::Status completeImport(Sequence& seq, TokenId first_token, int vocab_size, 
   return absl::OkStatus();
 }
 
+void computeImportLocally(Sequence& seq) {
+  TANDEM_CHECK(seq.importing(), "computeImportLocally of a sequence that is not importing");
+  seq.prompt_kv = PromptKv::kDirect;
+}
+
 RequestUpdate abortRequested(const Sequence& seq, FinishReason reason, std::string message) {
   RequestUpdate u;
   u.id = seq.id;

@@ -33,6 +33,13 @@ namespace tandem::engine {
 // commits the prompt's blocks and accepts `first_token` as its first output.
 absl::Status completeImport(Sequence& seq, TokenId first_token, int vocab_size, MonoTime now);
 
+// The importer gave up before writing anything into seq's blocks (its peer
+// stalled before accepting): compute the prompt here after all. The blocks
+// stay; the prompt is computed from num_computed (what admission reused)
+// on, as for direct-to-D. Call only if seq.importing() and nothing was
+// written into its blocks.
+void computeImportLocally(Sequence& seq);
+
 // The update that asks the importer of an importing sequence to stop (a
 // cancel with `reason` came in while its blocks are being written).
 RequestUpdate abortRequested(const Sequence& seq, FinishReason reason, std::string message);

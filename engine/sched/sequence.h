@@ -25,6 +25,7 @@ enum class SeqState : uint8_t { kWaiting, kRunning, kFinished };
 //   kImport --admission--> kDirect             direct-to-D: computed here after all
 //   kImport --admission--> kImporting          blocks allocated and reported; a peer writes them
 //   kImporting --completeImport--> kImported   the KV arrived: an ordinary decode from here on
+//   kImporting --computeImportLocally--> kDirect  the importer gave up before writing: computed here
 // An importing sequence ends only through the importer (abortImport).
 enum class PromptKv : uint8_t { kCompute, kImport, kDirect, kImporting, kImported };
 

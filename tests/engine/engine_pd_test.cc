@@ -94,6 +94,41 @@ TEST(EnginePdTest, LeasedPrefillPlusImportEqualsMonolithic) {
   }
 }
 
+// The importer gives up before anything was written (its prefill peer
+// stalled before accepting): the request computes its prompt here and ends
+// exactly as on one engine, with or without a cached prefix at admission.
+TEST(EnginePdTest, AnImportComputedLocallyAfterAllEqualsMonolithic) {
+  std::mt19937 rng(41);
+  for (bool cached_prefix : {false, true}) {
+    auto prompt = randomPrompt(rng, 150);
+    Harness mono(opts());
+    RequestId ref = mono.add(greedy(prompt, 12));
+    mono.runToCompletion();
+
+    Harness d(opts());
+    if (cached_prefix) {
+      // The first 100 tokens' full blocks end up in D's prefix cache.
+      d.add(greedy(std::vector<TokenId>(prompt.begin(), prompt.begin() + 100), 1));
+      d.runToCompletion();
+    }
+    RequestSpec ds = greedy(prompt, 12);
+    ds.import_kv = true;
+    RequestId did = d.add(ds);
+    for (int i = 0; i < 3; ++i) d.step();
+    ASSERT_EQ(d.outcome(did).kv_blocks.size(), 10u) << "admitted and importing";
+    EXPECT_TRUE(d.outcome(did).tokens.empty());
+    ASSERT_TRUE(d.engine->computeImportLocally(did));
+    EXPECT_FALSE(d.engine->computeImportLocally(did)) << "no longer importing";
+    EXPECT_FALSE(d.engine->completeImport(did, 5));
+    d.runToCompletion();
+    EXPECT_EQ(d.outcome(did).tokens, mono.outcome(ref).tokens) << "cached prefix " << cached_prefix;
+    EXPECT_EQ(d.outcome(did).final.finish_reason, FinishReason::kLength);
+    EXPECT_FALSE(d.outcome(did).final.kv_imported);
+    EXPECT_EQ(d.engine->numAvailableBlocks(), opts().num_blocks);
+    EXPECT_TRUE(d.engine->checkInvariants().ok());
+  }
+}
+
 TEST(EnginePdTest, PrefillAfterCacheChurnTakesOneAscendingRunOfBlocks) {
   // A pull merges blocks adjacent on both sides into one get per layer, so
   // a prompt's blocks should be one ascending run wherever the pool allows.
