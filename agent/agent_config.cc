@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "agent/config_option.h"
@@ -293,6 +294,17 @@ void addKvOptions(std::vector<Option>& o) {
   o.push_back(durationOption("prefill-timeout", "kv", "prefill_timeout",
                              "decode: deadline for the prefill agent to deliver the KV",
                              &AgentConfig::prefill_timeout));
+  o.push_back(durationOption("kv-heartbeat-interval", "kv", "heartbeat_interval",
+                             "decode: heartbeat to a prefill agent this often while it has work or is suspect "
+                             "(at least 10ms)",
+                             &AgentConfig::kv_heartbeat_interval));
+  o.push_back(durationOption("kv-heartbeat-idle-interval", "kv", "heartbeat_idle_interval",
+                             "decode: heartbeat to an idle prefill agent this often (at least 10ms)",
+                             &AgentConfig::kv_heartbeat_idle_interval));
+  o.push_back(numberOption("kv-heartbeat-misses", "kv", "heartbeat_misses",
+                           "decode: heartbeats unanswered in a row that make a prefill agent suspect: it gets no new "
+                           "work and what it has not accepted moves",
+                           &AgentConfig::kv_heartbeat_misses, 1, 1000));
   o.push_back(numberOption("checksum-rate", "kv", "checksum_rate",
                            "decode: fraction of transfers whose checksums are verified (0..1)",
                            &AgentConfig::checksum_rate, 0, 1));
@@ -441,6 +453,14 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
       return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
     }
     TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
+  }
+  for (auto [flag, value] : {std::pair{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
+                             std::pair{"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)",
+                                       c.kv_heartbeat_idle_interval}}) {
+    if (value < std::chrono::milliseconds(10)) {
+      return absl::InvalidArgumentError(
+          strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the 10ms minimum"));
+    }
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
     return absl::InvalidArgumentError(

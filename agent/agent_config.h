@@ -69,6 +69,12 @@ struct AgentConfig {
   std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0;  // decode: fraction of transfers whose per-block checksums are verified
+  // decode: heartbeats to each prefill agent (docs/pd.md "Liveness"): this
+  // often while it has work (or is suspect), `idle` while not; this many
+  // unanswered in a row make it suspect.
+  std::chrono::nanoseconds kv_heartbeat_interval = std::chrono::milliseconds(500);
+  std::chrono::nanoseconds kv_heartbeat_idle_interval = std::chrono::seconds(2);
+  int kv_heartbeat_misses = 3;
   int direct_max_suffix_tokens =
       256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
   // Router role: the agents it routes to (their HTTP addresses; it

@@ -116,7 +116,8 @@ struct AgentServer::Impl {
                                 .worker = config.worker,
                                 .path = path,
                                 .kv = info.timings ? &*info.timings : nullptr,
-                                .prefill_peer = info.prefill_peer},
+                                .prefill_peer = info.prefill_peer,
+                                .moved_from_peer = info.moved_from_peer},
                                u, call.session));
     }
     log.debug("request finished", {{"request_id", call.id},
@@ -344,6 +345,11 @@ struct AgentServer::Impl {
     pd.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(config.lease_ttl);
     pd.prefill_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_timeout);
     pd.checksum_rate = config.checksum_rate;
+    pd.peer_health.missed_heartbeats = config.kv_heartbeat_misses;
+    pd.peer_health.heartbeat_interval =
+        std::chrono::duration_cast<std::chrono::milliseconds>(config.kv_heartbeat_interval);
+    pd.peer_health.idle_heartbeat_interval =
+        std::chrono::duration_cast<std::chrono::milliseconds>(config.kv_heartbeat_idle_interval);
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     pd.model_fingerprint = model_fingerprint;
     const PdEnv env{

@@ -51,6 +51,11 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     engine::FinishReason end_reason = engine::FinishReason::kError;
     std::optional<PdTimings> timings;  // with first_step_ms, once the first token is out
     bool inflight_counted = false;     // counted in tandem_kv_transfer_inflight
+    // Moved off a peer that was not healthy before it accepted: the peer it
+    // left, and whether the prompt is computed here instead (`tr` is then a
+    // fresh, idle transfer and `conn` 0).
+    std::string moved_from;
+    bool local = false;
   };
 
   engine::EngineLoop& loop;
@@ -78,6 +83,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   PrefillPeers peers ABSL_GUARDED_BY(mu);
   std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
   uint64_t gets_counted ABSL_GUARDED_BY(mu) = 0;  // transport gets already in the metric
+  uint64_t next_heartbeat ABSL_GUARDED_BY(mu) = 0;  // the last heartbeat's sequence number
   bool stopping ABSL_GUARDED_BY(mu) = false;
 
   Impl(const PdEnv& env, const PdOptions& o)
@@ -85,7 +91,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         metrics(env.metrics),
         clock(env.clock),
         options(o),
-        peers(o.prefill_peers->prefillPeers(), o.unhealthy_failures, o.failure_window, env.clock) {}
+        peers(o.prefill_peers->prefillPeers(), o.peer_health, env.clock) {}
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) {
     if (transport_closed.load()) return;
@@ -141,6 +147,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
           send(e.conn, tid, kvproto::Release{});
           break;
         case Kind::kCompleteImport:
+          peers[e.peer].health->recordSuccess();
           uncountPeer(e);
           completeImport(e, a.first_token);
           break;
@@ -153,7 +160,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   }
 
   void sendPrefillRequest(uint64_t tid, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    metrics.inflight.increment();
+    if (!e.inflight_counted) metrics.inflight.increment();  // once, also when moved to another peer
     metrics.prefillRequested(peers[e.peer].name);
     e.inflight_counted = true;
     kvproto::PrefillRequest req;
@@ -194,10 +201,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     // Failures that say something about the peer feed its health window.
     auto it = transfers.find(tid);
     if (it != transfers.end() && a.reason != FailureReason::kCancelled && a.reason != FailureReason::kCapacity) {
-      PrefillPeers::Peer& peer = peers[it->second.peer];
-      peer.health->recordFailure();
-      metrics.peerHealthy(peer.name, peer.health->healthy());
-      cv.SignalAll();  // the watchdog may have to probe
+      peers[it->second.peer].health->recordFailure();
+      cv.SignalAll();  // the peer's state is looked at after this transfer's actions (updatePeerState)
     }
     log.warn("kv transfer failed", {{"transfer", tid},
                                     {"peer", it != transfers.end() ? peers[it->second.peer].name : std::string()},
@@ -359,10 +364,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       return;
     }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
-      if (!peers[*p].health->healthy())
-        log.info("prefill peer answers probes again; using it", {{"peer", peers[*p].name}});
-      peers[*p].health->recordProbeSuccess();
-      metrics.peerHealthy(peers[*p].name, true);
+      if (std::optional<Duration> rtt = peers[*p].health->heartbeatAnswered(m->transfer_id)) {
+        metrics.heartbeatAnswered(peers[*p].name, std::chrono::duration<double>(*rtt).count());
+      }
+      updatePeerState(*p);
     } else if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
       onHello(*p, c, *h);
     } else if (std::holds_alternative<kvproto::PrefillAccepted>(m->body) ||
@@ -393,13 +398,11 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // ----------------------------------------------------------- watchdog --
 
   // When the watchdog must next act: the earliest transfer deadline, and
-  // the next probe of each unhealthy peer.
+  // each peer's next heartbeat.
   MonoTime nextWake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     MonoTime next = MonoTime::max();
     for (size_t p = 0; p < peers.size(); ++p) {
-      if (peers[p].health->healthy()) continue;
-      const std::optional<MonoTime>& last = peers[p].last_probe;
-      next = std::min(next, last ? *last + options.probe_interval : clock.now());
+      next = std::min(next, peers[p].health->nextHeartbeat(peers[p].num_inflight > 0));
     }
     for (const auto& [tid, e] : transfers) {
       if (auto d = e.tr.nextDeadline(); d && *d < next) next = *d;
@@ -414,18 +417,83 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       if (stopping) break;
       const MonoTime now = clock.now();
       for (size_t p = 0; p < peers.size(); ++p) {
-        std::optional<MonoTime>& last = peers[p].last_probe;
-        if (peers[p].health->healthy() || (last && now - *last < options.probe_interval)) continue;
-        // Probe an unhealthy peer (reconnecting if needed) so it can come back.
-        last = now;
-        send(ensureConnected(p), 0, kvproto::Ping{});
+        PeerHealth& health = *peers[p].health;
+        if (now < health.nextHeartbeat(peers[p].num_inflight > 0)) continue;
+        // (Reconnecting if needed, so a peer that went away can come back.)
+        health.heartbeatSent(++next_heartbeat);
+        send(ensureConnected(p), next_heartbeat, kvproto::Ping{});
       }
       for (auto& [tid, e] : transfers) {
         TransferActions actions;
         e.tr.tick(now, actions);
         apply(tid, e, actions);
       }
+      for (size_t p = 0; p < peers.size(); ++p) updatePeerState(p);
     }
+  }
+
+  // ------------------------------------------------------------ liveness --
+
+  // Logs and shows a change of peer `p`'s state; one that is no longer
+  // healthy loses the requests it has not accepted.
+  void updatePeerState(size_t p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PrefillPeers::Peer& peer = peers[p];
+    const PeerState state = peer.health->state();
+    if (state == peer.reported) return;
+    peer.reported = state;
+    metrics.peerState(peer.name, state);
+    if (state == PeerState::kHealthy) {
+      log.info("prefill peer answers again; using it", {{"peer", peer.name}});
+      return;
+    }
+    log.warn("prefill peer is not healthy; it gets no new requests, and those it has not accepted move",
+             {{"peer", peer.name},
+              {"state", std::string(peerStateName(state))},
+              {"missed_heartbeats", static_cast<int64_t>(peer.health->numMissedHeartbeats())}});
+    for (auto& [tid, e] : transfers) {
+      if (e.peer == p && !e.local && e.tr.state() == TransferState::kRequested) moveOff(tid, e, state, e.tr.dBlocks());
+    }
+  }
+
+  // Moves transfer `tid`, admitted here with `blocks` but not accepted by
+  // its peer (not healthy: `why`), to another healthy peer or else to local
+  // prefill. A peer that was asked is told (if it ever reads it, it frees
+  // what it computed).
+  void moveOff(uint64_t tid, Entry& e, PeerState why, std::vector<BlockId> blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (e.tr.state() == TransferState::kRequested) {
+      send(e.conn, tid, kvproto::Abort{FailureReason::kPeerUnhealthy, "moved to another prefill peer"});
+    }
+    if (e.moved_from.empty()) e.moved_from = peers[e.peer].name;
+    uncountPeer(e);
+    e.tr = DecodeTransfer(layout.num_layers, e.tr.verifying());
+    const std::optional<size_t> q = peers.choose(std::nullopt);
+    if (!q) {
+      metrics.failover(why, "local");
+      e.local = true;
+      e.conn = 0;
+      if (e.inflight_counted) metrics.inflight.decrement();
+      e.inflight_counted = false;
+      log.info("computing a request here: no prefill peer is healthy", {{"transfer", tid}, {"from", e.moved_from}});
+      loop.post([id = *e.id](engine::Engine& eng) { eng.computeImportLocally(id); });
+      return;
+    }
+    metrics.failover(why, "peer");
+    e.peer = *q;
+    e.peer_counted = true;
+    peers[*q].num_inflight++;
+    startTransfer(tid, e, std::move(blocks));
+  }
+
+  // Asks e.peer for the prompt that the engine gave `blocks`.
+  void startTransfer(uint64_t tid, Entry& e, std::vector<BlockId> blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const MonoTime now = clock.now();
+    TransferActions actions;
+    e.conn = ensureConnected(e.peer);
+    const PrefillPeers::Peer& peer = peers[e.peer];
+    if (peer.incompatible) return fail(tid, e, FailureReason::kTransferFailed, *peer.incompatible, /*tell_peer=*/false);
+    e.tr.admitted(std::move(blocks), now, now + options.prefill_timeout, actions);
+    if (peer.hello) e.tr.peerReady(peer.hello->num_blocks, now, actions);
+    apply(tid, e, actions);
   }
 
   // ------------------------------------------------------------ requests --
@@ -474,18 +542,18 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       e.tr.admitted(u.kv_blocks, now, now, actions);
       return apply(tid, e, actions);
     }
-    e.conn = ensureConnected(e.peer);
-    const PrefillPeers::Peer& peer = peers[e.peer];
-    if (peer.incompatible) return fail(tid, e, FailureReason::kTransferFailed, *peer.incompatible, /*tell_peer=*/false);
-    e.tr.admitted(u.kv_blocks, now, now + options.prefill_timeout, actions);
-    if (peer.hello) e.tr.peerReady(peer.hello->num_blocks, now, actions);
-    apply(tid, e, actions);
+    // Its peer may have stopped being healthy while the request queued here.
+    const PeerState state = peers[e.peer].health->state();
+    if (state != PeerState::kHealthy) return moveOff(tid, e, state, u.kv_blocks);
+    startTransfer(tid, e, u.kv_blocks);
   }
 
   // Engine thread: what the client's callback learns with this update.
   PdInfo infoFor(Entry& e, const engine::RequestUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    PdInfo info{.failure = e.tr.failure(), .path = e.id ? PdPath::kDisagg : PdPath::kDirect};
-    if (e.id) info.prefill_peer = peers[e.peer].name;
+    PdInfo info{.failure = e.tr.failure(),
+                .path = e.local ? PdPath::kFallback : e.id ? PdPath::kDisagg : PdPath::kDirect,
+                .moved_from_peer = e.moved_from};
+    if (e.id && !e.local) info.prefill_peer = peers[e.peer].name;
     if (!e.tr.timings() || !e.tr.kvDoneAt()) return info;
     if (!e.timings && !u.new_tokens.empty()) {
       e.timings = e.tr.timings();
@@ -508,6 +576,13 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       if (it == transfers.end()) return;
       Entry& e = it->second;
       if (!u.kv_blocks.empty()) return onAdmitted(tid, e, u);
+      if (u.import_abort_requested && e.local) {
+        // Asked while computeImportLocally was on its way: end it as asked.
+        loop.post([id = *e.id, why = u.finish_reason](engine::Engine& eng) {
+          if (!eng.abortImport(id, why, "ended")) eng.cancel(id, why);
+        });
+        return;
+      }
       if (u.import_abort_requested) {
         // Ends as asked (e.g. cancelled: the client went away), not as an error.
         e.end_reason = u.finish_reason;
@@ -549,7 +624,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   {
     absl::MutexLock lock(&raw->mu);
     for (size_t p = 0; p < raw->peers.size(); ++p) {
-      raw->metrics.peerHealthy(raw->peers[p].name, true);
+      raw->metrics.peerState(raw->peers[p].name, PeerState::kHealthy);
       raw->ensureConnected(p);
     }
   }

@@ -41,6 +41,7 @@ struct PdInfo {
   PdPath path = PdPath::kDirect;
   std::optional<PdTimings> timings;  // disaggregated requests, once the first token is out
   std::string prefill_peer;          // disaggregated requests: the P that served it ("HOST:PORT")
+  std::string moved_from_peer;       // the P it was moved off (not healthy) before that P accepted it
 };
 using PdUpdateCallback = std::function<void(const engine::RequestUpdate&, const PdInfo&)>;
 

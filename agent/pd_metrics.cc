@@ -64,6 +64,24 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                         .help("1 while this decode agent considers the prefill agent (peer) healthy, else 0.")
                         .labels(labels)
                         .registerOn(r)),
+      peer_state_(metrics::buildGauge()
+                      .name("tandem_kv_prefill_peer_state")
+                      .help("1 for the state this decode agent gives the prefill agent (peer): healthy, suspect "
+                            "(heartbeats unanswered) or unhealthy (transfer failures); 0 for the others.")
+                      .labels(labels)
+                      .registerOn(r)),
+      heartbeat_rtt_(metrics::buildHistogram()
+                         .name("tandem_kv_heartbeat_rtt_seconds")
+                         .help("Round trip of the decode agent's heartbeats to each prefill agent (peer).")
+                         .labels(labels)
+                         .buckets(metrics::exponentialBuckets(0.00005, 2, 18))
+                         .registerOn(r)),
+      failovers_(metrics::buildCounter()
+                     .name("tandem_kv_prefill_failovers_total")
+                     .help("Requests moved off a prefill agent that was not healthy before it accepted them, by its "
+                           "state (reason: suspect, unhealthy) and where they went (to: peer, local).")
+                     .labels(labels)
+                     .registerOn(r)),
       phase_seconds_(
           metrics::buildHistogram()
               .name("tandem_disagg_ttft_phase_seconds")
@@ -90,6 +108,9 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
+  for (PeerState reason : {PeerState::kSuspect, PeerState::kUnhealthy}) {
+    for (const char* to : {"peer", "local"}) failovers_.add({{"reason", std::string(peerStateName(reason))}, {"to", to}});
+  }
   for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer",
                              "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
     rejected_.add({{"reason", reason}});
@@ -98,8 +119,19 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
 
 void PdMetrics::prefillRequested(const std::string& peer) { peer_requests_.add({{"peer", peer}}).increment(); }
 
-void PdMetrics::peerHealthy(const std::string& peer, bool healthy) {
-  peer_healthy_.add({{"peer", peer}}).set(healthy ? 1 : 0);
+void PdMetrics::peerState(const std::string& peer, PeerState state) {
+  peer_healthy_.add({{"peer", peer}}).set(state == PeerState::kHealthy ? 1 : 0);
+  for (PeerState s : {PeerState::kHealthy, PeerState::kSuspect, PeerState::kUnhealthy}) {
+    peer_state_.add({{"peer", peer}, {"state", std::string(peerStateName(s))}}).set(s == state ? 1 : 0);
+  }
+}
+
+void PdMetrics::heartbeatAnswered(const std::string& peer, double rtt_seconds) {
+  heartbeat_rtt_.add({{"peer", peer}}).observe(rtt_seconds);
+}
+
+void PdMetrics::failover(PeerState reason, std::string_view to) {
+  failovers_.add({{"reason", std::string(peerStateName(reason))}, {"to", std::string(to)}}).increment();
 }
 
 void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }

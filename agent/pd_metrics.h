@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "agent/pd_timings.h"
+#include "agent/peer_health.h"
 #include "src/kvproto/kvproto.h"
 #include "src/metrics/metrics.h"
 
@@ -27,7 +28,14 @@ class PdMetrics {
   // D, per prefill agent ("HOST:PORT", from its configured set: bounded):
   // a prefill request sent to it, and whether it is healthy.
   void prefillRequested(const std::string& peer);
-  void peerHealthy(const std::string& peer, bool healthy);
+  // Its state (peer_health.h): tandem_kv_prefill_peer_state{peer, state} is
+  // 1 for the current state and 0 for the others; ..._healthy is 1 while healthy.
+  void peerState(const std::string& peer, PeerState state);
+  void heartbeatAnswered(const std::string& peer, double rtt_seconds);
+  // A request moved off a prefill peer that is not healthy before that peer
+  // accepted it (`reason`: the peer's state, suspect or unhealthy), to
+  // another peer or to local prefill (`to`: "peer" or "local").
+  void failover(PeerState reason, std::string_view to);
   // A disaggregated request's TTFT phases (D side), once its first token is out.
   void phases(const PdTimings& t);
   metrics::Counter& bytes;
@@ -42,6 +50,9 @@ class PdMetrics {
   metrics::Family<metrics::Counter>& rejected_;
   metrics::Family<metrics::Counter>& peer_requests_;
   metrics::Family<metrics::Gauge>& peer_healthy_;
+  metrics::Family<metrics::Gauge>& peer_state_;
+  metrics::Family<metrics::Histogram>& heartbeat_rtt_;
+  metrics::Family<metrics::Counter>& failovers_;
   metrics::Family<metrics::Histogram>& phase_seconds_;
   metrics::Counter& transfer_busy_;
   metrics::Counter& transfer_hidden_;

@@ -135,8 +135,8 @@ class DecodeTransfer {
   void maybeEnd(TransferActions& out);
   PdTimings phaseTimings() const;
 
-  const int num_layers_;
-  const bool verify_;
+  int num_layers_;  // not const: a transfer moved to another peer is replaced by a fresh one
+  bool verify_;
   TransferState state_ = TransferState::kQueued;
   std::vector<BlockId> d_blocks_;
   std::vector<uint32_t> p_blocks_;

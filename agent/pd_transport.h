@@ -11,6 +11,7 @@
 #include <string>
 
 #include "agent/peer_directory.h"
+#include "agent/peer_health.h"
 #include "agent/transport/kv_transport.h"
 #include "agent/transport/ucx_transport.h"
 #include "src/common/block_hash.h"
@@ -41,11 +42,8 @@ struct PdOptions {
   double checksum_rate = 1.0;                        // D: fraction of transfers whose checksums are verified
   std::shared_ptr<const PeerDirectory> prefill_peers;  // D: its prefill agents (read at start)
   int direct_max_suffix_tokens = 256;  // D: direct-to-D when the session is resident and at most this much is new
-  // D: the prefill peer is unhealthy after this many failures within the
-  // window; it is probed every probe_interval and healthy again on answer.
-  int unhealthy_failures = 3;
-  std::chrono::milliseconds failure_window{10000};
-  std::chrono::milliseconds probe_interval{1000};
+  // D: heartbeats to each prefill peer and its failure counts (peer_health.h).
+  PeerHealthOptions peer_health;
 };
 
 // The real transport: UcxTransport::start.

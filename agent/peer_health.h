@@ -1,37 +1,82 @@
 #pragma once
-// Windowed failure detector for the prefill peer (DESIGN.md §3: "a single
-// failure is not a death sentence"): unhealthy after `failures` failures
-// within `window`, healthy again after a successful probe. Never a permanent
-// verdict. Thread-safe.
+// A prefill peer's health as a decode agent sees it (docs/pd.md "Liveness";
+// DESIGN.md §3: "a single failure is not a death sentence"):
+//
+//   kHealthy ──`missed_heartbeats` heartbeats unanswered in a row──▶ kSuspect
+//   kHealthy, kSuspect ──`failures` transfer failures within `window`,
+//                         or `failures` in a row without a success──▶ kUnhealthy
+//   kSuspect, kUnhealthy ──an answer to the latest heartbeat──▶ kHealthy (failures forgotten)
+//
+// Only a healthy peer gets new work. D pings every peer (Ping, a sequence
+// number as its transfer id; P answers from its transport thread, not its
+// engine loop, so a busy P still answers): every `heartbeat_interval` while
+// transfers are in flight to it or it is suspect, every
+// `idle_heartbeat_interval` while idle, and every `probe_interval` once
+// unhealthy. A heartbeat still unanswered when the next one goes out is a
+// miss. Never a permanent verdict: an unhealthy peer keeps being probed and
+// its first answer brings it back. Only an answer to the latest heartbeat
+// counts, and one sent before an unhealthy verdict does not end it: a late
+// answer cannot undo a verdict that a probe has not.
+//
+// Pure state on an injected clock. Not thread-safe: the owner serialises
+// calls (DecodeService holds its mutex).
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
+#include <optional>
+#include <string_view>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "src/common/clock.h"
 
 namespace tandem::agent {
 
+enum class PeerState { kHealthy, kSuspect, kUnhealthy };
+std::string_view peerStateName(PeerState s);  // "healthy", "suspect", "unhealthy"
+
+struct PeerHealthOptions {
+  int failures = 3;
+  std::chrono::milliseconds window{10000};
+  int missed_heartbeats = 3;
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds idle_heartbeat_interval{2000};
+  std::chrono::milliseconds probe_interval{1000};
+};
+
 class PeerHealth {
  public:
   // `clock` is not owned and must outlive this.
-  PeerHealth(int failures, std::chrono::milliseconds window, const Clock& clock)
-      : threshold_(failures), window_(window), clock_(clock) {}
+  PeerHealth(const PeerHealthOptions& options, const Clock& clock) : options_(options), clock_(clock) {}
+
+  PeerState state();
+  bool healthy() { return state() == PeerState::kHealthy; }
+
+  // Transfer outcomes that say something about the peer.
   void recordFailure();
-  void recordProbeSuccess();
-  bool healthy();
+  void recordSuccess();
+
+  // When the next heartbeat is due; `busy`: transfers are in flight to it.
+  MonoTime nextHeartbeat(bool busy);
+  // Heartbeat `seq` went out (sequence numbers increase).
+  void heartbeatSent(uint64_t seq);
+  // The peer answered heartbeat `seq`: its round trip when that is the
+  // latest heartbeat still unanswered, else nothing (ignored).
+  std::optional<Duration> heartbeatAnswered(uint64_t seq);
+
+  int numMissedHeartbeats() const { return missed_; }
 
  private:
   // Forgets failures older than the window.
-  void expire(MonoTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void expire(MonoTime now);
 
-  const int threshold_;
-  const std::chrono::milliseconds window_;
+  const PeerHealthOptions options_;
   const Clock& clock_;
-  absl::Mutex mu_;
-  std::deque<MonoTime> failures_ ABSL_GUARDED_BY(mu_);  // within the window, oldest first
-  bool unhealthy_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<MonoTime> failures_;  // within the window, oldest first
+  int failures_in_a_row_ = 0;
+  bool unhealthy_ = false;
+  int missed_ = 0;
+  std::optional<MonoTime> last_sent_;
+  std::optional<uint64_t> outstanding_;  // the latest heartbeat, while unanswered
 };
 
 }  // namespace tandem::agent

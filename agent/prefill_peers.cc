@@ -2,14 +2,14 @@
 
 namespace tandem::agent {
 
-PrefillPeers::PrefillPeers(const std::vector<PeerAddress>& addresses, int failures, std::chrono::milliseconds window,
+PrefillPeers::PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health,
                            const Clock& clock) {
   peers_.reserve(addresses.size());
   for (const PeerAddress& a : addresses) {
     Peer& p = peers_.emplace_back();
     p.address = a;
     p.name = a.name();
-    p.health = std::make_unique<PeerHealth>(failures, window, clock);
+    p.health = std::make_unique<PeerHealth>(health, clock);
   }
 }
 

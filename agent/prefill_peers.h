@@ -1,7 +1,8 @@
 #pragma once
 // A decode agent's prefill peers (docs/pd.md "Many prefill agents"): per P
-// its connection, what its Hello said, its windowed health (PeerHealth) and
-// the transfers in flight to it, and which P serves a request.
+// its connection, what its Hello said, its health (PeerHealth: heartbeats
+// and failures) and the transfers in flight to it, and which P serves a
+// request.
 //
 // Thread-safety: none; DecodeService holds its mutex around every call.
 
@@ -27,13 +28,12 @@ class PrefillPeers {
     std::optional<kvproto::Hello> hello;      // the peer's, once it arrived and was accepted
     std::optional<std::string> incompatible;  // why it cannot serve this agent (its Hello)
     std::unique_ptr<PeerHealth> health;
-    std::optional<MonoTime> last_probe;
-    int num_inflight = 0;  // transfers to it not yet complete or ended
+    PeerState reported = PeerState::kHealthy;  // the state last logged and shown in the metrics
+    int num_inflight = 0;                      // transfers to it not yet complete or ended
   };
 
-  // Each peer is unhealthy after `failures` failures within `window`.
-  PrefillPeers(const std::vector<PeerAddress>& addresses, int failures, std::chrono::milliseconds window,
-               const Clock& clock);
+  // Each peer's health follows `health` (peer_health.h).
+  PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health, const Clock& clock);
 
   size_t size() const { return peers_.size(); }
   Peer& operator[](size_t i) { return peers_[i]; }

@@ -51,7 +51,8 @@ nlohmann::json traceRecord(const TraceContext& ctx, const engine::RequestUpdate&
               {"kv_transfer_ms", ctx.kv ? json(ctx.kv->transfer_ms) : json(nullptr)},
               {"kv_transfer_hidden_ms", ctx.kv ? json(ctx.kv->transfer_hidden_ms) : json(nullptr)},
               {"kv_first_step_ms", ctx.kv ? json(ctx.kv->first_step_ms) : json(nullptr)},
-              {"prefill_peer", ctx.prefill_peer.empty() ? json(nullptr) : json(ctx.prefill_peer)}};
+              {"prefill_peer", ctx.prefill_peer.empty() ? json(nullptr) : json(ctx.prefill_peer)},
+              {"moved_from_peer", ctx.moved_from_peer.empty() ? json(nullptr) : json(ctx.moved_from_peer)}};
 }
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::string& target) {

@@ -25,6 +25,7 @@ struct TraceContext {
   std::string path = "direct";
   const PdTimings* kv = nullptr;  // phases of a disaggregated request (D side)
   std::string prefill_peer;       // D: the prefill agent that served it ("HOST:PORT"; empty: none)
+  std::string moved_from_peer;    // D: the prefill agent it was moved off before it accepted (empty: none)
 };
 
 // The trace record of one finished request.

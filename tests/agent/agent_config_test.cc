@@ -77,6 +77,20 @@ TEST(AgentConfigTest, RouterRole) {
   EXPECT_EQ(c->routing.overlap_weight, routing::RouterConfig{}.overlap_weight);  // defaults stay
 }
 
+TEST(AgentConfigTest, HeartbeatSettingsFromYamlAndFlags) {
+  auto defaults = parse({"--model-dir", "m"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->kv_heartbeat_interval, std::chrono::milliseconds(500));
+  EXPECT_EQ(defaults->kv_heartbeat_idle_interval, std::chrono::seconds(2));
+  EXPECT_EQ(defaults->kv_heartbeat_misses, 3);
+  std::string path = writeFile("heartbeat.yaml", "kv:\n  heartbeat_interval: 250ms\n  heartbeat_misses: 5\n");
+  auto c = parse({"--config", path, "--model-dir", "m", "--kv-heartbeat-idle-interval", "4s"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kv_heartbeat_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(c->kv_heartbeat_idle_interval, std::chrono::seconds(4));
+  EXPECT_EQ(c->kv_heartbeat_misses, 5);
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),
@@ -108,6 +122,14 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
                 .find("--prefill-peer: expected HOST:PORT"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--checksum-rate", "2"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-interval", "0s"}))
+                .find("--kv-heartbeat-interval (kv.heartbeat_interval): 0s is below the 10ms minimum"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-idle-interval", "5ms"})).find("below the 10ms minimum"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-misses", "0"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-interval", "soon"})).find("expected a duration"),
+            std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);
   EXPECT_NE(msg(parse({"positional"})).find("unexpected argument"), std::string::npos);
 

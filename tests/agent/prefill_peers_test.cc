@@ -13,11 +13,17 @@ class PrefillPeersTest : public ::testing::Test {
  protected:
   FakeClock clock_;
   // Three peers; each unhealthy after 2 failures within 10 s.
-  PrefillPeers peers_{{{"p0", 1}, {"p1", 2}, {"p2", 3}}, 2, std::chrono::seconds(10), clock_};
+  PrefillPeers peers_{{{"p0", 1}, {"p1", 2}, {"p2", 3}}, {.failures = 2, .window = std::chrono::seconds(10)}, clock_};
+  uint64_t seq_ = 0;
 
   void failTwice(size_t p) {
     peers_[p].health->recordFailure();
     peers_[p].health->recordFailure();
+  }
+  // A probe goes out and is answered.
+  void probeAnswered(size_t p) {
+    peers_[p].health->heartbeatSent(++seq_);
+    ASSERT_TRUE(peers_[p].health->heartbeatAnswered(seq_));
   }
 };
 
@@ -37,7 +43,7 @@ TEST_F(PrefillPeersTest, TheNamedPeerWhenItIsUsable) {
   EXPECT_EQ(peers_.choose(2), 2u) << "the router's choice wins over load";
   failTwice(2);
   EXPECT_EQ(peers_.choose(2), 0u) << "unhealthy: D picks";
-  peers_[2].health->recordProbeSuccess();
+  probeAnswered(2);
   EXPECT_EQ(peers_.choose(2), 2u);
   peers_[2].incompatible = "another model";
   EXPECT_EQ(peers_.choose(2), 0u) << "known incompatible: D picks";
@@ -66,7 +72,7 @@ TEST_F(PrefillPeersTest, IncompatiblePeersOnlyWhenNothingElseIsHealthy) {
   // A peer that answers a probe is used again.
   clock_.advance(std::chrono::seconds(11));
   EXPECT_FALSE(peers_.choose(std::nullopt).has_value()) << "unhealthy until a probe answers";
-  peers_[2].health->recordProbeSuccess();
+  probeAnswered(2);
   EXPECT_EQ(peers_.choose(std::nullopt), 2u);
 }
 

@@ -1,0 +1,204 @@
+// A prefill agent that stalls (SIGSTOP: a hung transfer engine looks the
+// same from outside), real processes on loopback (docs/pd.md "Liveness"):
+// D's heartbeats go unanswered, the peer becomes suspect within seconds,
+// and the requests it has not accepted move to the other P or, with none,
+// are computed by D itself. Nobody waits out the 60 s prefill deadline.
+// After SIGCONT the P answers and gets work again, and neither side keeps
+// blocks or leases. The exact detection times are peer_health_test's job
+// (fake clock); here the bounds are loose so a loaded machine cannot
+// flake them.
+
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/http/client.h"
+#include "tests/agent/agent_process.h"
+
+namespace tandem::agent {
+namespace {
+
+using nlohmann::json;
+using testing::AgentProcess;
+using testing::metricValue;
+using testing::metricValueWith;
+using testing::scrape;
+using testing::waitFor;
+
+// Well below the 60 s prefill deadline, far above the ~2 s detection.
+constexpr auto kBound = std::chrono::seconds(15);
+
+std::unique_ptr<AgentProcess> startPrefill() {
+  return AgentProcess::start(
+      {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--lease-ttl", "3s"});
+}
+
+std::string kvAddress(const AgentProcess& p) { return "127.0.0.1:" + std::to_string(p.kvPort()); }
+
+struct Reply {
+  int status = -1;
+  json body;
+  std::chrono::steady_clock::duration took{};
+};
+
+Reply complete(const AgentProcess& d, const std::string& prompt, const std::string& peer = "") {
+  http::ClientRequest req{.method = "POST", .url = d.url("/v1/completions")};
+  req.headers["Content-Type"] = "application/json";
+  if (!peer.empty()) req.headers["x-tandem-prefill-peer"] = peer;
+  req.body =
+      json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}}.dump();
+  req.timeout = std::chrono::seconds(90);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = http::httpSend(req);
+  Reply out;
+  out.took = std::chrono::steady_clock::now() - start;
+  if (!r.ok()) {
+    ADD_FAILURE() << r.status();
+    return out;
+  }
+  out.status = r->status;
+  out.body = json::parse(r->body, nullptr, false);
+  return out;
+}
+
+std::vector<json> traces(const AgentProcess& d) {
+  std::vector<json> out;
+  std::istringstream in(d.trace());
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line, nullptr, false));
+  return out;
+}
+
+// The value of the series of `name` whose labels include every one of `labels`; -1 if absent.
+double seriesValue(const std::string& scrape, const std::string& name, const std::vector<std::string>& labels) {
+  std::istringstream in(scrape);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+double peerState(const AgentProcess& d, const AgentProcess& p, const std::string& state) {
+  return seriesValue(scrape(d), "tandem_kv_prefill_peer_state",
+                     {"peer=\"" + kvAddress(p) + "\"", "state=\"" + state + "\""});
+}
+
+double prefillsServed(const AgentProcess& p) {
+  return metricValueWith(scrape(p), "tandem_request_path_total", "path=\"disagg\"");
+}
+
+// Nothing pinned or held once the requests are over: every KV block free.
+void expectNoBlocksHeld(const AgentProcess& a) {
+  EXPECT_TRUE(waitFor([&] {
+    const std::string m = scrape(a);
+    return metricValue(m, "tandem_kv_blocks_free{") == metricValue(m, "tandem_kv_blocks_capacity{");
+  })) << scrape(a);
+}
+
+class PdLivenessTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (auto* a : {&d_, &p1_, &p2_}) {
+      if (*a && (*a)->pid() > 0) {
+        kill((*a)->pid(), SIGCONT);
+        EXPECT_EQ((*a)->stop(SIGTERM), 0) << (*a)->log();
+      }
+    }
+  }
+  std::unique_ptr<AgentProcess> p1_, p2_, d_;
+};
+
+// Two P; the one the requests name is stopped: they are served through the
+// other, each well within the bound; D's trace says where they moved from.
+TEST_F(PdLivenessTest, RequestsForAStoppedPrefillAgentMoveToTheOther) {
+  p1_ = startPrefill();
+  p2_ = startPrefill();
+  ASSERT_TRUE(p1_ && p2_);
+  d_ = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--prefill-peers",
+                            kvAddress(*p1_) + "," + kvAddress(*p2_)});
+  ASSERT_NE(d_, nullptr);
+  ASSERT_EQ(complete(*d_, "warm up", kvAddress(*p1_)).status, 200);
+  ASSERT_EQ(prefillsServed(*p1_), 1);
+
+  ASSERT_EQ(kill(p1_->pid(), SIGSTOP), 0);
+  std::vector<std::future<Reply>> concurrent;
+  for (int i = 0; i < 3; ++i) {
+    concurrent.push_back(std::async(std::launch::async, [&, i] {
+      return complete(*d_, "concurrent request " + std::to_string(i), kvAddress(*p1_));
+    }));
+  }
+  for (auto& f : concurrent) {
+    Reply r = f.get();
+    EXPECT_EQ(r.status, 200) << r.body.dump() << d_->log();
+    EXPECT_LT(r.took, kBound);
+  }
+  Reply after = complete(*d_, "a request after the peer became suspect", kvAddress(*p1_));
+  EXPECT_EQ(after.status, 200) << after.body.dump();
+  EXPECT_LT(after.took, kBound);
+  EXPECT_EQ(peerState(*d_, *p1_, "suspect"), 1) << scrape(*d_);
+  EXPECT_EQ(peerState(*d_, *p2_, "healthy"), 1);
+  EXPECT_EQ(prefillsServed(*p2_), 4);
+  int moved = 0;
+  for (const json& t : traces(*d_)) {
+    if (t["moved_from_peer"] == kvAddress(*p1_)) {
+      ++moved;
+      EXPECT_EQ(t["prefill_peer"], kvAddress(*p2_)) << t.dump();
+    }
+  }
+  EXPECT_GE(moved, 1) << d_->trace();
+  EXPECT_EQ(seriesValue(scrape(*d_), "tandem_kv_prefill_failovers_total", {"reason=\"suspect\"", "to=\"peer\""}),
+            moved);
+
+  // Back: it answers, is healthy again and gets the requests that name it.
+  ASSERT_EQ(kill(p1_->pid(), SIGCONT), 0);
+  EXPECT_TRUE(waitFor([&] { return peerState(*d_, *p1_, "healthy") == 1; })) << scrape(*d_);
+  const double before = prefillsServed(*p1_);
+  ASSERT_EQ(complete(*d_, "after SIGCONT", kvAddress(*p1_)).status, 200);
+  EXPECT_GE(prefillsServed(*p1_), before + 1);
+  EXPECT_GT(metricValue(scrape(*d_), "tandem_kv_heartbeat_rtt_seconds_count{"), 0);
+  for (const AgentProcess* a : {d_.get(), p1_.get(), p2_.get()}) expectNoBlocksHeld(*a);
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p1_), "tandem_kv_leases_active{") == 0; }));
+}
+
+// One P, stopped: D computes the prompts itself (path "fallback") rather
+// than wait for it.
+TEST_F(PdLivenessTest, WithTheOnlyPrefillAgentStoppedDecodeComputesThePromptItself) {
+  p1_ = startPrefill();
+  ASSERT_TRUE(p1_);
+  d_ = AgentProcess::start(
+      {"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--prefill-peer", kvAddress(*p1_)});
+  ASSERT_NE(d_, nullptr);
+  const Reply reference = complete(*d_, "the same prompt both ways");
+  ASSERT_EQ(reference.status, 200);
+  ASSERT_EQ(kill(p1_->pid(), SIGSTOP), 0);
+  for (int i = 0; i < 3; ++i) {
+    Reply r = complete(*d_, i == 0 ? "the same prompt both ways" : "stalled peer " + std::to_string(i));
+    EXPECT_EQ(r.status, 200) << r.body.dump() << d_->log();
+    EXPECT_LT(r.took, kBound);
+    if (i == 0) {
+      EXPECT_EQ(r.body["choices"][0]["text"], reference.body["choices"][0]["text"]);
+    }
+    EXPECT_EQ(traces(*d_).back()["path"], "fallback") << traces(*d_).back().dump();
+  }
+  EXPECT_GE(metricValueWith(scrape(*d_), "tandem_kv_prefill_failovers_total", "to=\"local\""), 1);
+  ASSERT_EQ(kill(p1_->pid(), SIGCONT), 0);
+  EXPECT_TRUE(waitFor([&] { return peerState(*d_, *p1_, "healthy") == 1; })) << scrape(*d_);
+  ASSERT_EQ(complete(*d_, "after SIGCONT").status, 200);
+  EXPECT_EQ(traces(*d_).back()["path"], "disagg");
+  expectNoBlocksHeld(*d_);
+  expectNoBlocksHeld(*p1_);
+}
+
+}  // namespace
+}  // namespace tandem::agent
