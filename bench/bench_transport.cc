@@ -29,6 +29,9 @@
 // P's prefill (as D sees it), the transfer time not hidden behind P's
 // compute, and D's first step; and the share of transfer time hidden by
 // the layer-wise overlap. Yardstick: the monolithic agent's TTFT.
+//
+// TTFT with the prefill agent stopped (SIGSTOP), against TTFT with it
+// running: see stalledPrefill().
 
 #include <fcntl.h>
 #include <signal.h>
@@ -278,6 +281,106 @@ bool ttftSplit(std::vector<bench::Result>& results, const std::string& dir) {
   return true;
 }
 
+// The wall time of one request with max_tokens 1 (its TTFT as the client
+// sees it), in ms; negative on failure.
+double timedRequest(const Agent& a, const std::string& prompt) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!serve(a, {prompt})) return -1;
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A prefill agent that stalls (docs/pd.md "Liveness"): P runs as its own
+// process (so it can be stopped with SIGSTOP), D in this one with P as its
+// only prefill peer. Yardstick: TTFT with P running. Then, five times: stop
+// P, time the first request (D notices the unanswered heartbeats and
+// prefills it locally), time a second one (P already suspect), resume P and
+// wait until D uses it again. Target (P/D liveness issue): TTFT <= 3 s with
+// P stopped, instead of the 60 s prefill deadline.
+bool stalledPrefill(std::vector<bench::Result>& results, const std::string& dir) {
+  const std::string model_dir = dir + "/tiny";
+  const std::string agent_bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tandem-agent").string();
+  const std::string port_file = dir + "/stalled-p.port";
+  std::vector<std::string> args = {agent_bin,   "--model-dir", model_dir,   "--role",      "prefill",     "--listen",
+                                   "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",         "--port-file",
+                                   port_file,   "--log-level", "error",     "--lease-ttl", "5s"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, agent_bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "bench_transport: cannot start %s\n", agent_bin.c_str());
+    return false;
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGCONT);
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  int http_port = 0, kv_port = 0;
+  for (int i = 0; i < 600 && kv_port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> http_port >> kv_port)) kv_port = 0;
+    if (kv_port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (kv_port == 0) {
+    std::fprintf(stderr, "bench_transport: the stalled-prefill P did not start\n");
+    return false;
+  }
+  auto d = startAgent(dir, "decode-stalled", model_dir, agent::AgentRole::kDecode, "tcp", kv_port);
+  if (!d.ok()) return false;
+  const std::string metrics_url = strCat("http://127.0.0.1:", d->server->port(), "/metrics");
+  auto peer_healthy = [&] {
+    auto r = http::httpGet(metrics_url);
+    if (!r.ok()) return false;
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("tandem_kv_prefill_peer_healthy{", 0) == 0) return line.back() == '1';
+    }
+    return false;
+  };
+  std::mt19937 rng(11);
+  auto fresh = [&] {
+    std::string s(511, ' ');
+    for (char& ch : s) ch = static_cast<char>('!' + rng() % 90);
+    return s;
+  };
+  if (!serve(*d, {fresh(), fresh()})) return false;
+  std::vector<double> running, first, after;
+  for (int i = 0; i < 5; ++i) running.push_back(timedRequest(*d, fresh()));
+  for (int rep = 0; rep < 5; ++rep) {
+    kill(pid, SIGSTOP);
+    first.push_back(timedRequest(*d, fresh()));
+    after.push_back(timedRequest(*d, fresh()));
+    kill(pid, SIGCONT);
+    for (int i = 0; i < 400 && !peer_healthy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    if (!peer_healthy()) {
+      std::fprintf(stderr, "bench_transport: D never used the resumed P again\n");
+      return false;
+    }
+    // Idle a while, so the stop lands anywhere in the idle heartbeat period.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 * (rep + 1)));
+  }
+  for (const auto* v : {&running, &first, &after}) {
+    if (std::any_of(v->begin(), v->end(), [](double x) { return x < 0; })) return false;
+  }
+  const double ref = median(running);
+  results.push_back({.name = "stalled_prefill_ttft_ms_first", .value = median(first), .unit = "ms", .reference = ref,
+                     .reference_name = "TTFT ms with P running"});
+  results.push_back({.name = "stalled_prefill_ttft_ms_first_max",
+                     .value = *std::max_element(first.begin(), first.end()),
+                     .unit = "ms",
+                     .reference = ref,
+                     .reference_name = "TTFT ms with P running"});
+  results.push_back({.name = "stalled_prefill_ttft_ms_after_detection", .value = median(after), .unit = "ms",
+                     .reference = ref, .reference_name = "TTFT ms with P running"});
+  d->server.reset();
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -390,7 +493,7 @@ int main(int argc, char** argv) {
     std::perror("bench_transport: mkdtemp");
     return 1;
   }
-  const bool split_ok = ttftSplit(results, dir);
+  const bool split_ok = ttftSplit(results, dir) && stalledPrefill(results, dir);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   if (!split_ok) {
