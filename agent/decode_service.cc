@@ -56,6 +56,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     // fresh, idle transfer and `conn` 0).
     std::string moved_from;
     bool local = false;
+    // Peers it was moved off: never asked again for it (a late message of
+    // the first attempt could otherwise pass for the answer to a second).
+    std::vector<size_t> left;
   };
 
   engine::EngineLoop& loop;
@@ -464,9 +467,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       send(e.conn, tid, kvproto::Abort{FailureReason::kPeerUnhealthy, "moved to another prefill peer"});
     }
     if (e.moved_from.empty()) e.moved_from = peers[e.peer].name;
+    e.left.push_back(e.peer);
     uncountPeer(e);
     e.tr = DecodeTransfer(layout.num_layers, e.tr.verifying());
-    const std::optional<size_t> q = peers.choose(std::nullopt);
+    const std::optional<size_t> q = peers.choose(std::nullopt, e.left);
     if (!q) {
       metrics.failover(why, "local");
       e.local = true;
@@ -578,8 +582,8 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       if (!u.kv_blocks.empty()) return onAdmitted(tid, e, u);
       if (u.import_abort_requested && e.local) {
         // Asked while computeImportLocally was on its way: end it as asked.
-        loop.post([id = *e.id, why = u.finish_reason](engine::Engine& eng) {
-          if (!eng.abortImport(id, why, "ended")) eng.cancel(id, why);
+        loop.post([id = *e.id, why = u.finish_reason, msg = u.message](engine::Engine& eng) {
+          if (!eng.abortImport(id, why, msg)) eng.cancel(id, why, msg);
         });
         return;
       }
@@ -638,9 +642,17 @@ DecodeService::~DecodeService() {
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->stopping = true;
-    // Cancels each transfer's gets and tells P (the transport still runs).
-    for (auto& [tid, e] : impl_->transfers)
-      impl_->fail(tid, e, FailureReason::kCancelled, "the agent is shutting down");
+    // Cancels each transfer's gets and tells P (the transport still runs);
+    // a request moved to local prefill is no transfer any more: just ended.
+    for (auto& [tid, e] : impl_->transfers) {
+      if (e.local) {
+        impl_->loop.post([id = *e.id](engine::Engine& eng) {
+          eng.cancel(id, engine::FinishReason::kCancelled, "the agent is shutting down");
+        });
+      } else {
+        impl_->fail(tid, e, FailureReason::kCancelled, "the agent is shutting down");
+      }
+    }
     impl_->cv.SignalAll();
   }
   impl_->watchdog.join();

@@ -1,5 +1,7 @@
 #include "agent/peer_health.h"
 
+#include <algorithm>
+
 namespace tandem::agent {
 
 std::string_view peerStateName(PeerState s) {
@@ -34,7 +36,7 @@ void PeerHealth::recordFailure() {
     unhealthy_ = true;
     // Only a probe sent after the verdict may end it, not the answer to a
     // heartbeat already on its way.
-    outstanding_.reset();
+    verdict_seq_ = last_seq_;
   }
 }
 
@@ -50,21 +52,27 @@ MonoTime PeerHealth::nextHeartbeat(bool busy) {
 }
 
 void PeerHealth::heartbeatSent(uint64_t seq) {
-  if (outstanding_) ++missed_;
-  outstanding_ = seq;
-  last_sent_ = clock_.now();
+  const MonoTime now = clock_.now();
+  if (!outstanding_.empty()) ++missed_;
+  outstanding_.emplace_back(seq, now);
+  if (outstanding_.size() > kMaxOutstanding) outstanding_.pop_front();
+  last_sent_ = now;
+  last_seq_ = seq;
 }
 
 std::optional<Duration> PeerHealth::heartbeatAnswered(uint64_t seq) {
-  if (!outstanding_ || seq != *outstanding_ || !last_sent_) return std::nullopt;
-  outstanding_.reset();
+  auto it = std::find_if(outstanding_.begin(), outstanding_.end(), [seq](const auto& o) { return o.first == seq; });
+  if (it == outstanding_.end()) return std::nullopt;
+  if (unhealthy_ && seq <= verdict_seq_) return std::nullopt;
+  const Duration rtt = clock_.now() - it->second;
+  outstanding_.erase(outstanding_.begin(), it + 1);  // older ones are moot: the peer answered since
   missed_ = 0;
   if (unhealthy_) {
     unhealthy_ = false;
     failures_.clear();
     failures_in_a_row_ = 0;
   }
-  return clock_.now() - *last_sent_;
+  return rtt;
 }
 
 }  // namespace tandem::agent

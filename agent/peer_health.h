@@ -12,11 +12,13 @@
 // engine loop, so a busy P still answers): every `heartbeat_interval` while
 // transfers are in flight to it or it is suspect, every
 // `idle_heartbeat_interval` while idle, and every `probe_interval` once
-// unhealthy. A heartbeat still unanswered when the next one goes out is a
-// miss. Never a permanent verdict: an unhealthy peer keeps being probed and
-// its first answer brings it back. Only an answer to the latest heartbeat
-// counts, and one sent before an unhealthy verdict does not end it: a late
-// answer cannot undo a verdict that a probe has not.
+// unhealthy. Each heartbeat sent while an earlier one is still unanswered
+// is a miss; an answer to any outstanding heartbeat resets the count, so a
+// P whose round trip is longer than the interval (but shorter than
+// `missed_heartbeats` intervals) stays healthy. Never a permanent verdict:
+// an unhealthy peer keeps being probed and its first answer brings it
+// back; an answer to a heartbeat sent before the verdict does not, so a
+// late answer cannot undo a verdict that a probe has not.
 //
 // Pure state on an injected clock. Not thread-safe: the owner serialises
 // calls (DecodeService holds its mutex).
@@ -26,6 +28,7 @@
 #include <deque>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "src/common/clock.h"
 
@@ -59,8 +62,9 @@ class PeerHealth {
   MonoTime nextHeartbeat(bool busy);
   // Heartbeat `seq` went out (sequence numbers increase).
   void heartbeatSent(uint64_t seq);
-  // The peer answered heartbeat `seq`: its round trip when that is the
-  // latest heartbeat still unanswered, else nothing (ignored).
+  // The peer answered heartbeat `seq`: its round trip when `seq` is still
+  // outstanding (and, while unhealthy, was sent after the verdict), else
+  // nothing (ignored: answered already, too old, or unknown).
   std::optional<Duration> heartbeatAnswered(uint64_t seq);
 
   int numMissedHeartbeats() const { return missed_; }
@@ -76,7 +80,12 @@ class PeerHealth {
   bool unhealthy_ = false;
   int missed_ = 0;
   std::optional<MonoTime> last_sent_;
-  std::optional<uint64_t> outstanding_;  // the latest heartbeat, while unanswered
+  uint64_t last_seq_ = 0;
+  uint64_t verdict_seq_ = 0;  // the last heartbeat sent before the unhealthy verdict
+  // Unanswered heartbeats (sequence number, when sent), oldest first;
+  // bounded: a peer silent that long is suspect anyway.
+  std::deque<std::pair<uint64_t, MonoTime>> outstanding_;
+  static constexpr size_t kMaxOutstanding = 64;
 };
 
 }  // namespace tandem::agent

@@ -1,5 +1,7 @@
 #include "agent/prefill_peers.h"
 
+#include <algorithm>
+
 namespace tandem::agent {
 
 PrefillPeers::PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health,
@@ -28,8 +30,11 @@ std::optional<size_t> PrefillPeers::byConn(transport::ConnId conn) const {
   return std::nullopt;
 }
 
-std::optional<size_t> PrefillPeers::choose(std::optional<size_t> named) {
-  auto usable = [this](size_t i) { return !peers_[i].incompatible && peers_[i].health->healthy(); };
+std::optional<size_t> PrefillPeers::choose(std::optional<size_t> named, const std::vector<size_t>& exclude) {
+  auto allowed = [&](size_t i) {
+    return peers_[i].health->healthy() && std::find(exclude.begin(), exclude.end(), i) == exclude.end();
+  };
+  auto usable = [&](size_t i) { return !peers_[i].incompatible && allowed(i); };
   if (named && *named < peers_.size() && usable(*named)) return named;
   std::optional<size_t> best;
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -37,7 +42,7 @@ std::optional<size_t> PrefillPeers::choose(std::optional<size_t> named) {
   }
   if (best) return best;
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].health->healthy()) return i;
+    if (allowed(i)) return i;
   }
   return std::nullopt;
 }

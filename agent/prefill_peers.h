@@ -49,8 +49,9 @@ class PrefillPeers {
   // not known incompatible with the fewest transfers in flight, ties by
   // order; otherwise any healthy one (its incompatibility then fails the
   // transfer with the reason). Nothing when every peer is unhealthy: the
-  // request is computed here (fallback).
-  std::optional<size_t> choose(std::optional<size_t> named);
+  // request is computed here (fallback). Peers in `exclude` (those a
+  // request was moved off) are never chosen.
+  std::optional<size_t> choose(std::optional<size_t> named, const std::vector<size_t>& exclude = {});
 
  private:
   std::vector<Peer> peers_;

@@ -137,18 +137,22 @@ class StreamRelay {
   UpstreamOutcome out_;
 };
 
-// Opens the request on D; the call's cancellation (client gone, deadline,
-// shutdown) closes the connection, which D takes as a cancel.
-absl::StatusOr<std::shared_ptr<http::SseClient>> openUpstream(UpstreamPools& pools, const UpstreamRequest& request,
+// Opens the request on D. The call's cancellation (client gone, deadline,
+// shutdown) closes the connection from then on, also while D has not
+// answered yet (a non-streamed answer comes only with the completion),
+// which D takes as a cancel.
+absl::StatusOr<std::unique_ptr<http::SseClient>> openUpstream(UpstreamPools& pools, const UpstreamRequest& request,
                                                                bool stream, http::Responder& responder) {
   TANDEM_ASSIGN_OR_RETURN(http::ConnectionPool * pool, pools.get(request.base_url));
-  absl::StatusOr<std::unique_ptr<http::SseClient>> opened = pool->open(clientRequest(request, stream));
-  if (!opened.ok()) return opened.status();
-  std::shared_ptr<http::SseClient> sse = std::move(*opened);
-  responder.context().onCancel([weak = std::weak_ptr<http::SseClient>(sse)] {
-    if (auto s = weak.lock()) s->stop();
-  });
-  return sse;
+  auto canceller = std::make_shared<http::StreamCanceller>();
+  responder.context().onCancel([canceller] { canceller->cancel(); });
+  return pool->open(clientRequest(request, stream), canceller);
+}
+
+// No stream from D: the client went away meanwhile, or D is unreachable.
+UpstreamOutcome notOpened(const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kCancelled) return {.kind = Kind::kClientGone};
+  return unreachable(s);
 }
 
 // D answered with an error status: a refusal to retry elsewhere, or the
@@ -176,7 +180,7 @@ absl::StatusOr<http::ConnectionPool*> UpstreamPools::get(const std::string& base
 
 UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder) {
   auto sse = openUpstream(pools, request, /*stream=*/false, responder);
-  if (!sse.ok()) return unreachable(sse.status());
+  if (!sse.ok()) return notOpened(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   absl::StatusOr<std::string> body = (*sse)->readBody();
   if (!body.ok()) {
@@ -190,7 +194,7 @@ UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& reques
 UpstreamOutcome forwardStream(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder,
                               const Clock& clock, const std::function<void()>& on_first_chunk) {
   auto sse = openUpstream(pools, request, /*stream=*/true, responder);
-  if (!sse.ok()) return unreachable(sse.status());
+  if (!sse.ok()) return notOpened(sse.status());
   if ((*sse)->status() != 200) return errorStatus(**sse, responder);
   StreamRelay relay(responder, clock, on_first_chunk);
   absl::Status status = (*sse)->readEvents([&relay](const http::SseEvent& e) { return relay.onEvent(e); });

@@ -95,14 +95,16 @@ class Client {
 };
 
 // Reads a streamed response event by event as the bytes arrive. Each
-// SseClient owns its connection; stop() or destruction closes it, which is
-// how a client tells the server it went away.
+// SseClient owns its connection while it lives; stop(), or destruction
+// before the end of the response, closes it, which is how a client tells
+// the server it went away. (A stream from a ConnectionPool read to its end
+// gives its connection back to the pool instead.)
 class SseClient {
  public:
   // Sends the request and returns once the response headers arrived (any
   // status; check status() and read an error body with readBody()).
   static absl::StatusOr<std::unique_ptr<SseClient>> open(const ClientRequest& request);
-  ~SseClient();  // stop()s
+  ~SseClient();  // stop()s, unless the pooled response was read to its end
   SseClient(const SseClient&) = delete;
   SseClient& operator=(const SseClient&) = delete;
 

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -83,6 +84,35 @@ std::string describe(const error_code& ec) {
 
 }  // namespace
 
+StreamCanceller::~StreamCanceller() { detach(); }
+
+void StreamCanceller::cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  // shutdown(2), not close: safe beside the thread blocked on the socket;
+  // its read or write ends at once and the server sees the connection end.
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool StreamCanceller::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool StreamCanceller::attach(int socket_fd) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = ::dup(socket_fd);
+  return true;
+}
+
+void StreamCanceller::detach() {
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
 struct ConnectionPool::Shared {
   std::string base_url;  // "http://host:port"
   std::string host;
@@ -109,26 +139,32 @@ struct ConnectionPool::Shared {
     }
   }
 
+  // Keeps `c` idle; closes those idle past idle_timeout and, when full, the
+  // one idle longest (the front: the list is in the order they came back).
   void giveBack(std::unique_ptr<Connection> c, MonoTime now) {
     c->idle_since = now;
+    std::vector<std::unique_ptr<Connection>> closing;  // closed outside the lock
     absl::MutexLock lock(&mu);
-    if (idle.size() < options.max_idle) idle.push_back(std::move(c));
+    while (!idle.empty() && (now - idle.front()->idle_since >= options.idle_timeout || idle.size() >= options.max_idle)) {
+      closing.push_back(std::move(idle.front()));
+      idle.erase(idle.begin());
+    }
+    if (options.max_idle > 0) idle.push_back(std::move(c));
   }
 };
-
-namespace {
 
 // A response being read on a pooled connection.
 class PooledStream final : public SseClient::Impl {
  public:
   PooledStream(std::weak_ptr<ConnectionPool::Shared> pool, std::unique_ptr<Connection> conn,
-               std::unique_ptr<bhttp::response_parser<bhttp::buffer_body>> parser, Duration timeout, std::string what)
+               std::unique_ptr<bhttp::response_parser<bhttp::buffer_body>> parser, Duration timeout, std::string what,
+               std::shared_ptr<StreamCanceller> canceller)
       : pool_(std::move(pool)),
         conn_(std::move(conn)),
         parser_(std::move(parser)),
         timeout_(timeout),
         what_(std::move(what)),
-        fd_(conn_->stream.socket().native_handle()),
+        canceller_(std::move(canceller)),
         status_(parser_->get().result_int()) {
     for (const auto& field : parser_->get()) {
       std::string name(field.name_string());
@@ -139,7 +175,9 @@ class PooledStream final : public SseClient::Impl {
   }
 
   ~PooledStream() override {
-    const bool reusable = !stopped_.load() && parser_->is_done() && parser_->keep_alive() && conn_->buffer.size() == 0;
+    canceller_->detach();  // from here on a cancel() cannot reach this socket
+    const bool reusable = !canceller_->cancelled() && parser_->is_done() && parser_->keep_alive() &&
+                          conn_->buffer.size() == 0 && conn_->stream.socket().is_open();
     if (!reusable) return;
     if (auto pool = pool_.lock()) pool->giveBack(std::move(conn_), std::chrono::steady_clock::now());
   }
@@ -150,7 +188,7 @@ class PooledStream final : public SseClient::Impl {
   absl::Status readEvents(const std::function<bool(const SseEvent&)>& onEvent) override {
     std::vector<char> chunk(kReadChunk);
     for (;;) {
-      if (stopped_.load()) return cancelled();
+      if (canceller_->cancelled()) return cancelled();
       absl::StatusOr<size_t> got = readSome(chunk);
       if (!got.ok()) return got.status();
       if (*got == 0) return absl::OkStatus();
@@ -167,7 +205,7 @@ class PooledStream final : public SseClient::Impl {
     std::string body;
     std::vector<char> chunk(kReadChunk);
     for (;;) {
-      if (stopped_.load()) return cancelled();
+      if (canceller_->cancelled()) return cancelled();
       absl::StatusOr<size_t> got = readSome(chunk);
       if (!got.ok()) return got.status();
       if (*got == 0) return body;
@@ -175,13 +213,7 @@ class PooledStream final : public SseClient::Impl {
     }
   }
 
-  void stop() override {
-    if (stopped_.exchange(true)) return;
-    // shutdown(2), not close: safe beside the reader's thread (the
-    // descriptor stays open until the stream is destroyed); a read in
-    // progress ends at once and the server sees the connection end now.
-    ::shutdown(fd_, SHUT_RDWR);
-  }
+  void stop() override { canceller_->cancel(); }
 
  private:
   absl::Status cancelled() const { return absl::CancelledError(strCat(what_, ": stopped")); }
@@ -200,7 +232,7 @@ class PooledStream final : public SseClient::Impl {
       const size_t got = chunk.size() - body.size;
       if (ec == bhttp::error::need_buffer) ec = {};
       if (ec) {
-        if (stopped_.load()) return cancelled();
+        if (canceller_->cancelled()) return cancelled();
         if (ec == beast::error::timeout) {
           return absl::DeadlineExceededError(
               strCat(what_, ": no data for ", absl::FormatDuration(absl::FromChrono(timeout_))));
@@ -216,12 +248,13 @@ class PooledStream final : public SseClient::Impl {
   std::unique_ptr<bhttp::response_parser<bhttp::buffer_body>> parser_;
   const Duration timeout_;
   const std::string what_;
-  const int fd_;  // the connection's socket, for stop()
+  const std::shared_ptr<StreamCanceller> canceller_;  // stop() is its cancel()
   const int status_;
   Headers headers_;
   SseParser parser_sse_;  // the reading thread only
-  std::atomic<bool> stopped_{false};
 };
+
+namespace {
 
 bhttp::request<bhttp::string_body> wireRequest(const ClientRequest& r, const ConnectionPool::Shared& pool) {
   bhttp::request<bhttp::string_body> req;
@@ -283,12 +316,17 @@ size_t ConnectionPool::numIdle() const {
   return shared_->idle.size();
 }
 
-absl::StatusOr<std::unique_ptr<SseClient>> ConnectionPool::open(const ClientRequest& request) {
+absl::StatusOr<std::unique_ptr<SseClient>> ConnectionPool::open(const ClientRequest& request,
+                                                                std::shared_ptr<StreamCanceller> canceller) {
+  if (canceller == nullptr) canceller = std::make_shared<StreamCanceller>();
   const std::string what = strCat(request.method, " ", shared_->base_url, request.url);
+  auto cancelled = [&] { return absl::CancelledError(strCat(what, ": cancelled")); };
+  if (canceller->cancelled()) return cancelled();
   const bhttp::request<bhttp::string_body> wire = wireRequest(request, *shared_);
   const MonoTime deadline = std::chrono::steady_clock::now() + request.timeout;
   for (int attempt = 0;; ++attempt) {
-    std::unique_ptr<Connection> conn = shared_->takeIdle(std::chrono::steady_clock::now());
+    // The retry below goes out on a new connection, never another kept one.
+    std::unique_ptr<Connection> conn = attempt == 0 ? shared_->takeIdle(std::chrono::steady_clock::now()) : nullptr;
     if (conn == nullptr) {
       conn = std::make_unique<Connection>();
       tcp::resolver resolver(conn->ioc);
@@ -302,25 +340,32 @@ absl::StatusOr<std::unique_ptr<SseClient>> ConnectionPool::open(const ClientRequ
       conn->stream.socket().set_option(tcp::no_delay(true), ec);
       shared_->connects.fetch_add(1);
     }
+    // From here a cancel() shuts this connection down.
+    if (!canceller->attach(conn->stream.socket().native_handle())) return cancelled();
+    bool wrote = false;
     error_code ec = conn->run(deadline, [&](auto handler) { bhttp::async_write(conn->stream, wire, std::move(handler)); });
     auto parser = std::make_unique<bhttp::response_parser<bhttp::buffer_body>>();
     parser->header_limit(kHeaderLimit);
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());
     if (!ec) {
+      wrote = true;
       ec = conn->run(deadline, [&](auto handler) {
         bhttp::async_read_header(conn->stream, conn->buffer, *parser, std::move(handler));
       });
     }
     if (!ec) {
-      return std::make_unique<SseClient>(std::make_unique<PooledStream>(
-          shared_, std::move(conn), std::move(parser), request.read_timeout.value_or(request.timeout), what));
+      return std::make_unique<SseClient>(std::make_unique<PooledStream>(shared_, std::move(conn), std::move(parser),
+                                                                        request.read_timeout.value_or(request.timeout),
+                                                                        what, std::move(canceller)));
     }
+    canceller->detach();
+    if (canceller->cancelled()) return cancelled();
     // The server closed a kept-alive connection as the request went out:
     // it never saw the request, so a new connection may carry it.
     if (conn->reused && attempt == 0 && closedByPeer(ec) && conn->buffer.size() == 0 && !parser->got_some()) continue;
     if (ec == beast::error::timeout) {
-      return absl::DeadlineExceededError(
-          strCat(what, ": no response within ", absl::FormatDuration(absl::FromChrono(request.timeout))));
+      return absl::DeadlineExceededError(strCat(what, wrote ? ": no response within " : ": sending timed out after ",
+                                                absl::FormatDuration(absl::FromChrono(request.timeout))));
     }
     return absl::UnavailableError(strCat(what, ": ", describe(ec)));
   }

@@ -32,11 +32,46 @@
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "src/common/clock.h"
 #include "src/http/client.h"
 
 namespace tandem::http {
+
+// Lets another thread abandon a pooled request at any point: during
+// open() (connecting, sending, waiting for the headers) and while its
+// stream is read. cancel() shuts the request's connection down, so the
+// server sees the client go and a blocked call returns Cancelled. Create
+// one per request, hand it to open(), and call cancel() from anywhere
+// (e.g. the server call's onCancel); a cancel() before open() makes open()
+// return Cancelled at once. Thread-safe. Once the request's connection is
+// back in the pool, cancel() no longer touches it.
+class StreamCanceller {
+ public:
+  StreamCanceller() = default;
+  ~StreamCanceller();
+  StreamCanceller(const StreamCanceller&) = delete;
+  StreamCanceller& operator=(const StreamCanceller&) = delete;
+
+  void cancel();
+  bool cancelled() const;
+
+ private:
+  friend class ConnectionPool;
+  friend class PooledStream;
+  // The request's socket (its own descriptor, a dup, so that the number is
+  // never another connection's); false if cancelled already.
+  bool attach(int socket_fd);
+  // The socket is no longer the request's (it went back to the pool, or
+  // is closed).
+  void detach();
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+};
 
 struct ConnectionPoolOptions {
   // Idle connections kept; one more is closed instead of kept.
@@ -62,7 +97,9 @@ class ConnectionPool {
   // Sends `request` (its `url` is the path and query) on an idle connection
   // or a new one, and returns once the response headers arrived; errors as
   // SseClient::open.
-  absl::StatusOr<std::unique_ptr<SseClient>> open(const ClientRequest& request);
+  // `canceller` (optional): see StreamCanceller; the stream's stop() cancels it too.
+  absl::StatusOr<std::unique_ptr<SseClient>> open(const ClientRequest& request,
+                                                  std::shared_ptr<StreamCanceller> canceller = nullptr);
 
   const std::string& baseUrl() const;
   // Connections opened so far, and kept idle now.

@@ -78,7 +78,7 @@ TEST(PeerHealthTest, MissedHeartbeatsInARowMakeItSuspectAndAnAnswerHealthy) {
   h.heartbeatSent(++seq);  // the third one goes out unanswered
   EXPECT_EQ(h.numMissedHeartbeats(), 3);
   EXPECT_EQ(h.state(), PeerState::kSuspect);
-  EXPECT_FALSE(h.heartbeatAnswered(seq - 1)) << "only the latest heartbeat's answer counts";
+  EXPECT_FALSE(h.heartbeatAnswered(seq + 7)) << "never sent";
   EXPECT_EQ(h.state(), PeerState::kSuspect);
   clock.advance(milliseconds(40));
   std::optional<Duration> rtt = h.heartbeatAnswered(seq);
@@ -86,6 +86,25 @@ TEST(PeerHealthTest, MissedHeartbeatsInARowMakeItSuspectAndAnAnswerHealthy) {
   EXPECT_EQ(*rtt, milliseconds(40));
   EXPECT_EQ(h.state(), PeerState::kHealthy);
   EXPECT_FALSE(h.heartbeatAnswered(seq)) << "answered once";
+  EXPECT_FALSE(h.heartbeatAnswered(seq - 1)) << "older than an answered one";
+}
+
+// Answers that come back after the next heartbeat went out (a round trip
+// longer than the interval) still count: the peer stays healthy as long as
+// it answers within `missed_heartbeats` intervals.
+TEST(PeerHealthTest, ASlowButAnsweringPeerStaysHealthy) {
+  FakeClock clock;
+  PeerHealth h(options(), clock);
+  h.heartbeatSent(1);
+  for (uint64_t seq = 2; seq <= 100; ++seq) {
+    clock.advance(seq == 2 ? milliseconds(500) : milliseconds(300));  // heartbeats 500 ms apart
+    h.heartbeatSent(seq);  // the previous one is still out: a miss
+    clock.advance(milliseconds(200));
+    std::optional<Duration> rtt = h.heartbeatAnswered(seq - 1);  // 700 ms after it went out
+    ASSERT_TRUE(rtt) << seq;
+    EXPECT_EQ(*rtt, milliseconds(700));
+    ASSERT_EQ(h.state(), PeerState::kHealthy) << seq;
+  }
 }
 
 // A long prefill that keeps P's engine busy does not make it suspect: the
@@ -112,6 +131,7 @@ TEST(PeerHealthTest, OnlyAProbeAfterTheVerdictMakesItHealthyAgain) {
   h.recordFailure();
   ASSERT_EQ(h.state(), PeerState::kUnhealthy);
   EXPECT_FALSE(h.heartbeatAnswered(1)) << "sent before the verdict";
+  EXPECT_EQ(h.state(), PeerState::kUnhealthy);
   clock.advance(std::chrono::hours(1));
   EXPECT_FALSE(h.healthy()) << "time alone does not heal it; a probe does";
   h.heartbeatSent(2);

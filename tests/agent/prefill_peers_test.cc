@@ -76,5 +76,20 @@ TEST_F(PrefillPeersTest, IncompatiblePeersOnlyWhenNothingElseIsHealthy) {
   EXPECT_EQ(peers_.choose(std::nullopt), 2u);
 }
 
+// A request moved off a peer is never sent back to it, even when it is the
+// least loaded or the only healthy one left.
+TEST_F(PrefillPeersTest, PeersARequestLeftAreNeverChosenForIt) {
+  peers_[0].num_inflight = 0;
+  peers_[1].num_inflight = 3;
+  peers_[2].num_inflight = 5;
+  EXPECT_EQ(peers_.choose(std::nullopt, {0}), 1u);
+  EXPECT_EQ(peers_.choose(0, {0}), 1u) << "not even when named";
+  EXPECT_EQ(peers_.choose(std::nullopt, {0, 1}), 2u);
+  EXPECT_FALSE(peers_.choose(std::nullopt, {0, 1, 2}).has_value()) << "left them all: fallback";
+  peers_[1].incompatible = "another model";
+  peers_[2].incompatible = "another model";
+  EXPECT_FALSE(peers_.choose(std::nullopt, {0}) == 0u) << "the last resort excludes them too";
+}
+
 }  // namespace
 }  // namespace tandem::agent

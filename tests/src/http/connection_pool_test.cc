@@ -208,6 +208,46 @@ TEST(ConnectionPoolTest, HeadersAndSilenceHaveTheirOwnTimeouts) {
   if (held) held->respond(Response::text(200, "late"));
 }
 
+// A cancel() from another thread ends an open() still waiting for the
+// headers (a non-streamed answer comes only when it is complete); one
+// before open() means no request goes out at all.
+TEST(ConnectionPoolTest, ACancelEndsAnOpenStillWaitingForTheAnswer) {
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<Responder>> held;
+  absl::Notification arrived;
+  Routes routes;
+  routes.handle("POST", "/slow", [&](Request&) {
+    return Response::deferred([&](std::shared_ptr<Responder> r) {
+      absl::MutexLock lock(&mu);
+      held.push_back(std::move(r));
+      arrived.Notify();
+    });
+  });
+  auto server = startServer(std::move(routes));
+  auto pool = poolFor(server->baseUrl());
+  auto canceller = std::make_shared<StreamCanceller>();
+  std::jthread cancel([&] {
+    ASSERT_TRUE(arrived.WaitForNotificationWithTimeout(absl::FromChrono(kPatience)));
+    canceller->cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto stream = pool->open({.method = "POST", .url = "/slow", .body = "{}", .timeout = seconds(60)}, canceller);
+  ASSERT_FALSE(stream.ok());
+  EXPECT_EQ(stream.status().code(), absl::StatusCode::kCancelled) << stream.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPatience);
+  cancel.join();
+  EXPECT_EQ(pool->numIdle(), 0u) << "a cancelled connection is not kept";
+
+  auto early = std::make_shared<StreamCanceller>();
+  early->cancel();
+  const int64_t connects = pool->numConnects();
+  auto refused = pool->open({.method = "POST", .url = "/slow", .body = "{}"}, early);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kCancelled) << refused.status();
+  EXPECT_EQ(pool->numConnects(), connects) << "nothing was sent";
+  absl::MutexLock lock(&mu);
+  for (auto& r : held) r->respond(Response::text(200, "late"));
+}
+
 TEST(ConnectionPoolTest, BadBaseUrlIsInvalidArgumentNamingIt) {
   for (std::string url : {"https://127.0.0.1:1", "http://127.0.0.1", "http://127.0.0.1:80/v1", "http://:80",
                           "http://host:port", "127.0.0.1:80", ""}) {
