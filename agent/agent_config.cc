@@ -305,6 +305,17 @@ void addKvOptions(std::vector<Option>& o) {
                            "decode: heartbeats unanswered in a row that make a prefill agent suspect: it gets no new "
                            "work and what it has not accepted moves",
                            &AgentConfig::kv_heartbeat_misses, 1, 1000));
+  o.push_back(durationOption("prefill-deadline-floor", "kv", "prefill_deadline_floor",
+                             "decode: the least time a prefill agent that accepted a request gets to deliver it "
+                             "(at least 10ms; never more than --prefill-timeout)",
+                             &AgentConfig::prefill_deadline_floor));
+  o.push_back(numberOption("prefill-deadline-slack", "kv", "prefill_deadline_slack",
+                           "decode: a prefill agent that accepted gets this many times the time its measured rate "
+                           "says the prompt takes",
+                           &AgentConfig::prefill_deadline_slack, 1, 1000));
+  o.push_back(numberOption("prefill-assumed-rate", "kv", "prefill_assumed_rate",
+                           "decode: prefill tokens/s assumed of a prefill agent until one of its transfers finished",
+                           &AgentConfig::prefill_assumed_rate, 1, 1e9));
   o.push_back(numberOption("checksum-rate", "kv", "checksum_rate",
                            "decode: fraction of transfers whose checksums are verified (0..1)",
                            &AgentConfig::checksum_rate, 0, 1));
@@ -456,7 +467,9 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
   }
   for (auto [flag, value] : {std::pair{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
                              std::pair{"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)",
-                                       c.kv_heartbeat_idle_interval}}) {
+                                       c.kv_heartbeat_idle_interval},
+                             std::pair{"--prefill-deadline-floor (kv.prefill_deadline_floor)",
+                                       c.prefill_deadline_floor}}) {
     if (value < std::chrono::milliseconds(10)) {
       return absl::InvalidArgumentError(
           strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the 10ms minimum"));

@@ -75,6 +75,10 @@ struct AgentConfig {
   std::chrono::nanoseconds kv_heartbeat_interval = std::chrono::milliseconds(500);
   std::chrono::nanoseconds kv_heartbeat_idle_interval = std::chrono::seconds(2);
   int kv_heartbeat_misses = 3;
+  // decode: a prefill agent that accepted gets max(floor, slack × tokens / its rate) (prefill_deadline.h)
+  std::chrono::nanoseconds prefill_deadline_floor = std::chrono::seconds(2);
+  double prefill_deadline_slack = 4.0;
+  double prefill_assumed_rate = 1000.0;  // tokens/s before a peer's rate was measured
   int direct_max_suffix_tokens =
       256;  // decode: direct-to-D for resident sessions with at most this many new tokens (0: never)
   // Router role: the agents it routes to (their HTTP addresses; it

@@ -350,6 +350,10 @@ struct AgentServer::Impl {
         std::chrono::duration_cast<std::chrono::milliseconds>(config.kv_heartbeat_interval);
     pd.peer_health.idle_heartbeat_interval =
         std::chrono::duration_cast<std::chrono::milliseconds>(config.kv_heartbeat_idle_interval);
+    pd.prefill_deadline = {
+        .floor = std::chrono::duration_cast<std::chrono::milliseconds>(config.prefill_deadline_floor),
+        .slack = config.prefill_deadline_slack,
+        .assumed_rate = config.prefill_assumed_rate};
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     pd.model_fingerprint = model_fingerprint;
     const PdEnv env{

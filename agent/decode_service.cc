@@ -59,6 +59,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     // Peers it was moved off: never asked again for it (a late message of
     // the first attempt could otherwise pass for the answer to a second).
     std::vector<size_t> left;
+    // Once its peer accepted: when, and how many prompt tokens it computes
+    // (the prompt less what it had cached): the peer's rate, measured.
+    MonoTime accepted_at{};
+    int64_t computed_tokens = 0;
   };
 
   engine::EngineLoop& loop;
@@ -94,7 +98,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         metrics(env.metrics),
         clock(env.clock),
         options(o),
-        peers(o.prefill_peers->prefillPeers(), o.peer_health, env.clock) {}
+        peers(o.prefill_peers->prefillPeers(), o.peer_health, env.clock, o.prefill_deadline) {}
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) {
     if (transport_closed.load()) return;
@@ -151,12 +155,18 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
           break;
         case Kind::kCompleteImport:
           peers[e.peer].health->recordSuccess();
+          peers[e.peer].rate.record(e.computed_tokens, clock.now() - e.accepted_at);
           uncountPeer(e);
           completeImport(e, a.first_token);
           break;
         case Kind::kEndImport:
           uncountPeer(e);
-          endImport(e, a.message);
+          // Every pull is over, so D's blocks may take another attempt's KV.
+          if (std::optional<std::string_view> why = failoverReason(e)) {
+            moveOff(tid, e, *why, e.tr.dBlocks());
+          } else {
+            endImport(e, a.message);
+          }
           break;
       }
     }
@@ -334,8 +344,13 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (auto* a = std::get_if<kvproto::PrefillAccepted>(&m.body)) {
       // Finish (or fail) with a margin before P's lease ends.
       const MonoTime lease_end = now + std::chrono::milliseconds(static_cast<int64_t>(a->lease_ms) * 9 / 10);
+      const int64_t cached = std::min<int64_t>(a->num_cached_tokens, static_cast<int64_t>(e.prompt.size()));
       e.tr.accepted(std::move(a->block_ids), lease_end, now, actions);
-      cv.SignalAll();  // the lease margin may be the next deadline
+      // From now on P gets time in proportion to the tokens it computes.
+      e.accepted_at = now;
+      e.computed_tokens = static_cast<int64_t>(e.prompt.size()) - cached;
+      e.tr.tightenDeadline(now + peers[e.peer].rate.budget(e.computed_tokens));
+      cv.SignalAll();  // the lease margin or the new deadline may be the next one
     } else if (auto* l = std::get_if<kvproto::LayerReady>(&m.body)) {
       e.tr.layerReady(std::move(*l), now, actions);
     } else if (auto* d = std::get_if<kvproto::PrefillDone>(&m.body)) {
@@ -454,15 +469,31 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
               {"state", std::string(peerStateName(state))},
               {"missed_heartbeats", static_cast<int64_t>(peer.health->numMissedHeartbeats())}});
     for (auto& [tid, e] : transfers) {
-      if (e.peer == p && !e.local && e.tr.state() == TransferState::kRequested) moveOff(tid, e, state, e.tr.dBlocks());
+      if (e.peer == p && !e.local && e.tr.state() == TransferState::kRequested) {
+        moveOff(tid, e, peerStateName(state), e.tr.dBlocks());
+      }
     }
   }
 
-  // Moves transfer `tid`, admitted here with `blocks` but not accepted by
-  // its peer (not healthy: `why`), to another healthy peer or else to local
-  // prefill. A peer that was asked is told (if it ever reads it, it frees
-  // what it computed).
-  void moveOff(uint64_t tid, Entry& e, PeerState why, std::vector<BlockId> blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Whether a transfer that failed and ended (no pull outstanding) is tried
+  // again elsewhere, and why (the failover metric's reason): its peer missed
+  // the deadline or went away. Not a cancel, a refusal or a bad transfer.
+  std::optional<std::string_view> failoverReason(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (stopping || transport_closed.load() || !e.id || e.local || e.end_reason != engine::FinishReason::kError) {
+      return std::nullopt;
+    }
+    if (e.tr.failure() == FailureReason::kPrefillTimeout) return "deadline";
+    if (e.tr.failure() == FailureReason::kPeerUnhealthy) return "disconnected";
+    return std::nullopt;
+  }
+
+  // Moves transfer `tid`, admitted here with `blocks`, off its peer (`why`:
+  // it is not healthy and has not accepted, or the transfer failed and
+  // every pull of it is over) to another healthy peer it was not moved off
+  // before, or else to local prefill. A peer that was asked and has not
+  // answered is told (if it ever reads it, it frees what it computed).
+  void moveOff(uint64_t tid, Entry& e, std::string_view why, std::vector<BlockId> blocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (e.tr.state() == TransferState::kRequested) {
       send(e.conn, tid, kvproto::Abort{FailureReason::kPeerUnhealthy, "moved to another prefill peer"});
     }
@@ -548,7 +579,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     }
     // Its peer may have stopped being healthy while the request queued here.
     const PeerState state = peers[e.peer].health->state();
-    if (state != PeerState::kHealthy) return moveOff(tid, e, state, u.kv_blocks);
+    if (state != PeerState::kHealthy) return moveOff(tid, e, peerStateName(state), u.kv_blocks);
     startTransfer(tid, e, u.kv_blocks);
   }
 

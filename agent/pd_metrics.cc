@@ -78,8 +78,9 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                          .registerOn(r)),
       failovers_(metrics::buildCounter()
                      .name("tandem_kv_prefill_failovers_total")
-                     .help("Requests moved off a prefill agent that was not healthy before it accepted them, by its "
-                           "state (reason: suspect, unhealthy) and where they went (to: peer, local).")
+                     .help("Requests moved off a prefill agent, by why (reason: suspect or unhealthy, before it accepted "
+                           "them; deadline: it missed its work-proportional deadline; disconnected: it went away) "
+                           "and where they went (to: peer, local).")
                      .labels(labels)
                      .registerOn(r)),
       phase_seconds_(
@@ -108,8 +109,8 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                       FailureReason::kCancelled}) {
     failures_.add({{"reason", std::string(kvproto::failureReasonName(reason))}});
   }
-  for (PeerState reason : {PeerState::kSuspect, PeerState::kUnhealthy}) {
-    for (const char* to : {"peer", "local"}) failovers_.add({{"reason", std::string(peerStateName(reason))}, {"to", to}});
+  for (const char* reason : {"suspect", "unhealthy", "deadline", "disconnected"}) {
+    for (const char* to : {"peer", "local"}) failovers_.add({{"reason", reason}, {"to", to}});
   }
   for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer",
                              "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
@@ -130,8 +131,8 @@ void PdMetrics::heartbeatAnswered(const std::string& peer, double rtt_seconds) {
   heartbeat_rtt_.add({{"peer", peer}}).observe(rtt_seconds);
 }
 
-void PdMetrics::failover(PeerState reason, std::string_view to) {
-  failovers_.add({{"reason", std::string(peerStateName(reason))}, {"to", std::string(to)}}).increment();
+void PdMetrics::failover(std::string_view reason, std::string_view to) {
+  failovers_.add({{"reason", std::string(reason)}, {"to", std::string(to)}}).increment();
 }
 
 void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }

@@ -33,9 +33,10 @@ class PdMetrics {
   void peerState(const std::string& peer, PeerState state);
   void heartbeatAnswered(const std::string& peer, double rtt_seconds);
   // A request moved off a prefill peer that is not healthy before that peer
-  // accepted it (`reason`: the peer's state, suspect or unhealthy), to
-  // another peer or to local prefill (`to`: "peer" or "local").
-  void failover(PeerState reason, std::string_view to);
+  // accepted it (`reason`: the peer's state, suspect or unhealthy), or
+  // after it missed its deadline ("deadline") or went away ("disconnected"),
+  // to another peer or to local prefill (`to`: "peer" or "local").
+  void failover(std::string_view reason, std::string_view to);
   // A disaggregated request's TTFT phases (D side), once its first token is out.
   void phases(const PdTimings& t);
   metrics::Counter& bytes;

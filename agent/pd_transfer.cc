@@ -208,6 +208,11 @@ void DecodeTransfer::maybeEnd(TransferActions& out) {
   out.push_back({.kind = Kind::kEndImport, .reason = *failure_, .message = failure_message_});
 }
 
+void DecodeTransfer::tightenDeadline(MonoTime deadline) {
+  if (state_ != TransferState::kRequested && state_ != TransferState::kPulling) return;
+  if (!deadline_ || deadline < *deadline_) deadline_ = deadline;
+}
+
 void DecodeTransfer::tick(MonoTime now, TransferActions& out) {
   if (state_ != TransferState::kRequested && state_ != TransferState::kPulling) return;
   if (deadline_ && *deadline_ <= now) {

@@ -100,6 +100,9 @@ class DecodeTransfer {
   // Abort from any cause. `tell_peer`: send P an Abort (not when P ended it,
   // never asked for it, or the connection is gone).
   void fail(kvproto::FailureReason reason, std::string_view message, bool tell_peer, TransferActions& out);
+  // A deadline for the rest of the transfer (the owner's work-proportional
+  // one, once P accepted): only ever brings the deadline forward.
+  void tightenDeadline(MonoTime deadline);
   // The watchdog: fails the transfer if its deadline or lease margin passed.
   void tick(MonoTime now, TransferActions& out);
 

@@ -12,6 +12,7 @@
 
 #include "agent/peer_directory.h"
 #include "agent/peer_health.h"
+#include "agent/prefill_deadline.h"
 #include "agent/transport/kv_transport.h"
 #include "agent/transport/ucx_transport.h"
 #include "src/common/block_hash.h"
@@ -38,12 +39,16 @@ struct PdOptions {
   transport::TransportOptions transport;
   uint64_t model_fingerprint = 0;                    // sent in the Hello; the hash root comes from the engine
   std::chrono::milliseconds lease_ttl{30000};        // P: how long KV stays pinned without a Release
-  std::chrono::milliseconds prefill_timeout{60000};  // D: P must deliver all layers within this
+  // D: P must deliver all layers within this of the request (the ceiling;
+  // once P accepted, prefill_deadline's work-proportional deadline may be earlier).
+  std::chrono::milliseconds prefill_timeout{60000};
   double checksum_rate = 1.0;                        // D: fraction of transfers whose checksums are verified
   std::shared_ptr<const PeerDirectory> prefill_peers;  // D: its prefill agents (read at start)
   int direct_max_suffix_tokens = 256;  // D: direct-to-D when the session is resident and at most this much is new
   // D: heartbeats to each prefill peer and its failure counts (peer_health.h).
   PeerHealthOptions peer_health;
+  // D: how long a prefill peer gets once it accepted (prefill_deadline.h).
+  PrefillDeadlineOptions prefill_deadline;
 };
 
 // The real transport: UcxTransport::start.

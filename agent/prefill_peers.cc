@@ -5,13 +5,14 @@
 namespace tandem::agent {
 
 PrefillPeers::PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health,
-                           const Clock& clock) {
+                           const Clock& clock, const PrefillDeadlineOptions& deadline) {
   peers_.reserve(addresses.size());
   for (const PeerAddress& a : addresses) {
     Peer& p = peers_.emplace_back();
     p.address = a;
     p.name = a.name();
     p.health = std::make_unique<PeerHealth>(health, clock);
+    p.rate = PrefillRate(deadline);
   }
 }
 

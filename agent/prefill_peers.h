@@ -14,6 +14,7 @@
 
 #include "agent/peer_directory.h"
 #include "agent/peer_health.h"
+#include "agent/prefill_deadline.h"
 #include "agent/transport/kv_transport.h"
 #include "src/kvproto/kvproto.h"
 
@@ -30,10 +31,13 @@ class PrefillPeers {
     std::unique_ptr<PeerHealth> health;
     PeerState reported = PeerState::kHealthy;  // the state last logged and shown in the metrics
     int num_inflight = 0;                      // transfers to it not yet complete or ended
+    PrefillRate rate{{}};                      // its measured prefill rate: accepted requests' deadlines
   };
 
-  // Each peer's health follows `health` (peer_health.h).
-  PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health, const Clock& clock);
+  // Each peer's health follows `health` (peer_health.h), its deadlines
+  // `deadline` (prefill_deadline.h).
+  PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health, const Clock& clock,
+               const PrefillDeadlineOptions& deadline = {});
 
   size_t size() const { return peers_.size(); }
   Peer& operator[](size_t i) { return peers_[i]; }

@@ -91,6 +91,20 @@ TEST(AgentConfigTest, HeartbeatSettingsFromYamlAndFlags) {
   EXPECT_EQ(c->kv_heartbeat_misses, 5);
 }
 
+TEST(AgentConfigTest, PrefillDeadlineSettingsFromYamlAndFlags) {
+  auto defaults = parse({"--model-dir", "m"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->prefill_deadline_floor, std::chrono::seconds(2));
+  EXPECT_EQ(defaults->prefill_deadline_slack, 4.0);
+  EXPECT_EQ(defaults->prefill_assumed_rate, 1000.0);
+  std::string path = writeFile("deadline.yaml", "kv:\n  prefill_deadline_floor: 750ms\n  prefill_deadline_slack: 2.5\n");
+  auto c = parse({"--config", path, "--model-dir", "m", "--prefill-assumed-rate", "250"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_deadline_floor, std::chrono::milliseconds(750));
+  EXPECT_EQ(c->prefill_deadline_slack, 2.5);
+  EXPECT_EQ(c->prefill_assumed_rate, 250.0);
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),
@@ -128,6 +142,12 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-idle-interval", "5ms"})).find("below the 10ms minimum"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-misses", "0"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--prefill-deadline-floor", "1ms"}))
+                .find("--prefill-deadline-floor (kv.prefill_deadline_floor): 0.001s is below the 10ms minimum"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--prefill-deadline-slack", "0.5"})).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--prefill-assumed-rate", "0"})).find("out of range"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-interval", "soon"})).find("expected a duration"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);

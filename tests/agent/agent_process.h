@@ -197,6 +197,20 @@ inline double metricValueWith(const std::string& scrape, const std::string& name
   return -1;
 }
 
+// The value of the series of `name` whose labels include every one of
+// `labels` (each like state="suspect"); -1 if absent.
+inline double seriesValue(const std::string& scrape, const std::string& name, const std::vector<std::string>& labels) {
+  std::istringstream in(scrape);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 // What `promtool check metrics` says of a scrape that it should not: every
 // output line except the lint findings for the names the design fixes (the
 // Gateway API Inference Extension's vllm:* names contain ':'), plus a line

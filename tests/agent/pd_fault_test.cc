@@ -90,15 +90,24 @@ class PdFaultTest : public ::testing::Test {
 };
 AgentProcess* PdFaultTest::mono_ = nullptr;
 
-TEST_F(PdFaultTest, LayerAnnouncementsPastTheDeadlineGiveTypedTimeouts) {
+// P announces too late for D's deadline: each transfer fails
+// (prefill_timeout, P told and its lease freed) and, once no pull of it is
+// outstanding, D computes the prompt itself with the blocks it had reserved
+// (the only P was left): the client gets the right answer, not a 504.
+TEST_F(PdFaultTest, LayerAnnouncementsPastTheDeadlineFailOverToLocalPrefill) {
   Pair pair = startPair({"--fault-layer-delay-ms", "1500"}, {"--prefill-timeout", "400ms"});
   ASSERT_TRUE(pair.prefill && pair.decode);
-  for (int i = 0; i < 2; ++i) {  // below the unhealthy threshold: both go to P and time out
-    Reply r = post(*pair.decode, request("late layers " + std::to_string(i), 4));
-    EXPECT_EQ(r.status, 504);
-    EXPECT_EQ(r.code, "prefill_timeout");
+  for (int i = 0; i < 2; ++i) {  // below the unhealthy threshold: both go to P first
+    const std::string prompt = "late layers " + std::to_string(i);
+    Reply r = post(*pair.decode, request(prompt, 4));
+    EXPECT_EQ(r.status, 200) << r.code;
+    EXPECT_EQ(r.text, reference(prompt, 4));
   }
-  EXPECT_EQ(metricValueWith(scrape(*pair.decode), "tandem_kv_transfer_failures_total", "reason=\"prefill_timeout\""), 2);
+  const std::string d = scrape(*pair.decode);
+  EXPECT_EQ(metricValueWith(d, "tandem_kv_transfer_failures_total", "reason=\"prefill_timeout\""), 2);
+  EXPECT_EQ(testing::seriesValue(d, "tandem_kv_prefill_failovers_total", {"reason=\"deadline\"", "to=\"local\""}), 2)
+      << d;
+  EXPECT_EQ(metricValue(d, "tandem_request_path_total{path=\"fallback\""), 2);
   expectNoLeaks(pair);
 }
 

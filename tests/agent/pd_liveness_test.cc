@@ -1,5 +1,7 @@
 // A prefill agent that stalls (SIGSTOP: a hung transfer engine looks the
-// same from outside), real processes on loopback (docs/pd.md "Liveness"):
+// same from outside), or that accepts a request and never delivers it while
+// it still answers heartbeats (a fault hook behind the transport seam:
+// tandem-agent-faults), real processes on loopback (docs/pd.md "Liveness"):
 // D's heartbeats go unanswered, the peer becomes suspect within seconds,
 // and the requests it has not accepted move to the other P or, with none,
 // are computed by D itself. Nobody waits out the 60 s prefill deadline.
@@ -30,14 +32,18 @@ using testing::AgentProcess;
 using testing::metricValue;
 using testing::metricValueWith;
 using testing::scrape;
+using testing::seriesValue;
 using testing::waitFor;
 
 // Well below the 60 s prefill deadline, far above the ~2 s detection.
 constexpr auto kBound = std::chrono::seconds(15);
 
-std::unique_ptr<AgentProcess> startPrefill() {
-  return AgentProcess::start(
-      {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--lease-ttl", "3s"});
+// `faults`: the agent's fault-injecting test build with these --fault-* flags.
+std::unique_ptr<AgentProcess> startPrefill(std::vector<std::string> faults = {}) {
+  std::vector<std::string> args{"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--lease-ttl", "3s"};
+  if (faults.empty()) return AgentProcess::start(args);
+  args.insert(args.end(), faults.begin(), faults.end());
+  return AgentProcess::start(args, TANDEM_FAULT_AGENT);
 }
 
 std::string kvAddress(const AgentProcess& p) { return "127.0.0.1:" + std::to_string(p.kvPort()); }
@@ -74,19 +80,6 @@ std::vector<json> traces(const AgentProcess& d) {
   std::string line;
   while (std::getline(in, line)) out.push_back(json::parse(line, nullptr, false));
   return out;
-}
-
-// The value of the series of `name` whose labels include every one of `labels`; -1 if absent.
-double seriesValue(const std::string& scrape, const std::string& name, const std::vector<std::string>& labels) {
-  std::istringstream in(scrape);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + "{", 0) != 0) continue;
-    bool all = true;
-    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
-    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
 }
 
 double peerState(const AgentProcess& d, const AgentProcess& p, const std::string& state) {
@@ -191,13 +184,47 @@ TEST_F(PdLivenessTest, WithTheOnlyPrefillAgentStoppedDecodeComputesThePromptItse
     }
     EXPECT_EQ(traces(*d_).back()["path"], "fallback") << traces(*d_).back().dump();
   }
-  EXPECT_GE(metricValueWith(scrape(*d_), "tandem_kv_prefill_failovers_total", "to=\"local\""), 1);
+  EXPECT_GE(seriesValue(scrape(*d_), "tandem_kv_prefill_failovers_total", {"reason=\"suspect\"", "to=\"local\""}), 1);
   ASSERT_EQ(kill(p1_->pid(), SIGCONT), 0);
   EXPECT_TRUE(waitFor([&] { return peerState(*d_, *p1_, "healthy") == 1; })) << scrape(*d_);
   ASSERT_EQ(complete(*d_, "after SIGCONT").status, 200);
   EXPECT_EQ(traces(*d_).back()["path"], "disagg");
   expectNoBlocksHeld(*d_);
   expectNoBlocksHeld(*p1_);
+}
+
+// P accepts the first request and never delivers it, yet answers every
+// heartbeat: D gives up at the work-proportional deadline (the floor, for
+// this short prompt), not the 60 s ceiling, and moves the request to the
+// other P. One missed deadline does not make the P unhealthy: it serves the
+// next request. Nothing stays pinned on either P.
+TEST_F(PdLivenessTest, AnAcceptedPrefillThatNeverFinishesMovesAtItsDeadline) {
+  p1_ = startPrefill({"--fault-stall-first-transfers", "1"});
+  p2_ = startPrefill();
+  ASSERT_TRUE(p1_ && p2_);
+  d_ = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--prefill-peers",
+                            kvAddress(*p1_) + "," + kvAddress(*p2_), "--prefill-deadline-floor", "1500ms"});
+  ASSERT_NE(d_, nullptr);
+  const Reply r = complete(*d_, "a prompt the first prefill agent sits on", kvAddress(*p1_));
+  EXPECT_EQ(r.status, 200) << r.body.dump() << d_->log();
+  EXPECT_GE(r.took, std::chrono::milliseconds(1500));
+  EXPECT_LT(r.took, kBound);
+  const json t = traces(*d_).back();
+  EXPECT_EQ(t["moved_from_peer"], kvAddress(*p1_)) << t.dump();
+  EXPECT_EQ(t["prefill_peer"], kvAddress(*p2_)) << t.dump();
+  EXPECT_EQ(t["path"], "disagg");
+  const std::string m = scrape(*d_);
+  EXPECT_EQ(seriesValue(m, "tandem_kv_prefill_failovers_total", {"reason=\"deadline\"", "to=\"peer\""}), 1) << m;
+  EXPECT_EQ(metricValueWith(m, "tandem_kv_transfer_failures_total", "reason=\"prefill_timeout\""), 1);
+  EXPECT_EQ(peerState(*d_, *p1_, "healthy"), 1);
+
+  const double before = prefillsServed(*p1_);
+  const Reply next = complete(*d_, "the next request", kvAddress(*p1_));
+  EXPECT_EQ(next.status, 200) << next.body.dump();
+  EXPECT_EQ(traces(*d_).back()["prefill_peer"], kvAddress(*p1_));
+  EXPECT_GE(prefillsServed(*p1_), before + 1);
+  for (const AgentProcess* a : {d_.get(), p1_.get(), p2_.get()}) expectNoBlocksHeld(*a);
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p1_), "tandem_kv_leases_active{") == 0; }));
 }
 
 }  // namespace

@@ -151,28 +151,30 @@ TEST_F(PdManyPrefillTest, DecodeFollowsTheRoutersPath) {
       << bad.body.dump();
 }
 
-// The named P dies: its transfers fail (typed) until its failure window
-// marks it unhealthy; from then on D serves requests naming it through
-// the other P, not by computing the prompt itself.
+// The named P dies: each transfer to it fails at once (the connection is
+// refused) and moves to the other P, not to D's own prefill, so every
+// request is served; after `failures` of them the dead P is unhealthy and
+// requests naming it go to the other P directly.
 TEST_F(PdManyPrefillTest, RequestsNamingADeadPrefillAgentMoveToAHealthyOne) {
   ASSERT_EQ(complete(*d_, "warm up", kvAddress(*p1_)).status, 200);
   p1_->stop(SIGKILL);
-  int attempts = 0;
-  Reply r;
+  int requests = 0;
   do {
-    r = complete(*d_, "after the kill " + std::to_string(attempts), kvAddress(*p1_));
-    if (r.status != 200) {
-      EXPECT_EQ(r.status, 503) << r.body.dump();
-      const std::string code = r.body["error"]["code"];
-      EXPECT_TRUE(code == "peer_unhealthy" || code == "transfer_failed") << code;
-    }
-  } while (r.status != 200 && ++attempts < 10);
-  ASSERT_EQ(r.status, 200) << d_->log();
-  EXPECT_EQ(lastTrace()["prefill_peer"], kvAddress(*p2_));
-  EXPECT_EQ(lastTrace()["path"], "disagg");
-  EXPECT_EQ(served(*p2_), 1);
+    Reply r = complete(*d_, "after the kill " + std::to_string(requests), kvAddress(*p1_));
+    ASSERT_EQ(r.status, 200) << r.body.dump() << d_->log();
+    EXPECT_EQ(lastTrace()["prefill_peer"], kvAddress(*p2_)) << lastTrace().dump();
+    EXPECT_EQ(lastTrace()["path"], "disagg");
+  } while (peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p1_) != 0 && ++requests < 10);
   EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p1_), 0);
   EXPECT_EQ(peerMetric(*d_, "tandem_kv_prefill_peer_healthy", *p2_), 1);
+  EXPECT_EQ(served(*p2_), requests + 1);
+  EXPECT_EQ(testing::seriesValue(scrape(*d_), "tandem_kv_prefill_failovers_total", {"reason=\"disconnected\"", "to=\"peer\""}),
+            requests + 1)
+      << scrape(*d_);
+  // Unhealthy now: the next request goes to the other P without a failure.
+  ASSERT_EQ(complete(*d_, "once it is known dead", kvAddress(*p1_)).status, 200);
+  EXPECT_EQ(lastTrace()["prefill_peer"], kvAddress(*p2_));
+  EXPECT_TRUE(lastTrace()["moved_from_peer"].is_null()) << lastTrace().dump();
 }
 
 // Same salt: one block-hash root, the P/D path works. Another salt: P and

@@ -3,14 +3,19 @@
 // The prefill side's layer announcements are held by the fault-injecting
 // transport (on the same fake clock), so the decode side's deadline decides
 // the outcome, and it fires when the test advances time: the watchdog waits
-// on the clock, not on a timer of its own. (Where deadlines fall relative to
-// each other is pure logic: tests/agent/pd_transfer_test.cc.)
+// on the clock, not on a timer of its own. Once P accepted, the deadline is
+// in proportion to the prompt (prefill_deadline.h); missing it moves the
+// request to D's own prefill (the only P was left). (Where deadlines fall
+// relative to each other is pure logic: tests/agent/pd_transfer_test.cc.)
 
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "agent/decode_service.h"
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
+#include "src/common/strings.h"
 #include "tests/agent/faults/fault_transport.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/testing/quiet_logs.h"
@@ -35,6 +40,8 @@ struct Outcome {
   absl::Mutex mu;
   bool finished ABSL_GUARDED_BY(mu) = false;
   std::optional<FailureReason> failure ABSL_GUARDED_BY(mu);
+  PdPath path ABSL_GUARDED_BY(mu) = PdPath::kDirect;
+  std::string moved_from ABSL_GUARDED_BY(mu);
 };
 
 class PdServicesTest : public ::testing::Test {
@@ -72,6 +79,8 @@ class PdServicesTest : public ::testing::Test {
       absl::MutexLock lock(&out->mu);
       out->finished = true;
       out->failure = info.failure;
+      out->path = info.path;
+      out->moved_from = info.moved_from_peer;
     });
     return out;
   }
@@ -85,6 +94,30 @@ class PdServicesTest : public ::testing::Test {
   // computed) and the decode side counts the transfer in flight.
   bool transferUnderway() { return d_metrics_.inflight.value() == 1 && p_loop_->numLive() == 0; }
 
+  // Advances the fake clock 50 ms at a time until the request ends (giving
+  // the watchdog real time to act after each step); returns how far. P's
+  // acceptance reaches D at some fake time in the first steps, and the
+  // work deadline counts from it: at least the expected time, and at most
+  // a few steps more.
+  Duration advanceUntilFinished(Outcome& o) {
+    Duration total{0};
+    while (!finished(o) && total < std::chrono::seconds(120)) {
+      clock_.advance(std::chrono::milliseconds(50));
+      total += std::chrono::milliseconds(50);
+      waitFor([&] { return finished(o); }, std::chrono::milliseconds(10), std::chrono::milliseconds(1));
+    }
+    return total;
+  }
+
+  // The request ended served by D's own prefill, moved off the prefill agent.
+  void expectMovedToLocalPrefill(Outcome& o) {
+    ASSERT_TRUE(waitFor([&] { return finished(o); }));
+    absl::MutexLock lock(&o.mu);
+    EXPECT_EQ(o.failure, std::nullopt);
+    EXPECT_EQ(o.path, PdPath::kFallback);
+    EXPECT_EQ(o.moved_from, strCat("127.0.0.1:", prefill_->port()));
+  }
+
   FakeClock clock_;
   metrics::Registry p_registry_, d_registry_;
   PdMetrics p_metrics_{p_registry_, {{"role", "prefill"}}};
@@ -95,14 +128,43 @@ class PdServicesTest : public ::testing::Test {
   std::unique_ptr<DecodeService> decode_;
 };
 
-TEST_F(PdServicesTest, PrefillTimeoutFiresWhenTheClockPassesIt) {
-  start({.lease_ttl = std::chrono::hours(2), .prefill_timeout = std::chrono::seconds(60)});
+// A short prompt: the floor (2 s), not the 60 s ceiling.
+TEST_F(PdServicesTest, AnAcceptedPrefillThatNeverDeliversMovesAtTheFloor) {
+  start({.lease_ttl = std::chrono::hours(2),
+         .prefill_timeout = std::chrono::seconds(60),
+         .prefill_deadline = {.floor = std::chrono::seconds(2), .slack = 4, .assumed_rate = 1000}});
   auto out = submit();
   ASSERT_TRUE(waitFor([&] { return transferUnderway(); }));
-  clock_.advance(std::chrono::seconds(60));
-  ASSERT_TRUE(waitFor([&] { return finished(*out); }));
-  absl::MutexLock lock(&out->mu);
-  EXPECT_EQ(out->failure, FailureReason::kPrefillTimeout);
+  const Duration took = advanceUntilFinished(*out);
+  EXPECT_GE(took, std::chrono::seconds(2));
+  EXPECT_LT(took, std::chrono::seconds(3));
+  expectMovedToLocalPrefill(*out);
+}
+
+// A prompt long for P's rate (20 tokens at an assumed 10 tokens/s, slack
+// 4: 8 s) is given its time: past the floor it is still P's, and it moves
+// only once the 8 s are over.
+TEST_F(PdServicesTest, ALongPrefillIsGivenTimeInProportionToItsTokens) {
+  start({.lease_ttl = std::chrono::hours(2),
+         .prefill_timeout = std::chrono::seconds(60),
+         .prefill_deadline = {.floor = std::chrono::seconds(2), .slack = 4, .assumed_rate = 10}});
+  auto out = submit();
+  ASSERT_TRUE(waitFor([&] { return transferUnderway(); }));
+  const Duration took = advanceUntilFinished(*out);
+  EXPECT_GE(took, std::chrono::seconds(8));
+  EXPECT_LT(took, std::chrono::seconds(9));
+  expectMovedToLocalPrefill(*out);
+}
+
+// The ceiling (--prefill-timeout) still holds when it is the earlier one.
+TEST_F(PdServicesTest, TheCeilingHoldsWhenItIsEarlierThanTheWorkDeadline) {
+  start({.lease_ttl = std::chrono::hours(2),
+         .prefill_timeout = std::chrono::seconds(5),
+         .prefill_deadline = {.floor = std::chrono::seconds(30), .slack = 4, .assumed_rate = 1000}});
+  auto out = submit();
+  ASSERT_TRUE(waitFor([&] { return transferUnderway(); }));
+  clock_.advance(std::chrono::seconds(5));
+  expectMovedToLocalPrefill(*out);
 }
 
 }  // namespace

@@ -172,6 +172,32 @@ TEST_F(TransferTest, DeadlineTickFailsWithPrefillTimeout) {
   EXPECT_EQ(tr.nextDeadline(), std::nullopt);
 }
 
+// The owner's work-proportional deadline once P accepted: it only ever
+// moves the deadline forward, and missing it is a prefill timeout whose end
+// (kEndImport) still waits for the pull in flight.
+TEST_F(TransferTest, ATightenedDeadlineIsKeptAndNeverLoosened) {
+  admit();
+  tr.accepted({10, 11}, at(5000), at(1), out);  // lease margin far away
+  tr.tightenDeadline(at(400));
+  EXPECT_EQ(tr.nextDeadline(), at(400));
+  tr.tightenDeadline(at(800));  // later: ignored
+  EXPECT_EQ(tr.nextDeadline(), at(400));
+  const PullId p0 = announce(0);
+  take();
+  tr.tick(at(399), out);
+  EXPECT_FALSE(tr.failure());
+  tr.tick(at(400), out);
+  EXPECT_EQ(tr.failure(), FailureReason::kPrefillTimeout);
+  EXPECT_EQ(count(out, Kind::kEndImport), 0);  // the pull is still outstanding
+  EXPECT_EQ(count(out, Kind::kCancelPull), 1);
+  take();
+  tr.pullDone(p0, absl::CancelledError("cancelled"), {}, at(401), out);
+  EXPECT_EQ(count(out, Kind::kEndImport), 1);
+  EXPECT_EQ(tr.state(), TransferState::kEnded);
+  tr.tightenDeadline(at(100));  // over: nothing pending any more
+  EXPECT_EQ(tr.nextDeadline(), std::nullopt);
+}
+
 TEST_F(TransferTest, LeaseMarginIsTheDeadlineOnceEarlier) {
   admit();
   accept();

@@ -6,6 +6,7 @@
 //   --fault-get-delay-ms N           D: start each layer's gets N ms late
 //   --fault-get-complete-delay-ms N  D: handle each finished layer pull N ms late
 //   --fault-fail-first-transfers N   P: abort the first N transfers
+//   --fault-stall-first-transfers N  P: accept the first N transfers, never deliver them
 //
 // Built only with the tests (into build/tests); never shipped.
 
@@ -47,6 +48,8 @@ bool takeFaultFlags(std::vector<char*>& args, FaultOptions& faults) {
       faults.get_complete_delay = std::chrono::milliseconds(value);
     } else if (flag == "--fault-fail-first-transfers") {
       faults.fail_first_transfers = value;
+    } else if (flag == "--fault-stall-first-transfers") {
+      faults.stall_first_transfers = value;
     } else {
       std::cerr << "tandem-agent-faults: unknown flag " << flag << "\n";
       return false;

@@ -1,6 +1,7 @@
 #include "tests/agent/faults/fault_transport.h"
 
 #include <atomic>
+#include <set>
 #include <unordered_map>
 
 #include "absl/synchronization/mutex.h"
@@ -24,6 +25,10 @@ struct Shared {
   DelayedRunner runner;
   Logger log{"faults"};
   std::atomic<int> failed_transfers{0};
+  // P: the transfers (connection, id) whose announcements are dropped.
+  absl::Mutex stall_mu;
+  std::set<std::pair<ConnId, uint64_t>> stalled ABSL_GUARDED_BY(stall_mu);
+  int num_stalled ABSL_GUARDED_BY(stall_mu) = 0;
   absl::Mutex mu;
   KvTransport* inner ABSL_GUARDED_BY(mu) = nullptr;  // set once started
 
@@ -44,6 +49,26 @@ struct Shared {
         conn,
         kvproto::encode({m->transfer_id, kvproto::Abort{kvproto::FailureReason::kTransferFailed, "injected failure"}}));
     return true;
+  }
+
+  // P: whether `bytes` (going out on `conn`) is dropped: an announcement of
+  // a stalled transfer. The first N PrefillAccepted stall their transfers.
+  bool stallTransfer(ConnId conn, const std::vector<uint8_t>& bytes) {
+    if (options.stall_first_transfers == 0) return false;
+    auto m = kvproto::decode(bytes);
+    if (!m.ok()) return false;
+    absl::MutexLock lock(&stall_mu);
+    const std::pair<ConnId, uint64_t> key{conn, m->transfer_id};
+    if (std::holds_alternative<kvproto::PrefillAccepted>(m->body)) {
+      if (num_stalled >= options.stall_first_transfers) return false;
+      ++num_stalled;
+      stalled.insert(key);
+      log.warn("stalling a transfer: its layers and its end will never be sent", {{"transfer", m->transfer_id}});
+      return false;
+    }
+    const bool announcement =
+        std::holds_alternative<kvproto::LayerReady>(m->body) || std::holds_alternative<kvproto::PrefillDone>(m->body);
+    return announcement && stalled.contains(key);
   }
 };
 
@@ -73,6 +98,7 @@ class FaultTransport final : public KvTransport {
   uint64_t ucxGetsIssued() const override { return inner_->ucxGetsIssued(); }
 
   void send(ConnId conn, std::vector<uint8_t> bytes) override {
+    if (shared_->stallTransfer(conn, bytes)) return;
     if (shared_->options.layer_delay.count() > 0 && isLayerReady(bytes)) {
       shared_->runner.at(shared_->clock.now() + shared_->options.layer_delay,
                          [this, conn, bytes = std::move(bytes)]() mutable {

@@ -12,6 +12,9 @@
 //                       freed meanwhile); logs "held a get completion" once per get
 //   fail_first_transfers  P: the first N PrefillRequests are answered with an Abort
 //                       (transfer_failed) instead of reaching the service
+//   stall_first_transfers  P: the first N transfers it accepts never deliver: their
+//                       LayerReady and PrefillDone are dropped (P still answers
+//                       heartbeats and frees the KV on D's Abort or its lease)
 //
 // Delays run on the injected clock (tests in one process use a FakeClock;
 // tandem-agent-faults, the agent's test build, the system clock). Callbacks
@@ -30,10 +33,11 @@ struct FaultOptions {
   Duration get_delay{0};
   Duration get_complete_delay{0};
   int fail_first_transfers = 0;
+  int stall_first_transfers = 0;
 
   bool any() const {
     return layer_delay.count() > 0 || get_delay.count() > 0 || get_complete_delay.count() > 0 ||
-           fail_first_transfers > 0;
+           fail_first_transfers > 0 || stall_first_transfers > 0;
   }
 };
 
