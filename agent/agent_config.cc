@@ -464,6 +464,13 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
       return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
     }
     TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
+    for (auto [flag, value] : {std::pair{"--worker-stale-after (router.worker_stale_after)", c.worker_stale_after},
+                               std::pair{"--unserved-timeout (router.unserved_timeout)", c.unserved_timeout}}) {
+      if (value < std::chrono::milliseconds(100)) {
+        return absl::InvalidArgumentError(
+            strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the 100ms minimum"));
+      }
+    }
   }
   for (auto [flag, value] : {std::pair{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
                              std::pair{"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)",

@@ -56,7 +56,7 @@ struct AgentConfig {
   std::string trace_file;             // per-request trace lines: "" off, "-" stdout, else a file (appended)
   // The worker-state stream (GET /internal/v1/events; docs/routing.md).
   std::chrono::nanoseconds events_load_interval = std::chrono::milliseconds(50);  // load deltas at most this often
-  std::chrono::nanoseconds events_heartbeat = std::chrono::seconds(5);            // an idle stream's heartbeat; 0: none
+  std::chrono::nanoseconds events_heartbeat = std::chrono::milliseconds(500);            // an idle stream's heartbeat; 0: none
   int events_buffer = 4096;  // deltas kept for slow subscribers; one further behind is closed
   // P/D (roles prefill and decode): the UCX KV transport.
   std::string kv_host;                   // KV listener address; default: host
@@ -87,6 +87,10 @@ struct AgentConfig {
   std::vector<HostPort> prefill_workers;
   routing::RouterConfig routing;
   std::chrono::nanoseconds upstream_open_timeout = std::chrono::seconds(10);  // connect; a stream's headers
+  // router: a decode worker whose state stream says nothing this long is unresponsive
+  std::chrono::nanoseconds worker_stale_after = std::chrono::seconds(2);
+  // router: a request only unresponsive decode workers could take fails (503) this long after arrival
+  std::chrono::nanoseconds unserved_timeout = std::chrono::seconds(10);
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

@@ -17,6 +17,9 @@ namespace {
 struct StreamEnd {
   absl::Status why;
   bool resync = false;  // a gap or another epoch: reconnect at once for a fresh snapshot
+  // The worker does not answer: the stream went silent, or none could be
+  // opened (refused, timed out, an HTTP error).
+  bool unresponsive = false;
 };
 
 }  // namespace
@@ -59,6 +62,7 @@ class WorkerStreamClient::Impl {
       if (stopped()) return;
       if (got_snapshot) backoff = options_.backoff_initial;
       markStale(end.why);
+      if (end.unresponsive) markUnresponsive();
       if (end.resync) continue;
       if (!waitBackoff(backoff)) return;
       backoff = std::min(backoff * 2, options_.backoff_max);
@@ -69,11 +73,12 @@ class WorkerStreamClient::Impl {
   StreamEnd readOnce(bool* got_snapshot) {
     auto opened = http::SseClient::open(
         {.method = "GET", .url = options_.url + "/internal/v1/events", .timeout = options_.io_timeout});
-    if (!opened.ok()) return {opened.status()};
+    if (!opened.ok()) return {.why = opened.status(), .unresponsive = true};
     std::shared_ptr<http::SseClient> stream = std::move(*opened);
     if (stream->status() != 200) {
       auto body = stream->readBody();
-      return {absl::UnavailableError(strCat("HTTP ", stream->status(), ": ", body.ok() ? *body : ""))};
+      return {.why = absl::UnavailableError(strCat("HTTP ", stream->status(), ": ", body.ok() ? *body : "")),
+              .unresponsive = true};
     }
     {
       absl::MutexLock lock(&mu_);
@@ -100,9 +105,11 @@ class WorkerStreamClient::Impl {
       silent = silent_;
     }
     if (!end.why.ok()) return end;
-    if (silent)
-      return {absl::DeadlineExceededError(
-          strCat("no message for ", std::chrono::duration<double>(options_.stale_after).count(), " s"))};
+    if (silent) {
+      return {.why = absl::DeadlineExceededError(
+                  strCat("no message for ", std::chrono::duration<double>(options_.stale_after).count(), " s")),
+              .unresponsive = true};
+    }
     if (read.ok()) return {absl::UnavailableError("the worker ended the stream")};
     return {read};
   }
@@ -154,7 +161,18 @@ class WorkerStreamClient::Impl {
     if (callbacks_.on_stale) callbacks_.on_stale(true);
   }
 
+  // Once per outage, after markStale.
+  void markUnresponsive() {
+    if (unresponsive_reported_) return;
+    unresponsive_reported_ = true;
+    if (callbacks_.on_unresponsive) callbacks_.on_unresponsive(true);
+  }
+
   void markFresh() {
+    if (unresponsive_reported_) {
+      unresponsive_reported_ = false;
+      if (callbacks_.on_unresponsive) callbacks_.on_unresponsive(false);
+    }
     if (!stale_reported_) return;
     stale_reported_ = false;
     log_.info("worker state stream restored", {{"worker", options_.url}});
@@ -203,7 +221,8 @@ class WorkerStreamClient::Impl {
   const WorkerStreamCallbacks callbacks_;
   const Clock& clock_;
   Logger log_{"events"};
-  bool stale_reported_ = false;  // reader thread only
+  bool stale_reported_ = false;         // reader thread only
+  bool unresponsive_reported_ = false;  // reader thread only
 
   absl::Mutex mu_;
   absl::CondVar cv_;

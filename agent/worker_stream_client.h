@@ -16,7 +16,8 @@
 //
 // While there is no live stream the view is stale: on_stale(true) once per
 // outage (logged once, not per retry), on_stale(false) right after the
-// snapshot that ends it. Before the first snapshot nothing is reported
+// snapshot that ends it. When the outage is the worker's silence rather
+// than a resync, on_unresponsive says so (the router's liveness view). Before the first snapshot nothing is reported
 // unless the first attempt fails.
 //
 // Threads: a reader thread (blocking HTTP reads) and a watchdog (silence),
@@ -54,6 +55,12 @@ struct WorkerStreamCallbacks {
   std::function<void(const routing::WorkerDelta&)> on_delta;
   // true: the view stopped being kept current; false: it is again.
   std::function<void(bool stale)> on_stale;
+  // true (after on_stale(true)): the worker does not answer: its stream went
+  // silent for stale_after, or a new one could not be opened (refused,
+  // timed out, an HTTP error); once per outage. false: right before the
+  // on_stale(false) of the snapshot that ends it. A stream dropped only to
+  // resynchronise (a gap, another epoch) says nothing of the worker.
+  std::function<void(bool unresponsive)> on_unresponsive;
 };
 
 class WorkerStreamClient {

@@ -39,6 +39,16 @@ void RouterCore::markStale(std::string_view worker) {
   cluster_.markStale(worker);
 }
 
+void RouterCore::setResponsive(std::string_view worker, bool responsive) {
+  absl::MutexLock lock(&mu_);
+  const std::string name(worker);
+  if (responsive) {
+    unresponsive_.erase(name);
+  } else {
+    unresponsive_.insert(name);
+  }
+}
+
 std::optional<HashSpec> RouterCore::hashSpec() const {
   absl::MutexLock lock(&mu_);
   for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
@@ -48,13 +58,17 @@ std::optional<HashSpec> RouterCore::hashSpec() const {
   return std::nullopt;
 }
 
-std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const routing::RouteRequest& request, const std::vector<std::string>& avoid) {
+std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const routing::RouteRequest& request,
+                                                                          const std::vector<std::string>& avoid,
+                                                                          bool allow_unresponsive) {
   absl::MutexLock lock(&mu_);
   // Workers that failed too often within the window sit out, as do those to
-  // avoid; both only for this decision (the marks are restored before the
-  // lock is released, so nothing else ever sees them).
+  // avoid and (unless allowed) the unresponsive ones; all only for this
+  // decision (the marks are restored before the lock is released, so
+  // nothing else ever sees them).
   const MonoTime now = clock_.now();
   std::vector<std::string> benched = avoid;
+  if (!allow_unresponsive) benched.insert(benched.end(), unresponsive_.begin(), unresponsive_.end());
   for (auto& [name, times] : failures_) {
     std::erase_if(times, [&](MonoTime t) { return now - t > options_.failure_window; });
     if (static_cast<int>(times.size()) >= options_.unhealthy_failures) benched.push_back(name);
@@ -119,6 +133,16 @@ bool RouterCore::hasDecodeSnapshot() const {
     if (w != nullptr && w->canDecode()) return true;
   }
   return false;
+}
+
+bool RouterCore::responsive(std::string_view worker) const {
+  absl::MutexLock lock(&mu_);
+  return !unresponsive_.contains(std::string(worker));
+}
+
+int64_t RouterCore::numUnresponsive() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(unresponsive_.size());
 }
 
 int64_t RouterCore::numStale() const {

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "src/common/clock.h"
 #include "src/routing/cluster_state.h"
@@ -59,6 +60,11 @@ class RouterCore {
   // kFailedPrecondition (routing::needsResnapshot): take a fresh snapshot.
   absl::Status applyDelta(std::string_view worker, const routing::WorkerDelta& delta);
   void markStale(std::string_view worker);
+  // The worker's stream went silent or cannot be opened (false), or a
+  // snapshot came again (true): docs/routing.md "Liveness". An
+  // unresponsive worker gets no request while a responsive one can take it.
+  void setResponsive(std::string_view worker, bool responsive);
+  bool responsive(std::string_view worker) const;
 
   // ---- decisions ----
   // The block size and root to hash prompts with; nullopt until a decode
@@ -72,9 +78,12 @@ class RouterCore {
     bool in_flight = true;
   };
   // A decision for `request`, never on a worker in `avoid` (the worker a
-  // retry moves away from), or why there is none.
+  // retry moves away from), nor on an unresponsive one unless
+  // `allow_unresponsive` (the last resort when no other worker can take
+  // it), or why there is none.
   std::variant<Assignment, routing::NoWorker> route(const routing::RouteRequest& request,
-                                                    const std::vector<std::string>& avoid = {});
+                                                    const std::vector<std::string>& avoid = {},
+                                                    bool allow_unresponsive = false);
   std::optional<WorkerAddress> address(std::string_view worker) const;
   void admitted(Assignment& a);
   // Exactly one of these per assignment.
@@ -86,6 +95,7 @@ class RouterCore {
   // ---- for /readyz and metrics ----
   bool hasDecodeSnapshot() const;
   int64_t numStale() const;
+  int64_t numUnresponsive() const;
   struct WorkerLoadView {
     std::string name;
     int64_t sessions = 0;
@@ -104,6 +114,7 @@ class RouterCore {
   routing::InFlight in_flight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerAddress> addresses_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::vector<MonoTime>> failures_ ABSL_GUARDED_BY(mu_);  // within the window
+  absl::flat_hash_set<std::string> unresponsive_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::agent

@@ -32,6 +32,12 @@ RouterMetrics::RouterMetrics(metrics::Registry& r, const std::string& pool)
                        .labels(labels_).registerOn(r).add({})),
       stale_workers_(buildGauge().name("tandem_router_stale_workers").help("Workers whose state stream is down: their cache is not credited.")
                          .labels(labels_).registerOn(r).add({})),
+      unresponsive_workers_(buildGauge().name("tandem_router_unresponsive_workers").help("Decode workers whose state stream went silent or cannot be opened: they get no new requests while another can take them.")
+                                .labels(labels_).registerOn(r).add({})),
+      called_off_(buildCounter().name("tandem_router_called_off_total").help("Attempts called off before the client's response started because their decode worker stopped answering; each request then goes elsewhere.")
+                      .labels(labels_).registerOn(r).add({})),
+      unserved_(buildCounter().name("tandem_router_unserved_total").help("Requests answered 503 (decode_workers_unresponsive) because only unresponsive decode workers could take them within --unserved-timeout.")
+                    .labels(labels_).registerOn(r).add({})),
       worker_sessions_(buildGauge().name("tandem_router_worker_sessions").help("Sessions resident on each decode worker, as its state stream reports.")
                            .labels(labels_).registerOn(r)),
       worker_in_flight_(buildGauge().name("tandem_router_worker_inflight_requests").help("Requests this router has in flight on each worker.")
@@ -55,6 +61,12 @@ void RouterMetrics::onStreamEnd(int64_t chunks, MonoTime first, MonoTime last) {
 }
 
 void RouterMetrics::setStaleWorkers(int64_t n) { stale_workers_.set(static_cast<double>(n)); }
+
+void RouterMetrics::setUnresponsiveWorkers(int64_t n) { unresponsive_workers_.set(static_cast<double>(n)); }
+
+void RouterMetrics::onCalledOff() { called_off_.increment(); }
+
+void RouterMetrics::onUnserved() { unserved_.increment(); }
 
 void RouterMetrics::setWorkerLoad(const std::string& worker, int64_t sessions, int64_t in_flight) {
   worker_sessions_.add({{"worker", worker}}).set(static_cast<double>(sessions));

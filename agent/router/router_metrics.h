@@ -26,6 +26,11 @@ class RouterMetrics {
   // step of D), the first at `first`, the last at `last`.
   void onStreamEnd(int64_t chunks, MonoTime first, MonoTime last);
   void setStaleWorkers(int64_t n);
+  void setUnresponsiveWorkers(int64_t n);
+  // An attempt called off (its worker stopped answering) before the client's response started.
+  void onCalledOff();
+  // A request answered 503: only unresponsive workers could take it in time.
+  void onUnserved();
   // Per worker: sessions the policy would send there now and requests in
   // flight from this router.
   void setWorkerLoad(const std::string& worker, int64_t sessions, int64_t in_flight);
@@ -41,6 +46,9 @@ class RouterMetrics {
   metrics::Counter& migrations_;
   metrics::Counter& sticky_hits_;
   metrics::Gauge& stale_workers_;
+  metrics::Gauge& unresponsive_workers_;
+  metrics::Counter& called_off_;
+  metrics::Counter& unserved_;
   metrics::Family<metrics::Gauge>& worker_sessions_;
   metrics::Family<metrics::Gauge>& worker_in_flight_;
 };

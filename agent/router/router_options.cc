@@ -55,6 +55,15 @@ void addRouterOptions(std::vector<Option>& o) {
   o.push_back(durationOption("upstream-open-timeout", "router", "upstream_open_timeout",
                              "router: how long a decode agent may take to accept a connection and, for a streamed request, to answer its headers",
                              &AgentConfig::upstream_open_timeout));
+  o.push_back(durationOption("worker-stale-after", "router", "worker_stale_after",
+                             "router: a worker whose state stream says nothing this long does not answer: no new "
+                             "requests, and those it has not started move (at least 100ms; keep it 3 or more of the "
+                             "workers' --events-heartbeat)",
+                             &AgentConfig::worker_stale_after));
+  o.push_back(durationOption("unserved-timeout", "router", "unserved_timeout",
+                             "router: a request that only unresponsive decode workers could take fails with 503 this "
+                             "long after it arrived (at least 100ms)",
+                             &AgentConfig::unserved_timeout));
   o.push_back(routingNumber("route-overlap-weight", "overlap_weight",
                             "router: score of holding the whole prompt prefix", &RouterConfig::overlap_weight, 0, 1e6));
   o.push_back(routingNumber("route-sticky-weight", "sticky_weight", "router: score of holding the session resident",

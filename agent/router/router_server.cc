@@ -43,6 +43,47 @@ ApiError noWorkerError(routing::NoWorkerReason reason) {
           .headers = {{"Retry-After", "1"}}};
 }
 
+// The answer when only unresponsive decode workers could take a request
+// and --unserved-timeout has passed since it arrived.
+ApiError unservedError(Duration bound) {
+  return {.status = 503,
+          .type = "service_unavailable_error",
+          .message = strCat("no decode worker took the request within ", std::chrono::duration<double>(bound).count(),
+                            " s: every one that could take it stopped answering"),
+          .code = "decode_workers_unresponsive",
+          .headers = {{"Retry-After", "1"}}};
+}
+
+// The attempts under way, by decode worker: those a worker has not started
+// are called off when it stops answering (docs/routing.md "Liveness").
+class Attempts {
+ public:
+  void add(const std::string& worker, std::shared_ptr<UpstreamAttempt> attempt) {
+    absl::MutexLock lock(&mu_);
+    by_worker_[worker].push_back(std::move(attempt));
+  }
+  void remove(const std::string& worker, const UpstreamAttempt* attempt) {
+    absl::MutexLock lock(&mu_);
+    auto it = by_worker_.find(worker);
+    if (it == by_worker_.end()) return;
+    std::erase_if(it->second, [&](const auto& a) { return a.get() == attempt; });
+    if (it->second.empty()) by_worker_.erase(it);
+  }
+  // Calls off every attempt on `worker` whose response has not started; how many.
+  int callOff(const std::string& worker) {
+    absl::MutexLock lock(&mu_);
+    auto it = by_worker_.find(worker);
+    if (it == by_worker_.end()) return 0;
+    int n = 0;
+    for (const auto& a : it->second) n += a->callOff() ? 1 : 0;
+    return n;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::vector<std::shared_ptr<UpstreamAttempt>>> by_worker_ ABSL_GUARDED_BY(mu_);
+};
+
 // Counts the threads serving routed requests, so drain() and the
 // destructor can wait for them.
 class CallThreads {
@@ -104,7 +145,17 @@ struct RouterServer::Impl {
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   UpstreamPools upstreams;  // kept-alive connections to the decode workers
+  Attempts attempts;
   CallThreads calls;
+
+  // A feed's thread: `worker` stopped answering (or answers again).
+  void onLiveness(const std::string& worker, bool unresponsive) {
+    if (!unresponsive) return;
+    if (const int n = attempts.callOff(worker); n > 0) {
+      log.warn("called off requests the unresponsive worker had not started; they go elsewhere",
+               {{"worker", worker}, {"requests", static_cast<int64_t>(n)}});
+    }
+  }
 
   http::Response generate(Endpoint endpoint, http::Request& req) {
     if (draining.load()) {
@@ -135,12 +186,25 @@ struct RouterServer::Impl {
   }
 
   // Runs on the call's own thread: decide, forward, and at most one retry
-  // on another worker for a failure before the first token.
+  // on another worker for a refusal or an unreachable worker before the
+  // first token. An attempt called off because its worker stopped answering
+  // moves without using that retry. Unresponsive workers are tried only
+  // when no other can take the request, and only until --unserved-timeout
+  // after its arrival: then the answer is a typed 503.
   void serve(RoutedCall& call, http::Responder& responder) {
     std::vector<std::string> avoid;
-    for (int attempt = 0;; ++attempt) {
+    int failures = 0;
+    const MonoTime unserved_at = call.arrival + config.unserved_timeout;
+    for (;;) {
       const MonoTime t0 = clock.now();
+      bool last_resort = false;
       auto routed = core.route(call.route, avoid);
+      if (auto* none = std::get_if<routing::NoWorker>(&routed);
+          none && none->reason == routing::NoWorkerReason::kNoDecodeWorker && core.numUnresponsive() > 0) {
+        if (t0 >= unserved_at) return unserved(responder);
+        routed = core.route(call.route, avoid, /*allow_unresponsive=*/true);
+        last_resort = true;
+      }
       if (auto* none = std::get_if<routing::NoWorker>(&routed)) {
         responder.respond(apiError(noWorkerError(none->reason)));
         return;
@@ -150,22 +214,34 @@ struct RouterServer::Impl {
       metrics.onDecision(routing::routePathName(d.path), clock.now() - t0,
                          d.reason == routing::DecisionReason::kSticky);
       if (d.reason == routing::DecisionReason::kMigrated) metrics.onMigration();
-      UpstreamOutcome out = forward(call, a, responder);
-      const bool last = attempt >= 1;
+      auto attempt = std::make_shared<UpstreamAttempt>();
+      attempts.add(d.decode, attempt);
+      // It may have stopped answering since the decision (onLiveness ran before add).
+      if (!last_resort && !core.responsive(d.decode)) attempt->callOff();
+      std::optional<Duration> bound;
+      if (last_resort) bound = std::max(Duration(0), unserved_at - clock.now());
+      UpstreamOutcome out = forward(call, a, responder, attempt, bound);
+      attempts.remove(d.decode, attempt.get());
       switch (out.kind) {
         case UpstreamOutcome::Kind::kServed:
         case UpstreamOutcome::Kind::kClientGone:
           core.finished(call.route, a);
           return;
+        case UpstreamOutcome::Kind::kCalledOff:
+          core.unreachable(call.route, a);
+          metrics.onCalledOff();
+          metrics.onRetry(kUnresponsiveRetryLabel);
+          break;
         case UpstreamOutcome::Kind::kRefused:
           core.rejected(call.route, a, *out.reason);
-          if (last) return relayRefusal(out, responder);
+          if (++failures > 1) return relayRefusal(out, responder);
           metrics.onRetry(routing::rejectReasonName(*out.reason));
           break;
         case UpstreamOutcome::Kind::kUnreachable:
           core.unreachable(call.route, a);
           log.warn("decode worker unreachable", {{"worker", d.decode}, {"error", out.detail}});
-          if (last) {
+          if (last_resort && clock.now() >= unserved_at) return unserved(responder);
+          if (++failures > 1) {
             responder.respond(apiError({.status = 503, .type = "service_unavailable_error",
                                         .message = strCat("decode worker ", d.decode, " is unreachable: ", out.detail),
                                         .code = "upstream_unreachable", .headers = {{"Retry-After", "1"}}}));
@@ -178,13 +254,24 @@ struct RouterServer::Impl {
     }
   }
 
+  void unserved(http::Responder& responder) {
+    metrics.onUnserved();
+    responder.respond(apiError(unservedError(config.unserved_timeout)));
+  }
+
   // One attempt on the decision's decode worker, the decision in headers.
-  UpstreamOutcome forward(RoutedCall& call, RouterCore::Assignment& a, http::Responder& responder) {
+  // `bound`: the most it may take (a last-resort attempt on an unresponsive worker).
+  UpstreamOutcome forward(RoutedCall& call, RouterCore::Assignment& a, http::Responder& responder,
+                          std::shared_ptr<UpstreamAttempt> attempt, std::optional<Duration> bound) {
     const routing::Decision& d = a.decision;
     std::optional<WorkerAddress> dst = core.address(d.decode);
     if (!dst) return {.kind = UpstreamOutcome::Kind::kUnreachable, .detail = "no address known"};
-    UpstreamRequest up{.base_url = dst->http, .path = call.path, .body = call.body,
-                       .open_timeout = config.upstream_open_timeout, .idle_timeout = config.request_timeout};
+    UpstreamRequest up{.base_url = dst->http,
+                       .path = call.path,
+                       .body = call.body,
+                       .open_timeout = std::min<Duration>(config.upstream_open_timeout, bound.value_or(Duration::max())),
+                       .idle_timeout = std::min<Duration>(config.request_timeout, bound.value_or(Duration::max())),
+                       .attempt = std::move(attempt)};
     if (call.session) up.headers["x-session-id"] = *call.session;
     up.headers[std::string(kRoutePathHeader)] = std::string(routing::routePathName(d.path));
     if (d.prefill) {
@@ -235,6 +322,7 @@ http::Routes routerRoutes(RouterServer::Impl& impl) {
   });
   r.handle("GET", "/metrics", [&impl](http::Request&) {
     impl.metrics.setStaleWorkers(impl.core.numStale());
+    impl.metrics.setUnresponsiveWorkers(impl.core.numUnresponsive());
     for (const auto& w : impl.core.workerLoads()) impl.metrics.setWorkerLoad(w.name, w.sessions, w.in_flight);
     return http::Response::text(200, metrics::serializeText(impl.registry), std::string(metrics::kContentType));
   });
@@ -252,7 +340,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
   auto impl = std::make_unique<Impl>(config, clock);
   TANDEM_RETURN_IF_ERROR(loadModel(*impl));
-  impl->feeds = std::make_unique<WorkerFeeds>(impl->core, clock, impl->log);
+  RouterServer::Impl* raw = impl.get();
+  impl->feeds = std::make_unique<WorkerFeeds>(
+      impl->core, clock, impl->log, config.worker_stale_after,
+      [raw](const std::string& worker, bool unresponsive) { raw->onLiveness(worker, unresponsive); });
   for (const HostPort& w : config.decode_workers) impl->feeds->add(w, routing::WorkerRole::kDecode);
   for (const HostPort& w : config.prefill_workers) impl->feeds->add(w, routing::WorkerRole::kPrefill);
   TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));

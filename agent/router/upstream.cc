@@ -58,12 +58,29 @@ bool isError(const http::SseEvent& e) {
   return j.is_object() && j.contains("error");
 }
 
+// Whether the client's response may start now: not when the router called
+// the attempt off.
+bool mayStart(const UpstreamRequest& r) { return !r.attempt || r.attempt->start(); }
+
+UpstreamOutcome calledOff() {
+  return {.kind = Kind::kCalledOff, .detail = "the decode worker stopped answering"};
+}
+
+// An attempt that ended without an answer: called off by the router, left
+// by the client, or D unreachable.
+UpstreamOutcome noAnswer(const UpstreamRequest& r, http::Responder& responder, const absl::Status& s) {
+  if (r.attempt && r.attempt->calledOff()) return calledOff();
+  if (responder.context().cancelled() || s.code() == absl::StatusCode::kCancelled) return {.kind = Kind::kClientGone};
+  return unreachable(s);
+}
+
 // Relays D's events to the client once the first token arrived (the
 // readEvents callback of forwardStream).
 class StreamRelay {
  public:
-  StreamRelay(http::Responder& responder, const Clock& clock, const std::function<void()>& on_first_chunk)
-      : responder_(responder), clock_(clock), on_first_chunk_(on_first_chunk) {}
+  StreamRelay(const UpstreamRequest& request, http::Responder& responder, const Clock& clock,
+              const std::function<void()>& on_first_chunk)
+      : request_(request), responder_(responder), clock_(clock), on_first_chunk_(on_first_chunk) {}
 
   // False: stop reading (the connection to D closes).
   bool onEvent(const http::SseEvent& e) {
@@ -111,17 +128,25 @@ class StreamRelay {
       writer_->close();
       return out_;
     }
+    if (out_.kind == Kind::kCalledOff) return out_;
     if (out_.in_stream) {
       out_.kind = out_.reason ? Kind::kRefused : Kind::kServed;
-      if (!out_.reason) relayRefusal(out_, responder_);
+      if (!out_.reason) {
+        if (!mayStart(request_)) return calledOff();
+        relayRefusal(out_, responder_);
+      }
       return out_;
     }
-    if (status.code() == absl::StatusCode::kCancelled) return {.kind = Kind::kClientGone};
-    return unreachable(status.ok() ? absl::UnavailableError("the stream ended before any event") : status);
+    return noAnswer(request_, responder_,
+                    status.ok() ? absl::UnavailableError("the stream ended before any event") : status);
   }
 
  private:
   bool open() {
+    if (!mayStart(request_)) {
+      out_ = calledOff();
+      return false;
+    }
     responder_.respond(http::Response::sse([this](std::shared_ptr<http::SseWriter> w) { writer_ = std::move(w); }));
     if (!writer_) {  // the call was answered already (deadline, shutdown)
       out_.kind = Kind::kClientGone;
@@ -130,6 +155,7 @@ class StreamRelay {
     return true;
   }
 
+  const UpstreamRequest& request_;
   http::Responder& responder_;
   const Clock& clock_;
   const std::function<void()>& on_first_chunk_;
@@ -144,26 +170,24 @@ class StreamRelay {
 absl::StatusOr<std::unique_ptr<http::SseClient>> openUpstream(UpstreamPools& pools, const UpstreamRequest& request,
                                                                bool stream, http::Responder& responder) {
   TANDEM_ASSIGN_OR_RETURN(http::ConnectionPool * pool, pools.get(request.base_url));
-  auto canceller = std::make_shared<http::StreamCanceller>();
+  std::shared_ptr<http::StreamCanceller> canceller =
+      request.attempt ? request.attempt->canceller() : std::make_shared<http::StreamCanceller>();
   responder.context().onCancel([canceller] { canceller->cancel(); });
   return pool->open(clientRequest(request, stream), canceller);
 }
 
-// No stream from D: the client went away meanwhile, or D is unreachable.
-UpstreamOutcome notOpened(const absl::Status& s) {
-  if (s.code() == absl::StatusCode::kCancelled) return {.kind = Kind::kClientGone};
-  return unreachable(s);
-}
-
 // D answered with an error status: a refusal to retry elsewhere, or the
 // answer to relay.
-UpstreamOutcome errorStatus(http::SseClient& sse, http::Responder& responder) {
+UpstreamOutcome errorStatus(const UpstreamRequest& request, http::SseClient& sse, http::Responder& responder) {
   absl::StatusOr<std::string> body = sse.readBody();
-  if (!body.ok()) return unreachable(body.status());
+  if (!body.ok()) return noAnswer(request, responder, body.status());
   UpstreamOutcome out{.status = sse.status(), .body = std::move(*body), .headers = sse.headers()};
   out.reason = retryableRefusal(out.body);
   out.kind = out.reason ? Kind::kRefused : Kind::kServed;
-  if (!out.reason) relayRefusal(out, responder);
+  if (!out.reason) {
+    if (!mayStart(request)) return calledOff();
+    relayRefusal(out, responder);
+  }
   return out;
 }
 
@@ -178,15 +202,35 @@ absl::StatusOr<http::ConnectionPool*> UpstreamPools::get(const std::string& base
   return pools_.emplace(base_url, std::move(pool)).first->second.get();
 }
 
+bool UpstreamAttempt::callOff() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || called_off_) return false;
+    called_off_ = true;
+  }
+  canceller_->cancel();
+  return true;
+}
+
+bool UpstreamAttempt::start() {
+  absl::MutexLock lock(&mu_);
+  if (called_off_) return false;
+  started_ = true;
+  return true;
+}
+
+bool UpstreamAttempt::calledOff() const {
+  absl::MutexLock lock(&mu_);
+  return called_off_;
+}
+
 UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder) {
   auto sse = openUpstream(pools, request, /*stream=*/false, responder);
-  if (!sse.ok()) return notOpened(sse.status());
-  if ((*sse)->status() != 200) return errorStatus(**sse, responder);
+  if (!sse.ok()) return noAnswer(request, responder, sse.status());
+  if ((*sse)->status() != 200) return errorStatus(request, **sse, responder);
   absl::StatusOr<std::string> body = (*sse)->readBody();
-  if (!body.ok()) {
-    if (responder.context().cancelled()) return {.kind = Kind::kClientGone};
-    return unreachable(body.status());
-  }
+  if (!body.ok()) return noAnswer(request, responder, body.status());
+  if (!mayStart(request)) return calledOff();
   if (!responder.respond(plainResponse(200, std::move(*body), (*sse)->headers()))) return {.kind = Kind::kClientGone};
   return {.kind = Kind::kServed, .status = 200};
 }
@@ -194,9 +238,9 @@ UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& reques
 UpstreamOutcome forwardStream(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder,
                               const Clock& clock, const std::function<void()>& on_first_chunk) {
   auto sse = openUpstream(pools, request, /*stream=*/true, responder);
-  if (!sse.ok()) return notOpened(sse.status());
-  if ((*sse)->status() != 200) return errorStatus(**sse, responder);
-  StreamRelay relay(responder, clock, on_first_chunk);
+  if (!sse.ok()) return noAnswer(request, responder, sse.status());
+  if ((*sse)->status() != 200) return errorStatus(request, **sse, responder);
+  StreamRelay relay(request, responder, clock, on_first_chunk);
   absl::Status status = (*sse)->readEvents([&relay](const http::SseEvent& e) { return relay.onEvent(e); });
   return relay.finish(status);
 }

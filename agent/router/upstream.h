@@ -46,6 +46,32 @@ class UpstreamPools {
   absl::flat_hash_map<std::string, std::unique_ptr<http::ConnectionPool>> pools_ ABSL_GUARDED_BY(mu_);
 };
 
+// One attempt's link to the router's liveness view of its decode worker
+// (docs/routing.md "Liveness"): until the client's response starts, the
+// router may call the attempt off (the worker stopped answering) and send
+// the request elsewhere; once it started, the attempt is the request's
+// only one. Calling off cuts the connection to D (StreamCanceller), which D
+// takes as a cancel. Thread-safe.
+class UpstreamAttempt {
+ public:
+  UpstreamAttempt() : canceller_(std::make_shared<http::StreamCanceller>()) {}
+
+  // The router: calls the attempt off unless the client's response has
+  // started. True when it did.
+  bool callOff();
+  // The relay, right before the client's response starts: false when the
+  // attempt was called off (nothing may be sent to the client then).
+  bool start();
+  bool calledOff() const;
+  const std::shared_ptr<http::StreamCanceller>& canceller() const { return canceller_; }
+
+ private:
+  const std::shared_ptr<http::StreamCanceller> canceller_;
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool called_off_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 struct UpstreamRequest {
   std::string base_url;  // "http://host:port" of D's agent API
   std::string path;      // "/v1/chat/completions"
@@ -57,6 +83,8 @@ struct UpstreamRequest {
   // comment on an idle one), and the whole wait for a non-streamed answer,
   // whose headers come only with the finished completion.
   Duration idle_timeout = std::chrono::minutes(10);
+  // Set by the router: lets it call the attempt off (null: never).
+  std::shared_ptr<UpstreamAttempt> attempt;
 };
 
 // How an attempt ended.
@@ -66,6 +94,7 @@ struct UpstreamOutcome {
     kRefused,      // D refused before any token, for a typed reason: the client saw nothing yet
     kUnreachable,  // no response from D at all: the client saw nothing yet
     kClientGone,   // the client hung up (or the router is shutting down); D's request was cancelled
+    kCalledOff,    // the router called it off (D stopped answering): the client saw nothing yet
   };
   Kind kind = Kind::kServed;
   std::optional<routing::RejectReason> reason;  // kRefused

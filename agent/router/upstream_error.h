@@ -26,5 +26,7 @@ bool retryElsewhere(routing::RejectReason reason);
 // The `reason` label of tandem_router_retries_total for a worker that could
 // not be reached at all (connection refused or reset before a response).
 inline constexpr std::string_view kUnreachableRetryLabel = "unreachable";
+// ... and of requests moved off a worker that stopped answering before it started them.
+inline constexpr std::string_view kUnresponsiveRetryLabel = "unresponsive";
 
 }  // namespace tandem::agent

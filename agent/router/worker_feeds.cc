@@ -12,7 +12,9 @@ struct WorkerFeeds::Feed {
   std::unique_ptr<WorkerStreamClient> client;
 };
 
-WorkerFeeds::WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log) : core_(core), clock_(clock), log_(log) {}
+WorkerFeeds::WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Duration stale_after,
+                         LivenessCallback on_liveness)
+    : core_(core), clock_(clock), log_(log), stale_after_(stale_after), on_liveness_(std::move(on_liveness)) {}
 
 WorkerFeeds::~WorkerFeeds() {
   for (auto& f : feeds_) f->client.reset();  // no callback runs after this
@@ -42,7 +44,19 @@ void WorkerFeeds::add(const HostPort& address, routing::WorkerRole role) {
   callbacks.on_stale = [this, f](bool stale) {
     if (stale && !f->name.empty()) core_.markStale(f->name);
   };
-  f->client = WorkerStreamClient::start({.url = f->url, .clock = &clock_}, std::move(callbacks));
+  callbacks.on_unresponsive = [this, f](bool unresponsive) {
+    if (f->name.empty()) return;  // never reported: the router does not route to it
+    core_.setResponsive(f->name, !unresponsive);
+    if (unresponsive) {
+      log_.warn("worker does not answer; it gets no new requests and those it has not started move",
+                {{"worker", f->name}, {"url", f->url}});
+    } else {
+      log_.info("worker answers again", {{"worker", f->name}});
+    }
+    if (on_liveness_) on_liveness_(f->name, unresponsive);
+  };
+  f->client = WorkerStreamClient::start({.url = f->url, .stale_after = stale_after_, .clock = &clock_},
+                                        std::move(callbacks));
   feeds_.push_back(std::move(feed));
 }
 

@@ -4,11 +4,16 @@
 // each feeding snapshots and deltas into the RouterCore. A stream that
 // breaks, skips a sequence number or changes epoch is re-opened and starts
 // from a fresh snapshot; while it is down the worker is marked stale (no
-// cache credit; still routable) and that is logged once.
+// cache credit; still routable) and that is logged once. A worker whose
+// stream goes silent for `stale_after`, or that cannot be reached, is
+// unresponsive (RouterCore::setResponsive; `on_liveness` is told) until a
+// snapshot comes again.
 //
 // Thread-safe; the destructor stops every subscription.
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "agent/agent_config.h"
@@ -20,7 +25,10 @@ namespace tandem::agent {
 
 class WorkerFeeds {
  public:
-  WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log);
+  // `on_liveness(worker, unresponsive)`: runs on a feed's thread when a
+  // worker becomes unresponsive (true) or answers again (false).
+  using LivenessCallback = std::function<void(const std::string& worker, bool unresponsive)>;
+  WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Duration stale_after, LivenessCallback on_liveness);
   ~WorkerFeeds();
 
   // Subscribes to the agent whose HTTP API is at `address`.
@@ -31,6 +39,8 @@ class WorkerFeeds {
   RouterCore& core_;
   const Clock& clock_;
   Logger& log_;
+  const Duration stale_after_;
+  const LivenessCallback on_liveness_;
   std::vector<std::unique_ptr<Feed>> feeds_;
 };
 

@@ -91,6 +91,19 @@ TEST(AgentConfigTest, HeartbeatSettingsFromYamlAndFlags) {
   EXPECT_EQ(c->kv_heartbeat_misses, 5);
 }
 
+TEST(AgentConfigTest, RouterLivenessSettingsFromYamlAndFlags) {
+  auto defaults = parse({"--model-dir", "m"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->worker_stale_after, std::chrono::seconds(2));
+  EXPECT_EQ(defaults->unserved_timeout, std::chrono::seconds(10));
+  std::string path = writeFile("liveness.yaml", "router:\n  worker_stale_after: 3s\n  unserved_timeout: 5s\n");
+  auto c = parse({"--config", path, "--model-dir", "m", "--role", "router", "--decode-workers", "a:1",
+                  "--unserved-timeout", "7s"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_stale_after, std::chrono::seconds(3));
+  EXPECT_EQ(c->unserved_timeout, std::chrono::seconds(7));  // the flag wins
+}
+
 TEST(AgentConfigTest, PrefillDeadlineSettingsFromYamlAndFlags) {
   auto defaults = parse({"--model-dir", "m"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();
@@ -148,6 +161,13 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({"--model-dir", "m", "--prefill-deadline-slack", "0.5"})).find("out of range"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--prefill-assumed-rate", "0"})).find("out of range"), std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1", "--worker-stale-after",
+                       "50ms"}))
+                .find("--worker-stale-after (router.worker_stale_after): 0.05s is below the 100ms minimum"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1", "--unserved-timeout", "0s"}))
+                .find("--unserved-timeout (router.unserved_timeout): 0s is below the 100ms minimum"),
+            std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--kv-heartbeat-interval", "soon"})).find("expected a duration"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--drain-grace", "5"})).find("expected a duration"), std::string::npos);
@@ -166,7 +186,7 @@ TEST(AgentConfigTest, WorkerStreamSettingsFromYamlAndFlags) {
   auto d = parse({"--model-dir", "m"});
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->events_load_interval, std::chrono::milliseconds(50));
-  EXPECT_EQ(d->events_heartbeat, std::chrono::seconds(5));
+  EXPECT_EQ(d->events_heartbeat, std::chrono::milliseconds(500));
   EXPECT_EQ(d->events_buffer, 4096);
   std::string path = writeFile("events.yaml", R"(
 model:

@@ -104,6 +104,8 @@ TEST_F(WorkerStreamClientTest, SilentStreamIsCutAndResyncedFromOneSnapshot) {
   // "Fresh" is said just after the snapshot callback returns.
   EXPECT_TRUE(waitFor([&] { return recorder_.stale().size() == 2; }));
   EXPECT_EQ(recorder_.stale(), (std::vector<bool>{true, false}));
+  // Silence is the worker's: unresponsive until the snapshot.
+  EXPECT_EQ(recorder_.unresponsive(), (std::vector<bool>{true, false}));
 }
 
 // The worker's heartbeats keep a quiet stream alive: a minute of fake time
@@ -154,6 +156,8 @@ TEST_F(WorkerStreamClientTest, GapOrNewEpochResyncsFromOneSnapshot) {
   EXPECT_EQ(recorder_.snapshots()[2].epoch, 2u);
   EXPECT_TRUE(waitFor([&] { return recorder_.stale().size() == 4; }));
   EXPECT_EQ(recorder_.stale(), (std::vector<bool>{true, false, true, false}));
+  // Resyncs say nothing of the worker's liveness.
+  EXPECT_TRUE(recorder_.unresponsive().empty());
 }
 
 // While the worker answers 503 the client retries with backoff on the
@@ -170,11 +174,13 @@ TEST_F(WorkerStreamClientTest, WorkerDownIsStaleOnceWhileRetried) {
   ASSERT_TRUE(advanceUntil([&] { return attempts.load() >= 5; }, std::chrono::milliseconds(500)));
   EXPECT_EQ(recorder_.stale(), std::vector<bool>{true});
   EXPECT_EQ(recorder_.numSnapshots(), 0u);
+  EXPECT_EQ(recorder_.unresponsive(), std::vector<bool>{true});
   up.store(true);
   ASSERT_TRUE(advanceUntil([&] { return recorder_.numSnapshots() >= 1; }, std::chrono::milliseconds(500)));
   // "Fresh" is said just after the snapshot callback returns.
   EXPECT_TRUE(waitFor([&] { return recorder_.stale().size() == 2; }));
   EXPECT_EQ(recorder_.stale(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(recorder_.unresponsive(), (std::vector<bool>{true, false}));
 }
 
 // A subscriber that reads nothing (a raw socket with a small receive

@@ -26,6 +26,11 @@ class StreamRecorder {
                 [this](bool stale) {
                   absl::MutexLock lock(&mu_);
                   stale_.push_back(stale);
+                },
+            .on_unresponsive =
+                [this](bool unresponsive) {
+                  absl::MutexLock lock(&mu_);
+                  unresponsive_.push_back(unresponsive);
                 }};
   }
   std::vector<routing::WorkerSnapshot> snapshots() const {
@@ -39,6 +44,10 @@ class StreamRecorder {
   std::vector<bool> stale() const {
     absl::MutexLock lock(&mu_);
     return stale_;
+  }
+  std::vector<bool> unresponsive() const {
+    absl::MutexLock lock(&mu_);
+    return unresponsive_;
   }
   size_t numSnapshots() const { return snapshots().size(); }
   bool waitForSnapshots(size_t n) const {
@@ -60,6 +69,7 @@ class StreamRecorder {
   std::vector<routing::WorkerSnapshot> snapshots_ ABSL_GUARDED_BY(mu_);
   std::vector<routing::WorkerDelta> deltas_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> stale_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> unresponsive_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::agent::testing

@@ -13,13 +13,13 @@
 
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
+#include "tests/agent/router/router_test_util.h"
 
 namespace tandem::agent::testing {
 namespace {
 
 using nlohmann::json;
 
-std::string hostPort(const AgentProcess& a) { return a.url("").substr(std::string("http://").size()); }
 std::string kvAddress(const AgentProcess& p) { return "127.0.0.1:" + std::to_string(p.kvPort()); }
 
 std::unique_ptr<AgentProcess> startPrefill(const std::string& name) {

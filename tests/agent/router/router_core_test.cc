@@ -58,6 +58,29 @@ TEST_F(RouterCoreTest, AvoidingEveryDecodeWorkerLeavesNone) {
   route();
 }
 
+// A worker that stopped answering (its stream went silent) gets nothing
+// while another can take the request; it is the last resort when none can,
+// and gets work again once it answers.
+TEST_F(RouterCoreTest, AnUnresponsiveWorkerIsOnlyTheLastResort) {
+  core_.setResponsive("d0", false);
+  EXPECT_FALSE(core_.responsive("d0"));
+  EXPECT_EQ(core_.numUnresponsive(), 1);
+  for (int i = 0; i < 20; ++i) {
+    RouterCore::Assignment a = route();
+    EXPECT_EQ(a.decision.decode, "d1");
+    core_.finished(request_, a);
+  }
+  auto none = core_.route(request_, {"d1"});
+  ASSERT_TRUE(std::holds_alternative<routing::NoWorker>(none));
+  auto last = core_.route(request_, {"d1"}, /*allow_unresponsive=*/true);
+  ASSERT_TRUE(std::holds_alternative<RouterCore::Assignment>(last));
+  EXPECT_EQ(std::get<RouterCore::Assignment>(last).decision.decode, "d0");
+  core_.finished(request_, std::get<RouterCore::Assignment>(last));
+  core_.setResponsive("d0", true);
+  EXPECT_EQ(core_.numUnresponsive(), 0);
+  EXPECT_EQ(route({"d1"}).decision.decode, "d0");
+}
+
 TEST_F(RouterCoreTest, AnUnreachableWorkerSitsOutForTheWindowOnly) {
   RouterCore::Assignment a = route();
   const std::string bad = a.decision.decode;

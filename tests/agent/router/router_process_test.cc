@@ -20,6 +20,7 @@
 
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
+#include "tests/agent/router/router_test_util.h"
 #include "tests/testing/quiet_logs.h"
 #include "tests/testing/tcp_proxy.h"
 
@@ -27,8 +28,6 @@ namespace tandem::agent::testing {
 namespace {
 
 using nlohmann::json;
-
-std::string hostPort(const AgentProcess& a) { return a.url("").substr(std::string("http://").size()); }
 
 // A decode agent (role both: it computes everything itself) with a name.
 std::unique_ptr<AgentProcess> startWorker(const std::string& name, std::vector<std::string> extra = {}) {
@@ -57,18 +56,6 @@ http::ClientResponse post(const AgentProcess& router, const json& body, const st
   auto resp = http::httpSend(r);
   EXPECT_TRUE(resp.ok()) << resp.status();
   return resp.ok() ? *resp : http::ClientResponse{};
-}
-
-// The sessions each worker served, from its trace lines.
-std::set<std::string> sessionsServedBy(const AgentProcess& worker) {
-  std::set<std::string> out;
-  std::istringstream in(worker.trace());
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("session") && j["session"].is_string()) out.insert(j["session"]);
-  }
-  return out;
 }
 
 // A growing conversation: each turn repeats the previous prompt and appends.
@@ -173,7 +160,9 @@ TEST_F(RouterProcessTest, ACutEventStreamIsResyncedFromOneSnapshotAndTheWorkerKe
 TEST_F(RouterProcessTest, ASlowNonStreamedAnswerIsWaitedForNotRetried) {
   auto d0 = startWorker("d0");
   ASSERT_TRUE(d0);
-  auto router = startRouter({hostPort(*d0)}, {"--upstream-open-timeout", "300ms"});
+  // Liveness (a silent state stream) is not what this is about: D is stopped
+  // for less than --worker-stale-after.
+  auto router = startRouter({hostPort(*d0)}, {"--upstream-open-timeout", "300ms", "--worker-stale-after", "30s"});
   ASSERT_TRUE(router);
   ASSERT_EQ(post(*router, completion("a first request opens the connection")).status, 200);
   ASSERT_EQ(kill(d0->pid(), SIGSTOP), 0);
