@@ -31,7 +31,8 @@
 // the layer-wise overlap. Yardstick: the monolithic agent's TTFT.
 //
 // TTFT with the prefill agent stopped (SIGSTOP), against TTFT with it
-// running: see stalledPrefill().
+// running: see stalledPrefill(); a decode agent stopped behind the router:
+// see stalledDecode().
 
 #include <fcntl.h>
 #include <signal.h>
@@ -59,6 +60,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent_server.h"
+#include "agent/router/router_server.h"
 #include "agent/transport/ucx_transport.h"
 #include "bench/bench_report.h"
 #include "engine/model/model_loader.h"
@@ -289,6 +291,66 @@ double timedRequest(const Agent& a, const std::string& prompt) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
+// An agent in its own process (so it can be stopped with SIGSTOP), started
+// from this binary's directory; killed (after SIGCONT) when this goes.
+struct ChildAgent {
+  pid_t pid = 0;
+  int http_port = 0;
+  int kv_port = 0;
+  std::string trace;  // its trace file
+  ChildAgent() = default;
+  ChildAgent(const ChildAgent&) = delete;
+  ChildAgent& operator=(const ChildAgent&) = delete;
+  ~ChildAgent() {
+    if (pid <= 0) return;
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+// Starts tandem-agent named `name` with `args` and waits for its ports; null on failure.
+std::unique_ptr<ChildAgent> spawnAgent(const std::string& dir, const std::string& name, std::vector<std::string> args) {
+  const std::string agent_bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tandem-agent").string();
+  const std::string port_file = dir + "/" + name + ".port";
+  auto child = std::make_unique<ChildAgent>();
+  child->trace = dir + "/" + name + ".jsonl";
+  std::vector<std::string> all = {agent_bin,   "--model-dir", dir + "/tiny", "--listen",     "127.0.0.1:0",
+                                  "--port-file", port_file,   "--log-level",  "error",        "--worker",
+                                  name,        "--trace-file", child->trace};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (posix_spawn(&child->pid, agent_bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "bench_transport: cannot start %s\n", agent_bin.c_str());
+    child->pid = 0;
+    return nullptr;
+  }
+  for (int i = 0; i < 600 && child->http_port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> child->http_port >> child->kv_port)) child->http_port = 0;
+    if (child->http_port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (child->http_port == 0) {
+    std::fprintf(stderr, "bench_transport: agent %s did not start\n", name.c_str());
+    return nullptr;
+  }
+  return child;
+}
+
+// The value of the first series of `name` in `url`'s metrics; -1 if none.
+double scrapeValue(const std::string& url, const std::string& name) {
+  auto r = http::httpGet(url);
+  if (!r.ok()) return -1;
+  std::istringstream in(r->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + "{", 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 // A prefill agent that stalls (docs/pd.md "Liveness"): P runs as its own
 // process (so it can be stopped with SIGSTOP), D in this one with P as its
 // only prefill peer. Yardstick: TTFT with P running. Then, five times: stop
@@ -298,50 +360,15 @@ double timedRequest(const Agent& a, const std::string& prompt) {
 // P stopped, instead of the 60 s prefill deadline.
 bool stalledPrefill(std::vector<bench::Result>& results, const std::string& dir) {
   const std::string model_dir = dir + "/tiny";
-  const std::string agent_bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tandem-agent").string();
-  const std::string port_file = dir + "/stalled-p.port";
-  std::vector<std::string> args = {agent_bin,   "--model-dir", model_dir,   "--role",      "prefill",     "--listen",
-                                   "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",         "--port-file",
-                                   port_file,   "--log-level", "error",     "--lease-ttl", "5s"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, agent_bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    std::fprintf(stderr, "bench_transport: cannot start %s\n", agent_bin.c_str());
-    return false;
-  }
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      kill(pid, SIGCONT);
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-  } reaper{pid};
-  int http_port = 0, kv_port = 0;
-  for (int i = 0; i < 600 && kv_port == 0; ++i) {
-    std::ifstream in(port_file);
-    if (!(in >> http_port >> kv_port)) kv_port = 0;
-    if (kv_port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (kv_port == 0) {
-    std::fprintf(stderr, "bench_transport: the stalled-prefill P did not start\n");
-    return false;
-  }
+  auto p = spawnAgent(dir, "stalled-p", {"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                         "--lease-ttl", "5s"});
+  if (!p) return false;
+  const pid_t pid = p->pid;
+  const int kv_port = p->kv_port;
   auto d = startAgent(dir, "decode-stalled", model_dir, agent::AgentRole::kDecode, "tcp", kv_port);
   if (!d.ok()) return false;
   const std::string metrics_url = strCat("http://127.0.0.1:", d->server->port(), "/metrics");
-  auto peer_healthy = [&] {
-    auto r = http::httpGet(metrics_url);
-    if (!r.ok()) return false;
-    std::istringstream in(r->body);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("tandem_kv_prefill_peer_healthy{", 0) == 0) return line.back() == '1';
-    }
-    return false;
-  };
+  auto peer_healthy = [&] { return scrapeValue(metrics_url, "tandem_kv_prefill_peer_healthy") == 1; };
   std::mt19937 rng(11);
   auto fresh = [&] {
     std::string s(511, ' ');
@@ -378,6 +405,106 @@ bool stalledPrefill(std::vector<bench::Result>& results, const std::string& dir)
   results.push_back({.name = "stalled_prefill_ttft_ms_after_detection", .value = median(after), .unit = "ms",
                      .reference = ref, .reference_name = "TTFT ms with P running"});
   d->server.reset();
+  return true;
+}
+
+// A decode agent that stalls, behind the router (docs/routing.md
+// "Liveness"): two agents (role both) in their own processes, the router in
+// this one. Yardstick: the latency of a request (max_tokens 1) through the
+// router with both running. Then, five times: stop the agent that holds a
+// session, time that session's next turn (routed to the stopped agent, called
+// off once its state stream has been silent for --worker-stale-after, served
+// by the other), time a new session's request (the stopped one already
+// unresponsive), resume it and wait until the router takes it back. Target
+// (P/D liveness issue): the moved request within 3 s.
+bool stalledDecode(std::vector<bench::Result>& results, const std::string& dir) {
+  std::unique_ptr<ChildAgent> d[2] = {spawnAgent(dir, "stalled-d0", {"--num-blocks", "512"}),
+                                      spawnAgent(dir, "stalled-d1", {"--num-blocks", "512"})};
+  if (!d[0] || !d[1]) return false;
+  agent::AgentConfig rc;
+  rc.model_dir = dir + "/tiny";
+  rc.model_name = "tiny";
+  rc.host = "127.0.0.1";
+  rc.port = 0;
+  rc.role = agent::AgentRole::kRouter;
+  rc.worker = "stalled-router";
+  rc.decode_workers = {{.host = "127.0.0.1", .port = d[0]->http_port}, {.host = "127.0.0.1", .port = d[1]->http_port}};
+  auto router = agent::RouterServer::start(rc, SystemClock::instance());
+  if (!router.ok()) {
+    std::fprintf(stderr, "bench_transport: router: %s\n", std::string((router.status().message())).c_str());
+    return false;
+  }
+  const std::string base = strCat("http://127.0.0.1:", (*router)->port());
+  for (int i = 0; i < 400; ++i) {
+    auto r = http::httpGet(base + "/readyz");
+    if (r.ok() && r->status == 200 && scrapeValue(base + "/metrics", "tandem_router_stale_workers") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  // One turn of `session` through the router: its wall time in ms, negative on failure.
+  auto turn = [&](const std::string& session, const std::string& prompt) {
+    http::ClientRequest req{.method = "POST", .url = base + "/v1/completions"};
+    req.headers["Content-Type"] = "application/json";
+    req.headers["x-session-id"] = session;
+    req.body = nlohmann::json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}}.dump();
+    req.timeout = std::chrono::seconds(60);
+    const auto start = std::chrono::steady_clock::now();
+    auto r = http::httpSend(req);
+    if (!r.ok() || r->status != 200) {
+      std::fprintf(stderr, "bench_transport: routed request failed: %s\n",
+                   r.ok() ? r->body.c_str() : std::string(r.status().message()).c_str());
+      return -1.0;
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  // Sessions whose turns d0 served, from its trace.
+  auto onD0 = [&] {
+    std::vector<std::string> out;
+    for (const auto& r : readTrace(d[0]->trace)) {
+      if (r["session"].is_string()) out.push_back(r["session"]);
+    }
+    return out;
+  };
+  std::vector<double> running, moved, after;
+  for (int i = 0; i < 8; ++i) running.push_back(turn(strCat("warm-", i), strCat("warm session ", i, " says hello")));
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<std::string> held;
+    for (int k = 0; k < 6 && held.empty(); ++k) {
+      const std::string s = strCat("rep-", rep, "-", k);
+      // Prompts differ from the first block on, so no cached prefix pulls them to one worker.
+      if (turn(s, s + " opens a conversation") < 0) return false;
+      for (const std::string& o : onD0()) {
+        if (o == s) held.push_back(s);
+      }
+    }
+    if (held.empty()) {
+      std::fprintf(stderr, "bench_transport: no session landed on d0\n");
+      return false;
+    }
+    kill(d[0]->pid, SIGSTOP);
+    moved.push_back(turn(held[0], held[0] + " opens a conversation and goes on"));
+    after.push_back(turn(strCat("new-", rep), strCat("new session ", rep, " starts while d0 is stopped")));
+    kill(d[0]->pid, SIGCONT);
+    for (int i = 0; i < 400 && scrapeValue(base + "/metrics", "tandem_router_unresponsive_workers") != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    if (scrapeValue(base + "/metrics", "tandem_router_unresponsive_workers") != 0) {
+      std::fprintf(stderr, "bench_transport: the router never took the resumed d0 back\n");
+      return false;
+    }
+    // So the stop lands anywhere in the heartbeat period.
+    std::this_thread::sleep_for(std::chrono::milliseconds(130 * (rep + 1)));
+  }
+  for (const auto* v : {&running, &moved, &after}) {
+    if (std::any_of(v->begin(), v->end(), [](double x) { return x < 0; })) return false;
+  }
+  const double ref = median(running);
+  results.push_back({.name = "stalled_decode_moved_ms", .value = median(moved), .unit = "ms", .reference = ref,
+                     .reference_name = "routed request ms with both running"});
+  results.push_back({.name = "stalled_decode_moved_ms_max", .value = *std::max_element(moved.begin(), moved.end()),
+                     .unit = "ms", .reference = ref, .reference_name = "routed request ms with both running"});
+  results.push_back({.name = "stalled_decode_ms_after_detection", .value = median(after), .unit = "ms",
+                     .reference = ref, .reference_name = "routed request ms with both running"});
+  router->reset();
   return true;
 }
 
@@ -493,7 +620,7 @@ int main(int argc, char** argv) {
     std::perror("bench_transport: mkdtemp");
     return 1;
   }
-  const bool split_ok = ttftSplit(results, dir) && stalledPrefill(results, dir);
+  const bool split_ok = ttftSplit(results, dir) && stalledPrefill(results, dir) && stalledDecode(results, dir);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   if (!split_ok) {
