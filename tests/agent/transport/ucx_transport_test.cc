@@ -45,6 +45,9 @@ struct Side {
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) t = std::move(*r);
   }
+  // The transport goes first: its shutdown may still call on_disconnect,
+  // which must find the vectors alive (members die after this body).
+  ~Side() { t.reset(); }
   size_t numMessages() {
     std::lock_guard l(mu);
     return messages.size();
