@@ -163,10 +163,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
           uncountPeer(e);
           // Every pull is over, so D's blocks may take another attempt's KV.
           if (std::optional<std::string_view> why = failoverReason(e)) {
-            moveOff(tid, e, *why, e.tr.dBlocks());
-          } else {
-            endImport(e, a.message);
+            // The rest of `actions` (none: kEndImport is the last) was the old transfer's.
+            return moveOff(tid, e, *why, e.tr.dBlocks());
           }
+          endImport(e, a.message);
           break;
       }
     }
@@ -501,7 +501,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     e.left.push_back(e.peer);
     uncountPeer(e);
     e.tr = DecodeTransfer(layout.num_layers, e.tr.verifying());
-    const std::optional<size_t> q = peers.choose(std::nullopt, e.left);
+    std::optional<size_t> q = peers.choose(std::nullopt, e.left);
+    // One known not to serve this agent would fail it again: compute it here.
+    if (q && peers[*q].incompatible) q.reset();
     if (!q) {
       metrics.failover(why, "local");
       e.local = true;

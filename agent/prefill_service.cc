@@ -156,6 +156,8 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     tr.request_id = u.id.value();
     by_request[u.id.value()] = key;
     kvproto::PrefillAccepted a;
+    // What it had cached: D measures this agent's rate on what it computes.
+    a.num_cached_tokens = static_cast<uint32_t>(std::max(0, u.num_cached_tokens));
     // What is left of the lease (it started when the request arrived).
     a.lease_ms = static_cast<uint32_t>(
         std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(lease_end - clock.now()).count()));

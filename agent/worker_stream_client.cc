@@ -1,5 +1,6 @@
 #include "agent/worker_stream_client.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -71,8 +72,11 @@ class WorkerStreamClient::Impl {
 
   // One connection: open, then read until it ends.
   StreamEnd readOnce(bool* got_snapshot) {
-    auto opened = http::SseClient::open(
-        {.method = "GET", .url = options_.url + "/internal/v1/events", .timeout = options_.io_timeout});
+    // A worker that stalled accepts the connection and answers nothing: an
+    // open waits no longer than a stream may be silent.
+    auto opened = http::SseClient::open({.method = "GET",
+                                         .url = options_.url + "/internal/v1/events",
+                                         .timeout = std::min(options_.io_timeout, options_.stale_after)});
     if (!opened.ok()) return {.why = opened.status(), .unresponsive = true};
     std::shared_ptr<http::SseClient> stream = std::move(*opened);
     if (stream->status() != 200) {

@@ -43,10 +43,33 @@ void RouterCore::setResponsive(std::string_view worker, bool responsive) {
   absl::MutexLock lock(&mu_);
   const std::string name(worker);
   if (responsive) {
-    unresponsive_.erase(name);
+    unresponsive_since_.erase(name);
   } else {
-    unresponsive_.insert(name);
+    unresponsive_since_.try_emplace(name, clock_.now());
   }
+}
+
+std::optional<MonoTime> RouterCore::unresponsiveSince(std::string_view worker) const {
+  absl::MutexLock lock(&mu_);
+  auto it = unresponsive_since_.find(std::string(worker));
+  if (it == unresponsive_since_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool RouterCore::otherResponsiveDecodeWorker(std::string_view worker) const {
+  absl::MutexLock lock(&mu_);
+  const MonoTime now = clock_.now();
+  for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
+    const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
+    if (w == nullptr || !w->canDecode() || !w->healthy || w->name == worker || w->load.draining) continue;
+    if (unresponsive_since_.contains(w->name)) continue;
+    auto f = failures_.find(w->name);
+    const auto recent = f == failures_.end() ? 0 : std::count_if(f->second.begin(), f->second.end(), [&](MonoTime t) {
+      return now - t <= options_.failure_window;
+    });
+    if (recent < options_.unhealthy_failures) return true;
+  }
+  return false;
 }
 
 std::optional<HashSpec> RouterCore::hashSpec() const {
@@ -68,7 +91,9 @@ std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const 
   // nothing else ever sees them).
   const MonoTime now = clock_.now();
   std::vector<std::string> benched = avoid;
-  if (!allow_unresponsive) benched.insert(benched.end(), unresponsive_.begin(), unresponsive_.end());
+  if (!allow_unresponsive) {
+    for (const auto& [name, since] : unresponsive_since_) benched.push_back(name);
+  }
   for (auto& [name, times] : failures_) {
     std::erase_if(times, [&](MonoTime t) { return now - t > options_.failure_window; });
     if (static_cast<int>(times.size()) >= options_.unhealthy_failures) benched.push_back(name);
@@ -137,12 +162,17 @@ bool RouterCore::hasDecodeSnapshot() const {
 
 bool RouterCore::responsive(std::string_view worker) const {
   absl::MutexLock lock(&mu_);
-  return !unresponsive_.contains(std::string(worker));
+  return !unresponsive_since_.contains(std::string(worker));
 }
 
 int64_t RouterCore::numUnresponsive() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(unresponsive_.size());
+  int64_t n = 0;
+  for (const auto& [name, since] : unresponsive_since_) {
+    std::optional<routing::WorkerSlot> slot = cluster_.find(name);
+    if (slot && cluster_.worker(*slot)->canDecode()) ++n;
+  }
+  return n;
 }
 
 int64_t RouterCore::numStale() const {

@@ -19,7 +19,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "src/common/clock.h"
 #include "src/routing/cluster_state.h"
@@ -65,6 +64,11 @@ class RouterCore {
   // unresponsive worker gets no request while a responsive one can take it.
   void setResponsive(std::string_view worker, bool responsive);
   bool responsive(std::string_view worker) const;
+  // Since when `worker` has been unresponsive; nullopt while it answers.
+  std::optional<MonoTime> unresponsiveSince(std::string_view worker) const;
+  // Whether a decode worker other than `worker` answers (and is healthy):
+  // somewhere to move a request `worker` has not started.
+  bool otherResponsiveDecodeWorker(std::string_view worker) const;
 
   // ---- decisions ----
   // The block size and root to hash prompts with; nullopt until a decode
@@ -95,7 +99,7 @@ class RouterCore {
   // ---- for /readyz and metrics ----
   bool hasDecodeSnapshot() const;
   int64_t numStale() const;
-  int64_t numUnresponsive() const;
+  int64_t numUnresponsive() const;  // decode-capable workers only
   struct WorkerLoadView {
     std::string name;
     int64_t sessions = 0;
@@ -114,7 +118,7 @@ class RouterCore {
   routing::InFlight in_flight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerAddress> addresses_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::vector<MonoTime>> failures_ ABSL_GUARDED_BY(mu_);  // within the window
-  absl::flat_hash_set<std::string> unresponsive_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, MonoTime> unresponsive_since_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::agent

@@ -54,34 +54,93 @@ ApiError unservedError(Duration bound) {
           .headers = {{"Retry-After", "1"}}};
 }
 
-// The attempts under way, by decode worker: those a worker has not started
-// are called off when it stops answering (docs/routing.md "Liveness").
-class Attempts {
+// The attempts under way and the router's liveness view of their workers
+// (docs/routing.md "Liveness"). An attempt its worker has not started
+// (UpstreamAttempt) is called off when the worker is unresponsive and
+//  * another decode worker answers: the request moves there; or
+//  * none does, and the worker has been unresponsive for --unserved-timeout,
+//    counted from the request's arrival if that is later: the request gets
+//    the typed 503 (serve()).
+// An attempt on a worker that answers again is left alone. One thread
+// re-checks on every change of liveness, every new attempt, and the next
+// bound; on the injected clock.
+class AttemptWatch {
  public:
-  void add(const std::string& worker, std::shared_ptr<UpstreamAttempt> attempt) {
-    absl::MutexLock lock(&mu_);
-    by_worker_[worker].push_back(std::move(attempt));
+  AttemptWatch(RouterCore& core, const Clock& clock, Duration unserved_timeout)
+      : core_(core), clock_(clock), unserved_timeout_(unserved_timeout) {
+    thread_ = std::thread([this] {
+      nameThisThread("router-watch");
+      run();
+    });
   }
-  void remove(const std::string& worker, const UpstreamAttempt* attempt) {
-    absl::MutexLock lock(&mu_);
-    auto it = by_worker_.find(worker);
-    if (it == by_worker_.end()) return;
-    std::erase_if(it->second, [&](const auto& a) { return a.get() == attempt; });
-    if (it->second.empty()) by_worker_.erase(it);
+  ~AttemptWatch() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
   }
-  // Calls off every attempt on `worker` whose response has not started; how many.
-  int callOff(const std::string& worker) {
+
+  void add(const std::string& worker, std::shared_ptr<UpstreamAttempt> attempt, MonoTime arrival) {
+    {
+      absl::MutexLock lock(&mu_);
+      entries_.push_back({worker, std::move(attempt), arrival});
+    }
+    cv_.SignalAll();
+  }
+  void remove(const UpstreamAttempt* attempt) {
     absl::MutexLock lock(&mu_);
-    auto it = by_worker_.find(worker);
-    if (it == by_worker_.end()) return 0;
-    int n = 0;
-    for (const auto& a : it->second) n += a->callOff() ? 1 : 0;
-    return n;
+    std::erase_if(entries_, [&](const Entry& e) { return e.attempt.get() == attempt; });
+  }
+  // A worker's liveness changed (RouterCore has it already): look again.
+  // Under the lock, so the signal cannot fall between a check and its wait.
+  void poke() {
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
   }
 
  private:
+  struct Entry {
+    std::string worker;
+    std::shared_ptr<UpstreamAttempt> attempt;
+    MonoTime arrival;
+  };
+
+  void run() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      const MonoTime next = check();
+      clock_.waitUntil(cv_, mu_, next);
+    }
+  }
+
+  // Calls off what is due; returns when to look again.
+  MonoTime check() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const MonoTime now = clock_.now();
+    MonoTime next = MonoTime::max();
+    for (const Entry& e : entries_) {
+      if (e.attempt->started() || e.attempt->calledOff()) continue;
+      const std::optional<MonoTime> since = core_.unresponsiveSince(e.worker);
+      if (!since) continue;
+      const MonoTime bound = std::max(*since, e.arrival) + unserved_timeout_;
+      if (now >= bound || core_.otherResponsiveDecodeWorker(e.worker)) {
+        e.attempt->callOff();
+      } else {
+        next = std::min(next, bound);
+      }
+    }
+    return next;
+  }
+
+  RouterCore& core_;
+  const Clock& clock_;
+  const Duration unserved_timeout_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::vector<std::shared_ptr<UpstreamAttempt>>> by_worker_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar cv_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 // Counts the threads serving routed requests, so drain() and the
@@ -131,6 +190,7 @@ struct RouterServer::Impl {
         clock(clk),
         metrics(registry, c.pool),
         core(std::make_unique<routing::TandemPolicy>(c.routing), clk),
+        watch(core, clk, c.unserved_timeout),
         upstreams(c.upstream_open_timeout) {}
 
   const AgentConfig config;
@@ -141,21 +201,12 @@ struct RouterServer::Impl {
   metrics::Registry registry;
   RouterMetrics metrics;
   RouterCore core;
+  AttemptWatch watch;  // before `feeds`: a feed's thread pokes it until the feeds are gone
   std::unique_ptr<WorkerFeeds> feeds;
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   UpstreamPools upstreams;  // kept-alive connections to the decode workers
-  Attempts attempts;
   CallThreads calls;
-
-  // A feed's thread: `worker` stopped answering (or answers again).
-  void onLiveness(const std::string& worker, bool unresponsive) {
-    if (!unresponsive) return;
-    if (const int n = attempts.callOff(worker); n > 0) {
-      log.warn("called off requests the unresponsive worker had not started; they go elsewhere",
-               {{"worker", worker}, {"requests", static_cast<int64_t>(n)}});
-    }
-  }
 
   http::Response generate(Endpoint endpoint, http::Request& req) {
     if (draining.load()) {
@@ -188,22 +239,20 @@ struct RouterServer::Impl {
   // Runs on the call's own thread: decide, forward, and at most one retry
   // on another worker for a refusal or an unreachable worker before the
   // first token. An attempt called off because its worker stopped answering
-  // moves without using that retry. Unresponsive workers are tried only
-  // when no other can take the request, and only until --unserved-timeout
-  // after its arrival: then the answer is a typed 503.
+  // (AttemptWatch) moves without using that retry. Unresponsive workers are
+  // tried only when no other can take the request; once --unserved-timeout
+  // has passed since its arrival with none answering, the answer is a typed 503.
   void serve(RoutedCall& call, http::Responder& responder) {
-    std::vector<std::string> avoid;
+    std::vector<std::string> avoid;  // workers that refused it or could not be reached
     int failures = 0;
     const MonoTime unserved_at = call.arrival + config.unserved_timeout;
     for (;;) {
       const MonoTime t0 = clock.now();
-      bool last_resort = false;
       auto routed = core.route(call.route, avoid);
       if (auto* none = std::get_if<routing::NoWorker>(&routed);
           none && none->reason == routing::NoWorkerReason::kNoDecodeWorker && core.numUnresponsive() > 0) {
         if (t0 >= unserved_at) return unserved(responder);
         routed = core.route(call.route, avoid, /*allow_unresponsive=*/true);
-        last_resort = true;
       }
       if (auto* none = std::get_if<routing::NoWorker>(&routed)) {
         responder.respond(apiError(noWorkerError(none->reason)));
@@ -215,23 +264,23 @@ struct RouterServer::Impl {
                          d.reason == routing::DecisionReason::kSticky);
       if (d.reason == routing::DecisionReason::kMigrated) metrics.onMigration();
       auto attempt = std::make_shared<UpstreamAttempt>();
-      attempts.add(d.decode, attempt);
-      // It may have stopped answering since the decision (onLiveness ran before add).
-      if (!last_resort && !core.responsive(d.decode)) attempt->callOff();
-      std::optional<Duration> bound;
-      if (last_resort) bound = std::max(Duration(0), unserved_at - clock.now());
-      UpstreamOutcome out = forward(call, a, responder, attempt, bound);
-      attempts.remove(d.decode, attempt.get());
+      watch.add(d.decode, attempt, call.arrival);
+      UpstreamOutcome out = forward(call, a, responder, attempt);
+      watch.remove(attempt.get());
       switch (out.kind) {
         case UpstreamOutcome::Kind::kServed:
         case UpstreamOutcome::Kind::kClientGone:
           core.finished(call.route, a);
           return;
         case UpstreamOutcome::Kind::kCalledOff:
-          core.unreachable(call.route, a);
+          // Not a failure of the worker, and not one to avoid: it may be the
+          // last resort (or answer again) on the next round.
+          core.finished(call.route, a);
           metrics.onCalledOff();
           metrics.onRetry(kUnresponsiveRetryLabel);
-          break;
+          log.info("called off a request its decode worker had not started; it stopped answering",
+                   {{"worker", d.decode}});
+          continue;
         case UpstreamOutcome::Kind::kRefused:
           core.rejected(call.route, a, *out.reason);
           if (++failures > 1) return relayRefusal(out, responder);
@@ -240,7 +289,6 @@ struct RouterServer::Impl {
         case UpstreamOutcome::Kind::kUnreachable:
           core.unreachable(call.route, a);
           log.warn("decode worker unreachable", {{"worker", d.decode}, {"error", out.detail}});
-          if (last_resort && clock.now() >= unserved_at) return unserved(responder);
           if (++failures > 1) {
             responder.respond(apiError({.status = 503, .type = "service_unavailable_error",
                                         .message = strCat("decode worker ", d.decode, " is unreachable: ", out.detail),
@@ -260,17 +308,16 @@ struct RouterServer::Impl {
   }
 
   // One attempt on the decision's decode worker, the decision in headers.
-  // `bound`: the most it may take (a last-resort attempt on an unresponsive worker).
   UpstreamOutcome forward(RoutedCall& call, RouterCore::Assignment& a, http::Responder& responder,
-                          std::shared_ptr<UpstreamAttempt> attempt, std::optional<Duration> bound) {
+                          std::shared_ptr<UpstreamAttempt> attempt) {
     const routing::Decision& d = a.decision;
     std::optional<WorkerAddress> dst = core.address(d.decode);
     if (!dst) return {.kind = UpstreamOutcome::Kind::kUnreachable, .detail = "no address known"};
     UpstreamRequest up{.base_url = dst->http,
                        .path = call.path,
                        .body = call.body,
-                       .open_timeout = std::min<Duration>(config.upstream_open_timeout, bound.value_or(Duration::max())),
-                       .idle_timeout = std::min<Duration>(config.request_timeout, bound.value_or(Duration::max())),
+                       .open_timeout = config.upstream_open_timeout,
+                       .idle_timeout = config.request_timeout,
                        .attempt = std::move(attempt)};
     if (call.session) up.headers["x-session-id"] = *call.session;
     up.headers[std::string(kRoutePathHeader)] = std::string(routing::routePathName(d.path));
@@ -343,7 +390,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
   RouterServer::Impl* raw = impl.get();
   impl->feeds = std::make_unique<WorkerFeeds>(
       impl->core, clock, impl->log, config.worker_stale_after,
-      [raw](const std::string& worker, bool unresponsive) { raw->onLiveness(worker, unresponsive); });
+      [raw](const std::string&, bool) { raw->watch.poke(); });
   for (const HostPort& w : config.decode_workers) impl->feeds->add(w, routing::WorkerRole::kDecode);
   for (const HostPort& w : config.prefill_workers) impl->feeds->add(w, routing::WorkerRole::kPrefill);
   TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));

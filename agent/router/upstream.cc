@@ -224,6 +224,11 @@ bool UpstreamAttempt::calledOff() const {
   return called_off_;
 }
 
+bool UpstreamAttempt::started() const {
+  absl::MutexLock lock(&mu_);
+  return started_;
+}
+
 UpstreamOutcome forwardUnary(UpstreamPools& pools, const UpstreamRequest& request, http::Responder& responder) {
   auto sse = openUpstream(pools, request, /*stream=*/false, responder);
   if (!sse.ok()) return noAnswer(request, responder, sse.status());

@@ -63,6 +63,7 @@ class UpstreamAttempt {
   // attempt was called off (nothing may be sent to the client then).
   bool start();
   bool calledOff() const;
+  bool started() const;
   const std::shared_ptr<http::StreamCanceller>& canceller() const { return canceller_; }
 
  private:

@@ -94,17 +94,19 @@ class PdServicesTest : public ::testing::Test {
   // computed) and the decode side counts the transfer in flight.
   bool transferUnderway() { return d_metrics_.inflight.value() == 1 && p_loop_->numLive() == 0; }
 
-  // Advances the fake clock 50 ms at a time until the request ends (giving
-  // the watchdog real time to act after each step); returns how far. P's
-  // acceptance reaches D at some fake time in the first steps, and the
-  // work deadline counts from it: at least the expected time, and at most
-  // a few steps more.
-  Duration advanceUntilFinished(Outcome& o) {
+  // Advances the fake clock 50 ms at a time until D gives the transfer up
+  // (it stops counting it in flight: moved to its own prefill), giving the
+  // watchdog real time to act after each step; returns how far. P's
+  // acceptance reaches D at some fake time in the first steps, and the work
+  // deadline counts from it: at least the expected time, and at most a few
+  // steps more. The local prefill then finishes without the clock.
+  Duration advanceUntilMoved() {
     Duration total{0};
-    while (!finished(o) && total < std::chrono::seconds(120)) {
+    auto moved = [&] { return d_metrics_.inflight.value() == 0; };
+    while (!moved() && total < std::chrono::seconds(120)) {
       clock_.advance(std::chrono::milliseconds(50));
       total += std::chrono::milliseconds(50);
-      waitFor([&] { return finished(o); }, std::chrono::milliseconds(10), std::chrono::milliseconds(1));
+      waitFor(moved, std::chrono::milliseconds(10), std::chrono::milliseconds(1));
     }
     return total;
   }
@@ -135,7 +137,7 @@ TEST_F(PdServicesTest, AnAcceptedPrefillThatNeverDeliversMovesAtTheFloor) {
          .prefill_deadline = {.floor = std::chrono::seconds(2), .slack = 4, .assumed_rate = 1000}});
   auto out = submit();
   ASSERT_TRUE(waitFor([&] { return transferUnderway(); }));
-  const Duration took = advanceUntilFinished(*out);
+  const Duration took = advanceUntilMoved();
   EXPECT_GE(took, std::chrono::seconds(2));
   EXPECT_LT(took, std::chrono::seconds(3));
   expectMovedToLocalPrefill(*out);
@@ -150,7 +152,7 @@ TEST_F(PdServicesTest, ALongPrefillIsGivenTimeInProportionToItsTokens) {
          .prefill_deadline = {.floor = std::chrono::seconds(2), .slack = 4, .assumed_rate = 10}});
   auto out = submit();
   ASSERT_TRUE(waitFor([&] { return transferUnderway(); }));
-  const Duration took = advanceUntilFinished(*out);
+  const Duration took = advanceUntilMoved();
   EXPECT_GE(took, std::chrono::seconds(8));
   EXPECT_LT(took, std::chrono::seconds(9));
   expectMovedToLocalPrefill(*out);

@@ -62,9 +62,16 @@ TEST_F(RouterCoreTest, AvoidingEveryDecodeWorkerLeavesNone) {
 // while another can take the request; it is the last resort when none can,
 // and gets work again once it answers.
 TEST_F(RouterCoreTest, AnUnresponsiveWorkerIsOnlyTheLastResort) {
+  EXPECT_TRUE(core_.otherResponsiveDecodeWorker("d0"));
   core_.setResponsive("d0", false);
   EXPECT_FALSE(core_.responsive("d0"));
+  EXPECT_EQ(core_.unresponsiveSince("d0"), clock_.now());
   EXPECT_EQ(core_.numUnresponsive(), 1);
+  EXPECT_TRUE(core_.otherResponsiveDecodeWorker("d0"));  // d1
+  EXPECT_FALSE(core_.otherResponsiveDecodeWorker("d1"));  // d0 does not answer; p0 cannot decode
+  core_.setResponsive("p0", false);
+  EXPECT_EQ(core_.numUnresponsive(), 1);  // decode workers only
+  core_.setResponsive("p0", true);
   for (int i = 0; i < 20; ++i) {
     RouterCore::Assignment a = route();
     EXPECT_EQ(a.decision.decode, "d1");
@@ -78,6 +85,7 @@ TEST_F(RouterCoreTest, AnUnresponsiveWorkerIsOnlyTheLastResort) {
   core_.finished(request_, std::get<RouterCore::Assignment>(last));
   core_.setResponsive("d0", true);
   EXPECT_EQ(core_.numUnresponsive(), 0);
+  EXPECT_EQ(core_.unresponsiveSince("d0"), std::nullopt);
   EXPECT_EQ(route({"d1"}).decision.decode, "d0");
 }
 
