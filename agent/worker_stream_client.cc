@@ -106,7 +106,9 @@ class WorkerStreamClient::Impl {
     {
       absl::MutexLock lock(&mu_);
       current_ = nullptr;
-      silent = silent_;
+      // Cut by the watchdog, or by the HTTP library's own timeout (the same
+      // length) just before it.
+      silent = silent_ || (!read.ok() && clock_.now() >= last_message_ + options_.stale_after);
     }
     if (!end.why.ok()) return end;
     if (silent) {

@@ -72,7 +72,8 @@ TEST_F(RouterLivenessTest, AStoppedDecodeWorkersRequestsMoveAndWithNoneLeftTheAn
   d1_ = AgentProcess::start({"--worker", "d1", "--num-blocks", "256"});
   ASSERT_TRUE(d0_ && d1_);
   auto router = AgentProcess::start({"--role", "router", "--worker", "router", "--decode-workers",
-                                     hostPort(*d0_) + "," + hostPort(*d1_), "--unserved-timeout", "4s"});
+                                     hostPort(*d0_) + "," + hostPort(*d1_), "--worker-stale-after", "3s",
+                                     "--unserved-timeout", "4s"});
   ASSERT_TRUE(router);
   const std::vector<std::string> sessions = {"l-a", "l-b", "l-c", "l-d"};
   for (const auto& s : sessions) ASSERT_EQ(post(*router, "first turn of " + s, s).status, 200);
@@ -85,7 +86,8 @@ TEST_F(RouterLivenessTest, AStoppedDecodeWorkersRequestsMoveAndWithNoneLeftTheAn
   ASSERT_EQ(kill(d0_->pid(), SIGSTOP), 0);
   Reply r = post(*router, "first turn of " + moved + " and a second", moved);
   EXPECT_EQ(r.status, 200) << r.body.dump();
-  EXPECT_LT(r.took, kBound);
+  // Moved once the 3 s of silence are over: not after a second timeout.
+  EXPECT_LT(r.took, std::chrono::milliseconds(5500));
   EXPECT_TRUE(sessionsServedBy(*d1_).contains(moved));
   std::string m = scrape(*router);
   EXPECT_EQ(metricValue(m, "tandem_router_unresponsive_workers{"), 1) << m;
