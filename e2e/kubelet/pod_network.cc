@@ -1,0 +1,271 @@
+#include "e2e/kubelet/pod_network.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "e2e/kubelet/command.h"
+#include "src/common/log.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace tandem::kubelet {
+namespace {
+
+Logger& log() {
+  static Logger l{"pod-network"};
+  return l;
+}
+
+constexpr size_t kMaxInterfaceName = 15;  // IFNAMSIZ - 1
+
+bool validPodName(std::string_view pod) {
+  if (pod.empty() || pod.size() > 200) return false;
+  return std::all_of(pod.begin(), pod.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
+  });
+}
+
+// Removes a leftover; one that is gone already is fine.
+void removeQuietly(const std::vector<std::string>& argv) {
+  absl::StatusOr<CommandResult> r = runCommand(argv);
+  if (r.ok() && r->exit_code != 0 && r->output.find("annot find") == std::string::npos &&
+      r->output.find("No such file") == std::string::npos && r->output.find("does not exist") == std::string::npos) {
+    log().warn("could not remove a leftover", {{"command", argv.back()}, {"output", r->output}});
+  }
+}
+
+// The state file's lines ("bridge NAME", "netns NAME", "veth NAME").
+std::vector<std::string> readState(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
+void removeLeftover(const std::string& line) {
+  const size_t space = line.find(' ');
+  if (space == std::string::npos) return;
+  const std::string kind = line.substr(0, space), name = line.substr(space + 1);
+  if (kind == "netns") {
+    removeQuietly({"ip", "netns", "del", name});
+  } else if (kind == "veth" || kind == "bridge") {
+    removeQuietly({"ip", "link", "del", name});
+  } else {
+    log().warn("unknown line in the pod network's state file", {{"line", line}});
+  }
+}
+
+}  // namespace
+
+std::string ipv4String(uint32_t a) {
+  return strCat(a >> 24, ".", (a >> 16) & 0xff, ".", (a >> 8) & 0xff, ".", a & 0xff);
+}
+
+absl::StatusOr<std::pair<uint32_t, int>> parseCidr(std::string_view cidr) {
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(strCat("pod CIDR \"", cidr, "\": ", why));
+  };
+  const size_t slash = cidr.find('/');
+  if (slash == std::string_view::npos) return bad("expected A.B.C.D/N");
+  uint32_t addr = 0;
+  std::string_view rest = cidr.substr(0, slash);
+  for (int i = 0; i < 4; ++i) {
+    const size_t dot = i < 3 ? rest.find('.') : rest.size();
+    if (dot == std::string_view::npos) return bad("expected A.B.C.D/N");
+    unsigned octet = 0;
+    const std::string_view part = rest.substr(0, dot);
+    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), octet);
+    if (part.empty() || ec != std::errc() || p != part.data() + part.size() || octet > 255) {
+      return bad("expected A.B.C.D/N");
+    }
+    addr = (addr << 8) | octet;
+    rest = i < 3 ? rest.substr(dot + 1) : std::string_view();
+  }
+  int len = 0;
+  const std::string_view n = cidr.substr(slash + 1);
+  auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), len);
+  if (n.empty() || ec != std::errc() || p != n.data() + n.size()) return bad("expected A.B.C.D/N");
+  if (len < 16 || len > 28) return bad(strCat("a /", len, " network; use a /16 to a /28"));
+  const uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
+  if ((addr & ~mask) != 0) return bad(strCat("not the network's first address (that is ", ipv4String(addr & mask), ")"));
+  return std::pair{addr, len};
+}
+
+absl::StatusOr<std::unique_ptr<PodNetwork>> PodNetwork::create(const PodNetworkOptions& options) {
+  if (options.state_file.empty()) return absl::InvalidArgumentError("pod network: no state file");
+  if (options.bridge.empty() || options.bridge.size() > kMaxInterfaceName) {
+    return absl::InvalidArgumentError(strCat("pod network: bridge name \"", options.bridge, "\" must have 1 to ",
+                                             kMaxInterfaceName, " characters"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(auto parsed, parseCidr(options.cidr));
+  bool namespaces = options.mode == PodNetworkOptions::Mode::kNamespaces;
+  if (options.mode == PodNetworkOptions::Mode::kAuto) {
+    absl::StatusOr<CommandResult> probe = runCommand({"ip", "netns", "list"});
+    namespaces = geteuid() == 0 && probe.ok() && probe->exit_code == 0;
+    if (!namespaces) {
+      log().warn("no network namespaces (needs root and iproute2): pods get 127.0.0.x addresses instead; "
+                 "P/D over UCX needs the namespaces");
+    }
+  }
+  auto net = std::unique_ptr<PodNetwork>(new PodNetwork(options, namespaces));
+  net->network_ = parsed.first;
+  net->prefix_len_ = parsed.second;
+  net->gateway_ = namespaces ? ipv4String(parsed.first + 1) : "127.0.0.1";
+  // What a previous kubelet left (killed before its teardown).
+  for (const std::string& line : readState(options.state_file)) removeLeftover(line);
+  TANDEM_RETURN_IF_ERROR(net->recordState());
+  if (namespaces) TANDEM_RETURN_IF_ERROR(net->setUp());
+  return net;
+}
+
+PodNetwork::~PodNetwork() = default;
+
+absl::Status PodNetwork::recordState() {
+  std::ostringstream out;
+  if (bridge_up_) out << "bridge " << options_.bridge << "\n";
+  for (const auto& [name, pod] : pods_) {
+    if (!pod.address.netns.empty()) out << "netns " << pod.address.netns << "\n";
+    if (!pod.veth.empty()) out << "veth " << pod.veth << "\n";
+  }
+  const std::string tmp = options_.state_file + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << out.str();
+    if (!f) return absl::UnavailableError(strCat("pod network: cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), options_.state_file.c_str()) != 0) {
+    return absl::UnavailableError(strCat("pod network: cannot write ", options_.state_file));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PodNetwork::setUp() {
+  // Recorded before it exists: a crash in between still cleans it up.
+  bridge_up_ = true;
+  TANDEM_RETURN_IF_ERROR(recordState());
+  absl::Status s = runChecked({"ip", "link", "add", options_.bridge, "type", "bridge"});
+  if (!s.ok()) {
+    bridge_up_ = false;
+    (void)recordState();
+    return absl::FailedPreconditionError(
+        strCat("pod network: cannot create bridge ", options_.bridge,
+               " (another kubelet's? `ip link del ", options_.bridge, "` if nothing uses it): ", s.message()));
+  }
+  TANDEM_RETURN_IF_ERROR(runChecked({"ip", "addr", "add", strCat(gateway_, "/", prefix_len_), "dev", options_.bridge}));
+  return runChecked({"ip", "link", "set", options_.bridge, "up"});
+}
+
+absl::StatusOr<PodAddress> PodNetwork::addPod(std::string_view pod) {
+  if (!validPodName(pod)) {
+    return absl::InvalidArgumentError(
+        strCat("pod network: pod name \"", pod, "\" must be 1 to 200 letters, digits, '-' or '.'"));
+  }
+  if (auto it = pods_.find(pod); it != pods_.end()) return it->second.address;
+  // The lowest free host index: .2 upward under namespaces (.1 is the
+  // gateway), 127.0.0.10 upward on loopback.
+  const uint32_t first = namespaces_ ? 2 : 10;
+  const uint32_t last = namespaces_ ? (uint32_t{1} << (32 - prefix_len_)) - 2 : 254;
+  uint32_t index = first;
+  for (bool taken = true; taken && index <= last;) {
+    taken = std::any_of(pods_.begin(), pods_.end(), [&](const auto& p) { return p.second.host_index == index; });
+    if (taken) ++index;
+  }
+  if (index > last) {
+    return absl::ResourceExhaustedError(
+        strCat("pod network: no address left in ", namespaces_ ? options_.cidr : "127.0.0.10-254", " for ", pod));
+  }
+  if (!namespaces_) {
+    Pod& p = pods_[std::string(pod)];
+    p.host_index = index;
+    p.address = {.ip = strCat("127.0.0.", index), .netns = ""};
+    return p.address;
+  }
+  return addNamespacedPod(pod, index);
+}
+
+absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, uint32_t index) {
+  Pod p;
+  p.host_index = index;
+  p.address = {.ip = ipv4String(network_ + index), .netns = strCat(options_.netns_prefix, pod)};
+  // Unique on the machine while this kubelet runs (its pid, then a count).
+  char veth[16];
+  std::snprintf(veth, sizeof veth, "tv%05x%03x", static_cast<unsigned>(getpid()) & 0xfffffu, next_veth_++ & 0xfffu);
+  p.veth = veth;
+  const std::string peer = strCat(p.veth, "p");
+  const std::string& ns = p.address.netns;
+  pods_[std::string(pod)] = p;
+  TANDEM_RETURN_IF_ERROR(recordState());
+  const std::vector<std::vector<std::string>> steps = {
+      {"ip", "netns", "add", ns},
+      {"ip", "link", "add", p.veth, "type", "veth", "peer", "name", peer},
+      {"ip", "link", "set", peer, "netns", ns},
+      {"ip", "link", "set", p.veth, "master", options_.bridge},
+      {"ip", "link", "set", p.veth, "up"},
+      {"ip", "-n", ns, "link", "set", peer, "name", "eth0"},
+      {"ip", "-n", ns, "addr", "add", strCat(p.address.ip, "/", prefix_len_), "dev", "eth0"},
+      {"ip", "-n", ns, "link", "set", "eth0", "up"},
+      {"ip", "-n", ns, "link", "set", "lo", "up"},
+      {"ip", "-n", ns, "route", "add", "default", "via", gateway_},
+  };
+  for (const auto& step : steps) {
+    if (absl::Status s = runChecked(step); !s.ok()) {
+      (void)removePod(pod);
+      return absl::Status(s.code(), strCat("pod network: setting up ", pod, ": ", s.message()));
+    }
+  }
+  return p.address;
+}
+
+absl::Status PodNetwork::removePod(std::string_view pod) {
+  auto it = pods_.find(pod);
+  if (it == pods_.end()) return absl::OkStatus();
+  const Pod p = it->second;
+  absl::Status result;
+  if (!p.address.netns.empty()) {
+    // Deleting the namespace deletes eth0, and with it the veth's host end.
+    absl::StatusOr<CommandResult> r = runCommand({"ip", "netns", "del", p.address.netns});
+    if (r.ok() && r->exit_code != 0 && r->output.find("No such file") == std::string::npos) {
+      result = absl::FailedPreconditionError(strCat("pod network: `ip netns del ", p.address.netns, "`: ", r->output));
+    }
+    removeQuietly({"ip", "link", "del", p.veth});
+  }
+  pods_.erase(it);
+  if (absl::Status s = recordState(); !s.ok() && result.ok()) result = s;
+  return result;
+}
+
+absl::Status PodNetwork::teardown() {
+  absl::Status result;
+  std::vector<std::string> names;
+  for (const auto& [name, pod] : pods_) names.push_back(name);
+  for (const std::string& name : names) {
+    if (absl::Status s = removePod(name); !s.ok() && result.ok()) result = s;
+  }
+  if (bridge_up_) {
+    if (absl::Status s = runChecked({"ip", "link", "del", options_.bridge}); !s.ok() && result.ok()) result = s;
+    bridge_up_ = false;
+  }
+  if (absl::Status s = recordState(); !s.ok() && result.ok()) result = s;
+  return result;
+}
+
+std::optional<PodAddress> PodNetwork::address(std::string_view pod) const {
+  auto it = pods_.find(pod);
+  if (it == pods_.end()) return std::nullopt;
+  return it->second.address;
+}
+
+std::vector<std::string> PodNetwork::execPrefix(const PodAddress& address) const {
+  if (address.netns.empty()) return {};
+  return {"ip", "netns", "exec", address.netns};
+}
+
+}  // namespace tandem::kubelet
