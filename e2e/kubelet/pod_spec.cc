@@ -1,0 +1,198 @@
+#include "e2e/kubelet/pod_spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace tandem::kubelet {
+namespace {
+
+using nlohmann::json;
+
+absl::Status fieldError(const std::string& path, std::string_view why) {
+  return absl::InvalidArgumentError(strCat(path, ": ", why));
+}
+
+// The string at `j[key]`; "" when absent; an error when not a string.
+absl::StatusOr<std::string> optString(const json& j, const char* key, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return fieldError(strCat(path, ".", key), "expected a string");
+  return it->get<std::string>();
+}
+
+// A list of strings (command, args).
+absl::StatusOr<std::vector<std::string>> stringList(const json& j, const char* key, const std::string& path) {
+  std::vector<std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_array()) return fieldError(strCat(path, ".", key), "expected a list of strings");
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_string()) return fieldError(strCat(path, ".", key, "[", i, "]"), "expected a string");
+    out.push_back((*it)[i].get<std::string>());
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> optInt(const json& j, const char* key, const std::string& path, int64_t fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer()) return fieldError(strCat(path, ".", key), "expected an integer");
+  return it->get<int64_t>();
+}
+
+// An image whose repository (its last path component, without tag or
+// digest) ends in "tandem".
+bool localImage(std::string_view image) {
+  std::string_view repo = image.substr(0, image.find('@'));
+  const size_t slash = repo.rfind('/');
+  const size_t colon = repo.rfind(':');
+  if (colon != std::string_view::npos && (slash == std::string_view::npos || colon > slash)) repo = repo.substr(0, colon);
+  if (slash != std::string_view::npos) repo = repo.substr(slash + 1);
+  return repo.size() >= 6 && repo.substr(repo.size() - 6) == "tandem";
+}
+
+absl::StatusOr<std::string> envValueFrom(const json& from, const std::string& path, const PodFacts& facts) {
+  auto ref = from.find("fieldRef");
+  if (ref == from.end() || !ref->is_object()) {
+    return fieldError(path, "only fieldRef is supported here (not configMapKeyRef, secretKeyRef, resourceFieldRef)");
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::string field, optString(*ref, "fieldPath", strCat(path, ".fieldRef")));
+  if (field == "metadata.name") return facts.name;
+  if (field == "metadata.namespace") return facts.ns;
+  if (field == "status.podIP") return facts.pod_ip;
+  if (field == "spec.nodeName") return facts.node_name;
+  return fieldError(strCat(path, ".fieldRef.fieldPath"),
+                    strCat("\"", field, "\" is not one of metadata.name, metadata.namespace, status.podIP, spec.nodeName"));
+}
+
+absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, ProbeKind kind, const std::string& path) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return std::optional<HttpProbe>();
+  const std::string p = strCat(path, ".", key);
+  if (!it->is_object()) return fieldError(p, "expected an object");
+  auto get = it->find("httpGet");
+  if (get == it->end() || !get->is_object()) return fieldError(p, "only httpGet probes are supported here");
+  HttpProbe h;
+  TANDEM_ASSIGN_OR_RETURN(h.path, optString(*get, "path", strCat(p, ".httpGet")));
+  if (h.path.empty()) h.path = "/";
+  TANDEM_ASSIGN_OR_RETURN(int64_t port, optInt(*get, "port", strCat(p, ".httpGet"), 0));
+  if (port < 1 || port > 65535) return fieldError(strCat(p, ".httpGet.port"), "expected a port number 1-65535");
+  h.port = static_cast<int>(port);
+  TANDEM_ASSIGN_OR_RETURN(int64_t delay, optInt(*it, "initialDelaySeconds", p, 0));
+  TANDEM_ASSIGN_OR_RETURN(int64_t period, optInt(*it, "periodSeconds", p, 10));
+  TANDEM_ASSIGN_OR_RETURN(int64_t timeout, optInt(*it, "timeoutSeconds", p, 1));
+  TANDEM_ASSIGN_OR_RETURN(int64_t success, optInt(*it, "successThreshold", p, 1));
+  TANDEM_ASSIGN_OR_RETURN(int64_t failure, optInt(*it, "failureThreshold", p, 3));
+  h.spec = {.initial_delay = std::chrono::seconds(delay),
+            .period = std::chrono::seconds(period),
+            .timeout = std::chrono::seconds(timeout),
+            .success_threshold = static_cast<int>(success),
+            .failure_threshold = static_cast<int>(failure)};
+  if (absl::Status s = validateProbe(kind, h.spec); !s.ok()) {
+    return absl::InvalidArgumentError(strCat(path, ".", toStd(s.message())));  // "readinessProbe.periodSeconds: ..."
+  }
+  return std::optional<HttpProbe>(h);
+}
+
+absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& path, const PodFacts& facts,
+                                            PodNeeds& needs) {
+  if (!c.is_object()) return fieldError(path, "expected an object");
+  ContainerPlan plan;
+  TANDEM_ASSIGN_OR_RETURN(plan.name, optString(c, "name", path));
+  TANDEM_ASSIGN_OR_RETURN(std::string image, optString(c, "image", path));
+  if (!localImage(image)) {
+    return fieldError(strCat(path, ".image"),
+                      strCat("\"", image, "\": only images whose repository ends in \"tandem\" run here (the local build)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> command, stringList(c, "command", path));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> args, stringList(c, "args", path));
+  if (command.empty()) return fieldError(strCat(path, ".command"), "required here (the local build has no image entrypoint)");
+  if (command[0].find('/') == std::string::npos) command[0] = strCat(facts.bin_dir, "/", command[0]);
+  plan.spec.argv = command;
+  plan.spec.argv.insert(plan.spec.argv.end(), args.begin(), args.end());
+  if (auto env = c.find("env"); env != c.end() && !env->is_null()) {
+    if (!env->is_array()) return fieldError(strCat(path, ".env"), "expected a list");
+    for (size_t i = 0; i < env->size(); ++i) {
+      const std::string p = strCat(path, ".env[", i, "]");
+      const json& e = (*env)[i];
+      if (!e.is_object()) return fieldError(p, "expected an object");
+      TANDEM_ASSIGN_OR_RETURN(std::string name, optString(e, "name", p));
+      if (name.empty()) return fieldError(strCat(p, ".name"), "required");
+      std::string value;
+      if (auto from = e.find("valueFrom"); from != e.end() && !from->is_null()) {
+        TANDEM_ASSIGN_OR_RETURN(value, envValueFrom(*from, strCat(p, ".valueFrom"), facts));
+      } else {
+        TANDEM_ASSIGN_OR_RETURN(value, optString(e, "value", p));
+      }
+      plan.spec.env.emplace_back(name, value);
+    }
+  }
+  if (auto ports = c.find("ports"); ports != c.end() && ports->is_array()) {
+    for (size_t i = 0; i < ports->size(); ++i) {
+      const std::string p = strCat(path, ".ports[", i, "]");
+      TANDEM_ASSIGN_OR_RETURN(int64_t port, optInt((*ports)[i], "containerPort", p, 0));
+      if (port < 1 || port > 65535) return fieldError(strCat(p, ".containerPort"), "expected a port number 1-65535");
+      plan.ports.push_back(static_cast<int>(port));
+    }
+  }
+  if (auto requests = c.find("resources"); requests != c.end() && requests->is_object()) {
+    if (auto r = requests->find("requests"); r != requests->end() && r->is_object()) {
+      for (const auto& [resource, quantity] : r->items()) {
+        const std::string p = strCat(path, ".resources.requests[\"", resource, "\"]");
+        std::string text = quantity.is_string() ? quantity.get<std::string>()
+                           : quantity.is_number_integer() ? std::to_string(quantity.get<int64_t>())
+                                                          : std::string("?");
+        absl::StatusOr<int64_t> milli = parseQuantityMilli(text);
+        if (!milli.ok()) return fieldError(p, toStd(milli.status().message()));
+        needs.requests[resource] += *milli;
+      }
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(plan.readiness, probe(c, "readinessProbe", ProbeKind::kReadiness, path));
+  TANDEM_ASSIGN_OR_RETURN(plan.liveness, probe(c, "livenessProbe", ProbeKind::kLiveness, path));
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts) {
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return fieldError("spec", "required");
+  PodPlan plan;
+  auto containers = spec->find("containers");
+  if (containers == spec->end() || !containers->is_array() || containers->empty()) {
+    return fieldError("spec.containers", "at least one container is required");
+  }
+  for (size_t i = 0; i < containers->size(); ++i) {
+    TANDEM_ASSIGN_OR_RETURN(ContainerPlan c,
+                            planContainer((*containers)[i], strCat("spec.containers[", i, "]"), facts, plan.needs));
+    plan.containers.push_back(std::move(c));
+  }
+  TANDEM_ASSIGN_OR_RETURN(int64_t grace, optInt(*spec, "terminationGracePeriodSeconds", "spec", 30));
+  if (grace < 0) return fieldError("spec.terminationGracePeriodSeconds", "must not be negative");
+  plan.grace = std::chrono::seconds(grace);
+  if (auto sel = spec->find("nodeSelector"); sel != spec->end() && sel->is_object()) {
+    for (const auto& [k, v] : sel->items()) {
+      if (!v.is_string()) return fieldError(strCat("spec.nodeSelector[\"", k, "\"]"), "expected a string");
+      plan.needs.node_selector[k] = v.get<std::string>();
+    }
+  }
+  if (auto tol = spec->find("tolerations"); tol != spec->end() && tol->is_array()) {
+    for (size_t i = 0; i < tol->size(); ++i) {
+      const std::string p = strCat("spec.tolerations[", i, "]");
+      Toleration t;
+      TANDEM_ASSIGN_OR_RETURN(t.key, optString((*tol)[i], "key", p));
+      TANDEM_ASSIGN_OR_RETURN(std::string op, optString((*tol)[i], "operator", p));
+      if (!op.empty()) t.op = op;
+      if (t.op != "Equal" && t.op != "Exists") return fieldError(strCat(p, ".operator"), "expected Equal or Exists");
+      TANDEM_ASSIGN_OR_RETURN(t.value, optString((*tol)[i], "value", p));
+      TANDEM_ASSIGN_OR_RETURN(t.effect, optString((*tol)[i], "effect", p));
+      plan.needs.tolerations.push_back(std::move(t));
+    }
+  }
+  return plan;
+}
+
+}  // namespace tandem::kubelet

@@ -1,0 +1,55 @@
+#pragma once
+// What the process kubelet runs for a Pod object (docs/local-cluster.md):
+// each container's command line and environment, the pod's resource needs
+// and placement constraints for the scheduler, the probes and the grace
+// period, read from the Pod's JSON as the API server stores it.
+//
+// Images: the machine has no container runtime, so a container whose image's
+// repository ends in `tandem` (`ghcr.io/acme/tandem:0.1`, `tandem`) runs its
+// command from the local build (`<bin_dir>/<command[0]>` when command[0]
+// names no directory); any other image is refused, naming it.
+//
+// Errors name the field by its path (spec.containers[0].env[2].valueFrom...).
+// Pure.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/statusor.h"
+#include "e2e/kubelet/container_process.h"
+#include "e2e/kubelet/pod_health.h"
+#include "e2e/kubelet/scheduler.h"
+
+namespace tandem::kubelet {
+
+// What the environment's field references resolve to.
+struct PodFacts {
+  std::string name, ns, pod_ip, node_name;
+  std::string bin_dir;  // where the local build's binaries are
+};
+
+struct HttpProbe {
+  ProbeSpec spec;
+  std::string path = "/";
+  int port = 0;
+};
+
+struct ContainerPlan {
+  std::string name;
+  ContainerSpec spec;  // argv and env; the kubelet adds the log file and the namespace
+  std::optional<HttpProbe> readiness, liveness;
+  std::vector<int> ports;  // containerPort of each ports[] entry
+};
+
+struct PodPlan {
+  std::vector<ContainerPlan> containers;
+  PodNeeds needs;  // requests summed over the containers; nodeSelector; tolerations
+  Duration grace = std::chrono::seconds(30);  // terminationGracePeriodSeconds
+};
+
+absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts);
+
+}  // namespace tandem::kubelet
