@@ -55,8 +55,11 @@ absl::StatusOr<CommandResult> runCommand(const std::vector<std::string>& argv) {
   }
   close(fds[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = 0;
+  while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  // Reaped elsewhere (SIGCHLD ignored?): its status is unknown, not success.
+  if (waited != pid) return absl::InternalError(strCat("cannot wait for ", argv[0], ": ", std::strerror(errno)));
   out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return out;
 }

@@ -58,6 +58,8 @@ absl::StatusOr<std::unique_ptr<ContainerProcess>> ContainerProcess::start(const 
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, log, 1);
   posix_spawn_file_actions_adddup2(&fa, log, 2);
+  // Nothing else of the kubelet's (its sockets, say) goes with it.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // Its own process group, so stop() reaches whatever it starts.

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "e2e/kubelet/command.h"
@@ -30,13 +31,27 @@ bool validPodName(std::string_view pod) {
   });
 }
 
-// Removes a leftover; one that is gone already is fine.
-void removeQuietly(const std::vector<std::string>& argv) {
+// Removes something; one that is gone already is fine. False (logged) when
+// it could not be removed.
+bool removeQuietly(const std::vector<std::string>& argv) {
   absl::StatusOr<CommandResult> r = runCommand(argv);
-  if (r.ok() && r->exit_code != 0 && r->output.find("annot find") == std::string::npos &&
-      r->output.find("No such file") == std::string::npos && r->output.find("does not exist") == std::string::npos) {
-    log().warn("could not remove a leftover", {{"command", argv.back()}, {"output", r->output}});
+  if (!r.ok()) {
+    log().warn("could not run a removal", {{"command", argv[1]}, {"error", toStd(r.status().message())}});
+    return false;
   }
+  if (r->exit_code != 0 && r->output.find("annot find") == std::string::npos &&
+      r->output.find("No such file") == std::string::npos && r->output.find("does not exist") == std::string::npos) {
+    log().warn("could not remove", {{"what", argv.back()}, {"output", r->output}});
+    return false;
+  }
+  return true;
+}
+
+// Whether `ip <kind> show <name>` finds it (kind: "link" or "netns").
+bool interfaceOrNamespaceExists(const char* kind, const std::string& name) {
+  if (std::string_view(kind) == "netns") return access(("/var/run/netns/" + name).c_str(), F_OK) == 0;
+  absl::StatusOr<CommandResult> r = runCommand({"ip", "link", "show", name});
+  return r.ok() && r->exit_code == 0;
 }
 
 // The state file's lines ("bridge NAME", "netns NAME", "veth NAME").
@@ -50,17 +65,15 @@ std::vector<std::string> readState(const std::string& path) {
   return lines;
 }
 
-void removeLeftover(const std::string& line) {
+// False when it is still there.
+bool removeLeftover(const std::string& line) {
   const size_t space = line.find(' ');
-  if (space == std::string::npos) return;
+  if (space == std::string::npos) return true;
   const std::string kind = line.substr(0, space), name = line.substr(space + 1);
-  if (kind == "netns") {
-    removeQuietly({"ip", "netns", "del", name});
-  } else if (kind == "veth" || kind == "bridge") {
-    removeQuietly({"ip", "link", "del", name});
-  } else {
-    log().warn("unknown line in the pod network's state file", {{"line", line}});
-  }
+  if (kind == "netns") return removeQuietly({"ip", "netns", "del", name});
+  if (kind == "veth" || kind == "bridge") return removeQuietly({"ip", "link", "del", name});
+  log().warn("unknown line in the pod network's state file", {{"line", line}});
+  return true;
 }
 
 }  // namespace
@@ -116,11 +129,20 @@ absl::StatusOr<std::unique_ptr<PodNetwork>> PodNetwork::create(const PodNetworkO
     }
   }
   auto net = std::unique_ptr<PodNetwork>(new PodNetwork(options, namespaces));
+  net->instance_ = static_cast<uint32_t>(std::random_device{}());
   net->network_ = parsed.first;
   net->prefix_len_ = parsed.second;
   net->gateway_ = namespaces ? ipv4String(parsed.first + 1) : "127.0.0.1";
   // What a previous kubelet left (killed before its teardown).
-  for (const std::string& line : readState(options.state_file)) removeLeftover(line);
+  std::string stuck;
+  for (const std::string& line : readState(options.state_file)) {
+    if (!removeLeftover(line)) stuck += strCat(stuck.empty() ? "" : ", ", line);
+  }
+  if (!stuck.empty()) {
+    // The state file keeps listing them: a later start tries again.
+    return absl::FailedPreconditionError(strCat("pod network: cannot remove what a previous kubelet left (", stuck,
+                                                "; listed in ", options.state_file, ")"));
+  }
   TANDEM_RETURN_IF_ERROR(net->recordState());
   if (namespaces) TANDEM_RETURN_IF_ERROR(net->setUp());
   return net;
@@ -139,6 +161,7 @@ absl::Status PodNetwork::recordState() {
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << out.str();
+    f.close();
     if (!f) return absl::UnavailableError(strCat("pod network: cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), options_.state_file.c_str()) != 0) {
@@ -195,14 +218,25 @@ absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, ui
   Pod p;
   p.host_index = index;
   p.address = {.ip = ipv4String(network_ + index), .netns = strCat(options_.netns_prefix, pod)};
-  // Unique on the machine while this kubelet runs (its pid, then a count).
+  // This kubelet's tag and the pod's host index: unique among its live pods
+  // by construction, and 10 characters with the peer's "p" (at most 15).
   char veth[16];
-  std::snprintf(veth, sizeof veth, "tv%05x%03x", static_cast<unsigned>(getpid()) & 0xfffffu, next_veth_++ & 0xfffu);
+  std::snprintf(veth, sizeof veth, "tv%03x%04x", instance_ & 0xfffu, index & 0xffffu);
   p.veth = veth;
   const std::string peer = strCat(p.veth, "p");
   const std::string& ns = p.address.netns;
+  // Never take (or, on a failure, delete) a name someone else holds.
+  if (interfaceOrNamespaceExists("netns", ns) || interfaceOrNamespaceExists("link", p.veth) ||
+      interfaceOrNamespaceExists("link", peer)) {
+    return absl::AlreadyExistsError(strCat("pod network: ", ns, " or ", p.veth,
+                                           " exists already and is not this kubelet's (another kubelet with the same "
+                                           "namespace prefix?)"));
+  }
   pods_[std::string(pod)] = p;
-  TANDEM_RETURN_IF_ERROR(recordState());
+  if (absl::Status s = recordState(); !s.ok()) {
+    pods_.erase(std::string(pod));
+    return s;
+  }
   const std::vector<std::vector<std::string>> steps = {
       {"ip", "netns", "add", ns},
       {"ip", "link", "add", p.veth, "type", "veth", "peer", "name", peer},
@@ -215,9 +249,14 @@ absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, ui
       {"ip", "-n", ns, "link", "set", "lo", "up"},
       {"ip", "-n", ns, "route", "add", "default", "via", gateway_},
   };
-  for (const auto& step : steps) {
-    if (absl::Status s = runChecked(step); !s.ok()) {
-      (void)removePod(pod);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (absl::Status s = runChecked(steps[i]); !s.ok()) {
+      // Only what this call created goes: the namespace once step 0
+      // succeeded, the veth once step 1 did.
+      if (i > 0) removeQuietly({"ip", "netns", "del", ns});
+      if (i > 1) removeQuietly({"ip", "link", "del", p.veth});
+      pods_.erase(std::string(pod));
+      (void)recordState();
       return absl::Status(s.code(), strCat("pod network: setting up ", pod, ": ", s.message()));
     }
   }
@@ -228,18 +267,21 @@ absl::Status PodNetwork::removePod(std::string_view pod) {
   auto it = pods_.find(pod);
   if (it == pods_.end()) return absl::OkStatus();
   const Pod p = it->second;
-  absl::Status result;
   if (!p.address.netns.empty()) {
     // Deleting the namespace deletes eth0, and with it the veth's host end.
     absl::StatusOr<CommandResult> r = runCommand({"ip", "netns", "del", p.address.netns});
-    if (r.ok() && r->exit_code != 0 && r->output.find("No such file") == std::string::npos) {
-      result = absl::FailedPreconditionError(strCat("pod network: `ip netns del ", p.address.netns, "`: ", r->output));
+    if (!r.ok() || (r->exit_code != 0 && r->output.find("No such file") == std::string::npos)) {
+      // Still there: kept in the state file, so a later start removes it.
+      return absl::FailedPreconditionError(strCat("pod network: `ip netns del ", p.address.netns,
+                                                  "`: ", r.ok() ? r->output : toStd(r.status().message())));
     }
     removeQuietly({"ip", "link", "del", p.veth});
+    // The host's neighbour entry for the address, which the next pod given
+    // it would otherwise find pointing at this pod's gone interface.
+    removeQuietly({"ip", "neigh", "flush", "to", p.address.ip, "dev", options_.bridge});
   }
   pods_.erase(it);
-  if (absl::Status s = recordState(); !s.ok() && result.ok()) result = s;
-  return result;
+  return recordState();
 }
 
 absl::Status PodNetwork::teardown() {
@@ -250,8 +292,11 @@ absl::Status PodNetwork::teardown() {
     if (absl::Status s = removePod(name); !s.ok() && result.ok()) result = s;
   }
   if (bridge_up_) {
-    if (absl::Status s = runChecked({"ip", "link", "del", options_.bridge}); !s.ok() && result.ok()) result = s;
-    bridge_up_ = false;
+    if (absl::Status s = runChecked({"ip", "link", "del", options_.bridge}); !s.ok()) {
+      if (result.ok()) result = s;  // kept in the state file
+    } else {
+      bridge_up_ = false;
+    }
   }
   if (absl::Status s = recordState(); !s.ok() && result.ok()) result = s;
   return result;

@@ -57,10 +57,13 @@ class PodNetwork {
   bool usesNamespaces() const { return namespaces_; }
   const std::string& gateway() const { return gateway_; }  // the host's address on the pod network
 
-  // Gives `pod` (a name unique among live pods: letters, digits, '-', '.')
-  // its namespace and address; the same address again if it has one.
+  // Gives `pod` (a name unique among live pods: letters, digits, '-', '.';
+  // namespace-qualify Kubernetes names) its namespace and address; the same
+  // address again if it has one. AlreadyExists, touching nothing, when its
+  // namespace or veth name is taken (another kubelet's).
   absl::StatusOr<PodAddress> addPod(std::string_view pod);
-  // Removes its namespace and veth; OK if it has none.
+  // Removes its namespace and veth (and the host's neighbour entry for its
+  // address); OK if it has none. On failure it stays, and in the state file.
   absl::Status removePod(std::string_view pod);
   // Every pod's, then the bridge. The first error, after trying everything.
   absl::Status teardown();
@@ -87,7 +90,7 @@ class PodNetwork {
   int prefix_len_ = 24;
   std::string gateway_;
   bool bridge_up_ = false;
-  uint32_t next_veth_ = 0;
+  uint32_t instance_ = 0;  // random: this kubelet's veth names are its own
   std::map<std::string, Pod, std::less<>> pods_;
 };
 

@@ -85,6 +85,11 @@ absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, P
   TANDEM_ASSIGN_OR_RETURN(int64_t timeout, optInt(*it, "timeoutSeconds", p, 1));
   TANDEM_ASSIGN_OR_RETURN(int64_t success, optInt(*it, "successThreshold", p, 1));
   TANDEM_ASSIGN_OR_RETURN(int64_t failure, optInt(*it, "failureThreshold", p, 3));
+  for (auto [field, value] : {std::pair{"initialDelaySeconds", delay}, std::pair{"periodSeconds", period},
+                              std::pair{"timeoutSeconds", timeout}, std::pair{"successThreshold", success},
+                              std::pair{"failureThreshold", failure}}) {
+    if (value > 86400) return fieldError(strCat(p, ".", field), "too large (at most 86400)");
+  }
   h.spec = {.initial_delay = std::chrono::seconds(delay),
             .period = std::chrono::seconds(period),
             .timeout = std::chrono::seconds(timeout),
@@ -129,7 +134,13 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
       plan.spec.env.emplace_back(name, value);
     }
   }
-  if (auto ports = c.find("ports"); ports != c.end() && ports->is_array()) {
+  for (const char* unsupported : {"startupProbe", "envFrom", "lifecycle"}) {
+    if (auto u = c.find(unsupported); u != c.end() && !u->is_null()) {
+      return fieldError(strCat(path, ".", unsupported), "not supported here");
+    }
+  }
+  if (auto ports = c.find("ports"); ports != c.end() && !ports->is_null()) {
+    if (!ports->is_array()) return fieldError(strCat(path, ".ports"), "expected a list");
     for (size_t i = 0; i < ports->size(); ++i) {
       const std::string p = strCat(path, ".ports[", i, "]");
       TANDEM_ASSIGN_OR_RETURN(int64_t port, optInt((*ports)[i], "containerPort", p, 0));
@@ -137,16 +148,26 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
       plan.ports.push_back(static_cast<int>(port));
     }
   }
-  if (auto requests = c.find("resources"); requests != c.end() && requests->is_object()) {
-    if (auto r = requests->find("requests"); r != requests->end() && r->is_object()) {
-      for (const auto& [resource, quantity] : r->items()) {
+  if (auto resources = c.find("resources"); resources != c.end() && !resources->is_null()) {
+    if (!resources->is_object()) return fieldError(strCat(path, ".resources"), "expected an object");
+    // As the API server defaults it: a resource given only a limit requests that much.
+    json wanted = resources->value("limits", json::object());
+    const json requests = resources->value("requests", json::object());
+    if (!wanted.is_object() || !requests.is_object()) {
+      return fieldError(strCat(path, ".resources"), "requests and limits must be objects");
+    }
+    for (const auto& [resource, quantity] : requests.items()) wanted[resource] = quantity;
+    {
+      for (const auto& [resource, quantity] : wanted.items()) {
         const std::string p = strCat(path, ".resources.requests[\"", resource, "\"]");
         std::string text = quantity.is_string() ? quantity.get<std::string>()
                            : quantity.is_number_integer() ? std::to_string(quantity.get<int64_t>())
                                                           : std::string("?");
         absl::StatusOr<int64_t> milli = parseQuantityMilli(text);
         if (!milli.ok()) return fieldError(p, toStd(milli.status().message()));
-        needs.requests[resource] += *milli;
+        int64_t& total = needs.requests[resource];
+        if (*milli > INT64_MAX - total) return fieldError(p, "the pod's total is too large");
+        total += *milli;
       }
     }
   }
@@ -165,21 +186,28 @@ absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts
   if (containers == spec->end() || !containers->is_array() || containers->empty()) {
     return fieldError("spec.containers", "at least one container is required");
   }
+  for (const char* unsupported : {"initContainers", "affinity", "volumes"}) {
+    if (auto u = spec->find(unsupported); u != spec->end() && !u->is_null()) {
+      return fieldError(strCat("spec.", unsupported), "not supported here yet");
+    }
+  }
   for (size_t i = 0; i < containers->size(); ++i) {
     TANDEM_ASSIGN_OR_RETURN(ContainerPlan c,
                             planContainer((*containers)[i], strCat("spec.containers[", i, "]"), facts, plan.needs));
     plan.containers.push_back(std::move(c));
   }
   TANDEM_ASSIGN_OR_RETURN(int64_t grace, optInt(*spec, "terminationGracePeriodSeconds", "spec", 30));
-  if (grace < 0) return fieldError("spec.terminationGracePeriodSeconds", "must not be negative");
+  if (grace < 0 || grace > 86400) return fieldError("spec.terminationGracePeriodSeconds", "expected 0 to 86400");
   plan.grace = std::chrono::seconds(grace);
-  if (auto sel = spec->find("nodeSelector"); sel != spec->end() && sel->is_object()) {
+  if (auto sel = spec->find("nodeSelector"); sel != spec->end() && !sel->is_null()) {
+    if (!sel->is_object()) return fieldError("spec.nodeSelector", "expected an object");
     for (const auto& [k, v] : sel->items()) {
       if (!v.is_string()) return fieldError(strCat("spec.nodeSelector[\"", k, "\"]"), "expected a string");
       plan.needs.node_selector[k] = v.get<std::string>();
     }
   }
-  if (auto tol = spec->find("tolerations"); tol != spec->end() && tol->is_array()) {
+  if (auto tol = spec->find("tolerations"); tol != spec->end() && !tol->is_null()) {
+    if (!tol->is_array()) return fieldError("spec.tolerations", "expected a list");
     for (size_t i = 0; i < tol->size(); ++i) {
       const std::string p = strCat("spec.tolerations[", i, "]");
       Toleration t;

@@ -123,6 +123,11 @@ TEST_F(ContainerProcessTest, RunsInsideThePodsNetworkNamespace) {
                                  .netns_prefix = "tndc" + tag + "-",
                                  .mode = PodNetworkOptions::Mode::kNamespaces});
   ASSERT_TRUE(net.ok()) << net.status();
+  // Torn down however the test ends.
+  struct Teardown {
+    PodNetwork& net;
+    ~Teardown() { (void)net.teardown(); }
+  } teardown{**net};
   auto pod = (*net)->addPod("p");
   ASSERT_TRUE(pod.ok()) << pod.status();
   ContainerSpec s = spec("ip -4 -o addr show dev eth0");
@@ -131,7 +136,6 @@ TEST_F(ContainerProcessTest, RunsInsideThePodsNetworkNamespace) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(waitEnd(**c), 0) << log();
   EXPECT_NE(log().find(pod->ip + "/24"), std::string::npos) << log();
-  EXPECT_TRUE((*net)->teardown().ok());
 }
 
 TEST_F(ContainerProcessTest, BadSpecsAreNamed) {

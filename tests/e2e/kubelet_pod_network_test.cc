@@ -8,6 +8,7 @@
 #include "e2e/kubelet/pod_network.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -40,6 +41,7 @@ bool linkExists(const std::string& name) {
 pid_t serveInNamespace(const std::string& ns, const std::string& reply, int connections) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
+  alarm(60);  // never outlives a test that failed before connecting
   const int fd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY);
   if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(2);
   const int s = socket(AF_INET, SOCK_STREAM, 0);
@@ -70,7 +72,7 @@ std::string fetch(const std::string& ip, const std::string& ns = "") {
       const int fd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY);
       if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(2);
     }
-    for (int attempt = 0; attempt < 200; ++attempt) {
+    for (int attempt = 0; attempt < 1200; ++attempt) {  // 30 s
       const int s = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in a{};
       a.sin_family = AF_INET;
@@ -114,6 +116,9 @@ class PodNetworkTest : public ::testing::Test {
     if (net_) {
       EXPECT_TRUE(net_->teardown().ok());
     }
+    // Whatever a failed test left: a new instance removes what the state
+    // file lists, and its own bridge goes with its teardown.
+    if (auto sweep = PodNetwork::create(options_); sweep.ok()) (void)(*sweep)->teardown();
     std::filesystem::remove_all(dir_);
   }
 
@@ -142,6 +147,7 @@ TEST_F(PodNetworkTest, PodsKeepTheSamePortAndReachEachOtherAndTheHost) {
   EXPECT_EQ(fetch(b->ip), "from b");
   EXPECT_EQ(fetch(a->ip, b->netns), "from a");
   for (pid_t p : {sa, sb}) {
+    if (HasFailure()) kill(p, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(p, &status, 0), p);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -150,8 +156,14 @@ TEST_F(PodNetworkTest, PodsKeepTheSamePortAndReachEachOtherAndTheHost) {
   ASSERT_TRUE(net_->removePod("decode-0").ok());
   EXPECT_FALSE(netnsExists(a->netns));
   EXPECT_FALSE(net_->address("decode-0"));
-  // Its address is free again.
-  EXPECT_EQ(net_->addPod("decode-1")->ip, a->ip);
+  // Its address is free again, and reachable at the new pod.
+  auto c = net_->addPod("decode-1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ip, a->ip);
+  const pid_t sc = serveInNamespace(c->netns, "from c", 1);
+  EXPECT_EQ(fetch(c->ip), "from c");
+  if (HasFailure()) kill(sc, SIGKILL);
+  waitpid(sc, nullptr, 0);
   ASSERT_TRUE(net_->teardown().ok());
   EXPECT_FALSE(netnsExists(b->netns));
   EXPECT_FALSE(linkExists(options_.bridge));
@@ -183,6 +195,22 @@ TEST_F(PodNetworkTest, TheNextKubeletRemovesWhatAKilledOneLeft) {
   EXPECT_TRUE(linkExists(options_.bridge));  // its own, new
   auto b = net_->addPod("after-restart");
   ASSERT_TRUE(b.ok()) << b.status();
+}
+
+// A namespace of the same name that is not this kubelet's is neither taken
+// nor, on the failure, deleted.
+TEST_F(PodNetworkTest, ANameSomeoneElseHoldsIsRefusedAndLeftAlone) {
+  auto net = PodNetwork::create(options_);
+  ASSERT_TRUE(net.ok()) << net.status();
+  net_ = std::move(*net);
+  const std::string foreign = options_.netns_prefix + "taken";
+  ASSERT_TRUE(runChecked({"ip", "netns", "add", foreign}).ok());
+  auto taken = net_->addPod("taken");
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+  EXPECT_TRUE(netnsExists(foreign));
+  EXPECT_FALSE(net_->address("taken"));
+  EXPECT_TRUE(net_->addPod("other").ok());
+  EXPECT_TRUE(runChecked({"ip", "netns", "del", foreign}).ok());
 }
 
 TEST(PodNetworkLoopbackTest, WithoutNamespacesEachPodGetsItsOwnLoopbackAddress) {

@@ -82,6 +82,17 @@ TEST(PodSpecTest, RequestsAreSummedOverContainersAndDefaultsApply) {
   EXPECT_FALSE(plan->containers[0].readiness);
 }
 
+// As the API server defaults it: a resource given only a limit requests it.
+TEST(PodSpecTest, ALimitWithoutARequestIsTheRequest) {
+  json pod = decodePod();
+  pod["spec"]["containers"][0]["resources"] = json::parse(R"({"limits": {"nvidia.com/gpu": 2, "cpu": "4"},
+                                                               "requests": {"cpu": "1"}})");
+  auto plan = planPod(pod, kFacts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->needs.requests.at("nvidia.com/gpu"), 2000);
+  EXPECT_EQ(plan->needs.requests.at("cpu"), 1000);  // the request wins where there is one
+}
+
 TEST(PodSpecTest, EachBadOrUnsupportedFieldIsNamedByItsPath) {
   auto msg = [](json pod) { return std::string(planPod(pod, kFacts).status().message()); };
   auto with = [](const char* path, json value) {
@@ -112,8 +123,14 @@ TEST(PodSpecTest, EachBadOrUnsupportedFieldIsNamedByItsPath) {
             "spec.containers[0].readinessProbe: only httpGet probes are supported here");
   EXPECT_EQ(msg(with("/spec/containers/0/livenessProbe/successThreshold", 2)),
             "spec.containers[0].livenessProbe.successThreshold: must be 1");
-  EXPECT_EQ(msg(with("/spec/terminationGracePeriodSeconds", -1)),
-            "spec.terminationGracePeriodSeconds: must not be negative");
+  EXPECT_EQ(msg(with("/spec/terminationGracePeriodSeconds", -1)), "spec.terminationGracePeriodSeconds: expected 0 to 86400");
+  EXPECT_EQ(msg(with("/spec/containers/0/startupProbe", json{{"httpGet", {{"port", 8100}}}})),
+            "spec.containers[0].startupProbe: not supported here");
+  EXPECT_EQ(msg(with("/spec/initContainers", json::array({json::object()}))), "spec.initContainers: not supported here yet");
+  EXPECT_EQ(msg(with("/spec/containers/0/ports", "8100")), "spec.containers[0].ports: expected a list");
+  EXPECT_EQ(msg(with("/spec/nodeSelector", "gpu")), "spec.nodeSelector: expected an object");
+  EXPECT_EQ(msg(with("/spec/containers/0/readinessProbe/successThreshold", 4294967297)),
+            "spec.containers[0].readinessProbe.successThreshold: too large (at most 86400)");
   EXPECT_EQ(msg(with("/spec/tolerations/0/operator", "In")), "spec.tolerations[0].operator: expected Equal or Exists");
 }
 
