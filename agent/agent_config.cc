@@ -455,6 +455,18 @@ void fillDerivedDefaults(AgentConfig& c) {
   if (c.worker.empty()) c.worker = hostName();
 }
 
+// Each (flag, value) at least `minimum` (named `minimum_text` in the error).
+absl::Status atLeast(std::initializer_list<std::pair<const char*, std::chrono::nanoseconds>> values,
+                     std::chrono::nanoseconds minimum, std::string_view minimum_text) {
+  for (auto [flag, value] : values) {
+    if (value < minimum) {
+      return absl::InvalidArgumentError(
+          strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the ", minimum_text, " minimum"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status validateAgentConfig(const AgentConfig& c) {
@@ -464,24 +476,15 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
       return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
     }
     TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
-    for (auto [flag, value] : {std::pair{"--worker-stale-after (router.worker_stale_after)", c.worker_stale_after},
-                               std::pair{"--unserved-timeout (router.unserved_timeout)", c.unserved_timeout}}) {
-      if (value < std::chrono::milliseconds(100)) {
-        return absl::InvalidArgumentError(
-            strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the 100ms minimum"));
-      }
-    }
+    TANDEM_RETURN_IF_ERROR(atLeast({{"--worker-stale-after (router.worker_stale_after)", c.worker_stale_after},
+                                    {"--unserved-timeout (router.unserved_timeout)", c.unserved_timeout}},
+                                   std::chrono::milliseconds(100), "100ms"));
   }
-  for (auto [flag, value] : {std::pair{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
-                             std::pair{"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)",
-                                       c.kv_heartbeat_idle_interval},
-                             std::pair{"--prefill-deadline-floor (kv.prefill_deadline_floor)",
-                                       c.prefill_deadline_floor}}) {
-    if (value < std::chrono::milliseconds(10)) {
-      return absl::InvalidArgumentError(
-          strCat(flag, ": ", std::chrono::duration<double>(value).count(), "s is below the 10ms minimum"));
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(
+      atLeast({{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
+               {"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)", c.kv_heartbeat_idle_interval},
+               {"--prefill-deadline-floor (kv.prefill_deadline_floor)", c.prefill_deadline_floor}},
+              std::chrono::milliseconds(10), "10ms"));
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
     return absl::InvalidArgumentError(
         "--prefill-peers (kv.prefill_peers) or --prefill-peer (kv.prefill_peer) is required for role decode");

@@ -62,14 +62,17 @@ bool RouterCore::otherResponsiveDecodeWorker(std::string_view worker) const {
   for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {
     const routing::WorkerView* w = cluster_.worker(routing::WorkerSlot(s));
     if (w == nullptr || !w->canDecode() || !w->healthy || w->name == worker || w->load.draining) continue;
-    if (unresponsive_since_.contains(w->name)) continue;
-    auto f = failures_.find(w->name);
-    const auto recent = f == failures_.end() ? 0 : std::count_if(f->second.begin(), f->second.end(), [&](MonoTime t) {
-      return now - t <= options_.failure_window;
-    });
-    if (recent < options_.unhealthy_failures) return true;
+    if (!unresponsive_since_.contains(w->name) && !failedTooOften(w->name, now)) return true;
   }
   return false;
+}
+
+bool RouterCore::failedTooOften(const std::string& worker, MonoTime now) const {
+  auto f = failures_.find(worker);
+  if (f == failures_.end()) return false;
+  const auto recent = std::count_if(f->second.begin(), f->second.end(),
+                                    [&](MonoTime t) { return now - t <= options_.failure_window; });
+  return recent >= options_.unhealthy_failures;
 }
 
 std::optional<HashSpec> RouterCore::hashSpec() const {
@@ -95,8 +98,8 @@ std::variant<RouterCore::Assignment, routing::NoWorker> RouterCore::route(const 
     for (const auto& [name, since] : unresponsive_since_) benched.push_back(name);
   }
   for (auto& [name, times] : failures_) {
-    std::erase_if(times, [&](MonoTime t) { return now - t > options_.failure_window; });
-    if (static_cast<int>(times.size()) >= options_.unhealthy_failures) benched.push_back(name);
+    std::erase_if(times, [&](MonoTime t) { return now - t > options_.failure_window; });  // forgotten
+    if (failedTooOften(name, now)) benched.push_back(name);
   }
   std::vector<std::pair<std::string, bool>> restore;
   for (const std::string& name : benched) {

@@ -109,6 +109,8 @@ class RouterCore {
 
  private:
   void release(Assignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker` could not be reached too often within the failure window.
+  bool failedTooOften(const std::string& worker, MonoTime now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock& clock_;
   const Options options_;
