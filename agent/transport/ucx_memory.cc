@@ -2,6 +2,7 @@
 // life of the transport) and the rkeys through which we read theirs.
 // An rkey is destroyed only once no get can still be using it.
 
+#include "agent/transport/shm_rkey.h"
 #include "agent/transport/ucx_transport_impl.h"
 #include "src/common/strings.h"
 
@@ -34,9 +35,16 @@ absl::Status Impl::registerRegion(std::span<std::byte> region, bool map_here) {
 
 // Replaces the connection's rkey by one unpacked from `packed` (none if
 // that fails). An rkey gets may still be using is destroyed after them.
+// The peer's shared-memory segments are pinned first (shm_rkey.h): UCX
+// 1.13 crashes unpacking one whose owner just exited.
 bool Impl::unpackRkey(ConnId id, Conn& conn, const std::string& packed) {
   ucp_rkey_h fresh = nullptr;
-  ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, packed.data(), &fresh);
+  const PinnedRkey pinned = pinSharedMemorySegments(packed);
+  if (pinned.dropped() > 0) {
+    log.warn("the peer's shared memory is gone (has its process exited?); its rkey is used without it",
+             {{"conn", id}, {"segments", pinned.dropped()}});
+  }
+  ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, pinned.packed().data(), &fresh);
   if (s != UCS_OK) {
     log.warn("cannot unpack the peer's rkey", {{"conn", id}, {"error", ucs_status_string(s)}});
     return false;
