@@ -97,6 +97,18 @@ json apiResourceListDoc(const std::vector<const ResourceType*>& types, const std
                            {"kind", t->kind},
                            {"verbs", {"get", "patch", "update"}}});
     }
+    if (t->podSubresources) {
+      resources.push_back({{"name", t->plural + "/binding"},
+                           {"singularName", ""},
+                           {"namespaced", true},
+                           {"kind", "Binding"},
+                           {"verbs", {"create"}}});
+      resources.push_back({{"name", t->plural + "/log"},
+                           {"singularName", ""},
+                           {"namespaced", true},
+                           {"kind", "Pod"},
+                           {"verbs", {"get"}}});
+    }
     if (t->scale) {
       resources.push_back({{"name", t->plural + "/scale"},
                            {"singularName", ""},

@@ -254,15 +254,18 @@ json ObjectWriter::update(const ResourceType& t, const json& current, json updat
   return view(t, result);
 }
 
-bool ObjectWriter::remove(const std::vector<json>& objects, DeletionPolicy policy) {
+bool ObjectWriter::remove(const std::vector<json>& objects, DeletionPolicy policy, std::optional<int64_t> grace) {
   GcPlanner plan(gcSnapshot(cluster_));
   bool firstGone = false;
   for (size_t i = 0; i < objects.size(); ++i) {
     bool gone = plan.requestDeletion(uidOf(objects[i]), policy);
     if (i == 0) firstGone = gone;
+    if (grace) requestedGrace_[uidOf(objects[i])] = *grace;
   }
   plan.collect();
-  if (apply(plan.actions())) collectGarbage();
+  const bool more = apply(plan.actions());
+  requestedGrace_.clear();
+  if (more) collectGarbage();
   return firstGone;
 }
 
@@ -303,12 +306,30 @@ bool ObjectWriter::apply(const std::vector<GcAction>& actions) {
         setFinalizers(o, a.finalizers);
         break;
       case GcActionType::kErase:
+        if (keepForGrace(a.storageKey, o)) break;
         more = erase(a.storageKey, o) || more;
         continue;
     }
     cluster_.store.put(a.storageKey, std::move(o));
   }
   return more;
+}
+
+bool ObjectWriter::keepForGrace(const std::string& storageKey, json& obj) {
+  const TypeHooks& hooks = cluster_.hooks.of(storageKey);
+  if (!hooks.gracePeriod || !finalizersOf(obj).empty()) return false;
+  const std::optional<int64_t> fallback = hooks.gracePeriod(obj);
+  if (!fallback) return false;
+  auto requested = requestedGrace_.find(uidOf(obj));
+  json& md = obj["metadata"];
+  const bool marked = md.contains("deletionGracePeriodSeconds") && md["deletionGracePeriodSeconds"].get<int64_t>() > 0;
+  if (marked && requested == requestedGrace_.end()) return true;  // its grace still runs
+  const int64_t grace = requested != requestedGrace_.end() ? requested->second : *fallback;
+  if (grace <= 0) return false;
+  if (marked && md["deletionGracePeriodSeconds"].get<int64_t>() <= grace) return true;  // only ever shortened
+  md["deletionTimestamp"] = rfc3339(cluster_.clock.wallNow() + std::chrono::seconds(grace));
+  md["deletionGracePeriodSeconds"] = grace;
+  return true;
 }
 
 bool ObjectWriter::erase(const std::string& storageKey, const json& obj) {

@@ -9,6 +9,8 @@
 // Errors are thrown as ApiError (api_error.h); the Router turns them into
 // responses. Not thread-safe: runs under the Router's mutex.
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +46,12 @@ class ObjectWriter {
   nlohmann::json update(const ResourceType& t, const nlohmann::json& current, nlohmann::json updated,
                         const std::string& sub, bool requireRv, Call& call);
   // Deletes each of `objects` with `policy`, then collects garbage. True
-  // when the first one was erased at once (no finalizers, not a namespace).
-  bool remove(const std::vector<nlohmann::json>& objects, DeletionPolicy policy);
+  // when the first one was erased at once (no finalizers, not a namespace,
+  // no grace period). `grace`: DeleteOptions.gracePeriodSeconds for them
+  // (types with a gracePeriod hook; what the garbage collector deletes gets
+  // the type's default).
+  bool remove(const std::vector<nlohmann::json>& objects, DeletionPolicy policy,
+              std::optional<int64_t> grace = std::nullopt);
   // Runs the garbage collector until the store holds no garbage.
   void collectGarbage();
 
@@ -57,8 +63,13 @@ class ObjectWriter {
   // Applies a plan; true when a type's erased hook changed the store beyond it.
   bool apply(const std::vector<GcAction>& actions);
   bool erase(const std::string& storageKey, const nlohmann::json& obj);
+  // Graceful deletion (TypeHooks::gracePeriod): true when `obj` is kept
+  // (marked, or its grace shortened) instead of erased.
+  bool keepForGrace(const std::string& storageKey, nlohmann::json& obj);
 
   Cluster& cluster_;
+  // For the objects a remove() names: the grace period its caller asked for.
+  std::map<std::string, int64_t> requestedGrace_;  // by uid
 };
 
 }  // namespace tandem::apiserver

@@ -23,8 +23,11 @@ struct Target {
   const ResourceType* type = nullptr;
   std::string ns;
   std::string name;  // "": the collection
-  std::string sub;   // "", "status" or "scale"
+  std::string sub;   // "", "status", "scale"; for pods also "binding" and "log"
 };
+
+// `body` as JSON; 400 naming `what` ("patch", "DeleteOptions") if it is not.
+nlohmann::json parseJsonOr400(const std::string& body, const char* what);
 
 // Reads.
 bool wantsTable(const http::Request& req);  // Accept asks for as=Table
@@ -46,5 +49,13 @@ http::Response patchObject(ObjectWriter& writer, Cluster& cluster, const http::R
 http::Response deleteObject(ObjectWriter& writer, const Cluster& cluster, const http::Request& req, const Target& t);
 http::Response deleteCollection(ObjectWriter& writer, const Cluster& cluster, const http::Request& req,
                                 const Target& t);
+
+// Pods (pod_requests.cc). binding: sets spec.nodeName once (409 if the pod
+// has one or is being deleted) and the PodScheduled condition. log: the
+// container's log, fetched from the kubelet endpoint the pod's Node reports
+// (status.daemonEndpoints), off the mutex; `follow` is not supported (the
+// log so far is returned).
+http::Response bindPod(ObjectWriter& writer, Cluster& cluster, const http::Request& req, const Target& t, Call& call);
+http::Response podLog(const Cluster& cluster, const http::Request& req, const Target& t);
 
 }  // namespace tandem::apiserver

@@ -34,9 +34,18 @@ std::vector<ResourceType> builtinResourceTypes() {
   ns.columns = {{"Status", "string", "", "The phase of the namespace", ".status.phase"},
                 {"Age", "date", "", "", ".metadata.creationTimestamp"}};
   types.push_back(ns);
+  auto node = builtin("", "v1", "Node", "nodes", false, {"no"});
+  node.hasStatus = true;
+  node.columns = {{"Ready", "string", "", "Whether the node's kubelet reports it ready",
+                   ".status.conditions[?(@.type==\"Ready\")].status"},
+                  {"Age", "date", "", "", ".metadata.creationTimestamp"},
+                  {"Internal-IP", "string", "", "", ".status.addresses[?(@.type==\"InternalIP\")].address", 1}};
+  types.push_back(node);
   auto pod = builtin("", "v1", "Pod", "pods", true, {"po"}, {"all"});
   pod.hasStatus = true;
+  pod.podSubresources = true;
   pod.columns = {{"Status", "string", "", "The phase of the pod", ".status.phase"},
+                 {"Restarts", "integer", "", "The first container's restarts", ".status.containerStatuses[0].restartCount"},
                  {"Age", "date", "", "", ".metadata.creationTimestamp"},
                  {"IP", "string", "", "", ".status.podIP", 1},
                  {"Node", "string", "", "", ".spec.nodeName", 1}};
@@ -57,8 +66,19 @@ std::vector<ResourceType> builtinResourceTypes() {
   deploy.scale = ScalePaths{".spec.replicas", ".status.replicas", ".spec.selector"};
   deploy.columns = {{"Replicas", "integer", "", "", ".spec.replicas"},
                     {"Ready", "integer", "", "", ".status.readyReplicas"},
+                    {"Up-to-date", "integer", "", "", ".status.updatedReplicas"},
+                    {"Available", "integer", "", "", ".status.availableReplicas"},
                     {"Age", "date", "", "", ".metadata.creationTimestamp"}};
   types.push_back(deploy);
+  auto rs = builtin("apps", "v1", "ReplicaSet", "replicasets", true, {"rs"}, {"all"});
+  rs.hasStatus = true;
+  rs.hasGeneration = true;
+  rs.scale = ScalePaths{".spec.replicas", ".status.replicas", ".spec.selector"};
+  rs.columns = {{"Desired", "integer", "", "", ".spec.replicas"},
+                {"Current", "integer", "", "", ".status.replicas"},
+                {"Ready", "integer", "", "", ".status.readyReplicas"},
+                {"Age", "date", "", "", ".metadata.creationTimestamp"}};
+  types.push_back(rs);
   types.push_back(builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", true));
   types.push_back(builtin("coordination.k8s.io", "v1", "Lease", "leases", true));
   types.push_back(builtin("events.k8s.io", "v1", "Event", "events", true, {"ev"}));

@@ -49,6 +49,8 @@ struct ResourceType {
   std::optional<nlohmann::json> schema;  // openAPIV3Schema; built-ins have none
   bool custom = false;                   // defined by a CRD
   bool hasGeneration = false;            // metadata.generation maintained
+  // Pods only: pods/binding (POST, the scheduler's) and pods/log (GET, from the node's kubelet).
+  bool podSubresources = false;
 
   std::string apiVersion() const { return group.empty() ? version : group + "/" + version; }
   std::string storageKey() const { return group + "/" + plural; }

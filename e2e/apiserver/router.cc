@@ -146,7 +146,8 @@ Target Router::parseTarget(const std::vector<std::string>& segs) {
   if (rest.size() >= 2) target.name = rest[1];
   if (rest.size() == 3) {
     target.sub = rest[2];
-    if (!(target.sub == "status" && target.type->hasStatus) && !(target.sub == "scale" && target.type->scale)) {
+    if (!(target.sub == "status" && target.type->hasStatus) && !(target.sub == "scale" && target.type->scale) &&
+        !((target.sub == "binding" || target.sub == "log") && target.type->podSubresources)) {
       throw pathNotFound();
     }
   }
@@ -172,6 +173,14 @@ Response Router::dispatch(Request& req, const Target& t, Call& call) {
     if (m == "POST") return createObject(writer_, req, t, call);
     if (m == "DELETE") return deleteCollection(writer_, cluster_, req, t);
     throw methodNotAllowed();
+  }
+  if (t.sub == "binding") {
+    if (m != "POST") throw methodNotAllowed();
+    return bindPod(writer_, cluster_, req, t, call);
+  }
+  if (t.sub == "log") {
+    if (m != "GET") throw methodNotAllowed();
+    return podLog(cluster_, req, t);
   }
   if (m == "GET") return getObject(cluster_, req, t);
   if (m == "PUT") return replaceObject(writer_, cluster_, req, t, call);

@@ -16,8 +16,50 @@ void namespaceDefaults(json& obj, const DefaultsContext& ctx) {
   if (ctx.current == nullptr) obj["status"] = {{"phase", "Active"}};
 }
 
+void setDefault(json& obj, const char* key, json value) {
+  if (!obj.contains(key)) obj[key] = std::move(value);
+}
+
+// What the API server defaults in a pod spec (also inside templates).
+void podSpecDefaults(json& spec) {
+  if (!spec.is_object()) return;
+  setDefault(spec, "restartPolicy", "Always");
+  setDefault(spec, "terminationGracePeriodSeconds", 30);
+  setDefault(spec, "dnsPolicy", "ClusterFirst");
+  setDefault(spec, "schedulerName", "default-scheduler");
+}
+
+void podDefaults(json& obj, const DefaultsContext& ctx) {
+  podSpecDefaults(obj["spec"]);
+  if (ctx.current == nullptr && !obj.contains("status")) obj["status"] = {{"phase", "Pending"}};
+}
+
+// A pod on a node stops first (its kubelet sends SIGTERM and waits); one
+// never scheduled, or whose containers ended for good, goes at once.
+std::optional<int64_t> podGracePeriod(const json& pod) {
+  if (pod.value("/spec/nodeName"_json_pointer, "").empty()) return std::nullopt;
+  const std::string phase = pod.value("/status/phase"_json_pointer, "");
+  if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
+  return pod.value("/spec/terminationGracePeriodSeconds"_json_pointer, int64_t{30});
+}
+
+void replicaSetDefaults(json& obj, const DefaultsContext&) {
+  setDefault(obj["spec"], "replicas", 1);
+  if (obj["spec"].contains("template")) podSpecDefaults(obj["spec"]["template"]["spec"]);
+}
+
 void deploymentDefaults(json& obj, const DefaultsContext&) {
-  if (!obj["spec"].contains("replicas")) obj["spec"]["replicas"] = 1;
+  json& spec = obj["spec"];
+  setDefault(spec, "replicas", 1);
+  setDefault(spec, "revisionHistoryLimit", 10);
+  setDefault(spec, "progressDeadlineSeconds", 600);
+  setDefault(spec, "strategy", json{{"type", "RollingUpdate"}});
+  if (spec["strategy"].value("type", "") == "RollingUpdate") {
+    json& ru = spec["strategy"]["rollingUpdate"];
+    setDefault(ru, "maxSurge", "25%");
+    setDefault(ru, "maxUnavailable", "25%");
+  }
+  if (spec.contains("template")) podSpecDefaults(spec["template"]["spec"]);
 }
 
 void secretDefaults(json& obj, const DefaultsContext&) {
@@ -95,7 +137,9 @@ TypeHookRegistry TypeHookRegistry::builtins() {
         {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .keptUntilEmpty = true, .defaults = namespaceDefaults});
   r.add("/services", {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .defaults = serviceDefaults});
   r.add("/secrets", {.defaults = secretDefaults});
+  r.add("/pods", {.specOnCreate = true, .defaults = podDefaults, .gracePeriod = podGracePeriod});
   r.add("apps/deployments", {.specOnCreate = true, .defaults = deploymentDefaults});
+  r.add("apps/replicasets", {.specOnCreate = true, .defaults = replicaSetDefaults});
   r.add("apiextensions.k8s.io/customresourcedefinitions", {.defaults = crdDefaults,
                                                            .validate = [](const json& crd) { typesFromCrd(crd); },
                                                            .stored = crdStored,

@@ -10,7 +10,12 @@
 //                     deleting keeps it (phase Terminating) until the collector has emptied it
 //   services          name an RFC 1123 label; spec.type ClusterIP; a fake spec.clusterIP, kept by updates
 //   secrets           stringData folded into base64 data; type Opaque
-//   deployments       spec.replicas 1
+//   pods              restartPolicy Always, terminationGracePeriodSeconds 30, dnsPolicy, schedulerName;
+//                     status.phase Pending on create; a pod bound to a node is deleted gracefully
+//                     (kept, deletionTimestamp = now + grace, until its kubelet deletes it with grace 0)
+//   deployments       spec.replicas 1; strategy RollingUpdate 25%/25%; revisionHistoryLimit 10;
+//                     progressDeadlineSeconds 600
+//   replicasets       spec.replicas 1
 //   customresourcedefinitions  names completed (singular, listKind); status NamesAccepted and Established;
 //                     validated as a CRD; storing one serves its types, erasing one stops serving them
 //                     and erases their objects
@@ -21,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +64,11 @@ struct TypeHooks {
   // After an object of the type was stored / erased.
   std::function<void(const nlohmann::json& obj, Cluster& cluster)> stored;
   std::function<void(const nlohmann::json& obj, Cluster& cluster)> erased;
+  // Graceful deletion: the grace period (seconds) a delete without one gives
+  // `obj`, or nullopt when it is erased at once. While the grace runs the
+  // object is kept (deletionTimestamp set to its end), until a delete with
+  // grace 0 (the kubelet's, once the pod's containers stopped).
+  std::function<std::optional<int64_t>(const nlohmann::json& obj)> gracePeriod;
 };
 
 class TypeHookRegistry {

@@ -8,6 +8,7 @@
 #include "e2e/apiserver/object_meta.h"
 #include "e2e/apiserver/patch.h"
 #include "e2e/apiserver/requests.h"
+#include "absl/strings/numbers.h"
 #include "src/common/strings.h"
 
 namespace tandem::apiserver {
@@ -15,6 +16,14 @@ namespace tandem::apiserver {
 using http::Request;
 using http::Response;
 using nlohmann::json;
+
+json parseJsonOr400(const std::string& body, const char* what) {
+  try {
+    return json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw badRequest(strCat("error decoding ", what, ": ", e.what()));
+  }
+}
 
 namespace {
 
@@ -39,14 +48,6 @@ json parseBody(const Request& req, const ResourceType& t) {
   throw unsupportedMediaType(
       strCat("the body of the request was in an unknown format - accepted media types include: "
              "application/json, application/yaml"));
-}
-
-json parseJsonOr400(const std::string& body, const char* what) {
-  try {
-    return json::parse(body);
-  } catch (const json::parse_error& e) {
-    throw badRequest(strCat("error decoding ", what, ": ", e.what()));
-  }
 }
 
 // Writing a Scale: its spec.replicas goes to the object's replicas path.
@@ -162,6 +163,25 @@ DeletionPolicy deletionPolicy(const Request& req, const json& options) {
                 {fieldNotSupported("propagationPolicy", policy, {"Foreground", "Background", "Orphan", "nil"})});
 }
 
+// DeleteOptions.gracePeriodSeconds (body or query): a non-negative integer.
+std::optional<int64_t> gracePeriodOf(const Request& req, const json& options) {
+  json g = options.value("gracePeriodSeconds", json());
+  if (g.is_null()) {
+    auto q = req.query("gracePeriodSeconds");
+    if (!q) return std::nullopt;
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(*q, &v)) {
+      throw invalid("DeleteOptions", "meta.k8s.io", "", {fieldInvalid("gracePeriodSeconds", *q, "must be an integer")});
+    }
+    g = v;
+  }
+  if (!g.is_number_integer() || g.get<int64_t>() < 0) {
+    throw invalid("DeleteOptions", "meta.k8s.io", "",
+                  {fieldInvalid("gracePeriodSeconds", g, "must be a non-negative integer")});
+  }
+  return g.get<int64_t>();
+}
+
 // DeleteOptions.preconditions: 409 unless the object still has that uid / resourceVersion.
 void checkPreconditions(const Target& t, const json& options, const json& current) {
   json pre = options.value("preconditions", json::object());
@@ -189,7 +209,10 @@ Response deleteObject(ObjectWriter& writer, const Cluster& cluster, const Reques
   if (current == nullptr) throw notFound(t.type->plural, t.type->group, t.name);
   checkPreconditions(t, options, *current);
   json before = *current;
-  if (writer.remove({before}, policy)) {
+  std::optional<int64_t> grace = gracePeriodOf(req, options);
+  writer.remove({before}, policy, grace);
+  const json* now = cluster.store.get(t.type->storageKey(), t.ns, t.name);
+  if (now == nullptr) {
     json details = {{"name", t.name}, {"kind", t.type->plural}, {"uid", uidOf(before)}};
     if (!t.type->group.empty()) details["group"] = t.type->group;
     return Response::json(200, {{"kind", "Status"},
@@ -198,8 +221,8 @@ Response deleteObject(ObjectWriter& writer, const Cluster& cluster, const Reques
                                 {"status", "Success"},
                                 {"details", details}});
   }
-  const json* now = cluster.store.get(t.type->storageKey(), t.ns, t.name);
-  return Response::json(now != nullptr ? 202 : 200, view(*t.type, now != nullptr ? *now : before));
+  // Kept: 202 while finalizers hold it, 200 while a grace period runs (a pod on a node).
+  return Response::json(finalizersOf(*now).empty() ? 200 : 202, view(*t.type, *now));
 }
 
 Response deleteCollection(ObjectWriter& writer, const Cluster& cluster, const Request& req, const Target& t) {
