@@ -81,7 +81,13 @@ std::vector<ResourceType> builtinResourceTypes() {
   types.push_back(rs);
   types.push_back(builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", true));
   types.push_back(builtin("coordination.k8s.io", "v1", "Lease", "leases", true));
-  types.push_back(builtin("events.k8s.io", "v1", "Event", "events", true, {"ev"}));
+  auto event = builtin("events.k8s.io", "v1", "Event", "events", true, {"ev"});
+  event.columns = {{"Type", "string", "", "", ".type"},
+                   {"Reason", "string", "", "", ".reason"},
+                   {"Object", "string", "", "", ".regarding.name"},
+                   {"Note", "string", "", "", ".note"},
+                   {"Age", "date", "", "", ".metadata.creationTimestamp"}};
+  types.push_back(event);
   auto crd = builtin("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", false,
                      {"crd", "crds"}, {"api-extensions"});
   crd.hasStatus = true;

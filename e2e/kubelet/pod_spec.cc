@@ -101,8 +101,36 @@ absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, P
   return std::optional<HttpProbe>(h);
 }
 
-absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& path, const PodFacts& facts,
-                                            PodNeeds& needs) {
+// The container's resource requests added to `needs`.
+absl::Status addRequests(const json& c, const std::string& path, PodNeeds& needs) {
+  if (!c.is_object()) return fieldError(path, "expected an object");
+  if (auto resources = c.find("resources"); resources != c.end() && !resources->is_null()) {
+    if (!resources->is_object()) return fieldError(strCat(path, ".resources"), "expected an object");
+    // As the API server defaults it: a resource given only a limit requests that much.
+    json wanted = resources->value("limits", json::object());
+    const json requests = resources->value("requests", json::object());
+    if (!wanted.is_object() || !requests.is_object()) {
+      return fieldError(strCat(path, ".resources"), "requests and limits must be objects");
+    }
+    for (const auto& [resource, quantity] : requests.items()) wanted[resource] = quantity;
+    {
+      for (const auto& [resource, quantity] : wanted.items()) {
+        const std::string p = strCat(path, ".resources.requests[\"", resource, "\"]");
+        std::string text = quantity.is_string() ? quantity.get<std::string>()
+                           : quantity.is_number_integer() ? std::to_string(quantity.get<int64_t>())
+                                                          : std::string("?");
+        absl::StatusOr<int64_t> milli = parseQuantityMilli(text);
+        if (!milli.ok()) return fieldError(p, toStd(milli.status().message()));
+        int64_t& total = needs.requests[resource];
+        if (*milli > INT64_MAX - total) return fieldError(p, "the pod's total is too large");
+        total += *milli;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& path, const PodFacts& facts) {
   if (!c.is_object()) return fieldError(path, "expected an object");
   ContainerPlan plan;
   TANDEM_ASSIGN_OR_RETURN(plan.name, optString(c, "name", path));
@@ -148,29 +176,6 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
       plan.ports.push_back(static_cast<int>(port));
     }
   }
-  if (auto resources = c.find("resources"); resources != c.end() && !resources->is_null()) {
-    if (!resources->is_object()) return fieldError(strCat(path, ".resources"), "expected an object");
-    // As the API server defaults it: a resource given only a limit requests that much.
-    json wanted = resources->value("limits", json::object());
-    const json requests = resources->value("requests", json::object());
-    if (!wanted.is_object() || !requests.is_object()) {
-      return fieldError(strCat(path, ".resources"), "requests and limits must be objects");
-    }
-    for (const auto& [resource, quantity] : requests.items()) wanted[resource] = quantity;
-    {
-      for (const auto& [resource, quantity] : wanted.items()) {
-        const std::string p = strCat(path, ".resources.requests[\"", resource, "\"]");
-        std::string text = quantity.is_string() ? quantity.get<std::string>()
-                           : quantity.is_number_integer() ? std::to_string(quantity.get<int64_t>())
-                                                          : std::string("?");
-        absl::StatusOr<int64_t> milli = parseQuantityMilli(text);
-        if (!milli.ok()) return fieldError(p, toStd(milli.status().message()));
-        int64_t& total = needs.requests[resource];
-        if (*milli > INT64_MAX - total) return fieldError(p, "the pod's total is too large");
-        total += *milli;
-      }
-    }
-  }
   TANDEM_ASSIGN_OR_RETURN(plan.readiness, probe(c, "readinessProbe", ProbeKind::kReadiness, path));
   TANDEM_ASSIGN_OR_RETURN(plan.liveness, probe(c, "livenessProbe", ProbeKind::kLiveness, path));
   return plan;
@@ -178,32 +183,22 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
 
 }  // namespace
 
-absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts) {
+absl::StatusOr<PodNeeds> podNeeds(const nlohmann::json& pod) {
   auto spec = pod.find("spec");
   if (spec == pod.end() || !spec->is_object()) return fieldError("spec", "required");
-  PodPlan plan;
+  PodNeeds needs;
   auto containers = spec->find("containers");
   if (containers == spec->end() || !containers->is_array() || containers->empty()) {
     return fieldError("spec.containers", "at least one container is required");
   }
-  for (const char* unsupported : {"initContainers", "affinity", "volumes"}) {
-    if (auto u = spec->find(unsupported); u != spec->end() && !u->is_null()) {
-      return fieldError(strCat("spec.", unsupported), "not supported here yet");
-    }
-  }
   for (size_t i = 0; i < containers->size(); ++i) {
-    TANDEM_ASSIGN_OR_RETURN(ContainerPlan c,
-                            planContainer((*containers)[i], strCat("spec.containers[", i, "]"), facts, plan.needs));
-    plan.containers.push_back(std::move(c));
+    TANDEM_RETURN_IF_ERROR(addRequests((*containers)[i], strCat("spec.containers[", i, "]"), needs));
   }
-  TANDEM_ASSIGN_OR_RETURN(int64_t grace, optInt(*spec, "terminationGracePeriodSeconds", "spec", 30));
-  if (grace < 0 || grace > 86400) return fieldError("spec.terminationGracePeriodSeconds", "expected 0 to 86400");
-  plan.grace = std::chrono::seconds(grace);
   if (auto sel = spec->find("nodeSelector"); sel != spec->end() && !sel->is_null()) {
     if (!sel->is_object()) return fieldError("spec.nodeSelector", "expected an object");
     for (const auto& [k, v] : sel->items()) {
       if (!v.is_string()) return fieldError(strCat("spec.nodeSelector[\"", k, "\"]"), "expected a string");
-      plan.needs.node_selector[k] = v.get<std::string>();
+      needs.node_selector[k] = v.get<std::string>();
     }
   }
   if (auto tol = spec->find("tolerations"); tol != spec->end() && !tol->is_null()) {
@@ -217,9 +212,29 @@ absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts
       if (t.op != "Equal" && t.op != "Exists") return fieldError(strCat(p, ".operator"), "expected Equal or Exists");
       TANDEM_ASSIGN_OR_RETURN(t.value, optString((*tol)[i], "value", p));
       TANDEM_ASSIGN_OR_RETURN(t.effect, optString((*tol)[i], "effect", p));
-      plan.needs.tolerations.push_back(std::move(t));
+      needs.tolerations.push_back(std::move(t));
     }
   }
+  return needs;
+}
+
+absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts) {
+  PodPlan plan;
+  TANDEM_ASSIGN_OR_RETURN(plan.needs, podNeeds(pod));
+  const json& spec = pod["spec"];
+  for (const char* unsupported : {"initContainers", "affinity", "volumes"}) {
+    if (auto u = spec.find(unsupported); u != spec.end() && !u->is_null()) {
+      return fieldError(strCat("spec.", unsupported), "not supported here yet");
+    }
+  }
+  const json& containers = spec["containers"];
+  for (size_t i = 0; i < containers.size(); ++i) {
+    TANDEM_ASSIGN_OR_RETURN(ContainerPlan c, planContainer(containers[i], strCat("spec.containers[", i, "]"), facts));
+    plan.containers.push_back(std::move(c));
+  }
+  TANDEM_ASSIGN_OR_RETURN(int64_t grace, optInt(spec, "terminationGracePeriodSeconds", "spec", 30));
+  if (grace < 0 || grace > 86400) return fieldError("spec.terminationGracePeriodSeconds", "expected 0 to 86400");
+  plan.grace = std::chrono::seconds(grace);
   return plan;
 }
 

@@ -51,5 +51,9 @@ struct PodPlan {
 };
 
 absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts);
+// What the scheduler reads (the requests, nodeSelector and tolerations), for
+// a pod whose containers may not run here (a bad image is the kubelet's to
+// report, after scheduling, as on a real cluster).
+absl::StatusOr<PodNeeds> podNeeds(const nlohmann::json& pod);
 
 }  // namespace tandem::kubelet

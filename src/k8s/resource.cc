@@ -137,6 +137,11 @@ std::pair<std::string, std::string> splitObjectKey(std::string_view key) {
   return {std::string(key.substr(0, slash)), std::string(key.substr(slash + 1))};
 }
 
+std::string formatTime(WallTime t) {
+  const std::string micro = formatMicroTime(t);
+  return micro.substr(0, micro.find('.')) + "Z";
+}
+
 std::string formatMicroTime(WallTime t) {
   auto micros = std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
   int64_t secs = micros / 1000000;

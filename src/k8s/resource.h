@@ -79,6 +79,8 @@ std::pair<std::string, std::string> splitObjectKey(std::string_view key);
 
 // metav1.MicroTime: "2026-01-01T00:00:00.000000Z" (RFC 3339, microseconds, UTC).
 std::string formatMicroTime(WallTime t);
+// metav1.Time: "2026-01-01T00:00:00Z" (RFC 3339, seconds, UTC).
+std::string formatTime(WallTime t);
 // Parses RFC 3339 with or without fractional seconds ("...Z"); false if malformed.
 bool parseTime(std::string_view s, WallTime* out);
 

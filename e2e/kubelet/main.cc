@@ -1,0 +1,132 @@
+// tandem-kubelet: the process kubelet of the local cluster
+// (docs/local-cluster.md). Runs against tandem-apiserver (or any API server
+// its kubeconfig names) until SIGTERM or SIGINT, then stops every pod and
+// removes the pod network.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "e2e/kubelet/kubelet.h"
+#include "src/common/log.h"
+#include "src/common/strings.h"
+#include "src/k8s/config.h"
+
+namespace {
+
+using tandem::kubelet::KubeletOptions;
+using tandem::kubelet::PodNetworkOptions;
+
+int usage(const std::string& why) {
+  std::cerr << "tandem-kubelet: " << why << "\n"
+            << "usage: tandem-kubelet --kubeconfig FILE [--state-dir DIR] [--bin-dir DIR]\n"
+               "  [--node 'NAME [RESOURCE=QUANTITY ...] [label:K=V ...] [taint:K=V:EFFECT ...]'] ...\n"
+               "  [--pod-cidr CIDR] [--bridge NAME] [--network auto|namespaces|loopback]\n"
+               "  [--stop-grace SECONDS] [--log-level L]\n";
+  return why == "help" ? 0 : 2;
+}
+
+struct Flags {
+  std::string kubeconfig;
+  KubeletOptions options;
+  int stop_grace_s = 10;
+  std::string log_level = "info";
+};
+
+std::string ownDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : exe.parent_path().string();
+}
+
+std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
+  f.options.state_dir = ".tandem/kubelet";
+  f.options.bin_dir = ownDir();
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") return usage("help");
+    if (i + 1 >= argc) return usage(tandem::strCat(flag, " needs a value"));
+    const std::string v = argv[++i];
+    if (flag == "--kubeconfig") {
+      f.kubeconfig = v;
+    } else if (flag == "--state-dir") {
+      f.options.state_dir = v;
+    } else if (flag == "--bin-dir") {
+      f.options.bin_dir = v;
+    } else if (flag == "--node") {
+      auto spec = tandem::kubelet::parseNodeSpec(v);
+      if (!spec.ok()) return usage(std::string(spec.status().message()));
+      f.options.nodes.push_back(*spec);
+    } else if (flag == "--pod-cidr") {
+      f.options.network.cidr = v;
+    } else if (flag == "--bridge") {
+      f.options.network.bridge = v;
+    } else if (flag == "--network") {
+      using Mode = PodNetworkOptions::Mode;
+      if (v == "auto") {
+        f.options.network.mode = Mode::kAuto;
+      } else if (v == "namespaces") {
+        f.options.network.mode = Mode::kNamespaces;
+      } else if (v == "loopback") {
+        f.options.network.mode = Mode::kLoopback;
+      } else {
+        return usage(tandem::strCat("--network ", v, ": expected auto, namespaces or loopback"));
+      }
+    } else if (flag == "--stop-grace") {
+      char* end = nullptr;
+      long s = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || s < 0 || s > 3600) {
+        return usage(tandem::strCat("--stop-grace ", v, ": expected whole seconds, 0 to 3600"));
+      }
+      f.stop_grace_s = static_cast<int>(s);
+    } else if (flag == "--log-level") {
+      f.log_level = v;
+    } else {
+      return usage(tandem::strCat("unknown flag ", flag));
+    }
+  }
+  if (f.kubeconfig.empty()) return usage("--kubeconfig is required");
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Blocked before any thread starts, taken by sigwait() below (see tandem-apiserver).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  Flags flags;
+  if (auto rc = parseFlags(argc, argv, flags)) return *rc;
+  if (auto s = tandem::configureLogging({.spec = flags.log_level}); !s.ok()) return usage(std::string(s.message()));
+  tandem::Logger log("kubelet");
+
+  auto config = tandem::k8s::loadKubeconfig(flags.kubeconfig);
+  if (!config.ok()) {
+    std::cerr << "tandem-kubelet: " << config.status().message() << "\n";
+    return 1;
+  }
+  auto client = tandem::k8s::Client::create(*config);
+  if (!client.ok()) {
+    std::cerr << "tandem-kubelet: " << client.status().message() << "\n";
+    return 1;
+  }
+  auto kubelet = tandem::kubelet::Kubelet::start(**client, flags.options);
+  if (!kubelet.ok()) {
+    std::cerr << "tandem-kubelet: " << kubelet.status().message() << "\n";
+    return 1;
+  }
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  log.info("stopping: every pod's containers, then the pod network", {{"signal", sig}});
+  (*kubelet)->stop(std::chrono::seconds(flags.stop_grace_s));
+  return 0;
+}

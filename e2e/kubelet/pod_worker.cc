@@ -1,0 +1,367 @@
+#include "e2e/kubelet/pod_worker.h"
+
+#include <filesystem>
+#include <future>
+
+#include "e2e/kubelet/container_process.h"
+#include "e2e/kubelet/pod_health.h"
+#include "e2e/kubelet/pod_spec.h"
+#include "src/common/strings.h"
+#include "src/http/client.h"
+#include "src/k8s/resource.h"
+
+namespace tandem::kubelet {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct PodWorker::Container {
+  ContainerPlan plan;
+  std::string log_file;
+  std::unique_ptr<ContainerProcess> proc;
+  RestartBackoff backoff;
+  std::optional<ProbeTracker> readiness, liveness;
+  MonoTime started{};
+  std::string started_at;
+  std::optional<MonoTime> restart_at;  // when a stopped container runs again
+  json state = json::object();         // containerStatuses[].state
+  json last_state = json::object();
+  bool finished = false;  // will not run again (restartPolicy)
+  bool ready() const { return proc != nullptr && (!readiness || readiness->ready()); }
+};
+
+namespace {
+
+std::string str(const json& j, const json::json_pointer& p) {
+  return j.contains(p) && j.at(p).is_string() ? j.at(p).get<std::string>() : "";
+}
+
+json waiting(std::string reason, std::string message) {
+  json w = {{"reason", std::move(reason)}};
+  if (!message.empty()) w["message"] = std::move(message);
+  return {{"waiting", w}};
+}
+
+json condition(const char* type, bool status, const json& previous, const std::string& now) {
+  // lastTransitionTime moves only when the status does.
+  const std::string s = status ? "True" : "False";
+  std::string since = now;
+  for (const auto& c : previous) {
+    if (c.value("type", "") == type && c.value("status", "") == s) since = c.value("lastTransitionTime", now);
+  }
+  return {{"type", type}, {"status", s}, {"lastProbeTime", nullptr}, {"lastTransitionTime", since}};
+}
+
+bool httpProbe(const std::string& ip, const HttpProbe& p) {
+  auto r = http::httpGet(strCat("http://", ip, ":", p.port, p.path), p.spec.timeout);
+  return r.ok() && r->status >= 200 && r->status < 400;
+}
+
+}  // namespace
+
+PodWorker::PodWorker(PodWorkerEnv env, json pod)
+    : env_(std::move(env)),
+      ns_(str(pod, "/metadata/namespace"_json_pointer)),
+      name_(str(pod, "/metadata/name"_json_pointer)),
+      uid_(str(pod, "/metadata/uid"_json_pointer)),
+      latest_(std::move(pod)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+PodWorker::~PodWorker() {
+  shutdown(Duration::zero());
+  if (thread_.joinable()) thread_.join();
+}
+
+void PodWorker::update(json pod) {
+  std::lock_guard l(mu_);
+  latest_ = std::move(pod);
+  changed_ = true;
+  cv_.notify_all();
+}
+
+void PodWorker::apiDeleted() {
+  std::lock_guard l(mu_);
+  api_deleted_ = true;
+  cv_.notify_all();
+}
+
+void PodWorker::shutdown(Duration grace) {
+  std::lock_guard l(mu_);
+  if (!shutdown_grace_ || grace < *shutdown_grace_) shutdown_grace_ = grace;
+  cv_.notify_all();
+}
+
+bool PodWorker::finished() const {
+  std::lock_guard l(mu_);
+  return finished_;
+}
+
+// Waits until `until` or a change; true when the pod is to stop.
+bool PodWorker::waitForChange(MonoTime until) {
+  std::unique_lock l(mu_);
+  const auto stopping = [&] {
+    return api_deleted_ || shutdown_grace_.has_value() || latest_["metadata"].contains("deletionTimestamp");
+  };
+  while (!stopping() && !changed_ && env_.clock->now() < until) {
+    cv_.wait_for(l, std::min<Duration>(until - env_.clock->now(), env_.poll_interval));
+  }
+  changed_ = false;
+  return stopping();
+}
+
+void PodWorker::writeStatus(const json& status) {
+  if (status == last_status_) return;
+  {
+    std::lock_guard l(mu_);
+    if (api_deleted_ || shutdown_grace_) return;
+  }
+  auto r = env_.client->mergePatchStatus(k8s::podsResource(), ns_, name_, {{"status", status}});
+  if (r.ok()) {
+    last_status_ = status;
+  } else if (!absl::IsNotFound(r.status())) {
+    log_.warn("cannot write the pod's status", {{"pod", strCat(ns_, "/", name_)}, {"error", std::string(r.status().message())}});
+  }
+}
+
+void PodWorker::run() {
+  runContainers();
+  terminate();
+  std::lock_guard l(mu_);
+  finished_ = true;
+}
+
+void PodWorker::runContainers() {
+  json pod;
+  {
+    std::lock_guard l(mu_);
+    pod = latest_;
+  }
+  const std::string key = strCat(ns_, "/", name_);
+  const k8s::ObjectReference ref = k8s::ObjectReference::of(pod);
+  const std::string restart_policy = pod["spec"].value("restartPolicy", "Always");
+  const std::string node = pod["spec"].value("nodeName", "");
+  const std::string start_time = k8s::formatTime(env_.clock->wallNow());
+  const json scheduled = [&] {
+    for (const auto& c : pod.value("/status/conditions"_json_pointer, json::array())) {
+      if (c.value("type", "") == "PodScheduled") return c;
+    }
+    return condition("PodScheduled", true, json::array(), start_time);
+  }();
+
+  // The network first: the plan's environment may name the pod's IP.
+  absl::StatusOr<PodAddress> address = env_.network->addPod(strCat(ns_, ".", name_));
+  while (!address.ok()) {
+    log_.warn("cannot give the pod its network", {{"pod", key}, {"error", std::string(address.status().message())}});
+    (void)env_.events->record(ref, k8s::EventType::kWarning, "FailedCreatePodSandBox", "Create",
+                        strCat("cannot set up the pod's network: ", address.status().message()));
+    if (waitForChange(env_.clock->now() + std::chrono::seconds(5))) return;
+    address = env_.network->addPod(strCat(ns_, ".", name_));
+  }
+  const std::string ip = address->ip;
+  const fs::path dir = fs::path(env_.pods_dir) / ns_ / name_;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+
+  std::vector<Container> containers;
+  absl::StatusOr<PodPlan> plan = planPod(pod, {.name = name_, .ns = ns_, .pod_ip = ip, .node_name = node,
+                                               .bin_dir = env_.bin_dir});
+  std::string plan_error;
+  if (!plan.ok()) {
+    plan_error = std::string(plan.status().message());
+    log_.warn("the pod cannot run here", {{"pod", key}, {"error", plan_error}});
+    (void)env_.events->record(ref, k8s::EventType::kWarning, "Failed", "Create", plan_error);
+  } else {
+    for (auto& c : plan->containers) {
+      Container k;
+      k.log_file = (dir / (c.name + ".log")).string();
+      c.spec.log_file = k.log_file;
+      c.spec.exec_prefix = env_.network->execPrefix(*address);
+      k.plan = std::move(c);
+      k.restart_at = env_.clock->now();
+      containers.push_back(std::move(k));
+    }
+  }
+
+  bool stopping = false;
+  while (!stopping) {
+    const MonoTime now = env_.clock->now();
+    MonoTime next = now + std::chrono::seconds(1);
+    for (Container& c : containers) {
+      const std::string cname = c.plan.name;
+      if (c.proc) {
+        std::optional<int> exit = c.proc->poll();
+        bool killed_for_liveness = false;
+        if (!exit && c.liveness && c.liveness->failed()) {
+          (void)env_.events->record(ref, k8s::EventType::kNormal, "Killing", "Kill",
+                              strCat("Container ", cname, " failed liveness probe, will be restarted"));
+          exit = c.proc->stop(std::chrono::duration_cast<Duration>(plan->grace));
+          killed_for_liveness = true;
+        }
+        if (exit) {
+          (void)env_.records->remove(c.proc->pid());
+          c.proc.reset();
+          const std::string finished_at = k8s::formatTime(env_.clock->wallNow());
+          json terminated = {{"exitCode", *exit},
+                             {"reason", *exit == 0 ? "Completed" : "Error"},
+                             {"startedAt", c.started_at},
+                             {"finishedAt", finished_at}};
+          c.last_state = {{"terminated", terminated}};
+          const bool again = restart_policy == "Always" || (restart_policy == "OnFailure" && *exit != 0) ||
+                             killed_for_liveness;
+          if (again) {
+            const Duration wait = c.backoff.onExit(c.started, now);
+            c.restart_at = now + wait;
+            c.state = waiting("CrashLoopBackOff",
+                              strCat("back-off ", std::chrono::duration_cast<std::chrono::seconds>(wait).count(),
+                                     "s restarting failed container=", cname, " pod=", name_, "_", ns_));
+            (void)env_.events->record(ref, k8s::EventType::kWarning, "BackOff", "Start",
+                                strCat("Back-off restarting failed container ", cname, " (exit code ", *exit, ")"));
+          } else {
+            c.finished = true;
+            c.state = {{"terminated", terminated}};
+          }
+        }
+      }
+      if (!c.proc && !c.finished && c.restart_at && *c.restart_at <= now) {
+        std::error_code ignored;
+        if (fs::exists(c.log_file)) fs::rename(c.log_file, c.log_file + ".previous", ignored);
+        absl::StatusOr<std::unique_ptr<ContainerProcess>> p = ContainerProcess::start(c.plan.spec);
+        if (!p.ok()) {
+          c.state = waiting("CreateContainerError", std::string(p.status().message()));
+          (void)env_.events->record(ref, k8s::EventType::kWarning, "Failed", "Start", std::string(p.status().message()));
+          c.restart_at = now + c.backoff.onExit(now, now);
+        } else {
+          c.proc = std::move(*p);
+          (void)env_.records->add(c.proc->pid());
+          c.started = now;
+          c.started_at = k8s::formatTime(env_.clock->wallNow());
+          c.restart_at.reset();
+          c.state = {{"running", {{"startedAt", c.started_at}}}};
+          if (c.plan.readiness) c.readiness.emplace(ProbeKind::kReadiness, c.plan.readiness->spec, now);
+          if (c.plan.liveness) c.liveness.emplace(ProbeKind::kLiveness, c.plan.liveness->spec, now);
+          (void)env_.events->record(ref, k8s::EventType::kNormal, "Started", "Start", strCat("Started container ", cname));
+        }
+      }
+      if (c.proc) {
+        for (auto* probe : {&c.readiness, &c.liveness}) {
+          if (!*probe) continue;
+          const HttpProbe& spec = probe == &c.readiness ? *c.plan.readiness : *c.plan.liveness;
+          if ((*probe)->nextProbe() <= env_.clock->now()) {
+            const MonoTime began = env_.clock->now();
+            const bool ok = httpProbe(ip, spec);
+            (*probe)->record(ok, began, env_.clock->now());
+            if (!ok) {  // every failure, as a real kubelet reports them (the recorder counts repeats)
+              (void)env_.events->record(ref, k8s::EventType::kWarning, "Unhealthy", "Probe",
+                                  strCat(probe == &c.readiness ? "Readiness" : "Liveness", " probe failed: GET http://",
+                                         ip, ":", spec.port, spec.path));
+            }
+          }
+          next = std::min(next, (*probe)->nextProbe());
+        }
+      }
+      if (c.restart_at) next = std::min(next, *c.restart_at);
+    }
+
+    // Status.
+    const std::string now_text = k8s::formatTime(env_.clock->wallNow());
+    json statuses = json::array();
+    bool all_ready = !containers.empty(), any_running = false, all_finished = !containers.empty(), all_zero = true;
+    for (Container& c : containers) {
+      const bool ready = c.ready();
+      all_ready = all_ready && ready;
+      any_running = any_running || c.proc != nullptr || !c.finished;
+      all_finished = all_finished && c.finished;
+      if (c.finished && c.state["terminated"].value("exitCode", 0) != 0) all_zero = false;
+      json s = {{"name", c.plan.name},
+                {"ready", ready},
+                {"started", c.proc != nullptr},
+                {"restartCount", c.backoff.restartCount()},
+                {"image", ""},
+                {"imageID", ""},
+                {"state", c.state.empty() ? waiting("ContainerCreating", "") : c.state},
+                {"lastState", c.last_state}};
+      if (c.proc) s["containerID"] = strCat("process://", c.proc->pid());
+      statuses.push_back(std::move(s));
+    }
+    if (!plan.ok()) {
+      for (const auto& c : pod["spec"].value("containers", json::array())) {
+        statuses.push_back({{"name", c.value("name", "")},
+                            {"ready", false},
+                            {"started", false},
+                            {"restartCount", 0},
+                            {"image", c.value("image", "")},
+                            {"imageID", ""},
+                            {"state", waiting("CreateContainerConfigError", plan_error)},
+                            {"lastState", json::object()}});
+      }
+    } else {
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        statuses[i]["image"] = pod["spec"]["containers"][i].value("image", "");
+      }
+    }
+    const std::string phase = !plan.ok()                 ? "Pending"
+                              : all_finished             ? (all_zero ? "Succeeded" : "Failed")
+                              : any_running              ? "Running"
+                                                         : "Pending";
+    const json previous = last_status_.value("conditions", json::array());
+    json status = {{"phase", phase},
+                   {"hostIP", env_.host_ip},
+                   {"podIP", ip},
+                   {"podIPs", json::array({{{"ip", ip}}})},
+                   {"startTime", last_status_.value("startTime", start_time)},
+                   {"conditions",
+                    json::array({condition("Initialized", true, previous, now_text),
+                                 condition("Ready", all_ready, previous, now_text),
+                                 condition("ContainersReady", all_ready, previous, now_text), scheduled})},
+                   {"containerStatuses", statuses}};
+    writeStatus(status);
+    stopping = waitForChange(next);
+  }
+  // Stop every container at once, each within the grace period.
+  Duration grace = plan.ok() ? plan->grace : Duration::zero();
+  {
+    std::lock_guard l(mu_);
+    const json& md = latest_["metadata"];
+    if (md.contains("deletionGracePeriodSeconds")) {
+      grace = std::chrono::seconds(md["deletionGracePeriodSeconds"].get<int64_t>());
+    }
+    if (shutdown_grace_) grace = std::min(grace, *shutdown_grace_);
+  }
+  std::vector<std::future<void>> stops;
+  for (Container& c : containers) {
+    if (!c.proc) continue;
+    (void)env_.events->record(ref, k8s::EventType::kNormal, "Killing", "Kill", strCat("Stopping container ", c.plan.name));
+    stops.push_back(std::async(std::launch::async, [&c, grace, this] {
+      c.proc->stop(grace);
+      (void)env_.records->remove(c.proc->pid());
+      c.proc.reset();
+    }));
+  }
+  for (auto& s : stops) s.wait();
+}
+
+void PodWorker::terminate() {
+  const std::string key = strCat(ns_, "/", name_);
+  absl::Status removed = env_.network->removePod(strCat(ns_, ".", name_));
+  if (!removed.ok()) log_.warn("cannot remove the pod's network", {{"pod", key}, {"error", std::string(removed.message())}});
+  bool confirm = false;
+  {
+    std::lock_guard l(mu_);
+    confirm = !api_deleted_ && !shutdown_grace_ && latest_["metadata"].contains("deletionTimestamp");
+  }
+  if (!confirm) return;
+  // The containers have stopped: the API server may erase the pod now.
+  k8s::DeleteOptions options;
+  options.gracePeriodSeconds = 0;
+  options.preconditionUid = uid_;
+  auto r = env_.client->remove(k8s::podsResource(), ns_, name_, options);
+  if (!r.ok() && !absl::IsNotFound(r.status()) && !absl::IsFailedPrecondition(r.status()) &&
+      !absl::IsAborted(r.status())) {
+    log_.warn("cannot delete the stopped pod", {{"pod", key}, {"error", std::string(r.status().message())}});
+  }
+  log_.info("pod stopped", {{"pod", key}});
+}
+
+}  // namespace tandem::kubelet

@@ -1,0 +1,291 @@
+// tandem-kubelet against tandem-apiserver, driven by the real kubectl
+// (label e2e; root, for the pod network): pods run as processes with IPs of
+// their own, logs, probes, restarts, graceful deletion, scheduling over
+// simulated nodes, bad manifests, and a kubelet killed with SIGKILL.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <regex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/apiserver_fixture.h"
+
+namespace tandem::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+class KubeletTest : public ApiServerFixture {
+ protected:
+  void SetUp() override {
+    ApiServerFixture::SetUp();
+    const int tag = getpid() % 100000;
+    bridge_ = "tndk" + std::to_string(tag);
+    cidr_prefix_ = "10.245." + std::to_string(tag % 250) + ".";
+    startKubelet();
+  }
+
+  void TearDown() override {
+    stopKubelet(SIGTERM);
+    const std::string links = shell("ip -br link show type bridge").output;
+    EXPECT_THAT(links, ::testing::Not(HasSubstr(bridge_))) << "the kubelet left its bridge";
+    ApiServerFixture::TearDown();
+  }
+
+  void startKubelet() {
+    const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-kubelet";
+    std::vector<std::string> args = {exe,         "--kubeconfig", kubeconfig_, "--state-dir", dir_ + "/kubelet",
+                                     "--bridge",  bridge_,        "--pod-cidr",  cidr_prefix_ + "0/24",
+                                     "--stop-grace", "2"};
+    for (const auto& n : nodes_) {
+      args.push_back("--node");
+      args.push_back(n);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string log = dir_ + "/kubelet.log";
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    ASSERT_EQ(posix_spawn(&kubelet_, exe.c_str(), &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ASSERT_TRUE(waitFor([&] { return kubectl("get nodes").output.find("True") != std::string::npos; },
+                        std::chrono::seconds(20)))
+        << readFile(log);
+  }
+
+  void stopKubelet(int sig) {
+    if (kubelet_ <= 0) return;
+    kill(kubelet_, sig);
+    int status = 0;
+    if (!waitFor([&] { return waitpid(kubelet_, &status, WNOHANG) == kubelet_; }, std::chrono::seconds(30))) {
+      ADD_FAILURE() << "tandem-kubelet did not exit after signal " << sig;
+      kill(kubelet_, SIGKILL);
+      waitpid(kubelet_, &status, 0);
+    }
+    kubelet_ = -1;
+  }
+
+  void apply(const std::string& name, const std::string& yaml) {
+    auto r = kubectl("apply -f " + writeTemp(name, yaml));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+  std::string get(const std::string& what, const std::string& jsonpath) {
+    return kubectl("get " + what + " -o 'jsonpath=" + jsonpath + "'").output;
+  }
+  bool eventually(const std::function<bool()>& f, int seconds = 20) {
+    return waitFor(f, std::chrono::seconds(seconds));
+  }
+  std::string kubeletLog() { return readFile(dir_ + "/kubelet.log"); }
+
+  std::string bridge_, cidr_prefix_;
+  std::vector<std::string> nodes_;
+  pid_t kubelet_ = -1;
+};
+
+// A container that prints its environment and then serves HTTP on 8000.
+constexpr const char* kWebPod = R"(apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: web
+    image: ghcr.io/example/tandem:dev
+    command: [/bin/sh, -c]
+    args:
+    - echo "pod $POD_NAME in $POD_NAMESPACE at $POD_IP on $NODE"; trap 'echo stopping; exit 0' TERM;
+      /usr/bin/python3 -m http.server 8000 --bind 0.0.0.0 & wait
+    env:
+    - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+    - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+    ports: [{containerPort: 8000}]
+    readinessProbe:
+      httpGet: {path: /, port: 8000}
+      periodSeconds: 1
+)";
+
+TEST_F(KubeletTest, APodRunsAsAProcessWithItsOwnAddressProbesAndLogs) {
+  apply("web.yaml", kWebPod);
+  ASSERT_TRUE(eventually([&] { return get("pod web", "{.status.conditions[?(@.type==\"Ready\")].status}") == "True"; }))
+      << kubectl("get pod web -o yaml").output << kubeletLog();
+  const std::string ip = get("pod web", "{.status.podIP}");
+  EXPECT_THAT(ip, ::testing::StartsWith(cidr_prefix_));
+  EXPECT_EQ(get("pod web", "{.status.phase}"), "Running");
+  auto wide = kubectl("get pods -o wide");
+  EXPECT_THAT(wide.output, HasSubstr(ip));
+  EXPECT_THAT(wide.output, HasSubstr("tandem-local"));
+  // The host reaches the pod's own address and port.
+  EXPECT_EQ(shell("curl -s -o /dev/null -w '%{http_code}' -m 5 http://" + ip + ":8000/").output, "200");
+  auto logs = kubectl("logs web");
+  EXPECT_THAT(logs.output, HasSubstr("pod web in default at " + ip + " on tandem-local")) << logs.output;
+  EXPECT_THAT(kubectl("logs web --tail=1").output, ::testing::Not(HasSubstr("pod web in")));
+
+  // Deletion: SIGTERM (the container's trap runs), then the pod is gone.
+  const std::string pid = std::regex_replace(get("pod web", "{.status.containerStatuses[0].containerID}"),
+                                             std::regex("process://"), "");
+  ASSERT_FALSE(pid.empty());
+  auto del = kubectl("delete pod web --timeout=20s");
+  ASSERT_EQ(del.rc, 0) << del.output;
+  EXPECT_THAT(kubectl("get pod web").output, HasSubstr("NotFound"));
+  EXPECT_NE(kill(std::stoi(pid), 0), 0) << "the container's process outlived its pod";
+  EXPECT_THAT(readFile(dir_ + "/kubelet/pods/default/web/web.log"), HasSubstr("stopping"));
+  EXPECT_THAT(shell("ip netns list").output, ::testing::Not(HasSubstr("default.web")));
+}
+
+TEST_F(KubeletTest, AContainerThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
+  apply("stubborn.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: stubborn}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: tandem, command: [/bin/sh, -c, "trap '' TERM; while true; do sleep 0.1; done"]}
+)");
+  ASSERT_TRUE(eventually([&] { return get("pod stubborn", "{.status.phase}") == "Running"; })) << kubeletLog();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto del = kubectl("delete pod stubborn --timeout=20s");
+  ASSERT_EQ(del.rc, 0) << del.output;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(900)) << "killed before its grace period";
+  EXPECT_LT(took, std::chrono::seconds(10));
+}
+
+TEST_F(KubeletTest, ACrashingContainerRestartsWithBackOff) {
+  apply("crash.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: crash}
+spec:
+  containers:
+  - {name: c, image: tandem, command: [/bin/sh, -c, "echo about to fail; exit 3"]}
+)");
+  ASSERT_TRUE(eventually([&] { return get("pod crash", "{.status.containerStatuses[0].restartCount}") == "1"; }))
+      << kubectl("get pod crash -o yaml").output;
+  EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].state.waiting.reason}"), "CrashLoopBackOff");
+  EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].lastState.terminated.exitCode}"), "3");
+  EXPECT_THAT(kubectl("logs crash").output, HasSubstr("about to fail"));
+  EXPECT_THAT(kubectl("get events.events.k8s.io").output, HasSubstr("BackOff"));
+  // The second start comes after the first back-off (10 s), not at once.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].restartCount}"), "1");
+  ASSERT_TRUE(eventually([&] { return get("pod crash", "{.status.containerStatuses[0].restartCount}") == "2"; }));
+  EXPECT_THAT(kubectl("logs crash --previous").output, HasSubstr("about to fail"));
+}
+
+TEST_F(KubeletTest, BadManifestsSayWhatIsWrongInStatusAndEvents) {
+  apply("bad.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: badimage}
+spec:
+  containers: [{name: c, image: nginx:1.25, command: [nginx]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: nocommand}
+spec:
+  containers: [{name: c, image: tandem}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: deafprobe}
+spec:
+  containers:
+  - name: c
+    image: tandem
+    command: [/bin/sleep, "100"]
+    readinessProbe: {httpGet: {path: /healthz, port: 8100}, periodSeconds: 1}
+)");
+  ASSERT_TRUE(eventually([&] {
+    return get("pod badimage", "{.status.containerStatuses[0].state.waiting.reason}") == "CreateContainerConfigError";
+  })) << kubectl("get pod badimage -o yaml").output;
+  EXPECT_THAT(get("pod badimage", "{.status.containerStatuses[0].state.waiting.message}"),
+              HasSubstr("spec.containers[0].image: \"nginx:1.25\""));
+  ASSERT_TRUE(eventually([&] {
+    return get("pod nocommand", "{.status.containerStatuses[0].state.waiting.message}")
+               .find("spec.containers[0].command: required") != std::string::npos;
+  })) << kubectl("get pod nocommand -o yaml").output;
+  EXPECT_THAT(kubectl("get events.events.k8s.io -o 'jsonpath={.items[*].note}'").output, HasSubstr("nginx:1.25"));
+  // A probe on a port nothing listens on: running, never ready, and said so.
+  ASSERT_TRUE(eventually([&] {
+    return kubectl("get events.events.k8s.io -o 'jsonpath={.items[*].note}'").output.find("Readiness probe failed") !=
+           std::string::npos;
+  })) << kubectl("get events.events.k8s.io").output;
+  EXPECT_EQ(get("pod deafprobe", "{.status.phase}"), "Running");
+  EXPECT_EQ(get("pod deafprobe", "{.status.conditions[?(@.type==\"Ready\")].status}"), "False");
+}
+
+class KubeletGpuNodesTest : public KubeletTest {
+ protected:
+  void SetUp() override {
+    nodes_ = {"cpu-a cpu=8 memory=16Gi", "gpu-a cpu=32 memory=64Gi nvidia.com/gpu=2 label:pool=gpu taint:gpu=true:NoSchedule"};
+    KubeletTest::SetUp();
+  }
+};
+
+TEST_F(KubeletGpuNodesTest, APodThatFitsNowhereStaysPendingAsUnschedulable) {
+  apply("gpu.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: greedy}
+spec:
+  containers:
+  - name: c
+    image: tandem
+    command: [/bin/sleep, "100"]
+    resources: {limits: {nvidia.com/gpu: 1}}
+)");
+  ASSERT_TRUE(eventually([&] {
+    return get("pod greedy", "{.status.conditions[?(@.type==\"PodScheduled\")].reason}") == "Unschedulable";
+  })) << kubectl("get pod greedy -o yaml").output;
+  EXPECT_EQ(get("pod greedy", "{.status.phase}"), "Pending");
+  EXPECT_EQ(get("pod greedy", "{.status.conditions[?(@.type==\"PodScheduled\")].message}"),
+            "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {gpu: true}.");
+  EXPECT_THAT(kubectl("get events.events.k8s.io").output, HasSubstr("FailedScheduling"));
+
+  // Tolerating the taint, it fits the GPU node; a third GPU does not.
+  apply("gpu2.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: tolerant}
+spec:
+  tolerations: [{key: gpu, operator: Exists}]
+  nodeSelector: {pool: gpu}
+  containers:
+  - name: c
+    image: tandem
+    command: [/bin/sleep, "100"]
+    resources: {limits: {nvidia.com/gpu: 2}}
+)");
+  ASSERT_TRUE(eventually([&] { return get("pod tolerant", "{.status.phase}") == "Running"; })) << kubeletLog();
+  EXPECT_EQ(get("pod tolerant", "{.spec.nodeName}"), "gpu-a");
+  auto del = kubectl("delete pod tolerant greedy --timeout=20s");
+  EXPECT_EQ(del.rc, 0) << del.output;
+}
+
+TEST_F(KubeletTest, AKubeletKilledWithSigkillLeavesNothingOnceRestartedAndThePodsConverge) {
+  apply("web.yaml", kWebPod);
+  ASSERT_TRUE(eventually([&] { return get("pod web", "{.status.phase}") == "Running"; })) << kubeletLog();
+  const std::string first = get("pod web", "{.status.containerStatuses[0].containerID}");
+  const int pid = std::stoi(std::regex_replace(first, std::regex("process://"), ""));
+  stopKubelet(SIGKILL);
+  EXPECT_EQ(kill(pid, 0), 0) << "a container outlives a killed kubelet (as on a real node)";
+  startKubelet();
+  EXPECT_TRUE(eventually([&] { return kill(pid, 0) != 0; })) << "the restarted kubelet left the old process running";
+  ASSERT_TRUE(eventually([&] {
+    const std::string now = get("pod web", "{.status.containerStatuses[0].containerID}");
+    return !now.empty() && now != first && get("pod web", "{.status.conditions[?(@.type==\"Ready\")].status}") == "True";
+  })) << kubectl("get pod web -o yaml").output << kubeletLog();
+  const std::string ip = get("pod web", "{.status.podIP}");
+  EXPECT_EQ(shell("curl -s -o /dev/null -w '%{http_code}' -m 5 http://" + ip + ":8000/").output, "200");
+}
+
+}  // namespace
+}  // namespace tandem::e2e
