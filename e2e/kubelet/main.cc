@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "e2e/kubelet/controller_manager.h"
 #include "e2e/kubelet/kubelet.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -26,7 +27,7 @@ int usage(const std::string& why) {
             << "usage: tandem-kubelet --kubeconfig FILE [--state-dir DIR] [--bin-dir DIR]\n"
                "  [--node 'NAME [RESOURCE=QUANTITY ...] [label:K=V ...] [taint:K=V:EFFECT ...]'] ...\n"
                "  [--pod-cidr CIDR] [--bridge NAME] [--network auto|namespaces|loopback]\n"
-               "  [--stop-grace SECONDS] [--log-level L]\n";
+               "  [--stop-grace SECONDS] [--controllers on|off] [--log-level L]\n";
   return why == "help" ? 0 : 2;
 }
 
@@ -34,6 +35,7 @@ struct Flags {
   std::string kubeconfig;
   KubeletOptions options;
   int stop_grace_s = 10;
+  bool controllers = true;
   std::string log_level = "info";
 };
 
@@ -83,6 +85,9 @@ std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
         return usage(tandem::strCat("--stop-grace ", v, ": expected whole seconds, 0 to 3600"));
       }
       f.stop_grace_s = static_cast<int>(s);
+    } else if (flag == "--controllers") {
+      if (v != "on" && v != "off") return usage(tandem::strCat("--controllers ", v, ": expected on or off"));
+      f.controllers = v == "on";
     } else if (flag == "--log-level") {
       f.log_level = v;
     } else {
@@ -123,10 +128,20 @@ int main(int argc, char** argv) {
     std::cerr << "tandem-kubelet: " << kubelet.status().message() << "\n";
     return 1;
   }
+  std::unique_ptr<tandem::kubelet::ControllerManager> controllers;
+  if (flags.controllers) {
+    auto c = tandem::kubelet::ControllerManager::start(**client);
+    if (!c.ok()) {
+      std::cerr << "tandem-kubelet: " << c.status().message() << "\n";
+      return 1;
+    }
+    controllers = std::move(*c);
+  }
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
   log.info("stopping: every pod's containers, then the pod network", {{"signal", sig}});
+  if (controllers) controllers->stop();
   (*kubelet)->stop(std::chrono::seconds(flags.stop_grace_s));
   return 0;
 }

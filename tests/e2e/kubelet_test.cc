@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <iterator>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -222,6 +225,63 @@ spec:
   })) << kubectl("get events.events.k8s.io").output;
   EXPECT_EQ(get("pod deafprobe", "{.status.phase}"), "Running");
   EXPECT_EQ(get("pod deafprobe", "{.status.conditions[?(@.type==\"Ready\")].status}"), "False");
+}
+
+TEST_F(KubeletTest, ADeploymentRollsOutScalesDownByDeletionCostAndRollsOutAnUpdate) {
+  apply("deploy.yaml", R"(apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: tandem
+        command: [/bin/sh, -c, 'trap "exit 0" TERM; /usr/bin/python3 -m http.server 8000 & wait']
+        readinessProbe: {httpGet: {path: /, port: 8000}, periodSeconds: 1}
+)");
+  auto r = kubectl("rollout status deploy/web --timeout=60s");
+  ASSERT_EQ(r.rc, 0) << r.output << kubeletLog();
+  EXPECT_THAT(r.output, HasSubstr("successfully rolled out"));
+  const std::string first_rs = get("rs", "{.items[*].metadata.name}");
+  EXPECT_TRUE(std::regex_match(first_rs, std::regex("web-[a-z0-9]{10}"))) << first_rs;
+  EXPECT_EQ(get("deploy web", "{.status.readyReplicas}/{.status.updatedReplicas}/{.status.availableReplicas}"), "3/3/3");
+  const std::string ips = get("pods", "{.items[*].status.podIP}");
+  std::istringstream split(ips);
+  std::set<std::string> distinct{std::istream_iterator<std::string>(split), std::istream_iterator<std::string>()};
+  EXPECT_EQ(distinct.size(), 3u) << ips;
+
+  // Scale down: the pod with the lowest deletion cost goes.
+  std::istringstream names(get("pods", "{.items[*].metadata.name}"));
+  std::vector<std::string> pods{std::istream_iterator<std::string>(names), std::istream_iterator<std::string>()};
+  ASSERT_EQ(pods.size(), 3u);
+  for (size_t i = 0; i < pods.size(); ++i) {
+    const std::string cost = i == 1 ? "-5" : "100";
+    ASSERT_EQ(kubectl("annotate pod " + pods[i] + " controller.kubernetes.io/pod-deletion-cost=" + cost).rc, 0);
+  }
+  ASSERT_EQ(kubectl("scale deploy/web --replicas=2").rc, 0);
+  ASSERT_TRUE(eventually([&] { return kubectl("get pod " + pods[1]).output.find("NotFound") != std::string::npos; }))
+      << kubectl("get pods").output;
+  EXPECT_THAT(get("pods", "{.items[*].metadata.name}"), HasSubstr(pods[0]));
+  EXPECT_THAT(get("pods", "{.items[*].metadata.name}"), HasSubstr(pods[2]));
+
+  // A template change rolls out through a second ReplicaSet.
+  ASSERT_EQ(kubectl("set env deploy/web COLOR=blue").rc, 0);
+  r = kubectl("rollout status deploy/web --timeout=60s");
+  ASSERT_EQ(r.rc, 0) << r.output << kubeletLog();
+  EXPECT_THAT(kubectl("get rs").output, HasSubstr(first_rs));
+  EXPECT_EQ(get("rs " + first_rs, "{.spec.replicas}"), "0");
+  ASSERT_TRUE(eventually([&] { return get("pods", "{.items[*].metadata.name}").find(first_rs) == std::string::npos; }));
+  EXPECT_EQ(get("deploy web", "{.status.updatedReplicas}"), "2");
+
+  // Deleting the Deployment takes its ReplicaSets and their pods (and processes) with it.
+  ASSERT_EQ(kubectl("delete deploy web").rc, 0);
+  EXPECT_TRUE(eventually([&] { return get("pods", "{.items[*].metadata.name}").empty(); })) << kubectl("get pods").output;
+  EXPECT_TRUE(eventually([&] { return shell("pgrep -f '[h]ttp.server 8000'").output.empty(); }));
 }
 
 class KubeletGpuNodesTest : public KubeletTest {
