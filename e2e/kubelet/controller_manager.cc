@@ -12,6 +12,7 @@ using nlohmann::json;
 namespace {
 
 k8s::ResourceRef replicaSetsResource() { return {"apps", "v1", "replicasets", true}; }
+k8s::ResourceRef endpointSlicesResource() { return {"discovery.k8s.io", "v1", "endpointslices", true}; }
 
 constexpr Duration kExpectationTimeout = std::chrono::seconds(5);
 
@@ -41,7 +42,19 @@ absl::Status ControllerManager::begin() {
     queue_.add(strCat("rs/", k8s::objectKey(rs)));
     enqueueOwner(rs, "Deployment", "deploy/");
   };
-  auto onPod = [this](const json& p) { enqueueOwner(p, "ReplicaSet", "rs/"); };
+  auto onPod = [this](const json& p) {
+    enqueueOwner(p, "ReplicaSet", "rs/");
+    // The Services whose selector it matches (or matched: its labels may have changed).
+    if (services_ == nullptr) return;
+    for (const json& svc : services_->cache().listInNamespace(k8s::objectNamespace(p))) {
+      queue_.add(strCat("svc/", k8s::objectKey(svc)));
+    }
+  };
+  auto onService = [this](const json& svc) { queue_.add(strCat("svc/", k8s::objectKey(svc))); };
+  auto onSlice = [this](const json& slice) {
+    const std::string svc = slice.value("/metadata/labels/kubernetes.io~1service-name"_json_pointer, "");
+    if (!svc.empty()) queue_.add(strCat("svc/", k8s::objectKey(k8s::objectNamespace(slice), svc)));
+  };
   deployments_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
       k8s::InformerOptions{.resource = k8s::deploymentsResource(), .resyncPeriod = std::chrono::seconds(30)},
@@ -59,10 +72,24 @@ absl::Status ControllerManager::begin() {
       k8s::InformerHandlers{.onAdd = onPod,
                             .onUpdate = [onPod](const json&, const json& p) { onPod(p); },
                             .onDelete = onPod});
-  for (auto* i : {deployments_.get(), replicaSets_.get(), pods_.get()}) i->start();
-  for (auto* i : {deployments_.get(), replicaSets_.get(), pods_.get()}) {
+  services_ = std::make_unique<k8s::Informer>(
+      client_, SystemClock::instance(),
+      k8s::InformerOptions{.resource = k8s::servicesResource(), .resyncPeriod = std::chrono::seconds(30)},
+      k8s::InformerHandlers{.onAdd = onService,
+                            .onUpdate = [onService](const json&, const json& svc) { onService(svc); },
+                            .onDelete = onService});
+  slices_ = std::make_unique<k8s::Informer>(
+      client_, SystemClock::instance(),
+      k8s::InformerOptions{.resource = endpointSlicesResource(),
+                           .labelSelector = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"},
+      k8s::InformerHandlers{.onAdd = onSlice,
+                            .onUpdate = [onSlice](const json&, const json& s) { onSlice(s); },
+                            .onDelete = onSlice});
+  for (auto* i : informers()) i->start();
+  for (auto* i : informers()) {
     if (!i->waitForSync(std::chrono::seconds(30))) {
-      return absl::UnavailableError("controllers: deployments, replicasets and pods could not be listed within 30 s");
+      return absl::UnavailableError(
+          "controllers: deployments, replicasets, pods, services and endpointslices could not be listed within 30 s");
     }
   }
   worker_ = std::thread([this] { process(); });
@@ -76,7 +103,7 @@ void ControllerManager::stop() {
   stopped_ = true;
   queue_.shutDown();
   if (worker_.joinable()) worker_.join();
-  for (auto* i : {deployments_.get(), replicaSets_.get(), pods_.get()}) {
+  for (auto* i : informers()) {
     if (i != nullptr) i->stop();
   }
 }
@@ -87,6 +114,8 @@ void ControllerManager::process() {
       syncReplicaSet(key->substr(3));
     } else if (key->starts_with("deploy/")) {
       syncDeployment(key->substr(7));
+    } else if (key->starts_with("svc/")) {
+      syncService(key->substr(4));
     }
     queue_.done(*key);
   }
@@ -200,6 +229,45 @@ void ControllerManager::syncDeployment(const std::string& key) {
   if (plan.status["updatedReplicas"] != d->value("/spec/replicas"_json_pointer, json(1)) ||
       plan.status["replicas"] != plan.status["updatedReplicas"]) {
     queue_.addAfter(strCat("deploy/", key), std::chrono::seconds(5));
+  }
+}
+
+// Keeps the Service's EndpointSlice equal to what its pods say; removes it
+// when the Service has no selector (its slices are then the user's).
+void ControllerManager::syncService(const std::string& key) {
+  const auto [ns, name] = k8s::splitObjectKey(key);
+  std::optional<json> svc = services_->cache().getByKey(key);
+  std::optional<json> want;
+  if (svc && !svc->contains("/metadata/deletionTimestamp"_json_pointer)) {
+    want = planEndpointSlice(*svc, pods_->cache().listInNamespace(ns));
+  }
+  bool failed = false;
+  for (const json& have : slices_->cache().listByLabel("kubernetes.io/service-name", name)) {
+    if (k8s::objectNamespace(have) != ns) continue;
+    if (want && k8s::objectName(have) == (*want)["metadata"]["name"]) {
+      if (have.value("endpoints", json::array()) == (*want)["endpoints"] &&
+          have.value("ports", json::array()) == (*want)["ports"]) {
+        want.reset();  // already so
+        continue;
+      }
+      json updated = *want;
+      updated["metadata"]["resourceVersion"] = k8s::objectResourceVersion(have);
+      auto r = client_.update(endpointSlicesResource(), ns, updated);
+      failed = failed || (!r.ok() && !absl::IsNotFound(r.status()));
+      want.reset();
+      continue;
+    }
+    auto r = client_.remove(endpointSlicesResource(), ns, k8s::objectName(have));
+    failed = failed || (!r.ok() && !absl::IsNotFound(r.status()));
+  }
+  if (want) {
+    auto r = client_.create(endpointSlicesResource(), ns, *want);
+    failed = failed || (!r.ok() && !absl::IsAlreadyExists(r.status()));
+  }
+  if (failed) {
+    queue_.addRateLimited(strCat("svc/", key));
+  } else {
+    queue_.forget(strCat("svc/", key));
   }
 }
 

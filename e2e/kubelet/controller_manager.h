@@ -1,8 +1,9 @@
 #pragma once
 // The controllers tandem-kubelet plays besides the node (docs/local-cluster.md):
-// Deployment → ReplicaSets → Pods (workloads.h decides; this reads the
-// informers' caches and writes). Level-triggered: informers on deployments,
-// replicasets and pods feed one work queue of object keys.
+// Deployment → ReplicaSets → Pods, and Service → EndpointSlice
+// (workloads.h decides; this reads the informers' caches and writes).
+// Level-triggered: informers on deployments, replicasets, pods, services
+// and endpointslices feed one work queue of object keys.
 //
 // A ReplicaSet that has just created or deleted pods waits (up to 5 s) until
 // its informer shows as many active pods as it asked for before it acts
@@ -37,13 +38,17 @@ class ControllerManager {
   void process();
   void syncReplicaSet(const std::string& key);
   void syncDeployment(const std::string& key);
+  void syncService(const std::string& key);
   void enqueueOwner(const nlohmann::json& obj, const char* kind, const char* prefix);
+  std::vector<k8s::Informer*> informers() {
+    return {deployments_.get(), replicaSets_.get(), pods_.get(), services_.get(), slices_.get()};
+  }
 
   k8s::Client& client_;
   const Logger log_{"controllers"};
   std::unique_ptr<k8s::EventRecorder> events_;
   k8s::WorkQueue queue_;
-  std::unique_ptr<k8s::Informer> deployments_, replicaSets_, pods_;
+  std::unique_ptr<k8s::Informer> deployments_, replicaSets_, pods_, services_, slices_;
   std::thread worker_;
   struct Expectation {
     int active = 0;

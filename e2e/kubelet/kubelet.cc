@@ -142,6 +142,8 @@ absl::Status Kubelet::begin() {
   if (!pods_->waitForSync(std::chrono::seconds(30)) || !nodes_->waitForSync(std::chrono::seconds(30))) {
     return absl::UnavailableError("kubelet: the API server's pods and nodes could not be listed within 30 s");
   }
+  TANDEM_ASSIGN_OR_RETURN(proxy_,
+                          ServiceProxy::start(client_, network_->usesNamespaces() ? options_.network.bridge : ""));
   worker_ = std::thread([this] { process(); });
   heartbeat_ = std::thread([this] {
     std::unique_lock l(stop_mu_);
@@ -171,6 +173,7 @@ void Kubelet::stop(Duration grace) {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (pods_) pods_->stop();
   if (nodes_) nodes_->stop();
+  if (proxy_) proxy_->stop();
   for (auto& [uid, w] : workers_) w->shutdown(grace);
   workers_.clear();  // joins each
   if (log_server_) log_server_->shutdown(Duration::zero());

@@ -21,6 +21,7 @@
 #include "e2e/kubelet/pod_worker.h"
 #include "e2e/kubelet/process_records.h"
 #include "e2e/kubelet/scheduler.h"
+#include "e2e/kubelet/service_proxy.h"
 #include "src/common/clock.h"
 #include "src/http/server.h"
 #include "src/k8s/client.h"
@@ -84,6 +85,7 @@ class Kubelet {
   std::unique_ptr<PodNetwork> network_;
   std::unique_ptr<k8s::EventRecorder> events_;
   std::unique_ptr<http::Server> log_server_;
+  std::unique_ptr<ServiceProxy> proxy_;
   k8s::WorkQueue queue_;
   std::unique_ptr<k8s::Informer> pods_, nodes_;
   std::thread worker_, heartbeat_;

@@ -77,7 +77,19 @@ absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, P
   HttpProbe h;
   TANDEM_ASSIGN_OR_RETURN(h.path, optString(*get, "path", strCat(p, ".httpGet")));
   if (h.path.empty()) h.path = "/";
-  TANDEM_ASSIGN_OR_RETURN(int64_t port, optInt(*get, "port", strCat(p, ".httpGet"), 0));
+  int64_t port = 0;
+  if (auto named = get->find("port"); named != get->end() && named->is_string()) {
+    // A container port's name (an IANA_SVC_NAME), as Kubernetes allows.
+    for (const auto& cp : c.value("ports", json::array())) {
+      if (cp.is_object() && cp.value("name", "") == named->get<std::string>()) port = cp.value("containerPort", 0);
+    }
+    if (port == 0) {
+      return fieldError(strCat(p, ".httpGet.port"),
+                        strCat("\"", named->get<std::string>(), "\" names none of the container's ports"));
+    }
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(port, optInt(*get, "port", strCat(p, ".httpGet"), 0));
+  }
   if (port < 1 || port > 65535) return fieldError(strCat(p, ".httpGet.port"), "expected a port number 1-65535");
   h.port = static_cast<int>(port);
   TANDEM_ASSIGN_OR_RETURN(int64_t delay, optInt(*it, "initialDelaySeconds", p, 0));

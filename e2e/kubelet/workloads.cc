@@ -170,22 +170,21 @@ json podFromTemplate(const json& rs) {
   return pod;
 }
 
-std::string podTemplateHash(const json& podTemplate) {
-  // FNV-1a over the canonical JSON (keys sorted), in Kubernetes' alphabet
-  // for names (no vowels, no look-alike digits).
+// FNV-1a of `text` in Kubernetes' alphabet for names (no vowels, no look-alike digits).
+std::string nameHash(std::string_view text, int length) {
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : podTemplate.dump()) {
+  for (unsigned char c : text) {
     h ^= c;
     h *= 1099511628211ull;
   }
   static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
   std::string out;
-  for (int i = 0; i < 10; ++i) {
-    out.push_back(kAlphabet[h % 27]);
-    h /= 27;
-  }
+  for (int i = 0; i < length; ++i, h /= 27) out.push_back(kAlphabet[h % 27]);
   return out;
 }
+
+// Of the canonical JSON (nlohmann sorts object keys).
+std::string podTemplateHash(const json& podTemplate) { return nameHash(podTemplate.dump(), 10); }
 
 DeploymentPlan planDeployment(const json& d, const std::vector<json>& replicaSets, WallTime now_time) {
   DeploymentPlan plan;
@@ -348,6 +347,67 @@ DeploymentPlan planDeployment(const json& d, const std::vector<json>& replicaSet
                  {"unavailableReplicas", std::max(0, total - available)},
                  {"conditions", json::array({availableCond, progressing})}};
   return plan;
+}
+
+std::optional<json> planEndpointSlice(const json& service, const std::vector<json>& pods) {
+  const json selector = service.value("/spec/selector"_json_pointer, json::object());
+  if (!selector.is_object() || selector.empty()) return std::nullopt;
+  const std::string name = k8s::objectName(service);
+  json endpoints = json::array();
+  std::vector<const json*> selected;
+  for (const json& p : pods) {
+    if (!selectorMatches({{"matchLabels", selector}}, p.value("/metadata/labels"_json_pointer, json::object()))) continue;
+    const std::string ip = str(p, "/status/podIP"_json_pointer);
+    const std::string phase = str(p, "/status/phase"_json_pointer);
+    if (ip.empty() || phase == "Succeeded" || phase == "Failed") continue;
+    selected.push_back(&p);
+    const bool terminating = deleting(p);
+    json e = {{"addresses", {ip}},
+              {"conditions", {{"ready", podReady(p) && !terminating}, {"serving", podReady(p)}, {"terminating", terminating}}},
+              {"targetRef",
+               {{"kind", "Pod"}, {"name", k8s::objectName(p)}, {"namespace", k8s::objectNamespace(p)}, {"uid", k8s::objectUid(p)}}}};
+    const std::string node = str(p, "/spec/nodeName"_json_pointer);
+    if (!node.empty()) e["nodeName"] = node;
+    endpoints.push_back(std::move(e));
+  }
+  std::sort(endpoints.begin(), endpoints.end(),
+            [](const json& a, const json& b) { return a["targetRef"]["name"] < b["targetRef"]["name"]; });
+  json ports = json::array();
+  for (const auto& sp : service.value("/spec/ports"_json_pointer, json::array())) {
+    const json target = sp.value("targetPort", sp.value("port", json(0)));
+    int port = target.is_number_integer() ? target.get<int>() : 0;
+    if (target.is_string()) {
+      // A named port: the first selected pod's container port of that name.
+      for (const json* p : selected) {
+        for (const auto& c : p->value("/spec/containers"_json_pointer, json::array())) {
+          for (const auto& cp : c.value("ports", json::array())) {
+            if (port == 0 && cp.value("name", "") == target.get<std::string>()) port = cp.value("containerPort", 0);
+          }
+        }
+      }
+      if (port == 0 && target.is_string()) {
+        char* end = nullptr;
+        const long n = std::strtol(target.get<std::string>().c_str(), &end, 10);
+        if (*end == '\0') port = static_cast<int>(n);
+      }
+    }
+    json pj = {{"port", port}, {"protocol", sp.value("protocol", "TCP")}};
+    pj["name"] = sp.value("name", "");
+    ports.push_back(std::move(pj));
+  }
+  const std::string suffix = nameHash(name, 5);
+  return json{{"apiVersion", "discovery.k8s.io/v1"},
+              {"kind", "EndpointSlice"},
+              {"metadata",
+               {{"name", strCat(name, "-", suffix)},
+                {"namespace", k8s::objectNamespace(service)},
+                {"labels",
+                 {{"kubernetes.io/service-name", name},
+                  {"endpointslice.kubernetes.io/managed-by", "endpointslice-controller.k8s.io"}}},
+                {"ownerReferences", json::array({controllerRef(service, "v1", "Service")})}}},
+              {"addressType", "IPv4"},
+              {"endpoints", endpoints},
+              {"ports", ports}};
 }
 
 }  // namespace tandem::kubelet

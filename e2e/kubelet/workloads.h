@@ -20,6 +20,7 @@
 // reads it.
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,5 +66,13 @@ struct DeploymentPlan {
 // the progress deadline.
 DeploymentPlan planDeployment(const nlohmann::json& deployment, const std::vector<nlohmann::json>& replicaSets,
                               WallTime now);
+
+// The EndpointSlice of a Service with a selector (nullopt without one):
+// named `<service>-<5 characters of a hash>`, labelled
+// kubernetes.io/service-name, owned by the Service, one IPv4 endpoint per
+// selected pod that has an IP (conditions ready, serving — the readiness —
+// and terminating), the Service's ports with targetPort resolved (a number,
+// or a container port's name on the pods).
+std::optional<nlohmann::json> planEndpointSlice(const nlohmann::json& service, const std::vector<nlohmann::json>& pods);
 
 }  // namespace tandem::kubelet

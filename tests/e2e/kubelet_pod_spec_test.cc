@@ -132,6 +132,17 @@ TEST(PodSpecTest, EachBadOrUnsupportedFieldIsNamedByItsPath) {
   EXPECT_EQ(msg(with("/spec/containers/0/readinessProbe/successThreshold", 4294967297)),
             "spec.containers[0].readinessProbe.successThreshold: too large (at most 86400)");
   EXPECT_EQ(msg(with("/spec/tolerations/0/operator", "In")), "spec.tolerations[0].operator: expected Equal or Exists");
+  EXPECT_EQ(msg(with("/spec/containers/0/readinessProbe/httpGet/port", "metrics")),
+            "spec.containers[0].readinessProbe.httpGet.port: \"metrics\" names none of the container's ports");
+}
+
+TEST(PodSpecTest, AProbeMayNameAContainerPort) {
+  json pod = decodePod();
+  pod["spec"]["containers"][0]["ports"] = {{{"name", "http"}, {"containerPort", 8200}}};
+  pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"] = "http";
+  auto plan = planPod(pod, kFacts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->containers[0].readiness->port, 8200);
 }
 
 }  // namespace

@@ -284,6 +284,64 @@ spec:
   EXPECT_TRUE(eventually([&] { return shell("pgrep -f '[h]ttp.server 8000'").output.empty(); }));
 }
 
+TEST_F(KubeletTest, EndpointSlicesFollowReadinessAndAClusterIpReachesOnlyReadyPods) {
+  apply("svc.yaml", R"(apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: echo
+        image: tandem
+        env: [{name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+        command: [/bin/sh, -c]
+        args:
+        - D=/tmp/tndk-$POD_NAME; mkdir -p $D; echo $POD_NAME > $D/name; touch $D/ready; cd $D;
+          exec /usr/bin/python3 -m http.server 8000
+        ports: [{name: http, containerPort: 8000}]
+        readinessProbe: {httpGet: {path: /ready, port: http}, periodSeconds: 1, failureThreshold: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo}
+spec:
+  selector: {app: echo}
+  ports: [{name: web, port: 80, targetPort: http}]
+)");
+  ASSERT_EQ(kubectl("rollout status deploy/echo --timeout=60s").rc, 0) << kubeletLog();
+  const std::string slice = "endpointslices -l kubernetes.io/service-name=echo";
+  ASSERT_TRUE(eventually([&] { return get(slice, "{.items[0].endpoints[*].conditions.ready}") == "true true"; }))
+      << kubectl("get " + slice + " -o yaml").output;
+  EXPECT_EQ(get(slice, "{.items[0].ports[0].port}"), "8000") << "the named targetPort, resolved";
+  const std::string ip = get("svc echo", "{.spec.clusterIP}");
+  std::istringstream names(get("pods -l app=echo", "{.items[*].metadata.name}"));
+  std::vector<std::string> pods{std::istream_iterator<std::string>(names), std::istream_iterator<std::string>()};
+  ASSERT_EQ(pods.size(), 2u);
+  // From the host and from inside a pod, the ClusterIP reaches the pods.
+  const std::string url = "http://" + ip + ":80/name";
+  std::set<std::string> seen;
+  for (int i = 0; i < 6; ++i) seen.insert(shell("curl -s -m 5 " + url).output);
+  EXPECT_EQ(seen.size(), 2u) << "round-robin over both ready pods";
+  EXPECT_THAT(shell("ip netns exec tnd-default." + pods[0] + " curl -s -m 5 " + url).output, HasSubstr("echo-"));
+
+  // pods[0] stops being ready: its endpoint says so and the ClusterIP stops sending to it.
+  std::filesystem::remove("/tmp/tndk-" + pods[0] + "/ready");
+  ASSERT_TRUE(eventually([&] { return get(slice, "{.items[0].endpoints[*].conditions.ready}") == "false true"; }))
+      << kubectl("get " + slice + " -o yaml").output;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(shell("curl -s -m 5 " + url).output, pods[1] + "\n");
+
+  ASSERT_EQ(kubectl("delete svc echo").rc, 0);
+  EXPECT_TRUE(eventually([&] { return get(slice, "{.items[*].metadata.name}").empty(); }));
+  EXPECT_TRUE(eventually([&] { return shell("ip -br addr show dev " + bridge_).output.find(ip) == std::string::npos; }));
+  ASSERT_EQ(kubectl("delete deploy echo").rc, 0);
+  for (const auto& p : pods) std::filesystem::remove_all("/tmp/tndk-" + p);
+}
+
 class KubeletGpuNodesTest : public KubeletTest {
  protected:
   void SetUp() override {

@@ -225,5 +225,41 @@ TEST(DeploymentPlanTest, NoProgressPastTheDeadlineIsReportedAsExceeded) {
   EXPECT_EQ(sooner.status["conditions"][1]["status"], "True");
 }
 
+TEST(EndpointSliceTest, SelectedPodsWithAddressesAndTheirConditionsAndResolvedPorts) {
+  const json svc = {{"metadata", {{"name", "decode"}, {"namespace", "default"}, {"uid", "svc-uid"}}},
+                    {"spec",
+                     {{"selector", {{"role", "decode"}}},
+                      {"ports", {{{"name", "http"}, {"port", 80}, {"targetPort", "api"}},
+                                 {{"name", "kv"}, {"port", 8200}}}}}}};
+  auto podAt = [](const std::string& name, const std::string& ip, bool ready) {
+    json p = pod(name, "2026-01-01T00:00:00Z", true, ready);
+    p["metadata"]["labels"] = {{"role", "decode"}};
+    p["spec"]["containers"] = {{{"name", "agent"}, {"ports", {{{"name", "api"}, {"containerPort", 8100}}}}}};
+    if (!ip.empty()) p["status"]["podIP"] = ip;
+    return p;
+  };
+  json leaving = podAt("d-c", "10.244.77.4", true);
+  leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z";
+  json other = podAt("p-a", "10.244.77.9", true);
+  other["metadata"]["labels"] = {{"role", "prefill"}};
+  auto slice = planEndpointSlice(svc, {podAt("d-b", "10.244.77.3", false), podAt("d-a", "10.244.77.2", true),
+                                       podAt("d-nip", "", true), leaving, other});
+  ASSERT_TRUE(slice.has_value());
+  EXPECT_EQ((*slice)["metadata"]["labels"]["kubernetes.io/service-name"], "decode");
+  EXPECT_EQ((*slice)["metadata"]["ownerReferences"][0]["uid"], "svc-uid");
+  EXPECT_EQ((*slice)["addressType"], "IPv4");
+  const json& e = (*slice)["endpoints"];
+  ASSERT_EQ(e.size(), 3u) << "the pod without an address and the prefill pod are not in it";
+  EXPECT_EQ(e[0]["addresses"][0], "10.244.77.2");
+  EXPECT_EQ(e[0]["conditions"], json({{"ready", true}, {"serving", true}, {"terminating", false}}));
+  EXPECT_EQ(e[1]["conditions"], json({{"ready", false}, {"serving", false}, {"terminating", false}}));
+  EXPECT_EQ(e[2]["conditions"], json({{"ready", false}, {"serving", true}, {"terminating", true}}));
+  EXPECT_EQ((*slice)["ports"][0], json({{"name", "http"}, {"port", 8100}, {"protocol", "TCP"}}));
+  EXPECT_EQ((*slice)["ports"][1], json({{"name", "kv"}, {"port", 8200}, {"protocol", "TCP"}}));
+  json headless = svc;
+  headless["spec"].erase("selector");
+  EXPECT_FALSE(planEndpointSlice(headless, {}).has_value()) << "a Service without a selector: its slices are the user's";
+}
+
 }  // namespace
 }  // namespace tandem::kubelet
