@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -15,6 +16,8 @@
 #include "src/common/strings.h"
 
 namespace tandem::kubelet {
+
+namespace fs = std::filesystem;
 namespace {
 
 Logger& log() {
@@ -65,12 +68,23 @@ std::vector<std::string> readState(const std::string& path) {
   return lines;
 }
 
+// Where `ip netns exec` finds a namespace's own /etc files.
+fs::path netnsEtc(const std::string& ns) { return fs::path("/etc/netns") / ns; }
+
+void removeNetnsEtc(const std::string& ns) {
+  std::error_code ec;
+  fs::remove_all(netnsEtc(ns), ec);
+}
+
 // False when it is still there.
 bool removeLeftover(const std::string& line) {
   const size_t space = line.find(' ');
   if (space == std::string::npos) return true;
   const std::string kind = line.substr(0, space), name = line.substr(space + 1);
-  if (kind == "netns") return removeQuietly({"ip", "netns", "del", name});
+  if (kind == "netns") {
+    removeNetnsEtc(name);
+    return removeQuietly({"ip", "netns", "del", name});
+  }
   if (kind == "veth" || kind == "bridge") return removeQuietly({"ip", "link", "del", name});
   log().warn("unknown line in the pod network's state file", {{"line", line}});
   return true;
@@ -186,7 +200,7 @@ absl::Status PodNetwork::setUp() {
   return runChecked({"ip", "link", "set", options_.bridge, "up"});
 }
 
-absl::StatusOr<PodAddress> PodNetwork::addPod(std::string_view pod) {
+absl::StatusOr<PodAddress> PodNetwork::addPod(std::string_view pod, std::string_view hostname) {
   if (!validPodName(pod)) {
     return absl::InvalidArgumentError(
         strCat("pod network: pod name \"", pod, "\" must be 1 to 200 letters, digits, '-' or '.'"));
@@ -211,10 +225,11 @@ absl::StatusOr<PodAddress> PodNetwork::addPod(std::string_view pod) {
     p.address = {.ip = strCat("127.0.0.", index), .netns = ""};
     return p.address;
   }
-  return addNamespacedPod(pod, index);
+  return addNamespacedPod(pod, hostname, index);
 }
 
-absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, uint32_t index) {
+absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, std::string_view hostname,
+                                                        uint32_t index) {
   Pod p;
   p.host_index = index;
   p.address = {.ip = ipv4String(network_ + index), .netns = strCat(options_.netns_prefix, pod)};
@@ -260,6 +275,17 @@ absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, ui
       return absl::Status(s.code(), strCat("pod network: setting up ", pod, ": ", s.message()));
     }
   }
+  // The pod's own /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts
+  // over it), naming its address after its host name as a kubelet does: a
+  // program that resolves its own host name finds it here instead of
+  // waiting on DNS.
+  {
+    std::error_code ec;
+    fs::create_directories(netnsEtc(ns), ec);
+    std::ofstream hosts(netnsEtc(ns) / "hosts", std::ios::trunc);
+    hosts << "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+          << p.address.ip << "\t" << (hostname.empty() ? std::string(pod) : std::string(hostname)) << "\n";
+  }
   return p.address;
 }
 
@@ -276,6 +302,7 @@ absl::Status PodNetwork::removePod(std::string_view pod) {
                                                   "`: ", r.ok() ? r->output : toStd(r.status().message())));
     }
     removeQuietly({"ip", "link", "del", p.veth});
+    removeNetnsEtc(p.address.netns);
     // The host's neighbour entry for the address, which the next pod given
     // it would otherwise find pointing at this pod's gone interface.
     removeQuietly({"ip", "neigh", "flush", "to", p.address.ip, "dev", options_.bridge});

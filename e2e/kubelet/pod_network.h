@@ -61,7 +61,9 @@ class PodNetwork {
   // namespace-qualify Kubernetes names) its namespace and address; the same
   // address again if it has one. AlreadyExists, touching nothing, when its
   // namespace or veth name is taken (another kubelet's).
-  absl::StatusOr<PodAddress> addPod(std::string_view pod);
+  // `hostname` (default: `pod`) names the address in the pod's own
+  // /etc/hosts (/etc/netns/<ns>/hosts, which `ip netns exec` mounts).
+  absl::StatusOr<PodAddress> addPod(std::string_view pod, std::string_view hostname = "");
   // Removes its namespace and veth (and the host's neighbour entry for its
   // address); OK if it has none. On failure it stays, and in the state file.
   absl::Status removePod(std::string_view pod);
@@ -82,7 +84,7 @@ class PodNetwork {
   PodNetwork(PodNetworkOptions options, bool namespaces) : options_(std::move(options)), namespaces_(namespaces) {}
   absl::Status setUp();
   absl::Status recordState();
-  absl::StatusOr<PodAddress> addNamespacedPod(std::string_view pod, uint32_t index);
+  absl::StatusOr<PodAddress> addNamespacedPod(std::string_view pod, std::string_view hostname, uint32_t index);
 
   const PodNetworkOptions options_;
   const bool namespaces_;

@@ -53,6 +53,41 @@ bool localImage(std::string_view image) {
   return repo.size() >= 6 && repo.substr(repo.size() - 6) == "tandem";
 }
 
+// Kubernetes' $(VAR) references in command, args and env values: replaced
+// by the variable's value when it is defined, kept as written when not;
+// $$ is a literal $.
+std::string expandVariables(std::string_view text, const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '$' || i + 1 >= text.size()) {
+      out.push_back(text[i]);
+      continue;
+    }
+    if (text[i + 1] == '$') {
+      out.push_back('$');
+      ++i;
+      continue;
+    }
+    const size_t close = text[i + 1] == '(' ? text.find(')', i + 2) : std::string_view::npos;
+    if (close == std::string_view::npos) {
+      out.push_back('$');
+      continue;
+    }
+    const std::string_view name = text.substr(i + 2, close - i - 2);
+    const std::string* value = nullptr;
+    for (const auto& [k, v] : env) {
+      if (k == name) value = &v;  // the last definition wins
+    }
+    if (value != nullptr) {
+      out += *value;
+    } else {
+      out += text.substr(i, close - i + 1);
+    }
+    i = close;
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> envValueFrom(const json& from, const std::string& path, const PodFacts& facts) {
   auto ref = from.find("fieldRef");
   if (ref == from.end() || !ref->is_object()) {
@@ -155,8 +190,8 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
   TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> args, stringList(c, "args", path));
   if (command.empty()) return fieldError(strCat(path, ".command"), "required here (the local build has no image entrypoint)");
   if (command[0].find('/') == std::string::npos) command[0] = strCat(facts.bin_dir, "/", command[0]);
-  plan.spec.argv = command;
-  plan.spec.argv.insert(plan.spec.argv.end(), args.begin(), args.end());
+  // As Kubernetes sets it: the pod's name, at most a host name's 63 characters.
+  plan.spec.env.emplace_back("HOSTNAME", facts.name.substr(0, 63));
   if (auto env = c.find("env"); env != c.end() && !env->is_null()) {
     if (!env->is_array()) return fieldError(strCat(path, ".env"), "expected a list");
     for (size_t i = 0; i < env->size(); ++i) {
@@ -170,10 +205,15 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
         TANDEM_ASSIGN_OR_RETURN(value, envValueFrom(*from, strCat(p, ".valueFrom"), facts));
       } else {
         TANDEM_ASSIGN_OR_RETURN(value, optString(e, "value", p));
+        value = expandVariables(value, plan.spec.env);  // earlier variables only, as Kubernetes does
       }
       plan.spec.env.emplace_back(name, value);
     }
   }
+  for (std::string& a : command) a = expandVariables(a, plan.spec.env);
+  for (std::string& a : args) a = expandVariables(a, plan.spec.env);
+  plan.spec.argv = command;
+  plan.spec.argv.insert(plan.spec.argv.end(), args.begin(), args.end());
   for (const char* unsupported : {"startupProbe", "envFrom", "lifecycle"}) {
     if (auto u = c.find(unsupported); u != c.end() && !u->is_null()) {
       return fieldError(strCat(path, ".", unsupported), "not supported here");

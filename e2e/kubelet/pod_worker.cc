@@ -150,13 +150,14 @@ void PodWorker::runContainers() {
   }();
 
   // The network first: the plan's environment may name the pod's IP.
-  absl::StatusOr<PodAddress> address = env_.network->addPod(strCat(ns_, ".", name_));
+  const std::string hostname = name_.substr(0, 63);
+  absl::StatusOr<PodAddress> address = env_.network->addPod(strCat(ns_, ".", name_), hostname);
   while (!address.ok()) {
     log_.warn("cannot give the pod its network", {{"pod", key}, {"error", std::string(address.status().message())}});
     (void)env_.events->record(ref, k8s::EventType::kWarning, "FailedCreatePodSandBox", "Create",
                         strCat("cannot set up the pod's network: ", address.status().message()));
     if (waitForChange(env_.clock->now() + std::chrono::seconds(5))) return;
-    address = env_.network->addPod(strCat(ns_, ".", name_));
+    address = env_.network->addPod(strCat(ns_, ".", name_), hostname);
   }
   const std::string ip = address->ip;
   const fs::path dir = fs::path(env_.pods_dir) / ns_ / name_;
@@ -178,6 +179,15 @@ void PodWorker::runContainers() {
       k.log_file = (dir / (c.name + ".log")).string();
       c.spec.log_file = k.log_file;
       c.spec.exec_prefix = env_.network->execPrefix(*address);
+      if (env_.network->usesNamespaces()) {
+        // A host name of its own (a UTS namespace), the pod's name, as on a
+        // real node: programs that name themselves after the host (the
+        // agent's default --worker) tell pods apart.
+        for (const char* a : {"unshare", "--uts", "--", "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\""}) {
+          c.spec.exec_prefix.push_back(a);
+        }
+        c.spec.exec_prefix.push_back(name_.substr(0, 63));
+      }
       k.plan = std::move(c);
       k.restart_at = env_.clock->now();
       containers.push_back(std::move(k));

@@ -51,8 +51,11 @@ TEST(PodSpecTest, ADecodePodBecomesItsCommandLineNeedsAndProbes) {
   EXPECT_EQ(c.name, "agent");
   EXPECT_EQ(c.spec.argv, (std::vector<std::string>{"/opt/tandem/bin/tandem-agent", "--role", "decode", "--listen",
                                                     "0.0.0.0:8100"}));
-  EXPECT_EQ(c.spec.env, (std::vector<std::pair<std::string, std::string>>{
-                            {"POD_NAME", "decode-0"}, {"POD_IP", "10.244.77.5"}, {"MODE", "decode"}}));
+  EXPECT_EQ(c.spec.env, (std::vector<std::pair<std::string, std::string>>{{"HOSTNAME", "decode-0"},
+                                                                          {"POD_NAME", "decode-0"},
+                                                                          {"POD_IP", "10.244.77.5"},
+                                                                          {"MODE", "decode"}}))
+      << "HOSTNAME is the pod's name, as Kubernetes sets it";
   EXPECT_EQ(c.ports, (std::vector<int>{8100, 8200}));
   ASSERT_TRUE(c.readiness && c.liveness);
   EXPECT_EQ(c.readiness->path, "/readyz");
@@ -134,6 +137,25 @@ TEST(PodSpecTest, EachBadOrUnsupportedFieldIsNamedByItsPath) {
   EXPECT_EQ(msg(with("/spec/tolerations/0/operator", "In")), "spec.tolerations[0].operator: expected Equal or Exists");
   EXPECT_EQ(msg(with("/spec/containers/0/readinessProbe/httpGet/port", "metrics")),
             "spec.containers[0].readinessProbe.httpGet.port: \"metrics\" names none of the container's ports");
+}
+
+TEST(PodSpecTest, VariableReferencesExpandAsKubernetesDoes) {
+  json pod = decodePod();
+  json& c = pod["spec"]["containers"][0];
+  c["env"] = {{{"name", "IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+              {{"name", "KV"}, {"value", "$(IP):8200"}},
+              {{"name", "LATER"}, {"value", "$(NEXT)"}},
+              {{"name", "NEXT"}, {"value", "x"}}};
+  c["command"] = {"tandem-agent"};
+  c["args"] = {"--kv-listen", "$(KV)", "--literal", "$$(IP)", "--unknown", "$(NOPE)", "--dollar", "a$b$"};
+  auto plan = planPod(pod, kFacts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto& argv = plan->containers[0].spec.argv;
+  EXPECT_EQ(argv[2], kFacts.pod_ip + ":8200");
+  EXPECT_EQ(argv[4], "$(IP)");
+  EXPECT_EQ(argv[6], "$(NOPE)");
+  EXPECT_EQ(argv[8], "a$b$");
+  EXPECT_EQ(plan->containers[0].spec.env[3].second, "$(NEXT)") << "only variables defined before it";
 }
 
 TEST(PodSpecTest, AProbeMayNameAContainerPort) {

@@ -95,7 +95,7 @@ class KubeletTest : public ApiServerFixture {
 };
 
 // A container that prints its environment and then serves HTTP on 8000.
-constexpr const char* kWebPod = R"(apiVersion: v1
+constexpr const char* kWebPod = R"yaml(apiVersion: v1
 kind: Pod
 metadata: {name: web}
 spec:
@@ -105,7 +105,7 @@ spec:
     image: ghcr.io/example/tandem:dev
     command: [/bin/sh, -c]
     args:
-    - echo "pod $POD_NAME in $POD_NAMESPACE at $POD_IP on $NODE"; trap 'echo stopping; exit 0' TERM;
+    - echo "pod $POD_NAME in $POD_NAMESPACE at $POD_IP on $NODE, host $(hostname)"; trap 'echo stopping; exit 0' TERM;
       /usr/bin/python3 -m http.server 8000 --bind 0.0.0.0 & wait
     env:
     - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
@@ -116,7 +116,7 @@ spec:
     readinessProbe:
       httpGet: {path: /, port: 8000}
       periodSeconds: 1
-)";
+)yaml";
 
 TEST_F(KubeletTest, APodRunsAsAProcessWithItsOwnAddressProbesAndLogs) {
   apply("web.yaml", kWebPod);
@@ -131,7 +131,7 @@ TEST_F(KubeletTest, APodRunsAsAProcessWithItsOwnAddressProbesAndLogs) {
   // The host reaches the pod's own address and port.
   EXPECT_EQ(shell("curl -s -o /dev/null -w '%{http_code}' -m 5 http://" + ip + ":8000/").output, "200");
   auto logs = kubectl("logs web");
-  EXPECT_THAT(logs.output, HasSubstr("pod web in default at " + ip + " on tandem-local")) << logs.output;
+  EXPECT_THAT(logs.output, HasSubstr("pod web in default at " + ip + " on tandem-local, host web")) << logs.output;
   EXPECT_THAT(kubectl("logs web --tail=1").output, ::testing::Not(HasSubstr("pod web in")));
 
   // Deletion: SIGTERM (the container's trap runs), then the pod is gone.
@@ -340,6 +340,71 @@ spec:
   EXPECT_TRUE(eventually([&] { return shell("ip -br addr show dev " + bridge_).output.find(ip) == std::string::npos; }));
   ASSERT_EQ(kubectl("delete deploy echo").rc, 0);
   for (const auto& p : pods) std::filesystem::remove_all("/tmp/tndk-" + p);
+}
+
+// Agents from the local build in pods: a decode agent pulls a prefill agent's
+// KV over UCX between two pods' addresses, a completion goes through the
+// router's ClusterIP, and a decode agent scaled away while it streams
+// finishes the stream first (SIGTERM, the agent's drain).
+TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown) {
+  const std::string model = dir_ + "/model";
+  ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + model).rc, 0);
+  auto agent = [&](const std::string& name, const std::string& role, const std::string& extra, int port) {
+    return "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: " + name + "}\nspec:\n  replicas: 1\n" +
+           "  selector: {matchLabels: {app: " + name + "}}\n  template:\n    metadata: {labels: {app: " + name +
+           "}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers:\n      - name: agent\n" +
+           "        image: tandem\n        env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n" +
+           "        command: [tandem-agent]\n        args: [--role, " + role + ", --model-dir, " + model +
+           ", --listen, '0.0.0.0:" + std::to_string(port) + "', --pool, e2e" + extra + "]\n" +
+           "        readinessProbe: {httpGet: {path: /readyz, port: " + std::to_string(port) + "}, periodSeconds: 1}\n";
+  };
+  auto podIp = [&](const std::string& app) { return get("pods -l app=" + app, "{.items[0].status.podIP}"); };
+  apply("prefill.yaml", agent("prefill", "prefill", ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp'", 8100));
+  ASSERT_EQ(kubectl("rollout status deploy/prefill --timeout=60s").rc, 0) << kubeletLog();
+  const std::string p_ip = podIp("prefill");
+  apply("decode.yaml", agent("decode", "decode",
+                             ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp', --prefill-peer, '" + p_ip +
+                                 ":8200', --drain-grace, 30s",
+                             8100));
+  ASSERT_EQ(kubectl("rollout status deploy/decode --timeout=60s").rc, 0) << kubeletLog();
+  const std::string d_ip = podIp("decode");
+  apply("router.yaml", agent("router", "router",
+                             ", --decode-workers, '" + d_ip + ":8100', --prefill-workers, '" + p_ip + ":8100'", 8000) +
+                           "---\napiVersion: v1\nkind: Service\nmetadata: {name: router}\nspec:\n"
+                           "  selector: {app: router}\n  ports: [{port: 80, targetPort: 8000}]\n");
+  ASSERT_EQ(kubectl("rollout status deploy/router --timeout=60s").rc, 0)
+      << kubectl("get pods -l app=router -o yaml").output << kubectl("logs deploy/router").output;
+  const std::string router = get("svc router", "{.spec.clusterIP}");
+  ASSERT_TRUE(eventually([&] {
+    return get("endpointslices -l kubernetes.io/service-name=router", "{.items[0].endpoints[0].conditions.ready}") ==
+           "true";
+  }));
+
+  const std::string body =
+      R"({"model":"model","prompt":"a prompt long enough to be prefilled on the prefill agent in its own pod","max_tokens":8})";
+  auto r = shell("curl -s -m 60 http://" + router + ":80/v1/completions -H 'Content-Type: application/json' -d '" + body + "'");
+  EXPECT_THAT(r.output, HasSubstr("\"choices\"")) << r.output << kubectl("logs deploy/decode").output;
+  const std::string metrics = shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output;
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tandem_request_path_total\\{[^}]*path=\"disagg\"[^}]*\\} [1-9]"))
+      << "D pulled the KV from P's pod";
+
+  // Scale D away while it streams: the stream ends with [DONE] before the process does.
+  const std::string stream_body = R"({"model":"model","prompt":"drain","max_tokens":4000,"ignore_eos":true,"stream":true})";
+  std::string streamed;
+  std::thread client([&] {
+    streamed = shell("curl -s -N -m 120 http://" + d_ip + ":8100/v1/completions -H 'Content-Type: application/json' -d '" +
+                     stream_body + "'")
+                   .output;
+  });
+  ASSERT_TRUE(eventually([&] {
+    return shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output.find("tandem_requests_running{") != std::string::npos &&
+           std::regex_search(shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output,
+                             std::regex("tandem_requests_running\\{[^}]*\\} [1-9]"));
+  })) << "the stream never started";
+  ASSERT_EQ(kubectl("scale deploy/decode --replicas=0").rc, 0);
+  client.join();
+  EXPECT_THAT(streamed, HasSubstr("data: [DONE]")) << streamed.substr(0, 500) << kubectl("logs deploy/decode").output;
+  EXPECT_TRUE(eventually([&] { return get("pods -l app=decode", "{.items[*].metadata.name}").empty(); }));
 }
 
 class KubeletGpuNodesTest : public KubeletTest {
