@@ -112,10 +112,16 @@ PinnedRkey pinSharedMemorySegments(std::string_view packed) {
         continue;
       }
       changed = true;
-      const int fd = ::open(strCat("/proc/", seg.pid, "/fd/", seg.fd).c_str(), O_RDWR | O_CLOEXEC);
+      // Looked at first without opening it for real (O_PATH): only a regular
+      // file (a shared-memory segment) is opened read-write. In a part from
+      // another host or pid namespace the numbers name an unrelated local
+      // process, whose terminals and devices must not be touched.
+      const int probe = ::open(strCat("/proc/", seg.pid, "/fd/", seg.fd).c_str(), O_PATH | O_CLOEXEC);
       struct stat st{};
-      if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-          static_cast<uint64_t>(fd) > kIdMask) {
+      const bool regular = probe >= 0 && ::fstat(probe, &st) == 0 && S_ISREG(st.st_mode);
+      const int fd = regular ? ::open(strCat("/proc/self/fd/", probe).c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY) : -1;
+      if (probe >= 0) ::close(probe);
+      if (fd < 0 || static_cast<uint64_t>(fd) > kIdMask) {
         if (fd >= 0) ::close(fd);
         ++out.dropped_;
         continue;

@@ -305,10 +305,15 @@ bool ObjectWriter::apply(const std::vector<GcAction>& actions) {
       case GcActionType::kSetFinalizers:
         setFinalizers(o, a.finalizers);
         break;
-      case GcActionType::kErase:
-        if (keepForGrace(a.storageKey, o)) break;
+      case GcActionType::kErase: {
+        const json before = o;
+        if (keepForGrace(a.storageKey, o)) {
+          if (o == before) continue;  // its grace still runs: nothing to write
+          break;
+        }
         more = erase(a.storageKey, o) || more;
         continue;
+      }
     }
     cluster_.store.put(a.storageKey, std::move(o));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_split.h"
@@ -189,6 +190,17 @@ void Kubelet::stop(Duration grace) {
 void Kubelet::registerNodes() {
   const std::string now = k8s::formatTime(SystemClock::instance().wallNow());
   for (const NodeSpec& n : options_.nodes) {
+    // Ready since it last became so (the heartbeat moves only lastHeartbeatTime).
+    std::string ready_since = now;
+    if (nodes_) {
+      if (auto cached = nodes_->cache().get("", n.name)) {
+        for (const auto& c : cached->value("/status/conditions"_json_pointer, json::array())) {
+          if (c.value("type", "") == "Ready" && c.value("status", "") == "True") {
+            ready_since = c.value("lastTransitionTime", now);
+          }
+        }
+      }
+    }
     json labels = {{"kubernetes.io/hostname", n.name}, {"kubernetes.io/os", "linux"}, {"kubernetes.io/arch", "amd64"}};
     for (const auto& [k, v] : n.labels) labels[k] = v;
     json taints = json::array();
@@ -216,7 +228,7 @@ void Kubelet::registerNodes() {
                        {"reason", "KubeletReady"},
                        {"message", "tandem-kubelet is posting ready status"},
                        {"lastHeartbeatTime", now},
-                       {"lastTransitionTime", now}}})},
+                       {"lastTransitionTime", ready_since}}})},
         {"addresses", json::array({{{"type", "InternalIP"}, {"address", options_.listen_host}},
                                    {{"type", "Hostname"}, {"address", n.name}}})},
         {"daemonEndpoints", {{"kubeletEndpoint", {{"Port", log_server_->port()}}}}},
@@ -282,6 +294,7 @@ void Kubelet::schedulePending() {
            std::make_pair(str(b, "/metadata/creationTimestamp"_json_pointer), k8s::objectKey(b));
   });
   bool retry = false;
+  std::set<std::string> still_pending;
   for (const json& p : pending) {
     const std::string key = k8s::objectKey(p);
     const std::string ns = str(p, "/metadata/namespace"_json_pointer);
@@ -317,7 +330,8 @@ void Kubelet::schedulePending() {
       message = std::get<Unschedulable>(decision).message;
     }
     retry = true;
-    if (unschedulable_[key] == message) continue;
+    still_pending.insert(key);
+    if (auto it = unschedulable_.find(key); it != unschedulable_.end() && it->second == message) continue;
     json cond = {{"type", "PodScheduled"},
                  {"status", "False"},
                  {"reason", "Unschedulable"},
@@ -329,6 +343,10 @@ void Kubelet::schedulePending() {
       unschedulable_[key] = message;
       (void)events_->record(k8s::ObjectReference::of(p), k8s::EventType::kWarning, "FailedScheduling", "Scheduling", message);
     }
+  }
+  // Forget the messages of pods no longer pending (bound or deleted).
+  for (auto it = unschedulable_.begin(); it != unschedulable_.end();) {
+    it = still_pending.contains(it->first) ? std::next(it) : unschedulable_.erase(it);
   }
   if (retry) queue_.addAfter(kScheduleKey, options_.reschedule_period);
 }
@@ -364,20 +382,32 @@ void Kubelet::syncPod(const std::string& key) {
     if (it->first != uid) busy = true;
     ++it;
   }
+  // A worker still stopping (its pod gone or replaced) is looked at again
+  // until it has finished, so it is joined and forgotten.
+  if (busy || (!workers_.empty() && (!pod || !ours))) {
+    for (const auto& [id, w] : workers_) {
+      if (w->key() == key) {
+        queue_.addAfter(strCat("pod/", key), std::chrono::milliseconds(200));
+        break;
+      }
+    }
+  }
   if (!pod || !ours) return;
+  if (!workers_.contains(uid) && terminal(*pod)) return;  // ran to completion (before a restart of the kubelet)
   if (pod->contains("/metadata/deletionTimestamp"_json_pointer) && !workers_.contains(uid)) {
     // Deleted before it ran here: nothing to stop.
     k8s::DeleteOptions o;
     o.gracePeriodSeconds = 0;
     o.preconditionUid = uid;
-    (void)client_.remove(k8s::podsResource(), str(*pod, "/metadata/namespace"_json_pointer),
-                         str(*pod, "/metadata/name"_json_pointer), o);
+    auto r = client_.remove(k8s::podsResource(), str(*pod, "/metadata/namespace"_json_pointer),
+                            str(*pod, "/metadata/name"_json_pointer), o);
+    if (!r.ok() && !absl::IsNotFound(r.status()) && !absl::IsAborted(r.status())) {
+      log_.warn("cannot delete a pod that never ran", {{"pod", key}, {"error", std::string(r.status().message())}});
+      queue_.addRateLimited(strCat("pod/", key));
+    }
     return;
   }
-  if (busy) {
-    queue_.addAfter(strCat("pod/", key), std::chrono::milliseconds(200));  // the earlier pod still stops
-    return;
-  }
+  if (busy) return;  // the earlier pod of this name still stops; looked at again above
   if (!workers_.contains(uid)) {
     workers_[uid] = std::make_unique<PodWorker>(
         PodWorkerEnv{.client = &client_,

@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A peer that closes a socket we write to is an error on that socket
+  // (the Service forwarders, the log endpoint), never the kubelet's end.
+  signal(SIGPIPE, SIG_IGN);
 
   Flags flags;
   if (auto rc = parseFlags(argc, argv, flags)) return *rc;

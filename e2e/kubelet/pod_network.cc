@@ -201,6 +201,7 @@ absl::Status PodNetwork::setUp() {
 }
 
 absl::StatusOr<PodAddress> PodNetwork::addPod(std::string_view pod, std::string_view hostname) {
+  absl::MutexLock lock(&mu_);
   if (!validPodName(pod)) {
     return absl::InvalidArgumentError(
         strCat("pod network: pod name \"", pod, "\" must be 1 to 200 letters, digits, '-' or '.'"));
@@ -290,6 +291,11 @@ absl::StatusOr<PodAddress> PodNetwork::addNamespacedPod(std::string_view pod, st
 }
 
 absl::Status PodNetwork::removePod(std::string_view pod) {
+  absl::MutexLock lock(&mu_);
+  return removePodLocked(pod);
+}
+
+absl::Status PodNetwork::removePodLocked(std::string_view pod) {
   auto it = pods_.find(pod);
   if (it == pods_.end()) return absl::OkStatus();
   const Pod p = it->second;
@@ -312,11 +318,12 @@ absl::Status PodNetwork::removePod(std::string_view pod) {
 }
 
 absl::Status PodNetwork::teardown() {
+  absl::MutexLock lock(&mu_);
   absl::Status result;
   std::vector<std::string> names;
   for (const auto& [name, pod] : pods_) names.push_back(name);
   for (const std::string& name : names) {
-    if (absl::Status s = removePod(name); !s.ok() && result.ok()) result = s;
+    if (absl::Status s = removePodLocked(name); !s.ok() && result.ok()) result = s;
   }
   if (bridge_up_) {
     if (absl::Status s = runChecked({"ip", "link", "del", options_.bridge}); !s.ok()) {
@@ -330,6 +337,7 @@ absl::Status PodNetwork::teardown() {
 }
 
 std::optional<PodAddress> PodNetwork::address(std::string_view pod) const {
+  absl::MutexLock lock(&mu_);
   auto it = pods_.find(pod);
   if (it == pods_.end()) return std::nullopt;
   return it->second.address;

@@ -18,7 +18,7 @@
 // one each (the fallback: P/D over UCX needs the namespaces, docs/pd.md).
 //
 // iproute2's `ip` does the work; a failure names the command and what it
-// printed. Not thread-safe: the kubelet's pod loop owns it.
+// printed. Thread-safe: the kubelet's pod workers share one.
 
 #include <map>
 #include <memory>
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem::kubelet {
 
@@ -84,6 +85,7 @@ class PodNetwork {
   PodNetwork(PodNetworkOptions options, bool namespaces) : options_(std::move(options)), namespaces_(namespaces) {}
   absl::Status setUp();
   absl::Status recordState();
+  absl::Status removePodLocked(std::string_view pod);
   absl::StatusOr<PodAddress> addNamespacedPod(std::string_view pod, std::string_view hostname, uint32_t index);
 
   const PodNetworkOptions options_;
@@ -93,6 +95,9 @@ class PodNetwork {
   std::string gateway_;
   bool bridge_up_ = false;
   uint32_t instance_ = 0;  // random: this kubelet's veth names are its own
+  // Pod workers add and remove pods from threads of their own: one at a
+  // time (an address and veth name are chosen and recorded under it).
+  mutable absl::Mutex mu_;
   std::map<std::string, Pod, std::less<>> pods_;
 };
 

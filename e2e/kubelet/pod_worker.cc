@@ -27,6 +27,7 @@ struct PodWorker::Container {
   json state = json::object();         // containerStatuses[].state
   json last_state = json::object();
   bool finished = false;  // will not run again (restartPolicy)
+  bool ever_started = false;
   bool ready() const { return proc != nullptr && (!readiness || readiness->ready()); }
 };
 
@@ -142,12 +143,9 @@ void PodWorker::runContainers() {
   const std::string restart_policy = pod["spec"].value("restartPolicy", "Always");
   const std::string node = pod["spec"].value("nodeName", "");
   const std::string start_time = k8s::formatTime(env_.clock->wallNow());
-  const json scheduled = [&] {
-    for (const auto& c : pod.value("/status/conditions"_json_pointer, json::array())) {
-      if (c.value("type", "") == "PodScheduled") return c;
-    }
-    return condition("PodScheduled", true, json::array(), start_time);
-  }();
+  // Bound to this node: scheduled, whatever an earlier (Unschedulable) condition said.
+  const json scheduled = condition("PodScheduled", true, pod.value("/status/conditions"_json_pointer, json::array()),
+                                   start_time);
 
   // The network first: the plan's environment may name the pod's IP.
   const std::string hostname = name_.substr(0, 63);
@@ -202,12 +200,10 @@ void PodWorker::runContainers() {
       const std::string cname = c.plan.name;
       if (c.proc) {
         std::optional<int> exit = c.proc->poll();
-        bool killed_for_liveness = false;
         if (!exit && c.liveness && c.liveness->failed()) {
           (void)env_.events->record(ref, k8s::EventType::kNormal, "Killing", "Kill",
                               strCat("Container ", cname, " failed liveness probe, will be restarted"));
           exit = c.proc->stop(std::chrono::duration_cast<Duration>(plan->grace));
-          killed_for_liveness = true;
         }
         if (exit) {
           (void)env_.records->remove(c.proc->pid());
@@ -218,8 +214,8 @@ void PodWorker::runContainers() {
                              {"startedAt", c.started_at},
                              {"finishedAt", finished_at}};
           c.last_state = {{"terminated", terminated}};
-          const bool again = restart_policy == "Always" || (restart_policy == "OnFailure" && *exit != 0) ||
-                             killed_for_liveness;
+          // A container its liveness probe stopped exits non-zero (SIGTERM): restarted unless Never.
+          const bool again = restart_policy == "Always" || (restart_policy == "OnFailure" && *exit != 0);
           if (again) {
             const Duration wait = c.backoff.onExit(c.started, now);
             c.restart_at = now + wait;
@@ -241,10 +237,14 @@ void PodWorker::runContainers() {
         if (!p.ok()) {
           c.state = waiting("CreateContainerError", std::string(p.status().message()));
           (void)env_.events->record(ref, k8s::EventType::kWarning, "Failed", "Start", std::string(p.status().message()));
-          c.restart_at = now + c.backoff.onExit(now, now);
+          c.restart_at = now + RestartBackoff::kInitial;  // tried again; not a restart of a container that ran
         } else {
           c.proc = std::move(*p);
-          (void)env_.records->add(c.proc->pid());
+          c.ever_started = true;
+          if (absl::Status r = env_.records->add(c.proc->pid()); !r.ok()) {
+            log_.warn("cannot record the container's process group: a kubelet crash would leave it running",
+                      {{"pod", key}, {"error", std::string(r.message())}});
+          }
           c.started = now;
           c.started_at = k8s::formatTime(env_.clock->wallNow());
           c.restart_at.reset();
@@ -281,7 +281,8 @@ void PodWorker::runContainers() {
     for (Container& c : containers) {
       const bool ready = c.ready();
       all_ready = all_ready && ready;
-      any_running = any_running || c.proc != nullptr || !c.finished;
+      // Running once a container has started and is running or being restarted.
+      any_running = any_running || c.proc != nullptr || (c.ever_started && !c.finished);
       all_finished = all_finished && c.finished;
       if (c.finished && c.state["terminated"].value("exitCode", 0) != 0) all_zero = false;
       json s = {{"name", c.plan.name},
@@ -355,7 +356,10 @@ void PodWorker::runContainers() {
 void PodWorker::terminate() {
   const std::string key = strCat(ns_, "/", name_);
   absl::Status removed = env_.network->removePod(strCat(ns_, ".", name_));
-  if (!removed.ok()) log_.warn("cannot remove the pod's network", {{"pod", key}, {"error", std::string(removed.message())}});
+  if (!removed.ok()) {
+    log_.warn("cannot remove the pod's network (kept in the state file; the next kubelet removes it)",
+              {{"pod", key}, {"error", std::string(removed.message())}});
+  }
   bool confirm = false;
   {
     std::lock_guard l(mu_);

@@ -151,7 +151,8 @@ void TcpProxy::serve(int client) {
           continue;
         }
         for (ssize_t done = 0; done < n;) {
-          const ssize_t w = write(fds[1 - i], buf + done, static_cast<size_t>(n - done));
+          // send(MSG_NOSIGNAL): a peer that reset its connection is an error here, not SIGPIPE.
+          const ssize_t w = send(fds[1 - i], buf + done, static_cast<size_t>(n - done), MSG_NOSIGNAL);
           if (w <= 0) {
             failed = true;
             break;
