@@ -59,7 +59,13 @@ std::vector<ResourceType> builtinResourceTypes() {
   types.push_back(builtin("", "v1", "ConfigMap", "configmaps", true, {"cm"}));
   types.push_back(builtin("", "v1", "Secret", "secrets", true));
   types.push_back(builtin("", "v1", "ServiceAccount", "serviceaccounts", true, {"sa"}));
-  types.push_back(builtin("", "v1", "Event", "events", true, {"ev"}));
+  auto coreEvent = builtin("", "v1", "Event", "events", true, {"ev"});
+  coreEvent.columns = {{"Last Seen", "date", "", "", ".lastTimestamp"},
+                       {"Type", "string", "", "", ".type"},
+                       {"Reason", "string", "", "", ".reason"},
+                       {"Object", "string", "", "", ".involvedObject.name"},
+                       {"Message", "string", "", "", ".message"}};
+  types.push_back(coreEvent);
   auto deploy = builtin("apps", "v1", "Deployment", "deployments", true, {"deploy"}, {"all"});
   deploy.hasStatus = true;
   deploy.hasGeneration = true;

@@ -114,6 +114,59 @@ void crdDefaults(json& obj, const DefaultsContext& ctx) {
   }
 }
 
+// events.k8s.io/v1 Events are mirrored as core/v1 Events of the same name,
+// so `kubectl get events` and `kubectl describe` (which read core/v1) show
+// what controllers record through events.k8s.io (on a real server the two
+// are views of one store).
+constexpr const char* kMirrorAnnotation = "tandem.dev/mirror-of";
+
+void eventStored(const json& e, Cluster& cluster) {
+  const json md = e.value("metadata", json::object());
+  const std::string ns = md.value("namespace", ""), name = md.value("name", "");
+  const json series = e.value("series", json::object());
+  const std::string when = e.value("eventTime", md.value("creationTimestamp", ""));
+  std::string last = series.value("lastObservedTime", when);
+  // metav1.Time (seconds) from a MicroTime.
+  auto seconds = [](std::string t) {
+    const size_t dot = t.find('.');
+    return dot == std::string::npos ? t : t.substr(0, dot) + "Z";
+  };
+  json core = {{"apiVersion", "v1"},
+               {"kind", "Event"},
+               {"metadata",
+                {{"name", name},
+                 {"namespace", ns},
+                 {"uid", md.value("uid", "")},
+                 {"creationTimestamp", md.value("creationTimestamp", "")},
+                 {"annotations", {{kMirrorAnnotation, "events.k8s.io/v1"}}}}},
+               {"involvedObject", e.value("regarding", json::object())},
+               {"reason", e.value("reason", "")},
+               {"message", e.value("note", "")},
+               {"type", e.value("type", "Normal")},
+               {"action", e.value("action", "")},
+               {"source", {{"component", e.value("reportingController", "")}}},
+               {"reportingComponent", e.value("reportingController", "")},
+               {"reportingInstance", e.value("reportingInstance", "")},
+               {"firstTimestamp", seconds(when)},
+               {"lastTimestamp", seconds(last)},
+               {"count", series.value("count", 1)}};
+  if (!when.empty()) core["eventTime"] = when;
+  if (e.contains("related")) core["related"] = e["related"];
+  const json* existing = cluster.store.get("/events", ns, name);
+  if (existing != nullptr && !existing->contains(json::json_pointer("/metadata/annotations/tandem.dev~1mirror-of"))) {
+    return;  // a core/v1 Event of that name written directly: not ours to overwrite
+  }
+  cluster.store.put("/events", std::move(core));
+}
+
+void eventErased(const json& e, Cluster& cluster) {
+  const json md = e.value("metadata", json::object());
+  const json* mirror = cluster.store.get("/events", md.value("namespace", ""), md.value("name", ""));
+  if (mirror != nullptr && mirror->contains(json::json_pointer("/metadata/annotations/tandem.dev~1mirror-of"))) {
+    cluster.store.erase("/events", md.value("namespace", ""), md.value("name", ""));
+  }
+}
+
 void crdStored(const json& crd, Cluster& cluster) { cluster.types.setCrd(nameOf(crd), typesFromCrd(crd)); }
 
 // A CRD's objects go with it, at once (a real server deletes them in the background).
@@ -139,6 +192,7 @@ TypeHookRegistry TypeHookRegistry::builtins() {
   r.add("/secrets", {.defaults = secretDefaults});
   r.add("/pods", {.specOnCreate = true, .defaults = podDefaults, .gracePeriod = podGracePeriod});
   r.add("apps/deployments", {.specOnCreate = true, .defaults = deploymentDefaults});
+  r.add("events.k8s.io/events", {.stored = eventStored, .erased = eventErased});
   r.add("apps/replicasets", {.specOnCreate = true, .defaults = replicaSetDefaults});
   r.add("apiextensions.k8s.io/customresourcedefinitions", {.defaults = crdDefaults,
                                                            .validate = [](const json& crd) { typesFromCrd(crd); },

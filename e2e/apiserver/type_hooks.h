@@ -16,6 +16,7 @@
 //   deployments       spec.replicas 1; strategy RollingUpdate 25%/25%; revisionHistoryLimit 10;
 //                     progressDeadlineSeconds 600
 //   replicasets       spec.replicas 1
+//   events.k8s.io events  mirrored as core/v1 Events of the same name (what kubectl reads)
 //   customresourcedefinitions  names completed (singular, listKind); status NamesAccepted and Established;
 //                     validated as a CRD; storing one serves its types, erasing one stops serving them
 //                     and erases their objects

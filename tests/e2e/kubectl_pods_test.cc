@@ -156,5 +156,32 @@ spec:
   EXPECT_THAT(r.output, HasSubstr("node n1 reports no kubelet endpoint"));
 }
 
+TEST_F(KubectlPodsTest, EventsRecordedThroughEventsK8sIoShowInKubectlGetEventsAndDescribe) {
+  apply("pod.yaml", kPod);
+  const std::string uid = kubectl("get pod p1 -o jsonpath={.metadata.uid}").output;
+  const json event = {{"apiVersion", "events.k8s.io/v1"},
+                      {"kind", "Event"},
+                      {"metadata", {{"name", "p1.abc"}, {"namespace", "default"}}},
+                      {"eventTime", "2026-11-26T06:00:00.000000Z"},
+                      {"reportingController", "tandem.dev/kubelet"},
+                      {"reportingInstance", "tandem-local"},
+                      {"action", "Create"},
+                      {"reason", "Failed"},
+                      {"note", "the image is not the local build's"},
+                      {"type", "Warning"},
+                      {"regarding", {{"kind", "Pod"}, {"namespace", "default"}, {"name", "p1"}, {"uid", uid}}}};
+  auto r = http::httpPost(baseUrl() + "/apis/events.k8s.io/v1/namespaces/default/events", event);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->status, 201) << r->body;
+  auto got = kubectl("get events");
+  EXPECT_THAT(got.output, HasSubstr("REASON"));
+  EXPECT_THAT(got.output, HasSubstr("the image is not the local build's"));
+  auto described = kubectl("describe pod p1");
+  EXPECT_THAT(described.output, HasSubstr("Warning  Failed"));
+  EXPECT_THAT(described.output, HasSubstr("tandem.dev/kubelet"));
+  ASSERT_EQ(kubectl("delete events.events.k8s.io p1.abc").rc, 0);
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("No resources found"));
+}
+
 }  // namespace
 }  // namespace tandem::e2e

@@ -177,7 +177,7 @@ spec:
   EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].state.waiting.reason}"), "CrashLoopBackOff");
   EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].lastState.terminated.exitCode}"), "3");
   EXPECT_THAT(kubectl("logs crash").output, HasSubstr("about to fail"));
-  EXPECT_THAT(kubectl("get events.events.k8s.io").output, HasSubstr("BackOff"));
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("BackOff"));
   // The second start comes after the first back-off (10 s), not at once.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].restartCount}"), "1");
@@ -217,12 +217,12 @@ spec:
     return get("pod nocommand", "{.status.containerStatuses[0].state.waiting.message}")
                .find("spec.containers[0].command: required") != std::string::npos;
   })) << kubectl("get pod nocommand -o yaml").output;
-  EXPECT_THAT(kubectl("get events.events.k8s.io -o 'jsonpath={.items[*].note}'").output, HasSubstr("nginx:1.25"));
+  EXPECT_THAT(kubectl("get events -o 'jsonpath={.items[*].message}'").output, HasSubstr("nginx:1.25"));
   // A probe on a port nothing listens on: running, never ready, and said so.
   ASSERT_TRUE(eventually([&] {
-    return kubectl("get events.events.k8s.io -o 'jsonpath={.items[*].note}'").output.find("Readiness probe failed") !=
+    return kubectl("get events -o 'jsonpath={.items[*].message}'").output.find("Readiness probe failed") !=
            std::string::npos;
-  })) << kubectl("get events.events.k8s.io").output;
+  })) << kubectl("get events").output;
   EXPECT_EQ(get("pod deafprobe", "{.status.phase}"), "Running");
   EXPECT_EQ(get("pod deafprobe", "{.status.conditions[?(@.type==\"Ready\")].status}"), "False");
 }
@@ -432,7 +432,7 @@ spec:
   EXPECT_EQ(get("pod greedy", "{.status.phase}"), "Pending");
   EXPECT_EQ(get("pod greedy", "{.status.conditions[?(@.type==\"PodScheduled\")].message}"),
             "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {gpu: true}.");
-  EXPECT_THAT(kubectl("get events.events.k8s.io").output, HasSubstr("FailedScheduling"));
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("FailedScheduling"));
 
   // Tolerating the taint, it fits the GPU node; a third GPU does not.
   apply("gpu2.yaml", R"(apiVersion: v1
