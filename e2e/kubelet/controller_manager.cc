@@ -186,7 +186,8 @@ void ControllerManager::syncDeployment(const std::string& key) {
   for (const json& rs : replicaSets_->cache().listInNamespace(ns)) {
     if (controlledBy(rs, uid)) owned.push_back(rs);
   }
-  DeploymentPlan plan = planDeployment(*d, owned, SystemClock::instance().wallNow());
+  DeploymentPlan plan =
+      planDeployment(*d, owned, pods_->cache().listInNamespace(ns), SystemClock::instance().wallNow());
   const k8s::ObjectReference ref = k8s::ObjectReference::of(*d);
   bool failed = false;
   if (plan.create) {

@@ -186,7 +186,8 @@ std::string nameHash(std::string_view text, int length) {
 // Of the canonical JSON (nlohmann sorts object keys).
 std::string podTemplateHash(const json& podTemplate) { return nameHash(podTemplate.dump(), 10); }
 
-DeploymentPlan planDeployment(const json& d, const std::vector<json>& replicaSets, WallTime now_time) {
+DeploymentPlan planDeployment(const json& d, const std::vector<json>& replicaSets, const std::vector<json>& pods,
+                              WallTime now_time) {
   DeploymentPlan plan;
   const std::string now = k8s::formatTime(now_time);
   const std::string name = k8s::objectName(d);
@@ -220,7 +221,12 @@ DeploymentPlan planDeployment(const json& d, const std::vector<json>& replicaSet
   int old_total = 0, old_pods = 0;
   for (const json* o : olds) {
     old_total += replicasOf(*o);
-    old_pods += static_cast<int>(num(*o, "/status/replicas"_json_pointer));
+    // Its pods that have not ended, those still stopping included.
+    const std::string uid = k8s::objectUid(*o);
+    for (const json& p : pods) {
+      const std::string phase = str(p, "/status/phase"_json_pointer);
+      if (controlledBy(p, uid) && phase != "Succeeded" && phase != "Failed") ++old_pods;
+    }
   }
   const bool paused = spec.value("paused", false);
 

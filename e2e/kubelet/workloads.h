@@ -62,10 +62,11 @@ struct DeploymentPlan {
   std::vector<std::string> remove;        // old ReplicaSets beyond the history limit
   nlohmann::json status;
 };
-// `replicaSets`: those the Deployment controls. `now` for conditions and
-// the progress deadline.
+// `replicaSets`: those the Deployment controls; `pods`: the namespace's
+// pods (Recreate waits until the old ReplicaSets' pods, terminating ones
+// included, are gone). `now` for conditions and the progress deadline.
 DeploymentPlan planDeployment(const nlohmann::json& deployment, const std::vector<nlohmann::json>& replicaSets,
-                              WallTime now);
+                              const std::vector<nlohmann::json>& pods, WallTime now);
 
 // The EndpointSlice of a Service with a selector (nullopt without one):
 // named `<service>-<5 characters of a hash>`, labelled

@@ -120,6 +120,7 @@ json ownedSet(const json& d, int replicas, int available, const std::string& cre
   const std::string hash = podTemplateHash(d["spec"]["template"]);
   return {{"metadata",
            {{"name", "web-" + hash},
+            {"uid", "rs-" + hash},
             {"namespace", "default"},
             {"creationTimestamp", created},
             {"labels", {{"app", "web"}, {"pod-template-hash", hash}}},
@@ -133,7 +134,7 @@ const WallTime kNow = WallTime(std::chrono::hours(24 * 365 * 56));
 
 TEST(DeploymentPlanTest, AFirstRolloutCreatesOneReplicaSetNamedWithTheTemplateHash) {
   const json d = deployment(3, "tandem:1");
-  DeploymentPlan plan = planDeployment(d, {}, kNow);
+  DeploymentPlan plan = planDeployment(d, {}, {}, kNow);
   ASSERT_TRUE(plan.create.has_value());
   const std::string hash = podTemplateHash(d["spec"]["template"]);
   EXPECT_EQ((*plan.create)["metadata"]["name"], "web-" + hash);
@@ -152,7 +153,7 @@ TEST(DeploymentPlanTest, ARollingUpdateStaysWithinSurgeAndUnavailableUntilComple
   json old_rs = ownedSet(v1, 4, 4, "2026-01-01T00:00:00Z", 1);
 
   // Step 1: the new set gets the one surge pod; nothing old goes (nothing new is available).
-  DeploymentPlan plan = planDeployment(v2, {old_rs}, kNow);
+  DeploymentPlan plan = planDeployment(v2, {old_rs}, {}, kNow);
   ASSERT_TRUE(plan.create.has_value());
   EXPECT_EQ((*plan.create)["spec"]["replicas"], 1);
   EXPECT_EQ((*plan.create)["metadata"]["annotations"]["deployment.kubernetes.io/revision"], "2");
@@ -160,7 +161,7 @@ TEST(DeploymentPlanTest, ARollingUpdateStaysWithinSurgeAndUnavailableUntilComple
 
   // Step 2: the new pod is available: one old pod may go.
   json new_rs = ownedSet(v2, 1, 1, "2026-01-01T00:01:00Z", 2);
-  plan = planDeployment(v2, {old_rs, new_rs}, kNow);
+  plan = planDeployment(v2, {old_rs, new_rs}, {}, kNow);
   EXPECT_FALSE(plan.create.has_value());
   EXPECT_EQ(plan.scale.at(k8s::objectName(old_rs)), 3);
   EXPECT_FALSE(plan.scale.contains(k8s::objectName(new_rs)));
@@ -168,14 +169,14 @@ TEST(DeploymentPlanTest, ARollingUpdateStaysWithinSurgeAndUnavailableUntilComple
   // Step 3: old at 3: the new set surges again.
   old_rs["spec"]["replicas"] = 3;
   old_rs["status"] = {{"replicas", 3}, {"readyReplicas", 3}, {"availableReplicas", 3}};
-  plan = planDeployment(v2, {old_rs, new_rs}, kNow);
+  plan = planDeployment(v2, {old_rs, new_rs}, {}, kNow);
   EXPECT_EQ(plan.scale.at(k8s::objectName(new_rs)), 2);
 
   // Done: everything new, nothing old.
   old_rs["spec"]["replicas"] = 0;
   old_rs["status"] = {{"replicas", 0}, {"readyReplicas", 0}, {"availableReplicas", 0}};
   new_rs = ownedSet(v2, 4, 4, "2026-01-01T00:01:00Z", 2);
-  plan = planDeployment(v2, {old_rs, new_rs}, kNow);
+  plan = planDeployment(v2, {old_rs, new_rs}, {}, kNow);
   EXPECT_TRUE(plan.scale.empty());
   EXPECT_EQ(plan.status["updatedReplicas"], 4);
   EXPECT_EQ(plan.status["availableReplicas"], 4);
@@ -188,14 +189,23 @@ TEST(DeploymentPlanTest, RecreateStopsTheOldPodsBeforeStartingNewOnes) {
   json v2 = v1;
   v2["spec"]["template"]["spec"]["containers"][0]["image"] = "tandem:2";
   json old_rs = ownedSet(v1, 2, 2, "2026-01-01T00:00:00Z", 1);
-  DeploymentPlan plan = planDeployment(v2, {old_rs}, kNow);
+  auto oldPod = [&](const std::string& name, bool terminating) {
+    json p = pod(name, "2026-01-01T00:00:00Z", true, !terminating);
+    p["metadata"]["ownerReferences"][0]["uid"] = k8s::objectUid(old_rs);
+    if (terminating) p["metadata"]["deletionTimestamp"] = "2026-01-01T00:02:00Z";
+    return p;
+  };
+  DeploymentPlan plan = planDeployment(v2, {old_rs}, {oldPod("a", false), oldPod("b", false)}, kNow);
   ASSERT_TRUE(plan.create.has_value());
   EXPECT_EQ((*plan.create)["spec"]["replicas"], 0);
   EXPECT_EQ(plan.scale.at(k8s::objectName(old_rs)), 0);
+  // The old set is at 0 but one pod still stops (its ReplicaSet no longer counts it): wait.
   old_rs["spec"]["replicas"] = 0;
   old_rs["status"] = {{"replicas", 0}};
   json new_rs = ownedSet(v2, 0, 0, "2026-01-01T00:01:00Z", 2);
-  plan = planDeployment(v2, {old_rs, new_rs}, kNow);
+  plan = planDeployment(v2, {old_rs, new_rs}, {oldPod("b", true)}, kNow);
+  EXPECT_FALSE(plan.scale.contains(k8s::objectName(new_rs))) << "new pods would overlap a stopping old one";
+  plan = planDeployment(v2, {old_rs, new_rs}, {}, kNow);
   EXPECT_EQ(plan.scale.at(k8s::objectName(new_rs)), 2);
 }
 
@@ -206,7 +216,7 @@ TEST(DeploymentPlanTest, ScalingChangesTheOneReplicaSetAndHistoryIsBounded) {
   const json current = ownedSet(d, 2, 2, "2026-01-01T00:02:00Z", 3);
   DeploymentPlan plan = planDeployment(d, {ownedSet(v1, 0, 0, "2026-01-01T00:00:00Z", 1),
                                            ownedSet(v2, 0, 0, "2026-01-01T00:01:00Z", 2), current},
-                                       kNow);
+                                       {}, kNow);
   EXPECT_EQ(plan.scale.at(k8s::objectName(current)), 5);
   EXPECT_THAT(plan.remove, ElementsAre("web-" + podTemplateHash(v1["spec"]["template"])));
 }
@@ -215,13 +225,13 @@ TEST(DeploymentPlanTest, NoProgressPastTheDeadlineIsReportedAsExceeded) {
   json d = deployment(2, "tandem:1");
   d["spec"]["progressDeadlineSeconds"] = 60;
   const json rs = ownedSet(d, 2, 1, "2026-01-01T00:00:00Z", 1);
-  DeploymentPlan first = planDeployment(d, {rs}, kNow);
+  DeploymentPlan first = planDeployment(d, {rs}, {}, kNow);
   EXPECT_EQ(first.status["conditions"][1]["status"], "True");
   d["status"] = first.status;
-  DeploymentPlan later = planDeployment(d, {rs}, kNow + std::chrono::seconds(61));
+  DeploymentPlan later = planDeployment(d, {rs}, {}, kNow + std::chrono::seconds(61));
   EXPECT_EQ(later.status["conditions"][1]["status"], "False");
   EXPECT_EQ(later.status["conditions"][1]["reason"], "ProgressDeadlineExceeded");
-  DeploymentPlan sooner = planDeployment(d, {rs}, kNow + std::chrono::seconds(30));
+  DeploymentPlan sooner = planDeployment(d, {rs}, {}, kNow + std::chrono::seconds(30));
   EXPECT_EQ(sooner.status["conditions"][1]["status"], "True");
 }
 
