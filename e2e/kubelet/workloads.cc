@@ -391,10 +391,11 @@ std::optional<json> planEndpointSlice(const json& service, const std::vector<jso
           }
         }
       }
-      if (port == 0 && target.is_string()) {
+      if (port == 0) {  // a number written as a string
+        const std::string text = target.get<std::string>();
         char* end = nullptr;
-        const long n = std::strtol(target.get<std::string>().c_str(), &end, 10);
-        if (*end == '\0') port = static_cast<int>(n);
+        const long n = std::strtol(text.c_str(), &end, 10);
+        if (!text.empty() && *end == '\0') port = static_cast<int>(n);
       }
     }
     json pj = {{"port", port}, {"protocol", sp.value("protocol", "TCP")}};

@@ -38,6 +38,20 @@ class KubeletTest : public ApiServerFixture {
     stopKubelet(SIGTERM);
     const std::string links = shell("ip -br link show type bridge").output;
     EXPECT_THAT(links, ::testing::Not(HasSubstr(bridge_))) << "the kubelet left its bridge";
+    // A kubelet that crashed left its network: remove what its state file
+    // lists, so the next test starts clean (the failure is reported above).
+    std::ifstream state(dir_ + "/kubelet/network.json");
+    std::string kind, name;
+    while (state >> kind >> name) {
+      if (kind == "netns") shell("ip netns del " + name);
+      if (kind == "veth" || kind == "bridge") shell("ip link del " + name);
+    }
+    // And its containers' process groups.
+    const std::string records = readFile(dir_ + "/kubelet/processes.json");
+    std::smatch m;
+    for (std::string rest = records; std::regex_search(rest, m, std::regex("\"pgid\":([0-9]+)")); rest = m.suffix()) {
+      kill(-std::stoi(m[1]), SIGKILL);
+    }
     ApiServerFixture::TearDown();
   }
 

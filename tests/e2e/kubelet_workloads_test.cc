@@ -266,6 +266,14 @@ TEST(EndpointSliceTest, SelectedPodsWithAddressesAndTheirConditionsAndResolvedPo
   EXPECT_EQ(e[2]["conditions"], json({{"ready", false}, {"serving", true}, {"terminating", true}}));
   EXPECT_EQ((*slice)["ports"][0], json({{"name", "http"}, {"port", 8100}, {"protocol", "TCP"}}));
   EXPECT_EQ((*slice)["ports"][1], json({{"name", "kv"}, {"port", 8200}, {"protocol", "TCP"}}));
+  // Before any pod has an address a name resolves to nothing; a number written as a string is that number.
+  json early = svc;
+  early["spec"]["ports"][1]["targetPort"] = "8300";
+  auto none = planEndpointSlice(early, {podAt("d-nip", "", true)});
+  ASSERT_TRUE(none.has_value());
+  EXPECT_TRUE((*none)["endpoints"].empty());
+  EXPECT_EQ((*none)["ports"][0]["port"], 0);
+  EXPECT_EQ((*none)["ports"][1]["port"], 8300);
   json headless = svc;
   headless["spec"].erase("selector");
   EXPECT_FALSE(planEndpointSlice(headless, {}).has_value()) << "a Service without a selector: its slices are the user's";
