@@ -86,20 +86,27 @@ TEST_F(RouterLivenessTest, AStoppedDecodeWorkersRequestsMoveAndWithNoneLeftTheAn
   ASSERT_EQ(kill(d0_->pid(), SIGSTOP), 0);
   Reply r = post(*router, "first turn of " + moved + " and a second", moved);
   EXPECT_EQ(r.status, 200) << r.body.dump();
-  // Moved once the 3 s of silence are over: not after a second timeout.
-  EXPECT_LT(r.took, std::chrono::milliseconds(5500));
+  // Moved once the 3 s of silence are over, not left waiting on d0 (the
+  // bound is loose so a loaded machine cannot flake it; the detection times
+  // themselves are router_core_test's, on a fake clock).
+  EXPECT_GE(r.took, std::chrono::seconds(2));
+  EXPECT_LT(r.took, kBound);
   EXPECT_TRUE(sessionsServedBy(*d1_).contains(moved));
   std::string m = scrape(*router);
   EXPECT_EQ(metricValue(m, "tandem_router_unresponsive_workers{"), 1) << m;
   // Routed at once, long before d0's silence could be noticed: called off.
   EXPECT_EQ(metricValue(m, "tandem_router_called_off_total{"), 1) << m;
   EXPECT_EQ(metricValueWith(m, "tandem_router_retries_total", "reason=\"unresponsive\""), 1);
-  // New sessions and d0's other sessions go straight to d1, fast.
+  // New sessions and d0's other sessions go straight to d1: none is sent to
+  // d0 and called off again.
   for (const auto& s : {std::string("l-new"), *on0.rbegin()}) {
     Reply n = post(*router, "another turn of " + s, s);
     EXPECT_EQ(n.status, 200) << n.body.dump();
-    EXPECT_LT(n.took, std::chrono::seconds(3));
+    EXPECT_LT(n.took, kBound);
   }
+  m = scrape(*router);
+  EXPECT_EQ(metricValue(m, "tandem_router_called_off_total{"), 1) << m;
+  EXPECT_EQ(metricValueWith(m, "tandem_router_retries_total", "reason=\"unresponsive\""), 1) << m;
 
   // Both stopped: a typed 503 once the unserved timeout (4 s) has passed.
   ASSERT_EQ(kill(d1_->pid(), SIGSTOP), 0);
