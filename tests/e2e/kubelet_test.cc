@@ -363,10 +363,12 @@ spec:
 TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown) {
   const std::string model = dir_ + "/model";
   ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + model).rc, 0);
+  // The decode agent's grace (and drain) leaves its stream time to finish
+  // even under ASan, where decoding is many times slower.
   auto agent = [&](const std::string& name, const std::string& role, const std::string& extra, int port) {
     return "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: " + name + "}\nspec:\n  replicas: 1\n" +
            "  selector: {matchLabels: {app: " + name + "}}\n  template:\n    metadata: {labels: {app: " + name +
-           "}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers:\n      - name: agent\n" +
+           "}}\n    spec:\n      terminationGracePeriodSeconds: 180\n      containers:\n      - name: agent\n" +
            "        image: tandem\n        env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n" +
            "        command: [tandem-agent]\n        args: [--role, " + role + ", --model-dir, " + model +
            ", --listen, '0.0.0.0:" + std::to_string(port) + "', --pool, e2e" + extra + "]\n" +
@@ -378,7 +380,7 @@ TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown)
   const std::string p_ip = podIp("prefill");
   apply("decode.yaml", agent("decode", "decode",
                              ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp', --prefill-peer, '" + p_ip +
-                                 ":8200', --drain-grace, 30s",
+                                 ":8200', --drain-grace, 180s",
                              8100));
   ASSERT_EQ(kubectl("rollout status deploy/decode --timeout=60s").rc, 0) << kubeletLog();
   const std::string d_ip = podIp("decode");
@@ -403,10 +405,10 @@ TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown)
       << "D pulled the KV from P's pod";
 
   // Scale D away while it streams: the stream ends with [DONE] before the process does.
-  const std::string stream_body = R"({"model":"model","prompt":"drain","max_tokens":4000,"ignore_eos":true,"stream":true})";
+  const std::string stream_body = R"({"model":"model","prompt":"drain","max_tokens":1500,"ignore_eos":true,"stream":true})";
   std::string streamed;
   std::thread client([&] {
-    streamed = shell("curl -s -N -m 120 http://" + d_ip + ":8100/v1/completions -H 'Content-Type: application/json' -d '" +
+    streamed = shell("curl -s -N -m 240 http://" + d_ip + ":8100/v1/completions -H 'Content-Type: application/json' -d '" +
                      stream_body + "'")
                    .output;
   });
@@ -417,7 +419,8 @@ TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown)
   })) << "the stream never started";
   ASSERT_EQ(kubectl("scale deploy/decode --replicas=0").rc, 0);
   client.join();
-  EXPECT_THAT(streamed, HasSubstr("data: [DONE]")) << streamed.substr(0, 500) << kubectl("logs deploy/decode").output;
+  EXPECT_TRUE(streamed.find("data: [DONE]") != std::string::npos)
+      << "the stream was cut; its end: " << streamed.substr(streamed.size() > 300 ? streamed.size() - 300 : 0);
   EXPECT_TRUE(eventually([&] { return get("pods -l app=decode", "{.items[*].metadata.name}").empty(); }));
 }
 
