@@ -58,33 +58,23 @@ absl::Status ControllerManager::begin() {
   deployments_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
       k8s::InformerOptions{.resource = k8s::deploymentsResource(), .resyncPeriod = std::chrono::seconds(30)},
-      k8s::InformerHandlers{.onAdd = onDeployment,
-                            .onUpdate = [onDeployment](const json&, const json& d) { onDeployment(d); },
-                            .onDelete = onDeployment});
+      k8s::InformerHandlers::onAnyChange(onDeployment));
   replicaSets_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
       k8s::InformerOptions{.resource = replicaSetsResource(), .resyncPeriod = std::chrono::seconds(30)},
-      k8s::InformerHandlers{.onAdd = onReplicaSet,
-                            .onUpdate = [onReplicaSet](const json&, const json& rs) { onReplicaSet(rs); },
-                            .onDelete = onReplicaSet});
+      k8s::InformerHandlers::onAnyChange(onReplicaSet));
   pods_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = k8s::podsResource()},
-      k8s::InformerHandlers{.onAdd = onPod,
-                            .onUpdate = [onPod](const json&, const json& p) { onPod(p); },
-                            .onDelete = onPod});
+      k8s::InformerHandlers::onAnyChange(onPod));
   services_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
       k8s::InformerOptions{.resource = k8s::servicesResource(), .resyncPeriod = std::chrono::seconds(30)},
-      k8s::InformerHandlers{.onAdd = onService,
-                            .onUpdate = [onService](const json&, const json& svc) { onService(svc); },
-                            .onDelete = onService});
+      k8s::InformerHandlers::onAnyChange(onService));
   slices_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
       k8s::InformerOptions{.resource = endpointSlicesResource(),
                            .labelSelector = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"},
-      k8s::InformerHandlers{.onAdd = onSlice,
-                            .onUpdate = [onSlice](const json&, const json& s) { onSlice(s); },
-                            .onDelete = onSlice});
+      k8s::InformerHandlers::onAnyChange(onSlice));
   for (auto* i : informers()) i->start();
   for (auto* i : informers()) {
     if (!i->waitForSync(std::chrono::seconds(30))) {

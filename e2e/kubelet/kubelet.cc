@@ -126,18 +126,15 @@ absl::Status Kubelet::begin() {
   TANDEM_ASSIGN_OR_RETURN(log_server_, http::Server::start({.host = options_.listen_host, .port = 0}, std::move(routes)));
   registerNodes();
 
-  pods_ = std::make_unique<k8s::Informer>(
-      client_, SystemClock::instance(), k8s::InformerOptions{.resource = k8s::podsResource()},
-      k8s::InformerHandlers{
-          .onAdd = [this](const json& p) { queue_.add(strCat("pod/", k8s::objectKey(p))), queue_.add(kScheduleKey); },
-          .onUpdate = [this](const json&,
-                             const json& p) { queue_.add(strCat("pod/", k8s::objectKey(p))), queue_.add(kScheduleKey); },
-          .onDelete = [this](const json& p) { queue_.add(strCat("pod/", k8s::objectKey(p))), queue_.add(kScheduleKey); }});
+  pods_ = std::make_unique<k8s::Informer>(client_, SystemClock::instance(),
+                                          k8s::InformerOptions{.resource = k8s::podsResource()},
+                                          k8s::InformerHandlers::onAnyChange([this](const json& p) {
+                                            queue_.add(strCat("pod/", k8s::objectKey(p)));
+                                            queue_.add(kScheduleKey);
+                                          }));
   nodes_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = nodesResource()},
-      k8s::InformerHandlers{.onAdd = [this](const json&) { queue_.add(kScheduleKey); },
-                            .onUpdate = [this](const json&, const json&) { queue_.add(kScheduleKey); },
-                            .onDelete = [this](const json&) { queue_.add(kScheduleKey); }});
+      k8s::InformerHandlers::onAnyChange([this](const json&) { queue_.add(kScheduleKey); }));
   pods_->start();
   nodes_->start();
   if (!pods_->waitForSync(std::chrono::seconds(30)) || !nodes_->waitForSync(std::chrono::seconds(30))) {

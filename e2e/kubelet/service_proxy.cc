@@ -40,14 +40,10 @@ absl::Status ServiceProxy::begin() {
   };
   services_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = k8s::servicesResource()},
-      k8s::InformerHandlers{.onAdd = onService,
-                            .onUpdate = [onService](const json&, const json& s) { onService(s); },
-                            .onDelete = onService});
+      k8s::InformerHandlers::onAnyChange(onService));
   slices_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = endpointSlicesResource()},
-      k8s::InformerHandlers{.onAdd = onSlice,
-                            .onUpdate = [onSlice](const json&, const json& s) { onSlice(s); },
-                            .onDelete = onSlice});
+      k8s::InformerHandlers::onAnyChange(onSlice));
   services_->start();
   slices_->start();
   if (!services_->waitForSync(std::chrono::seconds(30)) || !slices_->waitForSync(std::chrono::seconds(30))) {

@@ -64,6 +64,12 @@ struct InformerHandlers {
   std::function<void(const nlohmann::json& obj)> onAdd;
   std::function<void(const nlohmann::json& old, const nlohmann::json& obj)> onUpdate;
   std::function<void(const nlohmann::json& lastKnown)> onDelete;
+
+  // One handler for every change, given the object as it now is (or was
+  // last known): what a level-triggered controller that only enqueues needs.
+  static InformerHandlers onAnyChange(std::function<void(const nlohmann::json& obj)> f) {
+    return {.onAdd = f, .onUpdate = [f](const nlohmann::json&, const nlohmann::json& o) { f(o); }, .onDelete = f};
+  }
 };
 
 // Counters, for logs and tests.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "tests/agent/transport/get_waiter.h"
 #include "tests/testing/wait.h"
 
 namespace tandem::transport {
@@ -59,27 +60,6 @@ struct Side {
   size_t numDisconnects() {
     std::lock_guard l(mu);
     return disconnects.size();
-  }
-};
-
-// Blocks until a get's completion ran; records its status and how often it ran.
-struct GetWaiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  absl::Status status;
-  std::function<void(absl::Status)> callback() {
-    return [this](absl::Status s) {
-      std::lock_guard l(mu);
-      ++calls;
-      status = s;
-      cv.notify_all();
-    };
-  }
-  absl::Status wait() {
-    std::unique_lock l(mu);
-    cv.wait_for(l, std::chrono::seconds(30), [&] { return calls > 0; });
-    return calls > 0 ? status : absl::DeadlineExceededError("get never completed");
   }
 };
 
