@@ -71,8 +71,11 @@ void ApiServer::shutdown() { impl_->shutdown(); }
 
 std::string kubeconfigYaml(const std::string& server, const std::string& caPem) {
   std::string ca = caPem.empty() ? "" : strCat("    certificate-authority-data: ", absl::Base64Escape(caPem), "\n");
+  // Over https kubectl asks for a user name and password when the user has
+  // no credential; the emulator does not authenticate, so any token will do.
+  std::string user = server.rfind("https://", 0) == 0 ? "  user: {token: tandem-local-admin}\n" : "  user: {}\n";
   return strCat("apiVersion: v1\n", "kind: Config\n", "clusters:\n", "- name: tandem\n", "  cluster:\n",
-                "    server: ", server, "\n", ca, "users:\n", "- name: tandem\n", "  user: {}\n", "contexts:\n",
+                "    server: ", server, "\n", ca, "users:\n", "- name: tandem\n", user, "contexts:\n",
                 "- name: tandem\n", "  context:\n", "    cluster: tandem\n", "    user: tandem\n",
                 "    namespace: default\n", "current-context: tandem\n", "preferences: {}\n");
 }

@@ -80,7 +80,8 @@ class ApiServer {
 };
 
 // The kubeconfig kubectl and clients use: one cluster "tandem" at `server`,
-// an anonymous user, context "tandem" with namespace default. A non-empty
+// an anonymous user (over https a fixed token, which the emulator does not
+// check, so kubectl does not ask for a password), context "tandem" with namespace default. A non-empty
 // `caPem` (PEM CA certificates) goes in as certificate-authority-data.
 std::string kubeconfigYaml(const std::string& server, const std::string& caPem = "");
 

@@ -72,13 +72,15 @@ void secretDefaults(json& obj, const DefaultsContext&) {
   if (!obj.contains("type")) obj["type"] = "Opaque";
 }
 
-// A fake ClusterIP from the resourceVersion at creation (10.96.x.y), kept by updates.
+// A fake ClusterIP from the resourceVersion at creation (10.96.x.y), kept by
+// updates; never 10.96.0.1, which a cluster keeps for the `kubernetes` Service.
 void serviceDefaults(json& obj, const DefaultsContext& ctx) {
   if (!obj["spec"].contains("type")) obj["spec"]["type"] = "ClusterIP";
   if (!obj["spec"].contains("clusterIP")) {
-    obj["spec"]["clusterIP"] = ctx.current != nullptr
-                                   ? (*ctx.current)["spec"].value("clusterIP", "None")
-                                   : strCat("10.96.", (ctx.currentRv / 250) % 250, ".", ctx.currentRv % 250 + 1);
+    const uint64_t third = (ctx.currentRv / 250) % 250, fourth = ctx.currentRv % 250 + 1;
+    obj["spec"]["clusterIP"] = ctx.current != nullptr ? (*ctx.current)["spec"].value("clusterIP", "None")
+                               : third == 0 && fourth == 1 ? std::string("10.96.0.251")
+                                                           : strCat("10.96.", third, ".", fourth);
   }
 }
 

@@ -12,7 +12,6 @@ using nlohmann::json;
 namespace {
 
 k8s::ResourceRef replicaSetsResource() { return {"apps", "v1", "replicasets", true}; }
-k8s::ResourceRef endpointSlicesResource() { return {"discovery.k8s.io", "v1", "endpointslices", true}; }
 
 constexpr Duration kExpectationTimeout = std::chrono::seconds(5);
 
@@ -72,7 +71,7 @@ absl::Status ControllerManager::begin() {
       k8s::InformerHandlers::onAnyChange(onService));
   slices_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(),
-      k8s::InformerOptions{.resource = endpointSlicesResource(),
+      k8s::InformerOptions{.resource = k8s::endpointSlicesResource(),
                            .labelSelector = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"},
       k8s::InformerHandlers::onAnyChange(onSlice));
   for (auto* i : informers()) i->start();
@@ -243,16 +242,16 @@ void ControllerManager::syncService(const std::string& key) {
       }
       json updated = *want;
       updated["metadata"]["resourceVersion"] = k8s::objectResourceVersion(have);
-      auto r = client_.update(endpointSlicesResource(), ns, updated);
+      auto r = client_.update(k8s::endpointSlicesResource(), ns, updated);
       failed = failed || (!r.ok() && !absl::IsNotFound(r.status()));
       want.reset();
       continue;
     }
-    auto r = client_.remove(endpointSlicesResource(), ns, k8s::objectName(have));
+    auto r = client_.remove(k8s::endpointSlicesResource(), ns, k8s::objectName(have));
     failed = failed || (!r.ok() && !absl::IsNotFound(r.status()));
   }
   if (want) {
-    auto r = client_.create(endpointSlicesResource(), ns, *want);
+    auto r = client_.create(k8s::endpointSlicesResource(), ns, *want);
     failed = failed || (!r.ok() && !absl::IsAlreadyExists(r.status()));
   }
   if (failed) {

@@ -1,5 +1,7 @@
 #include "e2e/kubelet/kubelet.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +116,9 @@ absl::Status Kubelet::begin() {
   records_ = std::make_unique<ProcessRecords>((fs::path(options_.state_dir) / "processes.json").string());
   TANDEM_ASSIGN_OR_RETURN(int killed, records_->killLeftovers());
   if (killed > 0) log_.warn("killed what a previous kubelet left running", {{"process_groups", killed}});
+  // Mount points a previous kubelet created (no pod runs now).
+  mounts_ = std::make_unique<MountPoints>((fs::path(options_.state_dir) / "mountpoints").string());
+  mounts_->removeAll();
   TANDEM_ASSIGN_OR_RETURN(network_, PodNetwork::create(options_.network));
   if (!network_->usesNamespaces()) {
     log_.warn("no network namespaces here (not root?): each pod gets a 127.0.0.x address of its own instead");
@@ -142,6 +147,7 @@ absl::Status Kubelet::begin() {
   }
   TANDEM_ASSIGN_OR_RETURN(proxy_,
                           ServiceProxy::start(client_, network_->usesNamespaces() ? options_.network.bridge : ""));
+  if (network_->usesNamespaces()) publishApiService();
   worker_ = std::thread([this] { process(); });
   heartbeat_ = std::thread([this] {
     std::unique_lock l(stop_mu_);
@@ -174,6 +180,7 @@ void Kubelet::stop(Duration grace) {
   if (proxy_) proxy_->stop();
   for (auto& [uid, w] : workers_) w->shutdown(grace);
   workers_.clear();  // joins each
+  if (mounts_) mounts_->removeAll();
   if (log_server_) log_server_->shutdown(Duration::zero());
   if (network_) {
     absl::Status s = network_->teardown();
@@ -414,11 +421,59 @@ void Kubelet::syncPod(const std::string& key) {
                      .clock = &SystemClock::instance(),
                      .bin_dir = options_.bin_dir,
                      .pods_dir = (fs::path(options_.state_dir) / "pods").string(),
-                     .host_ip = options_.listen_host},
+                     .host_ip = options_.listen_host,
+                     .mounts = mounts_.get(),
+                     .api_host = api_host_,
+                     .api_port = api_port_,
+                     .api_ca_pem = options_.api_ca_pem},
         *pod);
   }
   // A worker that finishes must be forgotten: look again shortly.
   queue_.addAfter(strCat("pod/", key), std::chrono::seconds(1));
+}
+
+// The API server as the `kubernetes` Service of the default namespace (a
+// real API server maintains it itself): ClusterIP kApiServiceIp, port 443
+// named https, and an EndpointSlice with the address the kubelet uses, so
+// the Service proxy forwards pods' connections to it.
+void Kubelet::publishApiService() {
+  const std::string& url = options_.api_server;
+  const auto refuse = [&](std::string_view why) {
+    log_.warn(strCat("pods get no in-cluster API access: ", why), {{"server", url}});
+  };
+  if (url.rfind("https://", 0) != 0) return refuse("the API server is not served over https, which in-cluster clients require");
+  std::string hostport = url.substr(8);
+  hostport = hostport.substr(0, hostport.find('/'));
+  const size_t colon = hostport.rfind(':');
+  std::string host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "443" : hostport.substr(colon + 1);
+  if (host == "localhost") host = "127.0.0.1";
+  in_addr ignored{};
+  if (inet_pton(AF_INET, host.c_str(), &ignored) != 1) return refuse("the API server's address is not an IPv4 address");
+  const int port_number = std::atoi(port.c_str());
+  const json service = {
+      {"apiVersion", "v1"},
+      {"kind", "Service"},
+      {"metadata", {{"name", "kubernetes"}, {"namespace", "default"}, {"labels", {{"component", "apiserver"}, {"provider", "kubernetes"}}}}},
+      {"spec",
+       {{"clusterIP", kApiServiceIp},
+        {"type", "ClusterIP"},
+        {"ports", json::array({{{"name", "https"}, {"port", 443}, {"protocol", "TCP"}, {"targetPort", port_number}}})}}}};
+  const json slice = {
+      {"apiVersion", "discovery.k8s.io/v1"},
+      {"kind", "EndpointSlice"},
+      {"metadata",
+       {{"name", "kubernetes"}, {"namespace", "default"}, {"labels", {{"kubernetes.io/service-name", "kubernetes"}}}}},
+      {"addressType", "IPv4"},
+      {"endpoints", json::array({{{"addresses", json::array({host})}, {"conditions", {{"ready", true}}}}})},
+      {"ports", json::array({{{"name", "https"}, {"port", port_number}, {"protocol", "TCP"}}})}};
+  const k8s::ApplyOptions apply{.fieldManager = "tandem-kubelet", .force = true};
+  auto s1 = client_.apply(k8s::servicesResource(), "default", service, apply);
+  auto s2 = s1.ok() ? client_.apply(k8s::endpointSlicesResource(), "default", slice, apply) : s1;
+  if (!s2.ok()) return refuse(strCat("cannot publish the kubernetes Service: ", s2.status().message()));
+  api_host_ = kApiServiceIp;
+  api_port_ = "443";
+  log_.info("pods reach the API server as the kubernetes Service", {{"address", strCat(kApiServiceIp, ":443")}, {"server", url}});
 }
 
 // GET /containerLogs/<ns>/<pod>/<container>[?previous=true&tailLines=N&limitBytes=N]

@@ -52,7 +52,16 @@ struct KubeletOptions {
   std::string listen_host = "127.0.0.1";  // the log endpoint (pods/log)
   Duration node_status_period = std::chrono::seconds(10);
   Duration reschedule_period = std::chrono::seconds(5);  // unschedulable pods are tried again this often
+  // The API server as this kubelet reaches it (its kubeconfig's server URL
+  // and CA): published to pods as the `kubernetes` Service (kApiServiceIp)
+  // when it is https on an IP address, as in-cluster clients require.
+  std::string api_server;
+  std::string api_ca_pem;
 };
+
+// The `kubernetes` Service's ClusterIP, as on a cluster with the default
+// service CIDR (the emulator never hands it to another Service).
+inline constexpr const char* kApiServiceIp = "10.96.0.1";
 
 std::string defaultNodeName();  // "tandem-local"
 
@@ -76,12 +85,15 @@ class Kubelet {
   void registerNodes();
   void schedulePending();
   void syncPod(const std::string& key);
+  void publishApiService();
   http::Response serveLog(http::Request& req);
 
   k8s::Client& client_;
   const KubeletOptions options_;
   const Logger log_{"kubelet"};
   std::unique_ptr<ProcessRecords> records_;
+  std::unique_ptr<MountPoints> mounts_;
+  std::string api_host_, api_port_;  // what pods get as KUBERNETES_SERVICE_HOST/PORT; empty: no API access
   std::unique_ptr<PodNetwork> network_;
   std::unique_ptr<k8s::EventRecorder> events_;
   std::unique_ptr<http::Server> log_server_;

@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
     std::cerr << "tandem-kubelet: " << client.status().message() << "\n";
     return 1;
   }
+  flags.options.api_server = config->server;
+  flags.options.api_ca_pem = config->caData;
   auto kubelet = tandem::kubelet::Kubelet::start(**client, flags.options);
   if (!kubelet.ok()) {
     std::cerr << "tandem-kubelet: " << kubelet.status().message() << "\n";

@@ -1,5 +1,7 @@
 #include "e2e/kubelet/pod_spec.h"
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "src/common/status.h"
@@ -88,18 +90,82 @@ std::string expandVariables(std::string_view text, const std::vector<std::pair<s
   return out;
 }
 
-absl::StatusOr<std::string> envValueFrom(const json& from, const std::string& path, const PodFacts& facts) {
+// The data of a ConfigMap or Secret the pod's environment names; nullopt
+// when it is optional and missing.
+absl::StatusOr<std::optional<std::map<std::string, std::string>>> readObjectData(std::string_view kind,
+                                                                                 const std::string& name, bool optional,
+                                                                                 const std::string& path,
+                                                                                 const PodFacts& facts) {
+  using Data = std::optional<std::map<std::string, std::string>>;
+  if (!facts.lookup) return fieldError(path, strCat("this kubelet has no API access to read ", kind, " ", name));
+  absl::StatusOr<std::map<std::string, std::string>> data = lookupData(facts, kind, name);
+  if (!data.ok() && optional && absl::IsNotFound(data.status())) return Data();
+  if (!data.ok()) return data.status();
+  return Data(std::move(*data));
+}
+
+// A ConfigMap's or Secret's key for env valueFrom (configMapKeyRef,
+// secretKeyRef); nullopt when it is optional and missing.
+absl::StatusOr<std::optional<std::string>> keyRef(const json& ref, std::string_view kind, const std::string& path,
+                                                  const PodFacts& facts) {
+  if (!ref.is_object()) return fieldError(path, "expected an object");
+  TANDEM_ASSIGN_OR_RETURN(std::string name, optString(ref, "name", path));
+  TANDEM_ASSIGN_OR_RETURN(std::string key, optString(ref, "key", path));
+  if (name.empty()) return fieldError(strCat(path, ".name"), "required");
+  if (key.empty()) return fieldError(strCat(path, ".key"), "required");
+  const bool optional = ref.value("optional", false);
+  TANDEM_ASSIGN_OR_RETURN(auto data, readObjectData(kind, name, optional, path, facts));
+  if (!data) return std::optional<std::string>();
+  auto it = data->find(key);
+  if (it == data->end()) {
+    if (optional) return std::optional<std::string>();
+    return absl::NotFoundError(strCat("couldn't find key ", key, " in ", kind, " ", facts.ns, "/", name));
+  }
+  return std::optional<std::string>(it->second);
+}
+
+absl::StatusOr<std::optional<std::string>> envValueFrom(const json& from, const std::string& path,
+                                                        const PodFacts& facts) {
+  if (auto cm = from.find("configMapKeyRef"); cm != from.end() && !cm->is_null()) {
+    return keyRef(*cm, "ConfigMap", strCat(path, ".configMapKeyRef"), facts);
+  }
+  if (auto sec = from.find("secretKeyRef"); sec != from.end() && !sec->is_null()) {
+    return keyRef(*sec, "Secret", strCat(path, ".secretKeyRef"), facts);
+  }
   auto ref = from.find("fieldRef");
   if (ref == from.end() || !ref->is_object()) {
-    return fieldError(path, "only fieldRef is supported here (not configMapKeyRef, secretKeyRef, resourceFieldRef)");
+    return fieldError(path, "expected fieldRef, configMapKeyRef or secretKeyRef (resourceFieldRef is not supported here)");
   }
   TANDEM_ASSIGN_OR_RETURN(std::string field, optString(*ref, "fieldPath", strCat(path, ".fieldRef")));
-  if (field == "metadata.name") return facts.name;
-  if (field == "metadata.namespace") return facts.ns;
-  if (field == "status.podIP") return facts.pod_ip;
-  if (field == "spec.nodeName") return facts.node_name;
+  if (field == "metadata.name") return std::optional<std::string>(facts.name);
+  if (field == "metadata.namespace") return std::optional<std::string>(facts.ns);
+  if (field == "status.podIP") return std::optional<std::string>(facts.pod_ip);
+  if (field == "spec.nodeName") return std::optional<std::string>(facts.node_name);
   return fieldError(strCat(path, ".fieldRef.fieldPath"),
                     strCat("\"", field, "\" is not one of metadata.name, metadata.namespace, status.podIP, spec.nodeName"));
+}
+
+// An httpGet action (probes, preStop): its path and port (a number or a container port's name).
+absl::StatusOr<HttpProbe> httpGetAction(const json& c, const json& get, const std::string& p) {
+  if (!get.is_object()) return fieldError(p, "expected an object");
+  HttpProbe h;
+  TANDEM_ASSIGN_OR_RETURN(h.path, optString(get, "path", p));
+  if (h.path.empty()) h.path = "/";
+  int64_t port = 0;
+  if (auto named = get.find("port"); named != get.end() && named->is_string()) {
+    // A container port's name (an IANA_SVC_NAME), as Kubernetes allows.
+    for (const auto& cp : c.value("ports", json::array())) {
+      if (cp.is_object() && cp.value("name", "") == named->get<std::string>()) port = cp.value("containerPort", 0);
+    }
+    if (port == 0) {
+      return fieldError(strCat(p, ".port"), strCat("\"", named->get<std::string>(), "\" names none of the container's ports"));
+    }
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(port, optInt(get, "port", p, 0));
+  }
+  if (port < 1 || port > 65535) return fieldError(strCat(p, ".port"), "expected a port number 1-65535");
+  h.port = static_cast<int>(port);
+  return h;
 }
 
 absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, ProbeKind kind, const std::string& path) {
@@ -109,24 +175,7 @@ absl::StatusOr<std::optional<HttpProbe>> probe(const json& c, const char* key, P
   if (!it->is_object()) return fieldError(p, "expected an object");
   auto get = it->find("httpGet");
   if (get == it->end() || !get->is_object()) return fieldError(p, "only httpGet probes are supported here");
-  HttpProbe h;
-  TANDEM_ASSIGN_OR_RETURN(h.path, optString(*get, "path", strCat(p, ".httpGet")));
-  if (h.path.empty()) h.path = "/";
-  int64_t port = 0;
-  if (auto named = get->find("port"); named != get->end() && named->is_string()) {
-    // A container port's name (an IANA_SVC_NAME), as Kubernetes allows.
-    for (const auto& cp : c.value("ports", json::array())) {
-      if (cp.is_object() && cp.value("name", "") == named->get<std::string>()) port = cp.value("containerPort", 0);
-    }
-    if (port == 0) {
-      return fieldError(strCat(p, ".httpGet.port"),
-                        strCat("\"", named->get<std::string>(), "\" names none of the container's ports"));
-    }
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(port, optInt(*get, "port", strCat(p, ".httpGet"), 0));
-  }
-  if (port < 1 || port > 65535) return fieldError(strCat(p, ".httpGet.port"), "expected a port number 1-65535");
-  h.port = static_cast<int>(port);
+  TANDEM_ASSIGN_OR_RETURN(HttpProbe h, httpGetAction(c, *get, strCat(p, ".httpGet")));
   TANDEM_ASSIGN_OR_RETURN(int64_t delay, optInt(*it, "initialDelaySeconds", p, 0));
   TANDEM_ASSIGN_OR_RETURN(int64_t period, optInt(*it, "periodSeconds", p, 10));
   TANDEM_ASSIGN_OR_RETURN(int64_t timeout, optInt(*it, "timeoutSeconds", p, 1));
@@ -177,7 +226,8 @@ absl::Status addRequests(const json& c, const std::string& path, PodNeeds& needs
   return absl::OkStatus();
 }
 
-absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& path, const PodFacts& facts) {
+absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& path, const PodFacts& facts,
+                                            const std::vector<VolumeSpec>& volumes) {
   if (!c.is_object()) return fieldError(path, "expected an object");
   ContainerPlan plan;
   TANDEM_ASSIGN_OR_RETURN(plan.name, optString(c, "name", path));
@@ -192,6 +242,34 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
   if (command[0].find('/') == std::string::npos) command[0] = strCat(facts.bin_dir, "/", command[0]);
   // As Kubernetes sets it: the pod's name, at most a host name's 63 characters.
   plan.spec.env.emplace_back("HOSTNAME", facts.name.substr(0, 63));
+  if (!facts.api_host.empty()) {
+    // The API server's Service, as every pod on a real node sees it.
+    plan.spec.env.emplace_back("KUBERNETES_SERVICE_HOST", facts.api_host);
+    plan.spec.env.emplace_back("KUBERNETES_SERVICE_PORT", facts.api_port);
+    plan.spec.env.emplace_back("KUBERNETES_SERVICE_PORT_HTTPS", facts.api_port);
+    plan.spec.env.emplace_back("KUBERNETES_PORT", strCat("tcp://", facts.api_host, ":", facts.api_port));
+  }
+  // envFrom first; env entries override what it set.
+  if (auto from = c.find("envFrom"); from != c.end() && !from->is_null()) {
+    if (!from->is_array()) return fieldError(strCat(path, ".envFrom"), "expected a list");
+    for (size_t i = 0; i < from->size(); ++i) {
+      const std::string p = strCat(path, ".envFrom[", i, "]");
+      const json& e = (*from)[i];
+      if (!e.is_object()) return fieldError(p, "expected an object");
+      TANDEM_ASSIGN_OR_RETURN(std::string prefix, optString(e, "prefix", p));
+      const bool secret = e.contains("secretRef");
+      const char* ref_key = secret ? "secretRef" : "configMapRef";
+      auto ref = e.find(ref_key);
+      if (ref == e.end() || !ref->is_object()) return fieldError(p, "expected configMapRef or secretRef");
+      const std::string rp = strCat(p, ".", ref_key);
+      TANDEM_ASSIGN_OR_RETURN(std::string name, optString(*ref, "name", rp));
+      if (name.empty()) return fieldError(strCat(rp, ".name"), "required");
+      TANDEM_ASSIGN_OR_RETURN(auto data, readObjectData(secret ? "Secret" : "ConfigMap", name,
+                                                        ref->value("optional", false), rp, facts));
+      if (!data) continue;
+      for (const auto& [k, v] : *data) plan.spec.env.emplace_back(prefix + k, v);
+    }
+  }
   if (auto env = c.find("env"); env != c.end() && !env->is_null()) {
     if (!env->is_array()) return fieldError(strCat(path, ".env"), "expected a list");
     for (size_t i = 0; i < env->size(); ++i) {
@@ -202,7 +280,9 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
       if (name.empty()) return fieldError(strCat(p, ".name"), "required");
       std::string value;
       if (auto from = e.find("valueFrom"); from != e.end() && !from->is_null()) {
-        TANDEM_ASSIGN_OR_RETURN(value, envValueFrom(*from, strCat(p, ".valueFrom"), facts));
+        TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> v, envValueFrom(*from, strCat(p, ".valueFrom"), facts));
+        if (!v) continue;  // an optional key that is not there: no variable
+        value = std::move(*v);
       } else {
         TANDEM_ASSIGN_OR_RETURN(value, optString(e, "value", p));
         value = expandVariables(value, plan.spec.env);  // earlier variables only, as Kubernetes does
@@ -214,7 +294,19 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
   for (std::string& a : args) a = expandVariables(a, plan.spec.env);
   plan.spec.argv = command;
   plan.spec.argv.insert(plan.spec.argv.end(), args.begin(), args.end());
-  for (const char* unsupported : {"startupProbe", "envFrom", "lifecycle"}) {
+  if (auto lc = c.find("lifecycle"); lc != c.end() && !lc->is_null()) {
+    const std::string p = strCat(path, ".lifecycle");
+    if (!lc->is_object()) return fieldError(p, "expected an object");
+    if (auto post = lc->find("postStart"); post != lc->end() && !post->is_null()) {
+      return fieldError(strCat(p, ".postStart"), "not supported here");
+    }
+    if (auto pre = lc->find("preStop"); pre != lc->end() && !pre->is_null()) {
+      auto get = pre->is_object() ? pre->find("httpGet") : pre->end();
+      if (get == pre->end()) return fieldError(strCat(p, ".preStop"), "only httpGet hooks are supported here");
+      TANDEM_ASSIGN_OR_RETURN(plan.pre_stop, httpGetAction(c, *get, strCat(p, ".preStop.httpGet")));
+    }
+  }
+  for (const char* unsupported : {"startupProbe"}) {
     if (auto u = c.find(unsupported); u != c.end() && !u->is_null()) {
       return fieldError(strCat(path, ".", unsupported), "not supported here");
     }
@@ -228,6 +320,7 @@ absl::StatusOr<ContainerPlan> planContainer(const json& c, const std::string& pa
       plan.ports.push_back(static_cast<int>(port));
     }
   }
+  TANDEM_ASSIGN_OR_RETURN(plan.mounts, planMounts(c, path, volumes));
   TANDEM_ASSIGN_OR_RETURN(plan.readiness, probe(c, "readinessProbe", ProbeKind::kReadiness, path));
   TANDEM_ASSIGN_OR_RETURN(plan.liveness, probe(c, "livenessProbe", ProbeKind::kLiveness, path));
   return plan;
@@ -274,14 +367,16 @@ absl::StatusOr<PodPlan> planPod(const nlohmann::json& pod, const PodFacts& facts
   PodPlan plan;
   TANDEM_ASSIGN_OR_RETURN(plan.needs, podNeeds(pod));
   const json& spec = pod["spec"];
-  for (const char* unsupported : {"initContainers", "affinity", "volumes"}) {
+  for (const char* unsupported : {"initContainers", "affinity"}) {
     if (auto u = spec.find(unsupported); u != spec.end() && !u->is_null()) {
       return fieldError(strCat("spec.", unsupported), "not supported here yet");
     }
   }
+  TANDEM_ASSIGN_OR_RETURN(plan.volumes, planVolumes(pod, facts));
   const json& containers = spec["containers"];
   for (size_t i = 0; i < containers.size(); ++i) {
-    TANDEM_ASSIGN_OR_RETURN(ContainerPlan c, planContainer(containers[i], strCat("spec.containers[", i, "]"), facts));
+    TANDEM_ASSIGN_OR_RETURN(ContainerPlan c,
+                            planContainer(containers[i], strCat("spec.containers[", i, "]"), facts, plan.volumes));
     plan.containers.push_back(std::move(c));
   }
   TANDEM_ASSIGN_OR_RETURN(int64_t grace, optInt(spec, "terminationGracePeriodSeconds", "spec", 30));

@@ -21,15 +21,10 @@
 #include "absl/status/statusor.h"
 #include "e2e/kubelet/container_process.h"
 #include "e2e/kubelet/pod_health.h"
+#include "e2e/kubelet/pod_volumes.h"
 #include "e2e/kubelet/scheduler.h"
 
 namespace tandem::kubelet {
-
-// What the environment's field references resolve to.
-struct PodFacts {
-  std::string name, ns, pod_ip, node_name;
-  std::string bin_dir;  // where the local build's binaries are
-};
 
 struct HttpProbe {
   ProbeSpec spec;
@@ -42,10 +37,13 @@ struct ContainerPlan {
   ContainerSpec spec;  // argv and env; the kubelet adds the log file and the namespace
   std::optional<HttpProbe> readiness, liveness;
   std::vector<int> ports;  // containerPort of each ports[] entry
+  std::vector<MountSpec> mounts;
+  std::optional<HttpProbe> pre_stop;  // lifecycle.preStop.httpGet: called before SIGTERM
 };
 
 struct PodPlan {
   std::vector<ContainerPlan> containers;
+  std::vector<VolumeSpec> volumes;
   PodNeeds needs;  // requests summed over the containers; nodeSelector; tolerations
   Duration grace = std::chrono::seconds(30);  // terminationGracePeriodSeconds
 };

@@ -1,5 +1,6 @@
 #include "e2e/kubelet/pod_worker.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 
@@ -125,6 +126,115 @@ void PodWorker::writeStatus(const json& status) {
   }
 }
 
+PodFacts PodWorker::facts(const std::string& ip, const std::string& node) const {
+  PodFacts f{.name = name_, .ns = ns_, .pod_ip = ip, .node_name = node, .bin_dir = env_.bin_dir};
+  f.lookup = [this](std::string_view kind, std::string_view name) -> absl::StatusOr<json> {
+    return env_.client->get(kind == "Secret" ? k8s::secretsResource() : k8s::configMapsResource(), ns_, name);
+  };
+  f.api_host = env_.api_host;
+  f.api_port = env_.api_port;
+  f.api_ca_pem = env_.api_ca_pem;
+  return f;
+}
+
+absl::Status PodWorker::setUpVolumes(const std::vector<VolumeSpec>& volumes, const json& pod, const PodFacts& facts,
+                                     bool first) {
+  const fs::path dir = fs::path(env_.pods_dir) / ns_ / name_ / "volumes";
+  for (const VolumeSpec& v : volumes) {
+    absl::Status s;
+    if (v.kind == VolumeSpec::Kind::kFiles) {
+      absl::StatusOr<std::vector<VolumeFile>> files = renderVolume(v, pod, facts);
+      s = files.ok() ? writeVolumeFiles((dir / v.name).string(), *files).status() : files.status();
+    } else if (first && v.kind == VolumeSpec::Kind::kEmptyDir) {
+      std::error_code ec;
+      fs::create_directories(dir / v.name, ec);
+      if (ec) s = absl::InternalError(strCat("cannot create ", (dir / v.name).string(), ": ", ec.message()));
+    } else if (first && v.kind == VolumeSpec::Kind::kHostPath) {
+      s = prepareHostPath(v);
+    }
+    if (!s.ok()) {
+      return absl::Status(s.code(), strCat("MountVolume.SetUp failed for volume \"", v.name, "\" : ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The command that starts a container inside the pod: the network
+// namespace (`ip netns exec`, which also gives it a mount namespace of its
+// own), a UTS namespace with the pod's name as host name, then each volume
+// bind-mounted at its mountPath (read-only ones remounted so), then exec.
+std::vector<std::string> PodWorker::launchPrefix(const PodAddress& address, const ContainerPlan& plan,
+                                                 const std::vector<VolumeSpec>& volumes, absl::Status& error) {
+  std::vector<std::string> prefix = env_.network->execPrefix(address);
+  if (!env_.network->usesNamespaces()) {
+    if (!plan.mounts.empty()) {
+      error = absl::FailedPreconditionError(
+          strCat("container ", plan.name, " mounts volumes, which need the kubelet's namespaces (it runs without root here)"));
+    }
+    return prefix;
+  }
+  static constexpr const char* kScript =
+      "hostname \"$0\" || exit 1\n"
+      "while [ \"$1\" != -- ]; do\n"
+      "  mount --bind \"$1\" \"$2\" || exit 1\n"
+      "  if [ \"$3\" = ro ]; then mount -o remount,bind,ro \"$2\" || exit 1; fi\n"
+      "  shift 3\n"
+      "done\n"
+      "shift\n"
+      "exec \"$@\"";
+  for (const char* a : {"unshare", "--uts", "--", "/bin/sh", "-c", kScript}) prefix.push_back(a);
+  prefix.push_back(name_.substr(0, 63));
+  std::vector<MountSpec> mounts = plan.mounts;
+  // A parent before what is mounted inside it.
+  std::sort(mounts.begin(), mounts.end(), [](const MountSpec& a, const MountSpec& b) { return a.mount_path < b.mount_path; });
+  const fs::path volumes_dir = fs::path(env_.pods_dir) / ns_ / name_ / "volumes";
+  for (const MountSpec& m : mounts) {
+    auto vol = std::find_if(volumes.begin(), volumes.end(), [&](const VolumeSpec& v) { return v.name == m.volume; });
+    const bool host = vol != volumes.end() && vol->kind == VolumeSpec::Kind::kHostPath;
+    fs::path source = host ? fs::path(vol->host_path) : volumes_dir / m.volume;
+    std::error_code ec;
+    if (!m.sub_path.empty()) {
+      source /= m.sub_path;
+      // As a real kubelet does for a directory volume: a missing subPath is created.
+      if (!fs::exists(source, ec) && vol != volumes.end() && vol->kind == VolumeSpec::Kind::kEmptyDir) {
+        fs::create_directories(source, ec);
+      }
+    }
+    if (!fs::exists(source, ec)) {
+      error = absl::FailedPreconditionError(strCat("container ", plan.name, ": ", source.string(), " (volume \"",
+                                                   m.volume, "\") does not exist"));
+      return prefix;
+    }
+    if (absl::Status s = env_.mounts->ensure(m.mount_path, !fs::is_directory(source, ec)); !s.ok()) {
+      error = absl::Status(s.code(), strCat("container ", plan.name, ": ", s.message()));
+      return prefix;
+    }
+    prefix.push_back(source.string());
+    prefix.push_back(m.mount_path);
+    prefix.push_back(m.read_only ? "ro" : "rw");
+  }
+  prefix.push_back("--");
+  return prefix;
+}
+
+// preStop (httpGet, within the grace period), then SIGTERM and SIGKILL
+// once what is left of the grace period is over.
+void PodWorker::stopContainer(Container& c, Duration grace, const std::string& ip, const k8s::ObjectReference& ref) {
+  if (c.plan.pre_stop && !c.proc->poll()) {
+    const MonoTime began = env_.clock->now();
+    const HttpProbe& hook = *c.plan.pre_stop;
+    const std::string url = strCat("http://", ip, ":", hook.port, hook.path);
+    auto r = http::httpGet(url, std::max<Duration>(grace, std::chrono::seconds(1)));
+    if (!r.ok() || r->status < 200 || r->status >= 400) {
+      const std::string why = r.ok() ? strCat("HTTP ", r->status) : std::string(r.status().message());
+      (void)env_.events->record(ref, k8s::EventType::kWarning, "FailedPreStopHook", "Kill",
+                                strCat("PreStopHook failed for container ", c.plan.name, ": GET ", url, ": ", why));
+    }
+    grace = std::max<Duration>(Duration::zero(), grace - (env_.clock->now() - began));
+  }
+  c.proc->stop(grace);
+}
+
 void PodWorker::run() {
   runContainers();
   terminate();
@@ -163,39 +273,70 @@ void PodWorker::runContainers() {
   fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
 
+  // The plan, the volumes and each container's command: tried again while
+  // what they need (a ConfigMap, a Secret) is missing.
+  const PodFacts pod_facts = facts(ip, node);
   std::vector<Container> containers;
-  absl::StatusOr<PodPlan> plan = planPod(pod, {.name = name_, .ns = ns_, .pod_ip = ip, .node_name = node,
-                                               .bin_dir = env_.bin_dir});
-  std::string plan_error;
-  if (!plan.ok()) {
-    plan_error = std::string(plan.status().message());
-    log_.warn("the pod cannot run here", {{"pod", key}, {"error", plan_error}});
-    (void)env_.events->record(ref, k8s::EventType::kWarning, "Failed", "Create", plan_error);
-  } else {
-    for (auto& c : plan->containers) {
+  std::optional<PodPlan> plan;
+  std::string plan_error, waiting_reason;
+  std::optional<MonoTime> prepare_at = env_.clock->now();
+  MonoTime volume_sync_at{};
+  const auto prepare = [&] {
+    prepare_at.reset();
+    absl::StatusOr<PodPlan> planned = planPod(pod, pod_facts);
+    absl::Status failed = planned.status();
+    waiting_reason = "CreateContainerConfigError";
+    const char* event_reason = "Failed";
+    if (failed.ok()) {
+      failed = setUpVolumes(planned->volumes, pod, pod_facts, /*first=*/true);
+      waiting_reason = "ContainerCreating";
+      event_reason = "FailedMount";
+    }
+    std::vector<Container> built;
+    for (size_t i = 0; failed.ok() && i < planned->containers.size(); ++i) {
+      ContainerPlan& c = planned->containers[i];
       Container k;
       k.log_file = (dir / (c.name + ".log")).string();
       c.spec.log_file = k.log_file;
-      c.spec.exec_prefix = env_.network->execPrefix(*address);
-      if (env_.network->usesNamespaces()) {
-        // A host name of its own (a UTS namespace), the pod's name, as on a
-        // real node: programs that name themselves after the host (the
-        // agent's default --worker) tell pods apart.
-        for (const char* a : {"unshare", "--uts", "--", "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\""}) {
-          c.spec.exec_prefix.push_back(a);
-        }
-        c.spec.exec_prefix.push_back(name_.substr(0, 63));
-      }
+      c.spec.exec_prefix = launchPrefix(*address, c, planned->volumes, failed);
       k.plan = std::move(c);
       k.restart_at = env_.clock->now();
-      containers.push_back(std::move(k));
+      built.push_back(std::move(k));
     }
-  }
+    if (!failed.ok()) {
+      plan_error = std::string(failed.message());
+      const bool waits = absl::IsNotFound(failed) || absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
+      log_.warn(waits ? "the pod waits for what it needs" : "the pod cannot run here",
+                {{"pod", key}, {"error", plan_error}});
+      (void)env_.events->record(ref, k8s::EventType::kWarning, event_reason, "Create", plan_error);
+      if (waits) prepare_at = env_.clock->now() + std::chrono::seconds(5);
+      return;
+    }
+    plan = std::move(*planned);
+    containers = std::move(built);
+    plan_error.clear();
+    volume_sync_at = env_.clock->now() + env_.volume_sync_period;
+  };
+  prepare();
 
   bool stopping = false;
   while (!stopping) {
+    if (prepare_at && *prepare_at <= env_.clock->now()) prepare();
     const MonoTime now = env_.clock->now();
     MonoTime next = now + std::chrono::seconds(1);
+    if (prepare_at) next = std::min(next, *prepare_at);
+    if (plan && volume_sync_at <= now) {
+      // ConfigMaps and Secrets change under running pods, as on a real node.
+      json latest;
+      {
+        std::lock_guard l(mu_);
+        latest = latest_;
+      }
+      if (absl::Status s = setUpVolumes(plan->volumes, latest, pod_facts, /*first=*/false); !s.ok()) {
+        log_.warn("cannot refresh the pod's volumes (the old contents stay)", {{"pod", key}, {"error", std::string(s.message())}});
+      }
+      volume_sync_at = now + env_.volume_sync_period;
+    }
     for (Container& c : containers) {
       const std::string cname = c.plan.name;
       if (c.proc) {
@@ -203,7 +344,8 @@ void PodWorker::runContainers() {
         if (!exit && c.liveness && c.liveness->failed()) {
           (void)env_.events->record(ref, k8s::EventType::kNormal, "Killing", "Kill",
                               strCat("Container ", cname, " failed liveness probe, will be restarted"));
-          exit = c.proc->stop(std::chrono::duration_cast<Duration>(plan->grace));
+          stopContainer(c, plan->grace, ip, ref);
+          exit = c.proc->poll();
         }
         if (exit) {
           (void)env_.records->remove(c.proc->pid());
@@ -296,7 +438,7 @@ void PodWorker::runContainers() {
       if (c.proc) s["containerID"] = strCat("process://", c.proc->pid());
       statuses.push_back(std::move(s));
     }
-    if (!plan.ok()) {
+    if (!plan) {
       for (const auto& c : pod["spec"].value("containers", json::array())) {
         statuses.push_back({{"name", c.value("name", "")},
                             {"ready", false},
@@ -304,7 +446,7 @@ void PodWorker::runContainers() {
                             {"restartCount", 0},
                             {"image", c.value("image", "")},
                             {"imageID", ""},
-                            {"state", waiting("CreateContainerConfigError", plan_error)},
+                            {"state", waiting(plan_error.empty() ? "ContainerCreating" : waiting_reason, plan_error)},
                             {"lastState", json::object()}});
       }
     } else {
@@ -312,7 +454,7 @@ void PodWorker::runContainers() {
         statuses[i]["image"] = pod["spec"]["containers"][i].value("image", "");
       }
     }
-    const std::string phase = !plan.ok()                 ? "Pending"
+    const std::string phase = !plan                      ? "Pending"
                               : all_finished             ? (all_zero ? "Succeeded" : "Failed")
                               : any_running              ? "Running"
                                                          : "Pending";
@@ -331,7 +473,7 @@ void PodWorker::runContainers() {
     stopping = waitForChange(next);
   }
   // Stop every container at once, each within the grace period.
-  Duration grace = plan.ok() ? plan->grace : Duration::zero();
+  Duration grace = plan ? plan->grace : Duration::zero();
   {
     std::lock_guard l(mu_);
     const json& md = latest_["metadata"];
@@ -344,8 +486,8 @@ void PodWorker::runContainers() {
   for (Container& c : containers) {
     if (!c.proc) continue;
     (void)env_.events->record(ref, k8s::EventType::kNormal, "Killing", "Kill", strCat("Stopping container ", c.plan.name));
-    stops.push_back(std::async(std::launch::async, [&c, grace, this] {
-      c.proc->stop(grace);
+    stops.push_back(std::async(std::launch::async, [&c, grace, &ip, &ref, this] {
+      stopContainer(c, grace, ip, ref);
       (void)env_.records->remove(c.proc->pid());
       c.proc.reset();
     }));
@@ -355,6 +497,9 @@ void PodWorker::runContainers() {
 
 void PodWorker::terminate() {
   const std::string key = strCat(ns_, "/", name_);
+  // Its volumes go with it (the logs stay for `kubectl logs` until the pod is gone).
+  std::error_code ec;
+  fs::remove_all(fs::path(env_.pods_dir) / ns_ / name_ / "volumes", ec);
   absl::Status removed = env_.network->removePod(strCat(ns_, ".", name_));
   if (!removed.ok()) {
     log_.warn("cannot remove the pod's network (kept in the state file; the next kubelet removes it)",

@@ -7,7 +7,12 @@
 //   plan     planPod(); a spec that cannot run here (an unknown image, no
 //            command, an unsupported field) is reported in the container's
 //            status (waiting, CreateContainerConfigError, the message names
-//            the field) and in a Warning event, and nothing runs
+//            the field) and in a Warning event, and nothing runs; a missing
+//            ConfigMap or Secret is waited for (tried again every 5 s)
+//   volumes  pod_volumes.h: written under <pods_dir>/<ns>/<pod>/volumes and
+//            bind-mounted in each container's mount namespace; configMap,
+//            secret, projected and downwardAPI volumes are re-read every
+//            volume_sync_period; FailedMount events while one cannot be set up
 //   run      each container a process (ContainerProcess), its log
 //            <pods_dir>/<ns>/<pod>/<container>.log (the previous instance's
 //            <container>.log.previous), its process group in ProcessRecords
@@ -18,7 +23,8 @@
 //   status   phase, podIP, hostIP, startTime, conditions (PodScheduled kept,
 //            Initialized, ContainersReady, Ready) and containerStatuses,
 //            written (merge patch of /status) whenever they change
-//   delete   once the pod has a deletionTimestamp: SIGTERM to every
+//   delete   once the pod has a deletionTimestamp: the preStop httpGet
+//            hook (within the grace period), then SIGTERM to every
 //            container, SIGKILL after deletionGracePeriodSeconds, the
 //            network removed, then the pod deleted with grace 0 (what lets
 //            the API server erase it)
@@ -34,6 +40,8 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/kubelet/pod_network.h"
+#include "e2e/kubelet/pod_spec.h"
+#include "e2e/kubelet/pod_volumes.h"
 #include "e2e/kubelet/process_records.h"
 #include "src/common/clock.h"
 #include "src/common/log.h"
@@ -51,6 +59,11 @@ struct PodWorkerEnv {
   std::string bin_dir;   // where images that run the local build find their commands
   std::string pods_dir;  // <pods_dir>/<ns>/<pod>/<container>.log
   std::string host_ip = "127.0.0.1";
+  MountPoints* mounts = nullptr;  // mount points created on the host
+  // In-cluster API access for the pods (empty api_host: none): the
+  // `kubernetes` Service's address, the API server's CA (PEM).
+  std::string api_host, api_port, api_ca_pem;
+  Duration volume_sync_period = std::chrono::seconds(10);  // configMap/secret volumes re-read this often
   Duration poll_interval = std::chrono::milliseconds(100);  // how often exits are noticed
 };
 
@@ -82,6 +95,12 @@ class PodWorker {
   void terminate();
   bool waitForChange(MonoTime until);
   void writeStatus(const nlohmann::json& status);
+  PodFacts facts(const std::string& ip, const std::string& node) const;
+  absl::Status setUpVolumes(const std::vector<VolumeSpec>& volumes, const nlohmann::json& pod, const PodFacts& facts,
+                            bool first);
+  std::vector<std::string> launchPrefix(const PodAddress& address, const ContainerPlan& plan,
+                                        const std::vector<VolumeSpec>& volumes, absl::Status& error);
+  void stopContainer(Container& c, Duration grace, const std::string& ip, const k8s::ObjectReference& ref);
 
   const PodWorkerEnv env_;
   const Logger log_{"kubelet"};

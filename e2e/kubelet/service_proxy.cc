@@ -13,7 +13,6 @@ using nlohmann::json;
 
 namespace {
 
-k8s::ResourceRef endpointSlicesResource() { return {"discovery.k8s.io", "v1", "endpointslices", true}; }
 
 bool isIpv4(const std::string& ip) {
   in_addr a;
@@ -42,7 +41,7 @@ absl::Status ServiceProxy::begin() {
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = k8s::servicesResource()},
       k8s::InformerHandlers::onAnyChange(onService));
   slices_ = std::make_unique<k8s::Informer>(
-      client_, SystemClock::instance(), k8s::InformerOptions{.resource = endpointSlicesResource()},
+      client_, SystemClock::instance(), k8s::InformerOptions{.resource = k8s::endpointSlicesResource()},
       k8s::InformerHandlers::onAnyChange(onSlice));
   services_->start();
   slices_->start();

@@ -14,6 +14,8 @@ ResourceRef namespacesResource() { return {"", "v1", "namespaces", false}; }
 ResourceRef deploymentsResource() { return {"apps", "v1", "deployments", true}; }
 ResourceRef leasesResource() { return {"coordination.k8s.io", "v1", "leases", true}; }
 ResourceRef eventsResource() { return {"events.k8s.io", "v1", "events", true}; }
+ResourceRef secretsResource() { return {"", "v1", "secrets", true}; }
+ResourceRef endpointSlicesResource() { return {"discovery.k8s.io", "v1", "endpointslices", true}; }
 
 std::string collectionPath(const ResourceRef& ref, std::string_view ns) {
   std::string out = ref.group.empty() ? strCat("/api/", ref.version) : strCat("/apis/", ref.group, "/", ref.version);

@@ -40,6 +40,8 @@ ResourceRef namespacesResource();
 ResourceRef deploymentsResource();
 ResourceRef leasesResource();
 ResourceRef eventsResource();  // events.k8s.io/v1
+ResourceRef secretsResource();
+ResourceRef endpointSlicesResource();  // discovery.k8s.io/v1
 
 // The collection path ("/api/v1/namespaces/ns/pods"); `ns` is ignored for
 // cluster-scoped resources.

@@ -115,8 +115,18 @@ TEST(PodSpecTest, EachBadOrUnsupportedFieldIsNamedByItsPath) {
             "spec.containers[0].env[1].valueFrom.fieldRef.fieldPath: \"status.hostIP\" is not one of metadata.name, "
             "metadata.namespace, status.podIP, spec.nodeName");
   EXPECT_EQ(msg(with("/spec/containers/0/env/1/valueFrom", json{{"secretKeyRef", json::object()}})),
-            "spec.containers[0].env[1].valueFrom: only fieldRef is supported here (not configMapKeyRef, "
-            "secretKeyRef, resourceFieldRef)");
+            "spec.containers[0].env[1].valueFrom.secretKeyRef.name: required");
+  EXPECT_EQ(msg(with("/spec/containers/0/env/1/valueFrom", json{{"resourceFieldRef", {{"resource", "limits.cpu"}}}})),
+            "spec.containers[0].env[1].valueFrom: expected fieldRef, configMapKeyRef or secretKeyRef "
+            "(resourceFieldRef is not supported here)");
+  EXPECT_EQ(msg(with("/spec/containers/0/env/1/valueFrom", json{{"configMapKeyRef", {{"name", "x"}, {"key", "k"}}}})),
+            "spec.containers[0].env[1].valueFrom.configMapKeyRef: this kubelet has no API access to read ConfigMap x");
+  EXPECT_EQ(msg(with("/spec/containers/0/lifecycle", json{{"preStop", {{"exec", {{"command", {"true"}}}}}}})),
+            "spec.containers[0].lifecycle.preStop: only httpGet hooks are supported here");
+  EXPECT_EQ(msg(with("/spec/containers/0/lifecycle", json{{"postStart", {{"httpGet", {{"port", 8100}}}}}})),
+            "spec.containers[0].lifecycle.postStart: not supported here");
+  EXPECT_EQ(msg(with("/spec/containers/0/lifecycle", json{{"preStop", {{"httpGet", {{"port", 0}}}}}})),
+            "spec.containers[0].lifecycle.preStop.httpGet.port: expected a port number 1-65535");
   EXPECT_EQ(msg(with("/spec/containers/0/ports/0/containerPort", 70000)),
             "spec.containers[0].ports[0].containerPort: expected a port number 1-65535");
   EXPECT_NE(msg(with("/spec/containers/0/resources/requests/cpu", "lots"))

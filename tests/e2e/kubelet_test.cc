@@ -424,6 +424,141 @@ TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown)
   EXPECT_TRUE(eventually([&] { return get("pods -l app=decode", "{.items[*].metadata.name}").empty(); }));
 }
 
+// The emulator over TLS with a certificate for 127.0.0.1 and the
+// `kubernetes` Service's address, as a cluster's API server has: pods get
+// in-cluster API access.
+class KubeletApiAccessTest : public KubeletTest {
+ protected:
+  std::vector<std::string> extraArgs() const override {
+    const std::string cert = dir_ + "/apiserver.pem", key = dir_ + "/apiserver.key";
+    const auto made = shell("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tandem-apiserver -keyout " +
+                            key + " -out " + cert + " -addext subjectAltName=IP:127.0.0.1,IP:10.96.0.1");
+    EXPECT_EQ(made.rc, 0) << "could not make a certificate with the openssl command line: " << made.output;
+    return {"--tls-cert", cert, "--tls-key", key};
+  }
+};
+
+TEST_F(KubeletApiAccessTest, PodsMountVolumesReadTheirConfigAndTalkToTheApiServerInCluster) {
+  const std::string mnt = "/run/tandem-test-" + std::to_string(getpid());
+  const auto withPaths = [&](std::string yaml) {
+    yaml = std::regex_replace(yaml, std::regex("@MNT@"), mnt);
+    return std::regex_replace(yaml, std::regex("@DIR@"), dir_);
+  };
+  std::filesystem::create_directories(dir_ + "/hostdir");
+  std::ofstream(dir_ + "/hostdir/marker") << "from-the-node";
+  apply("objects.yaml", R"(apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {mode: fast}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+stringData: {password: s3cret}
+)");
+  apply("reader.yaml", withPaths(R"yaml(apiVersion: v1
+kind: Pod
+metadata: {name: reader}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: tandem
+    command: [/bin/sh, -c]
+    args:
+    - |
+      echo "mode=$(cat @MNT@/settings/mode) password=$(cat @MNT@/creds/password) env=$MODE,$PW,$cfg_mode"
+      echo scratch > @MNT@/scratch/f && echo "scratch=$(cat @MNT@/scratch/f)"
+      echo "host=$(cat @MNT@/host/marker)"
+      echo "namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)"
+      touch @MNT@/settings/x 2>/dev/null && echo settings-writable || echo settings-read-only
+      echo "in-cluster: $(HOME=/tmp kubectl get service kubernetes -o name 2>&1)"
+      while true; do echo "now mode=$(cat @MNT@/settings/mode)"; sleep 1; done
+    env:
+    - {name: MODE, valueFrom: {configMapKeyRef: {name: settings, key: mode}}}
+    - {name: PW, valueFrom: {secretKeyRef: {name: creds, key: password}}}
+    envFrom: [{configMapRef: {name: settings}, prefix: cfg_}]
+    volumeMounts:
+    - {name: settings, mountPath: @MNT@/settings}
+    - {name: creds, mountPath: @MNT@/creds}
+    - {name: scratch, mountPath: @MNT@/scratch}
+    - {name: host, mountPath: @MNT@/host, readOnly: true}
+  volumes:
+  - {name: settings, configMap: {name: settings}}
+  - {name: creds, secret: {secretName: creds}}
+  - {name: scratch, emptyDir: {}}
+  - {name: host, hostPath: {path: @DIR@/hostdir, type: Directory}}
+)yaml"));
+  ASSERT_TRUE(eventually([&] { return kubectl("logs reader").output.find("in-cluster:") != std::string::npos; }, 40))
+      << kubectl("get pod reader -o yaml").output << kubeletLog();
+  const std::string logs = kubectl("logs reader").output;
+  EXPECT_THAT(logs, HasSubstr("mode=fast password=s3cret env=fast,s3cret,fast"));
+  EXPECT_THAT(logs, HasSubstr("scratch=scratch"));
+  EXPECT_THAT(logs, HasSubstr("host=from-the-node"));
+  EXPECT_THAT(logs, HasSubstr("namespace=default"));
+  EXPECT_THAT(logs, HasSubstr("settings-read-only"));
+  EXPECT_THAT(logs, HasSubstr("in-cluster: service/kubernetes")) << "kubectl in the pod, with only the pod's "
+                                                                      "service account and the kubernetes Service";
+  // The mounts are the pod's own: the host sees an empty mount point.
+  EXPECT_FALSE(std::filesystem::exists(mnt + "/settings/mode"));
+
+  // A changed ConfigMap reaches the running pod.
+  ASSERT_EQ(kubectl("patch configmap settings -p '{\"data\":{\"mode\":\"slow\"}}'").rc, 0);
+  EXPECT_TRUE(eventually([&] { return kubectl("logs reader --tail=1").output.find("now mode=slow") != std::string::npos; }, 30))
+      << kubectl("logs reader --tail=3").output;
+
+  // A pod whose ConfigMap does not exist yet waits for it, saying so.
+  apply("waiter.yaml", withPaths(R"(apiVersion: v1
+kind: Pod
+metadata: {name: waiter}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: tandem, command: [/bin/sh, -c, "cat @MNT@/later/k; sleep 1000"],
+     volumeMounts: [{name: later, mountPath: @MNT@/later}]}
+  volumes: [{name: later, configMap: {name: later}}]
+)"));
+  ASSERT_TRUE(eventually([&] { return kubectl("get events").output.find("configmap \"later\" not found") != std::string::npos; }))
+      << kubectl("get events").output;
+  EXPECT_EQ(get("pod waiter", "{.status.phase}"), "Pending");
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("FailedMount"));
+  // (kubectl create configmap sends protobuf, which the emulator does not read yet.)
+  apply("later.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: later}\ndata: {k: v}\n");
+  EXPECT_TRUE(eventually([&] { return get("pod waiter", "{.status.phase}") == "Running"; }, 30)) << kubeletLog();
+
+  auto del = kubectl("delete pod reader waiter --timeout=30s");
+  EXPECT_EQ(del.rc, 0) << del.output;
+  stopKubelet(SIGTERM);
+  EXPECT_FALSE(std::filesystem::exists(mnt)) << "the kubelet removes the mount points it created";
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/hostdir/marker"));
+}
+
+TEST_F(KubeletTest, APreStopHookRunsBeforeTheContainerIsStopped) {
+  apply("hooked.yaml", R"(apiVersion: v1
+kind: Pod
+metadata: {name: hooked}
+spec:
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: web
+    image: tandem
+    command: [/bin/sh, -c, "trap 'echo got SIGTERM; exit 0' TERM; /usr/bin/python3 -m http.server 8000 --bind 0.0.0.0 & wait"]
+    ports: [{name: http, containerPort: 8000}]
+    readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
+    lifecycle: {preStop: {httpGet: {path: "/?about-to-stop", port: http}}}
+)");
+  ASSERT_TRUE(eventually([&] { return get("pod hooked", "{.status.conditions[?(@.type==\"Ready\")].status}") == "True"; }))
+      << kubectl("get pod hooked -o yaml").output << kubeletLog();
+  auto del = kubectl("delete pod hooked --timeout=30s");
+  ASSERT_EQ(del.rc, 0) << del.output;
+  const std::string log = readFile(dir_ + "/kubelet/pods/default/hooked/web.log");
+  const size_t hook = log.find("GET /?about-to-stop"), term = log.find("got SIGTERM");
+  ASSERT_NE(hook, std::string::npos) << log;
+  ASSERT_NE(term, std::string::npos) << log;
+  EXPECT_LT(hook, term) << "the hook ran before SIGTERM";
+  EXPECT_THAT(kubectl("get events").output, ::testing::Not(HasSubstr("FailedPreStopHook")));
+}
+
 class KubeletGpuNodesTest : public KubeletTest {
  protected:
   void SetUp() override {
