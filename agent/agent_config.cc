@@ -276,6 +276,18 @@ void addKvOptions(std::vector<Option>& o) {
                }});
   o.push_back(prefillPeersOption(/*alias=*/false));
   o.push_back(prefillPeersOption(/*alias=*/true));
+  o.push_back(stringOption("decode-service", "discovery", "decode_service",
+                           "router: find the decode agents from this headless Service's EndpointSlices (port "
+                           "`http`) instead of --decode-workers",
+                           &AgentConfig::decode_service));
+  o.push_back(stringOption("prefill-service", "discovery", "prefill_service",
+                           "router and decode: find the prefill agents from this headless Service's EndpointSlices "
+                           "(port `http` for the router, `kv` for decode) instead of --prefill-workers / "
+                           "--prefill-peers",
+                           &AgentConfig::prefill_service));
+  o.push_back(stringOption("discovery-namespace", "discovery", "namespace",
+                           "the namespace of --decode-service / --prefill-service; default: the pod's own",
+                           &AgentConfig::discovery_namespace));
   o.push_back(stringOption("kv-tls", "kv", "tls",
                            "UCX transports for KV (UCX_TLS), e.g. tcp or posix,cma,tcp; empty: UCX's choice",
                            &AgentConfig::kv_tls));
@@ -472,8 +484,15 @@ absl::Status atLeast(std::initializer_list<std::pair<const char*, std::chrono::n
 absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");
   if (c.role == AgentRole::kRouter) {
-    if (c.decode_workers.empty()) {
-      return absl::InvalidArgumentError("--decode-workers (router.decode_workers) is required for role router");
+    if (c.decode_workers.empty() == c.decode_service.empty()) {
+      return absl::InvalidArgumentError(
+          "role router needs exactly one of --decode-workers (router.decode_workers) and --decode-service "
+          "(discovery.decode_service)");
+    }
+    if (!c.prefill_workers.empty() && !c.prefill_service.empty()) {
+      return absl::InvalidArgumentError(
+          "--prefill-workers (router.prefill_workers) and --prefill-service (discovery.prefill_service) exclude each "
+          "other");
     }
     TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c.routing));
     TANDEM_RETURN_IF_ERROR(atLeast({{"--worker-stale-after (router.worker_stale_after)", c.worker_stale_after},
@@ -485,9 +504,10 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
                {"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)", c.kv_heartbeat_idle_interval},
                {"--prefill-deadline-floor (kv.prefill_deadline_floor)", c.prefill_deadline_floor}},
               std::chrono::milliseconds(10), "10ms"));
-  if (c.role == AgentRole::kDecode && c.prefill_peers.empty()) {
+  if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(
-        "--prefill-peers (kv.prefill_peers) or --prefill-peer (kv.prefill_peer) is required for role decode");
+        "role decode needs exactly one of --prefill-peers (kv.prefill_peers) / --prefill-peer (kv.prefill_peer) and "
+        "--prefill-service (discovery.prefill_service)");
   }
   return absl::OkStatus();
 }

@@ -85,6 +85,13 @@ struct AgentConfig {
   // subscribes to each one's /internal/v1/events) and the policy's knobs.
   std::vector<HostPort> decode_workers;
   std::vector<HostPort> prefill_workers;
+  // Discovery instead of fixed lists (docs/routing.md "Discovery"): the
+  // headless Services whose EndpointSlices name the router's decode and
+  // prefill workers (port `http`) and a decode agent's prefill agents (port
+  // `kv`), in `discovery_namespace` (default: the pod's own).
+  std::string decode_service;
+  std::string prefill_service;
+  std::string discovery_namespace;
   routing::RouterConfig routing;
   std::chrono::nanoseconds upstream_open_timeout = std::chrono::seconds(10);  // connect; a stream's headers
   // router: a decode worker whose state stream says nothing this long is unresponsive

@@ -6,6 +6,7 @@
 
 #include "agent/agent_metrics.h"
 #include "agent/decode_service.h"
+#include "agent/discovery.h"
 #include "agent/openai_api.h"
 #include "agent/openai_http.h"
 #include "agent/openai_request.h"
@@ -79,6 +80,7 @@ struct AgentServer::Impl {
   std::unique_ptr<PdMetrics> pd_metrics;
   std::unique_ptr<PrefillService> prefill;  // role prefill
   std::unique_ptr<DecodeService> decode;    // role decode
+  std::unique_ptr<ServiceDiscovery> discovery;  // role decode with --prefill-service
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   int max_live = 0;
@@ -366,9 +368,22 @@ struct AgentServer::Impl {
                               }));
       kv_port = prefill->port();
     } else {
-      std::vector<PeerAddress> peers;  // validateAgentConfig requires one for role decode
-      for (const HostPort& p : config.prefill_peers) peers.push_back({.host = p.host, .port = p.port});
-      pd.prefill_peers = std::make_shared<StaticPeerDirectory>(std::move(peers));
+      if (config.prefill_service.empty()) {
+        std::vector<PeerAddress> peers;  // validateAgentConfig requires one for role decode
+        for (const HostPort& p : config.prefill_peers) peers.push_back({.host = p.host, .port = p.port});
+        pd.prefill_peers = std::make_shared<StaticPeerDirectory>(std::move(peers));
+      } else {
+        // The prefill agents' KV listeners from their Service (port `kv`).
+        auto directory = std::make_shared<DynamicPeerDirectory>();
+        TANDEM_ASSIGN_OR_RETURN(discovery, ServiceDiscovery::connect(config.discovery_namespace));
+        TANDEM_RETURN_IF_ERROR(
+            discovery->follow(config.prefill_service, "kv", [directory](const std::vector<HostPort>& ready) {
+              std::vector<PeerAddress> peers;
+              for (const HostPort& p : ready) peers.push_back({.host = p.host, .port = p.port});
+              directory->set(std::move(peers));
+            }));
+        pd.prefill_peers = directory;
+      }
       TANDEM_ASSIGN_OR_RETURN(decode, DecodeService::start(env, pd));
       kv_port = decode->port();
     }

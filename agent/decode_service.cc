@@ -418,8 +418,10 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // When the watchdog must next act: the earliest transfer deadline, and
   // each peer's next heartbeat.
   MonoTime nextWake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    MonoTime next = MonoTime::max();
+    // A directory that changes (discovery) is looked at every second.
+    MonoTime next = options.prefill_peers->dynamic() ? clock.now() + std::chrono::seconds(1) : MonoTime::max();
     for (size_t p = 0; p < peers.size(); ++p) {
+      if (!heartbeats(p)) continue;
       next = std::min(next, peers[p].health->nextHeartbeat(peers[p].num_inflight > 0));
     }
     for (const auto& [tid, e] : transfers) {
@@ -428,13 +430,39 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     return next;
   }
 
+  // A peer gets heartbeats while it is a member or still has transfers.
+  bool heartbeats(size_t p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return peers[p].member || peers[p].num_inflight > 0;
+  }
+
+  // The directory's current list: new prefill agents are connected, those
+  // that left are no longer chosen (what they have in flight finishes).
+  void syncPeers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<bool> was(peers.size());
+    for (size_t p = 0; p < peers.size(); ++p) was[p] = peers[p].member;
+    const std::vector<size_t> joined = peers.sync(options.prefill_peers->prefillPeers());
+    for (size_t p = 0; p < was.size(); ++p) {
+      if (was[p] != peers[p].member) {
+        log.info(peers[p].member ? "prefill agent is back in the directory" : "prefill agent left the directory",
+                 {{"peer", peers[p].name}, {"in_flight", static_cast<int64_t>(peers[p].num_inflight)}});
+      }
+    }
+    for (size_t p : joined) {
+      log.info("prefill agent joined the directory", {{"peer", peers[p].name}});
+      metrics.peerState(peers[p].name, PeerState::kHealthy);
+      ensureConnected(p);
+    }
+  }
+
   void watch() {
     absl::MutexLock lock(&mu);
     while (!stopping) {
       clock.waitUntil(cv, mu, nextWake());
       if (stopping) break;
+      if (options.prefill_peers->dynamic()) syncPeers();
       const MonoTime now = clock.now();
       for (size_t p = 0; p < peers.size(); ++p) {
+        if (!heartbeats(p)) continue;
         PeerHealth& health = *peers[p].health;
         if (now < health.nextHeartbeat(peers[p].num_inflight > 0)) continue;
         // (Reconnecting if needed, so a peer that went away can come back.)
@@ -643,7 +671,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 };
 
 absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv& env, const PdOptions& options) {
-  if (!options.prefill_peers || options.prefill_peers->prefillPeers().empty())
+  if (!options.prefill_peers || (!options.prefill_peers->dynamic() && options.prefill_peers->prefillPeers().empty()))
     return absl::InvalidArgumentError("decode role: no prefill peer configured (--prefill-peers HOST:PORT[,...])");
   auto impl = std::make_shared<Impl>(env, options);
   Impl* raw = impl.get();
@@ -707,6 +735,10 @@ uint64_t DecodeService::submit(engine::RequestSpec spec, PdUpdateCallback on_upd
 absl::Status DecodeService::checkPrefillPeer(std::string_view name) const {
   absl::MutexLock lock(&impl_->mu);
   if (impl_->peers.find(name)) return absl::OkStatus();
+  // Discovery: the router may know a prefill agent a moment before this
+  // agent does. The hint is then ignored (D picks one of its own members);
+  // an address not in the directory is never connected to.
+  if (impl_->options.prefill_peers->dynamic()) return absl::OkStatus();
   std::string known;
   for (size_t p = 0; p < impl_->peers.size(); ++p) known += strCat(p ? ", " : "", impl_->peers[p].name);
   return absl::InvalidArgumentError(

@@ -68,7 +68,8 @@ class DecodeService {
   // unhealthy: this agent picks one (PrefillPeers::choose). Returns a
   // handle for cancel().
   uint64_t submit(engine::RequestSpec spec, PdUpdateCallback on_update, const RouteHint& hint = {});
-  // OK when `name` is one of this agent's prefill peers; InvalidArgument
+  // OK when `name` is one of this agent's prefill peers (or the peers come
+  // from discovery: an unknown name is then ignored); InvalidArgument
   // naming it and the peers otherwise (the request's 400).
   absl::Status checkPrefillPeer(std::string_view name) const;
   void cancel(uint64_t handle);

@@ -1,8 +1,9 @@
 #pragma once
-// Where a decode agent finds its prefill agents. Today a static list (the
-// --prefill-peers flag); the operator's discovery will implement the same
-// interface. Thread-safe: implementations answer from any thread.
+// Where a decode agent finds its prefill agents: a static list (the
+// --prefill-peers flag) or discovery's (--prefill-service). Thread-safe:
+// implementations answer from any thread.
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ class PeerDirectory {
   // The prefill agents of this decode agent's pool, in the operator's
   // order (D's own choice breaks ties by it).
   virtual std::vector<PeerAddress> prefillPeers() const = 0;
+  // Whether the list changes while the agent runs (discovery): D then
+  // follows it and may start with none.
+  virtual bool dynamic() const { return false; }
 };
 
 // A fixed list, as configured.
@@ -32,6 +36,24 @@ class StaticPeerDirectory final : public PeerDirectory {
 
  private:
   const std::vector<PeerAddress> peers_;
+};
+
+// Kept current by discovery (agent/discovery.h): set() from any thread.
+class DynamicPeerDirectory final : public PeerDirectory {
+ public:
+  std::vector<PeerAddress> prefillPeers() const override {
+    std::lock_guard l(mu_);
+    return peers_;
+  }
+  bool dynamic() const override { return true; }
+  void set(std::vector<PeerAddress> peers) {
+    std::lock_guard l(mu_);
+    peers_ = std::move(peers);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<PeerAddress> peers_;
 };
 
 }  // namespace tandem::agent

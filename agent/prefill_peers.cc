@@ -5,15 +5,26 @@
 namespace tandem::agent {
 
 PrefillPeers::PrefillPeers(const std::vector<PeerAddress>& addresses, const PeerHealthOptions& health,
-                           const Clock& clock, const PrefillDeadlineOptions& deadline) {
-  peers_.reserve(addresses.size());
+                           const Clock& clock, const PrefillDeadlineOptions& deadline)
+    : health_(health), clock_(clock), deadline_(deadline) {
+  sync(addresses);
+}
+
+std::vector<size_t> PrefillPeers::sync(const std::vector<PeerAddress>& addresses) {
+  std::vector<size_t> joined;
+  for (Peer& p : peers_) {
+    p.member = std::any_of(addresses.begin(), addresses.end(), [&](const PeerAddress& a) { return a.name() == p.name; });
+  }
   for (const PeerAddress& a : addresses) {
+    if (find(a.name())) continue;
     Peer& p = peers_.emplace_back();
     p.address = a;
     p.name = a.name();
-    p.health = std::make_unique<PeerHealth>(health, clock);
-    p.rate = PrefillRate(deadline);
+    p.health = std::make_unique<PeerHealth>(health_, clock_);
+    p.rate = PrefillRate(deadline_);
+    joined.push_back(peers_.size() - 1);
   }
+  return joined;
 }
 
 std::optional<size_t> PrefillPeers::find(std::string_view name) const {
@@ -33,7 +44,8 @@ std::optional<size_t> PrefillPeers::byConn(transport::ConnId conn) const {
 
 std::optional<size_t> PrefillPeers::choose(std::optional<size_t> named, const std::vector<size_t>& exclude) {
   auto allowed = [&](size_t i) {
-    return peers_[i].health->healthy() && std::find(exclude.begin(), exclude.end(), i) == exclude.end();
+    return peers_[i].member && peers_[i].health->healthy() &&
+           std::find(exclude.begin(), exclude.end(), i) == exclude.end();
   };
   auto usable = [&](size_t i) { return !peers_[i].incompatible && allowed(i); };
   if (named && *named < peers_.size() && usable(*named)) return named;

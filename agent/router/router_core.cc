@@ -39,6 +39,15 @@ void RouterCore::markStale(std::string_view worker) {
   cluster_.markStale(worker);
 }
 
+void RouterCore::removeWorker(std::string_view worker) {
+  absl::MutexLock lock(&mu_);
+  cluster_.removeWorker(worker);
+  const std::string name(worker);
+  addresses_.erase(name);
+  failures_.erase(name);
+  unresponsive_since_.erase(name);
+}
+
 void RouterCore::setResponsive(std::string_view worker, bool responsive) {
   absl::MutexLock lock(&mu_);
   const std::string name(worker);

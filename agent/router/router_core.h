@@ -59,6 +59,9 @@ class RouterCore {
   // kFailedPrecondition (routing::needsResnapshot): take a fresh snapshot.
   absl::Status applyDelta(std::string_view worker, const routing::WorkerDelta& delta);
   void markStale(std::string_view worker);
+  // The worker left the router's set (discovery no longer lists it): no
+  // new decision names it; requests already sent to it end as they end.
+  void removeWorker(std::string_view worker);
   // The worker's stream went silent or cannot be opened (false), or a
   // snapshot came again (true): docs/routing.md "Liveness". An
   // unresponsive worker gets no request while a responsive one can take it.

@@ -1,10 +1,13 @@
 #include "agent/router/router_server.h"
 
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "agent/discovery.h"
 #include "agent/openai_api.h"
 #include "agent/openai_http.h"
 #include "agent/openai_request.h"
@@ -203,6 +206,9 @@ struct RouterServer::Impl {
   RouterCore core;
   AttemptWatch watch;  // before `feeds`: a feed's thread pokes it until the feeds are gone
   std::unique_ptr<WorkerFeeds> feeds;
+  std::unique_ptr<ServiceDiscovery> discovery;  // feeds the feeds; stopped before them
+  std::mutex reported_mu;
+  std::set<std::string> reported_workers;  // the per-worker series /metrics last showed
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   UpstreamPools upstreams;  // kept-alive connections to the decode workers
@@ -370,7 +376,19 @@ http::Routes routerRoutes(RouterServer::Impl& impl) {
   r.handle("GET", "/metrics", [&impl](http::Request&) {
     impl.metrics.setStaleWorkers(impl.core.numStale());
     impl.metrics.setUnresponsiveWorkers(impl.core.numUnresponsive());
-    for (const auto& w : impl.core.workerLoads()) impl.metrics.setWorkerLoad(w.name, w.sessions, w.in_flight);
+    std::set<std::string> now;
+    for (const auto& w : impl.core.workerLoads()) {
+      impl.metrics.setWorkerLoad(w.name, w.sessions, w.in_flight);
+      now.insert(w.name);
+    }
+    {
+      // A worker that left (discovery) takes its series with it.
+      std::lock_guard l(impl.reported_mu);
+      for (const std::string& gone : impl.reported_workers) {
+        if (!now.contains(gone)) impl.metrics.removeWorker(gone);
+      }
+      impl.reported_workers = std::move(now);
+    }
     return http::Response::text(200, metrics::serializeText(impl.registry), std::string(metrics::kContentType));
   });
   r.handle("GET", "/v1/models", [&impl](http::Request&) { return modelsResponse(impl.limits); });
@@ -393,6 +411,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
       [raw](const std::string&, bool) { raw->watch.poke(); });
   for (const HostPort& w : config.decode_workers) impl->feeds->add(w, routing::WorkerRole::kDecode);
   for (const HostPort& w : config.prefill_workers) impl->feeds->add(w, routing::WorkerRole::kPrefill);
+  if (!config.decode_service.empty() || !config.prefill_service.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(impl->discovery, ServiceDiscovery::connect(config.discovery_namespace));
+    for (const auto& [service, role] : {std::pair{config.decode_service, routing::WorkerRole::kDecode},
+                                        std::pair{config.prefill_service, routing::WorkerRole::kPrefill}}) {
+      if (service.empty()) continue;
+      TANDEM_RETURN_IF_ERROR(impl->discovery->follow(service, "http", [raw, role](const std::vector<HostPort>& ready) {
+        raw->feeds->sync(role, ready);
+      }));
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
                                                              .port = config.port,
@@ -418,6 +446,7 @@ RouterServer::~RouterServer() {
   // is gone stops at once), then the state streams.
   impl_->server->shutdown(Duration(0));
   impl_->calls.join();
+  impl_->discovery.reset();
   impl_->feeds.reset();
 }
 

@@ -1,5 +1,7 @@
 #include "agent/router/worker_feeds.h"
 
+#include <algorithm>
+
 #include "agent/worker_stream_client.h"
 #include "src/common/strings.h"
 
@@ -17,10 +19,41 @@ WorkerFeeds::WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Dura
     : core_(core), clock_(clock), log_(log), stale_after_(stale_after), on_liveness_(std::move(on_liveness)) {}
 
 WorkerFeeds::~WorkerFeeds() {
+  absl::MutexLock lock(&mu_);
   for (auto& f : feeds_) f->client.reset();  // no callback runs after this
 }
 
 void WorkerFeeds::add(const HostPort& address, routing::WorkerRole role) {
+  absl::MutexLock lock(&mu_);
+  addLocked(address, role);
+}
+
+void WorkerFeeds::sync(routing::WorkerRole role, const std::vector<HostPort>& addresses) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> wanted;
+  for (const HostPort& a : addresses) wanted.push_back(strCat("http://", a.host, ":", a.port));
+  for (auto it = feeds_.begin(); it != feeds_.end();) {
+    Feed& f = **it;
+    if (f.expected != role || std::find(wanted.begin(), wanted.end(), f.url) != wanted.end()) {
+      ++it;
+      continue;
+    }
+    f.client.reset();  // its callbacks have returned and none runs again
+    if (!f.name.empty()) core_.removeWorker(f.name);
+    log_.info("worker left the router's set", {{"worker", f.name}, {"url", f.url}});
+    it = feeds_.erase(it);
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const bool have = std::any_of(feeds_.begin(), feeds_.end(),
+                                  [&](const std::unique_ptr<Feed>& f) { return f->url == wanted[i]; });
+    if (!have) {
+      log_.info("worker joined the router's set", {{"url", wanted[i]}});
+      addLocked(addresses[i], role);
+    }
+  }
+}
+
+void WorkerFeeds::addLocked(const HostPort& address, routing::WorkerRole role) {
   auto feed = std::make_unique<Feed>();
   Feed* f = feed.get();
   f->url = strCat("http://", address.host, ":", address.port);

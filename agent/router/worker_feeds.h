@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_config.h"
 #include "agent/router/router_core.h"
 #include "src/common/clock.h"
@@ -33,15 +35,21 @@ class WorkerFeeds {
 
   // Subscribes to the agent whose HTTP API is at `address`.
   void add(const HostPort& address, routing::WorkerRole role);
+  // Makes the subscriptions for `role` exactly `addresses` (discovery):
+  // new ones are added; one no longer listed is closed and its worker
+  // leaves the RouterCore (RouterCore::removeWorker).
+  void sync(routing::WorkerRole role, const std::vector<HostPort>& addresses);
 
  private:
   struct Feed;
+  void addLocked(const HostPort& address, routing::WorkerRole role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RouterCore& core_;
   const Clock& clock_;
   Logger& log_;
   const Duration stale_after_;
   const LivenessCallback on_liveness_;
-  std::vector<std::unique_ptr<Feed>> feeds_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::agent

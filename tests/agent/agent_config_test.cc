@@ -128,8 +128,22 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
   EXPECT_NE(msg(parse({})).find("--model-dir (model.dir) is required"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--listen", "nowhere"})).find("expected HOST:PORT"), std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--log-format", "xml"})).find("not one of: text, json"), std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"})).find("--decode-workers (router.decode_workers) is required"),
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router"}))
+                .find("role router needs exactly one of --decode-workers (router.decode_workers) and --decode-service "
+                      "(discovery.decode_service)"),
             std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1", "--decode-service", "d"}))
+                .find("needs exactly one of --decode-workers"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-service", "d", "--prefill-workers", "p:1",
+                       "--prefill-service", "p"}))
+                .find("exclude each other"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"}))
+                .find("role decode needs exactly one of --prefill-peers (kv.prefill_peers)"),
+            std::string::npos);
+  EXPECT_TRUE(parse({"--model-dir", "m", "--role", "decode", "--prefill-service", "pool-prefill"}).ok());
+  EXPECT_TRUE(parse({"--model-dir", "m", "--role", "router", "--decode-service", "d", "--prefill-service", "p"}).ok());
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "router", "--decode-workers", "a:1,nohost"}))
                 .find("--decode-workers: expected HOST:PORT, got \"nohost\""),
             std::string::npos);
@@ -142,8 +156,6 @@ TEST(AgentConfigTest, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--route-load-floor-without-session", "yes"}))
                 .find("--route-load-floor-without-session: expected true or false, got \"yes\""),
-            std::string::npos);
-  EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode"})).find("--prefill-peer (kv.prefill_peer) is required"),
             std::string::npos);
   EXPECT_NE(msg(parse({"--model-dir", "m", "--role", "decode", "--prefill-peer", "nohost"}))
                 .find("--prefill-peer: expected HOST:PORT"),

@@ -91,5 +91,32 @@ TEST_F(PrefillPeersTest, PeersARequestLeftAreNeverChosenForIt) {
   EXPECT_FALSE(peers_.choose(std::nullopt, {0}) == 0u) << "the last resort excludes them too";
 }
 
+TEST_F(PrefillPeersTest, DiscoveryAddsPeersAtTheEndAndRetiresOnesThatLeftWithoutMovingIndexes) {
+  peers_[1].num_inflight = 1;  // a transfer holds index 1
+  const std::vector<size_t> joined = peers_.sync({{"p1", 2}, {"p3", 4}});
+  EXPECT_EQ(joined, std::vector<size_t>{3});
+  ASSERT_EQ(peers_.size(), 4u);
+  EXPECT_EQ(peers_[1].name, "p1:2") << "indexes never move";
+  EXPECT_EQ(peers_[3].name, "p3:4");
+  EXPECT_FALSE(peers_[0].member);
+  EXPECT_TRUE(peers_[1].member);
+  EXPECT_FALSE(peers_[2].member);
+  // A peer that left is never chosen, even when named; the others are.
+  EXPECT_EQ(peers_.choose(0u), 3u) << "p3 has nothing in flight";
+  for (int i = 0; i < 5; ++i) {
+    auto c = peers_.choose(std::nullopt);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_TRUE(*c == 1 || *c == 3);
+  }
+  EXPECT_EQ(peers_.find("p0:1"), 0u) << "still found: what it had in flight can finish";
+  // Listed again: a member again, same index, nothing new.
+  EXPECT_TRUE(peers_.sync({{"p0", 1}, {"p1", 2}, {"p3", 4}}).empty());
+  EXPECT_TRUE(peers_[0].member);
+  EXPECT_EQ(peers_.size(), 4u);
+  // Nobody left: nothing to choose (the request is prefilled locally).
+  peers_.sync({});
+  EXPECT_FALSE(peers_.choose(std::nullopt).has_value());
+}
+
 }  // namespace
 }  // namespace tandem::agent

@@ -360,70 +360,6 @@ spec:
 // KV over UCX between two pods' addresses, a completion goes through the
 // router's ClusterIP, and a decode agent scaled away while it streams
 // finishes the stream first (SIGTERM, the agent's drain).
-TEST_F(KubeletTest, AgentsInPodsServeThroughTheRouterServiceAndDrainOnScaleDown) {
-  const std::string model = dir_ + "/model";
-  ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + model).rc, 0);
-  // The decode agent's grace (and drain) leaves its stream time to finish
-  // even under ASan, where decoding is many times slower.
-  auto agent = [&](const std::string& name, const std::string& role, const std::string& extra, int port) {
-    return "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: " + name + "}\nspec:\n  replicas: 1\n" +
-           "  selector: {matchLabels: {app: " + name + "}}\n  template:\n    metadata: {labels: {app: " + name +
-           "}}\n    spec:\n      terminationGracePeriodSeconds: 180\n      containers:\n      - name: agent\n" +
-           "        image: tandem\n        env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n" +
-           "        command: [tandem-agent]\n        args: [--role, " + role + ", --model-dir, " + model +
-           ", --listen, '0.0.0.0:" + std::to_string(port) + "', --pool, e2e" + extra + "]\n" +
-           "        readinessProbe: {httpGet: {path: /readyz, port: " + std::to_string(port) + "}, periodSeconds: 1}\n";
-  };
-  auto podIp = [&](const std::string& app) { return get("pods -l app=" + app, "{.items[0].status.podIP}"); };
-  apply("prefill.yaml", agent("prefill", "prefill", ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp'", 8100));
-  ASSERT_EQ(kubectl("rollout status deploy/prefill --timeout=60s").rc, 0) << kubeletLog();
-  const std::string p_ip = podIp("prefill");
-  apply("decode.yaml", agent("decode", "decode",
-                             ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp', --prefill-peer, '" + p_ip +
-                                 ":8200', --drain-grace, 180s",
-                             8100));
-  ASSERT_EQ(kubectl("rollout status deploy/decode --timeout=60s").rc, 0) << kubeletLog();
-  const std::string d_ip = podIp("decode");
-  apply("router.yaml", agent("router", "router",
-                             ", --decode-workers, '" + d_ip + ":8100', --prefill-workers, '" + p_ip + ":8100'", 8000) +
-                           "---\napiVersion: v1\nkind: Service\nmetadata: {name: router}\nspec:\n"
-                           "  selector: {app: router}\n  ports: [{port: 80, targetPort: 8000}]\n");
-  ASSERT_EQ(kubectl("rollout status deploy/router --timeout=60s").rc, 0)
-      << kubectl("get pods -l app=router -o yaml").output << kubectl("logs deploy/router").output;
-  const std::string router = get("svc router", "{.spec.clusterIP}");
-  ASSERT_TRUE(eventually([&] {
-    return get("endpointslices -l kubernetes.io/service-name=router", "{.items[0].endpoints[0].conditions.ready}") ==
-           "true";
-  }));
-
-  const std::string body =
-      R"({"model":"model","prompt":"a prompt long enough to be prefilled on the prefill agent in its own pod","max_tokens":8})";
-  auto r = shell("curl -s -m 60 http://" + router + ":80/v1/completions -H 'Content-Type: application/json' -d '" + body + "'");
-  EXPECT_THAT(r.output, HasSubstr("\"choices\"")) << r.output << kubectl("logs deploy/decode").output;
-  const std::string metrics = shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output;
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tandem_request_path_total\\{[^}]*path=\"disagg\"[^}]*\\} [1-9]"))
-      << "D pulled the KV from P's pod";
-
-  // Scale D away while it streams: the stream ends with [DONE] before the process does.
-  const std::string stream_body = R"({"model":"model","prompt":"drain","max_tokens":1500,"ignore_eos":true,"stream":true})";
-  std::string streamed;
-  std::thread client([&] {
-    streamed = shell("curl -s -N -m 240 http://" + d_ip + ":8100/v1/completions -H 'Content-Type: application/json' -d '" +
-                     stream_body + "'")
-                   .output;
-  });
-  ASSERT_TRUE(eventually([&] {
-    return shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output.find("tandem_requests_running{") != std::string::npos &&
-           std::regex_search(shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output,
-                             std::regex("tandem_requests_running\\{[^}]*\\} [1-9]"));
-  })) << "the stream never started";
-  ASSERT_EQ(kubectl("scale deploy/decode --replicas=0").rc, 0);
-  client.join();
-  EXPECT_TRUE(streamed.find("data: [DONE]") != std::string::npos)
-      << "the stream was cut; its end: " << streamed.substr(streamed.size() > 300 ? streamed.size() - 300 : 0);
-  EXPECT_TRUE(eventually([&] { return get("pods -l app=decode", "{.items[*].metadata.name}").empty(); }));
-}
-
 // The emulator over TLS with a certificate for 127.0.0.1 and the
 // `kubernetes` Service's address, as a cluster's API server has: pods get
 // in-cluster API access.
@@ -557,6 +493,127 @@ spec:
   ASSERT_NE(term, std::string::npos) << log;
   EXPECT_LT(hook, term) << "the hook ran before SIGTERM";
   EXPECT_THAT(kubectl("get events").output, ::testing::Not(HasSubstr("FailedPreStopHook")));
+}
+
+// Agents in pods find each other as they would under the operator: the
+// router its decode and prefill workers, D its prefill agents, from the
+// EndpointSlices of headless Services, with the pods' own service accounts.
+TEST_F(KubeletApiAccessTest, AgentsInPodsDiscoverEachOtherServeThroughTheRouterServiceAndDrainOnScaleDown) {
+  const std::string model = dir_ + "/model";
+  ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + model).rc, 0);
+  // The decode agent's grace (and drain) leaves its stream time to finish
+  // even under ASan, where decoding is many times slower.
+  auto agent = [&](const std::string& name, const std::string& role, const std::string& extra, int port) {
+    return "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: " + name + "}\nspec:\n  replicas: 1\n" +
+           "  selector: {matchLabels: {app: " + name + "}}\n  template:\n    metadata: {labels: {app: " + name +
+           "}}\n    spec:\n      terminationGracePeriodSeconds: 180\n      containers:\n      - name: agent\n" +
+           "        image: tandem\n        env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n" +
+           "        command: [tandem-agent]\n        args: [--role, " + role + ", --model-dir, " + model +
+           ", --listen, '0.0.0.0:" + std::to_string(port) + "', --pool, e2e" + extra + "]\n" +
+           "        ports: [{name: http, containerPort: " + std::to_string(port) + "}, {name: kv, containerPort: 8200}]\n" +
+           "        readinessProbe: {httpGet: {path: /readyz, port: " + std::to_string(port) + "}, periodSeconds: 1}\n";
+  };
+  // Headless Services name the ports discovery looks for.
+  auto headless = [](const std::string& name) {
+    return "---\napiVersion: v1\nkind: Service\nmetadata: {name: " + name + "}\nspec:\n  clusterIP: None\n" +
+           "  selector: {app: " + name + "}\n  ports: [{name: http, port: 8100}, {name: kv, port: 8200}]\n";
+  };
+  auto podIps = [&](const std::string& app) { return get("pods -l app=" + app, "{.items[*].status.podIP}"); };
+  const std::string kv = ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp'";
+  apply("prefill.yaml", agent("prefill", "prefill", kv, 8100) + headless("prefill"));
+  apply("decode.yaml", agent("decode", "decode", kv + ", --prefill-service, prefill, --drain-grace, 180s", 8100) +
+                           headless("decode"));
+  apply("router.yaml", agent("router", "router", ", --decode-service, decode, --prefill-service, prefill", 8000) +
+                           "---\napiVersion: v1\nkind: Service\nmetadata: {name: router}\nspec:\n"
+                           "  selector: {app: router}\n  ports: [{port: 80, targetPort: 8000}]\n");
+  for (const char* d : {"prefill", "decode", "router"}) {
+    ASSERT_EQ(kubectl(std::string("rollout status deploy/") + d + " --timeout=90s").rc, 0)
+        << d << kubectl(std::string("logs deploy/") + d).output << kubeletLog();
+  }
+  const std::string p_ip = podIps("prefill"), d_ip = podIps("decode");
+  const std::string router = get("svc router", "{.spec.clusterIP}");
+  ASSERT_TRUE(eventually([&] {
+    return get("endpointslices -l kubernetes.io/service-name=router", "{.items[0].endpoints[0].conditions.ready}") ==
+           "true";
+  }));
+
+  const std::string body =
+      R"({"model":"model","prompt":"a prompt long enough to be prefilled on the prefill agent in its own pod","max_tokens":8})";
+  auto r = shell("curl -s -m 60 http://" + router + ":80/v1/completions -H 'Content-Type: application/json' -d '" + body + "'");
+  EXPECT_THAT(r.output, HasSubstr("\"choices\"")) << r.output << kubectl("logs deploy/decode").output
+                                                    << kubectl("logs deploy/router").output;
+  const std::string metrics = shell("curl -s -m 5 http://" + d_ip + ":8100/metrics").output;
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tandem_request_path_total\\{[^}]*path=\"disagg\"[^}]*\\} [1-9]"))
+      << "D pulled the KV from P's pod, found through the prefill Service";
+  EXPECT_THAT(kubectl("logs deploy/decode").output, HasSubstr("prefill agent joined the directory"));
+
+  // A second decode pod joins the router's set.
+  const std::string first_decode = get("pods -l app=decode", "{.items[0].metadata.name}");
+  ASSERT_EQ(kubectl("scale deploy/decode --replicas=2").rc, 0);
+  ASSERT_EQ(kubectl("rollout status deploy/decode --timeout=90s").rc, 0) << kubeletLog();
+  std::string second;
+  std::istringstream pods(get("pods -l app=decode", "{.items[*].metadata.name}"));
+  for (std::string name; pods >> name;) {
+    if (name != first_decode) second = name;
+  }
+  ASSERT_FALSE(second.empty());
+  auto routerMetrics = [&] { return shell("curl -s -m 5 http://" + router + ":80/metrics").output; };
+  auto routes = [&](const std::string& worker) {
+    return std::regex_search(routerMetrics(), std::regex("tandem_router_worker_sessions\\{[^}]*worker=\"" + worker + "\""));
+  };
+  EXPECT_TRUE(eventually([&] { return routes(first_decode) && routes(second); }, 30)) << routerMetrics();
+  ASSERT_EQ(kubectl("scale deploy/decode --replicas=1").rc, 0);
+  ASSERT_TRUE(eventually([&] { return podIps("decode").find(' ') == std::string::npos; }, 60));
+  const std::string d_left = podIps("decode");
+
+  // Scale D away while it streams: the stream ends with [DONE] before the
+  // process does, and the router drops it from its set.
+  const std::string stream_body = R"({"model":"model","prompt":"drain","max_tokens":1500,"ignore_eos":true,"stream":true})";
+  std::string streamed;
+  std::thread client([&] {
+    streamed = shell("curl -s -N -m 240 http://" + d_left + ":8100/v1/completions -H 'Content-Type: application/json' -d '" +
+                     stream_body + "'")
+                   .output;
+  });
+  ASSERT_TRUE(eventually([&] {
+    return std::regex_search(shell("curl -s -m 5 http://" + d_left + ":8100/metrics").output,
+                             std::regex("tandem_requests_running\\{[^}]*\\} [1-9]"));
+  })) << "the stream never started";
+  ASSERT_EQ(kubectl("scale deploy/decode --replicas=0").rc, 0);
+  EXPECT_TRUE(eventually([&] { return routerMetrics().find("tandem_router_worker_sessions{") == std::string::npos; }, 30))
+      << "the terminating decode pod left the router's set while it drained: " << routerMetrics();
+  client.join();
+  EXPECT_TRUE(streamed.find("data: [DONE]") != std::string::npos)
+      << "the stream was cut; its end: " << streamed.substr(streamed.size() > 300 ? streamed.size() - 300 : 0);
+  EXPECT_TRUE(eventually([&] { return get("pods -l app=decode", "{.items[*].metadata.name}").empty(); }));
+  (void)p_ip;
+}
+
+// examples/local/tiny.yaml, what `./tandem up` applies, serves as written.
+TEST_F(KubeletApiAccessTest, TheLocalExampleServesAChatCompletionThroughItsRouterService) {
+  const std::string model = dir_ + "/model";
+  ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + model).rc, 0);
+  const std::string manifest = std::regex_replace(readFile(std::string(TANDEM_SOURCE_DIR) + "/examples/local/tiny.yaml"),
+                                                  std::regex("TANDEM_MODEL_DIR"), model);
+  apply("tiny.yaml", manifest);
+  for (const char* d : {"tiny-prefill", "tiny-decode", "tiny-router"}) {
+    ASSERT_EQ(kubectl(std::string("rollout status deploy/") + d + " --timeout=90s").rc, 0)
+        << d << kubectl("get pods -o wide").output << kubectl("get events").output << kubeletLog();
+  }
+  const std::string router = get("svc tiny", "{.spec.clusterIP}");
+  const std::string body = R"({"model":"tiny","messages":[{"role":"user","content":"Hello from the example"}],"max_tokens":8})";
+  auto r = shell("curl -s -m 60 http://" + router + ":8000/v1/chat/completions -H 'Content-Type: application/json' -d '" +
+                 body + "'");
+  EXPECT_THAT(r.output, HasSubstr("\"chat.completion\"")) << r.output << kubectl("logs deploy/tiny-router").output;
+  // Both decode agents are in the router's set, found through tiny-decode.
+  auto decodeWorkers = [&] {
+    const std::string m = shell("curl -s -m 5 http://" + router + ":8000/metrics").output;
+    const std::regex series("tandem_router_worker_sessions\\{[^}]*worker=\"tiny-decode-");
+    return std::distance(std::sregex_iterator(m.begin(), m.end(), series), std::sregex_iterator());
+  };
+  EXPECT_TRUE(eventually([&] { return decodeWorkers() == 2; })) << decodeWorkers();
+  auto del = kubectl("delete -f " + dir_ + "/tiny.yaml --timeout=60s");
+  EXPECT_EQ(del.rc, 0) << del.output;
 }
 
 class KubeletGpuNodesTest : public KubeletTest {
