@@ -1,0 +1,197 @@
+#include "operator/pool.h"
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace tandem::op {
+namespace {
+
+using nlohmann::json;
+
+absl::Status fieldError(const std::string& path, std::string_view why) {
+  return absl::InvalidArgumentError(strCat(path, ": ", why));
+}
+
+const json& member(const json& j, const char* key) {
+  static const json null;
+  if (!j.is_object()) return null;
+  auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
+absl::StatusOr<std::string> str(const json& j, const char* key, const std::string& path, std::string fallback = "") {
+  const json& v = member(j, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_string()) return fieldError(strCat(path, ".", key), "expected a string");
+  return v.get<std::string>();
+}
+
+absl::StatusOr<int32_t> integer(const json& j, const char* key, const std::string& path, int32_t fallback,
+                                int64_t min, int64_t max) {
+  const json& v = member(j, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_number_integer()) return fieldError(strCat(path, ".", key), "expected an integer");
+  const int64_t n = v.get<int64_t>();
+  if (n < min || n > max) return fieldError(strCat(path, ".", key), strCat("must be between ", min, " and ", max));
+  return static_cast<int32_t>(n);
+}
+
+absl::StatusOr<std::optional<int32_t>> optInteger(const json& j, const char* key, const std::string& path, int64_t min,
+                                                  int64_t max) {
+  if (member(j, key).is_null()) return std::optional<int32_t>();
+  TANDEM_ASSIGN_OR_RETURN(int32_t n, integer(j, key, path, 0, min, max));
+  return std::optional<int32_t>(n);
+}
+
+absl::StatusOr<bool> boolean(const json& j, const char* key, const std::string& path, bool fallback) {
+  const json& v = member(j, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_boolean()) return fieldError(strCat(path, ".", key), "expected true or false");
+  return v.get<bool>();
+}
+
+absl::StatusOr<json> object(const json& j, const char* key, const std::string& path) {
+  const json& v = member(j, key);
+  if (v.is_null()) return json::object();
+  if (!v.is_object()) return fieldError(strCat(path, ".", key), "expected an object");
+  return v;
+}
+
+absl::StatusOr<json> list(const json& j, const char* key, const std::string& path) {
+  const json& v = member(j, key);
+  if (v.is_null()) return json::array();
+  if (!v.is_array()) return fieldError(strCat(path, ".", key), "expected a list");
+  return v;
+}
+
+absl::Status parseRole(const json& j, const std::string& path, bool gpus, RoleSpec& r) {
+  if (!j.is_null() && !j.is_object()) return fieldError(path, "expected an object");
+  TANDEM_ASSIGN_OR_RETURN(r.replicas, integer(j, "replicas", path, r.replicas, 0, 1000));
+  if (gpus) {
+    TANDEM_ASSIGN_OR_RETURN(r.gpus_per_pod, integer(j, "gpusPerPod", path, 0, 0, 64));
+  }
+  TANDEM_ASSIGN_OR_RETURN(r.resources, object(j, "resources", path));
+  TANDEM_ASSIGN_OR_RETURN(r.node_selector, object(j, "nodeSelector", path));
+  for (const auto& [k, v] : r.node_selector.items()) {
+    if (!v.is_string()) return fieldError(strCat(path, ".nodeSelector[\"", k, "\"]"), "expected a string");
+  }
+  TANDEM_ASSIGN_OR_RETURN(r.tolerations, list(j, "tolerations", path));
+  r.affinity = member(j, "affinity");
+  if (!r.affinity.is_null() && !r.affinity.is_object()) return fieldError(strCat(path, ".affinity"), "expected an object");
+  TANDEM_ASSIGN_OR_RETURN(r.image, str(j, "image", path));
+  TANDEM_ASSIGN_OR_RETURN(json args, list(j, "args", path));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].is_string()) return fieldError(strCat(path, ".args[", i, "]"), "expected a string");
+    r.args.push_back(args[i].get<std::string>());
+  }
+  TANDEM_ASSIGN_OR_RETURN(r.env, list(j, "env", path));
+  for (size_t i = 0; i < r.env.size(); ++i) {
+    if (!r.env[i].is_object() || !member(r.env[i], "name").is_string()) {
+      return fieldError(strCat(path, ".env[", i, "]"), "expected an object with a name");
+    }
+  }
+  // A GPU count belongs to gpusPerPod: two places for one number would disagree.
+  for (const char* section : {"requests", "limits"}) {
+    if (member(member(r.resources, section), "nvidia.com/gpu").is_null()) continue;
+    return fieldError(strCat(path, ".resources.", section, "[\"nvidia.com/gpu\"]"), "set GPUs with gpusPerPod instead");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status parseTrafficClass(const json& j, const std::string& path, TrafficClass& t) {
+  if (!j.is_null() && !j.is_object()) return fieldError(path, "expected an object");
+  TANDEM_ASSIGN_OR_RETURN(t.infiniband_service_level, optInteger(j, "infinibandServiceLevel", path, 0, 15));
+  TANDEM_ASSIGN_OR_RETURN(t.traffic_class, optInteger(j, "trafficClass", path, 0, 255));
+  return absl::OkStatus();
+}
+
+bool isDns1035Label(std::string_view s) {
+  if (s.empty() || s.size() > 63 || !(s[0] >= 'a' && s[0] <= 'z') || s.back() == '-') return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* roleName(Role role) {
+  switch (role) {
+    case Role::kPrefill:
+      return "prefill";
+    case Role::kDecode:
+      return "decode";
+    case Role::kRouter:
+      return "router";
+  }
+  return "?";
+}
+
+std::string childName(const PoolSpec& pool, Role role) { return strCat(pool.name, "-", roleName(role)); }
+
+absl::StatusOr<PoolSpec> parsePool(const json& pool) {
+  PoolSpec p;
+  const json& md = member(pool, "metadata");
+  TANDEM_ASSIGN_OR_RETURN(p.name, str(md, "name", "metadata"));
+  TANDEM_ASSIGN_OR_RETURN(p.ns, str(md, "namespace", "metadata", "default"));
+  TANDEM_ASSIGN_OR_RETURN(p.uid, str(md, "uid", "metadata"));
+  if (const json& g = member(md, "generation"); g.is_number_integer()) p.generation = g.get<int64_t>();
+  // Its pods are <pool>-decode-<10>-<5>: 40 characters leave that a DNS label.
+  if (!isDns1035Label(p.name) || p.name.size() > 40) {
+    return fieldError("metadata.name",
+                      strCat("\"", p.name, "\" must be a DNS-1035 label of at most 40 characters (its children's names "
+                                       "add a role and two hashes)"));
+  }
+  const json& spec = member(pool, "spec");
+  if (!spec.is_object()) return fieldError("spec", "required");
+  const json& model = member(spec, "model");
+  if (!model.is_object()) return fieldError("spec.model", "required");
+  TANDEM_ASSIGN_OR_RETURN(p.model_name, str(model, "name", "spec.model"));
+  if (p.model_name.empty()) return fieldError("spec.model.name", "required");
+  TANDEM_ASSIGN_OR_RETURN(p.model_path, str(model, "path", "spec.model"));
+  TANDEM_ASSIGN_OR_RETURN(p.model_pvc, str(model, "pvc", "spec.model"));
+  if (!p.model_path.empty() && !p.model_pvc.empty()) return fieldError("spec.model", "give path or pvc, not both");
+  if (!p.model_path.empty() && p.model_path[0] != '/') {
+    return fieldError("spec.model.path", strCat("\"", p.model_path, "\" must be an absolute path on the node"));
+  }
+  if (p.model_path.empty() && p.model_pvc.empty()) p.model_path = strCat("/models/", p.model_name);
+  TANDEM_ASSIGN_OR_RETURN(p.model_fingerprint, str(model, "fingerprint", "spec.model"));
+  TANDEM_ASSIGN_OR_RETURN(p.image, str(spec, "image", "spec", p.image));
+  if (p.image.empty()) return fieldError("spec.image", "must not be empty");
+
+  const json& engine = member(spec, "engine");
+  TANDEM_ASSIGN_OR_RETURN(p.block_size, integer(engine, "blockSize", "spec.engine", p.block_size, 1, 1024));
+  TANDEM_ASSIGN_OR_RETURN(p.num_blocks, integer(engine, "numBlocks", "spec.engine", p.num_blocks, 1, 16777216));
+  TANDEM_ASSIGN_OR_RETURN(p.max_batched_tokens,
+                          integer(engine, "maxBatchedTokens", "spec.engine", p.max_batched_tokens, 1, 1048576));
+  TANDEM_ASSIGN_OR_RETURN(p.max_num_seqs, optInteger(engine, "maxNumSeqs", "spec.engine", 1, 65536));
+  TANDEM_ASSIGN_OR_RETURN(p.max_model_len, optInteger(engine, "maxModelLen", "spec.engine", 1, 16777216));
+
+  TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "prefill"), "spec.prefill", true, p.prefill));
+  TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "decode"), "spec.decode", true, p.decode));
+  TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "router"), "spec.router", false, p.router));
+  TANDEM_ASSIGN_OR_RETURN(p.router_policy, object(member(spec, "router"), "policy", "spec.router"));
+
+  TANDEM_ASSIGN_OR_RETURN(p.autoscaling, boolean(member(spec, "autoscaling"), "enabled", "spec.autoscaling", false));
+  const json& net = member(spec, "network");
+  TANDEM_RETURN_IF_ERROR(parseTrafficClass(member(net, "kvTrafficClass"), "spec.network.kvTrafficClass", p.kv_traffic));
+  TANDEM_RETURN_IF_ERROR(parseTrafficClass(member(net, "collectiveTrafficClass"), "spec.network.collectiveTrafficClass",
+                                           p.collective_traffic));
+  if (const json& rdma = member(net, "rdmaResource"); !rdma.is_null()) {
+    if (!rdma.is_object()) return fieldError("spec.network.rdmaResource", "expected an object");
+    TANDEM_ASSIGN_OR_RETURN(p.rdma_resource, str(rdma, "name", "spec.network.rdmaResource"));
+    if (p.rdma_resource.empty()) return fieldError("spec.network.rdmaResource.name", "required");
+    TANDEM_ASSIGN_OR_RETURN(p.rdma_count, integer(rdma, "count", "spec.network.rdmaResource", 1, 1, 64));
+  }
+  TANDEM_ASSIGN_OR_RETURN(json attachments, list(net, "attachments", "spec.network"));
+  for (size_t i = 0; i < attachments.size(); ++i) {
+    if (!attachments[i].is_string() || attachments[i].get<std::string>().empty()) {
+      return fieldError(strCat("spec.network.attachments[", i, "]"), "expected a network attachment's name");
+    }
+    p.attachments.push_back(attachments[i].get<std::string>());
+  }
+  TANDEM_ASSIGN_OR_RETURN(p.ipc_lock, boolean(net, "ipcLock", "spec.network", false));
+  return p;
+}
+
+}  // namespace tandem::op

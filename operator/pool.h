@@ -1,0 +1,79 @@
+#pragma once
+// An InferencePool as the operator reads it (crds/inferencepool.yaml,
+// docs/operator.md): the typed spec, with the API server's defaults where
+// a field is absent (so a pool stored without them reads the same), and
+// the checks a structural schema cannot make. Errors name the field by its
+// path (spec.decode.replicas: ...); the reconciler reports them as the
+// pool's Degraded condition.
+//
+// Pure.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::op {
+
+enum class Role { kPrefill, kDecode, kRouter };
+inline constexpr Role kRoles[] = {Role::kPrefill, Role::kDecode, Role::kRouter};
+const char* roleName(Role role);  // "prefill", "decode", "router"
+
+struct RoleSpec {
+  int32_t replicas = 0;
+  int32_t gpus_per_pod = 0;
+  nlohmann::json resources = nlohmann::json::object();  // requests/limits as written
+  nlohmann::json node_selector = nlohmann::json::object();
+  nlohmann::json tolerations = nlohmann::json::array();
+  nlohmann::json affinity;  // null when absent
+  std::string image;        // "" : the pool's
+  std::vector<std::string> args;
+  nlohmann::json env = nlohmann::json::array();
+};
+
+struct TrafficClass {
+  std::optional<int32_t> infiniband_service_level;  // 0-15
+  std::optional<int32_t> traffic_class;             // 0-255
+  bool empty() const { return !infiniband_service_level && !traffic_class; }
+};
+
+struct PoolSpec {
+  // metadata
+  std::string name, ns, uid;
+  int64_t generation = 0;
+  // spec.model
+  std::string model_name;
+  std::string model_path;  // hostPath on the node; default /models/<name>
+  std::string model_pvc;   // instead of model_path
+  std::string model_fingerprint;
+  std::string image = "ghcr.io/tandem-serving/tandem:dev";
+  // spec.engine
+  int32_t block_size = 16, num_blocks = 512, max_batched_tokens = 512;
+  std::optional<int32_t> max_num_seqs, max_model_len;
+  RoleSpec prefill{.replicas = 1}, decode{.replicas = 2}, router{.replicas = 1};
+  nlohmann::json router_policy = nlohmann::json::object();  // spec.router.policy
+  bool autoscaling = false;
+  // spec.network
+  TrafficClass kv_traffic, collective_traffic;
+  std::string rdma_resource;  // "" : none
+  int32_t rdma_count = 1;
+  std::vector<std::string> attachments;
+  bool ipc_lock = false;
+
+  const RoleSpec& role(Role r) const { return r == Role::kPrefill ? prefill : r == Role::kDecode ? decode : router; }
+};
+
+// InvalidArgument naming the field for what is wrong.
+absl::StatusOr<PoolSpec> parsePool(const nlohmann::json& pool);
+
+// Child names: "<pool>-prefill", "<pool>-decode", "<pool>-router" (the
+// Deployments, and the headless Services of prefill and decode); the router
+// Service is "<pool>"; the agent ConfigMap and ServiceAccount
+// "<pool>-agent"; the discovery Role and RoleBinding "<pool>-discovery".
+std::string childName(const PoolSpec& pool, Role role);
+
+}  // namespace tandem::op

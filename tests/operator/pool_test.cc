@@ -1,0 +1,97 @@
+// An InferencePool's spec as the operator reads it (operator/pool.h):
+// defaults where fields are absent, and each check a schema cannot make
+// named by its path.
+
+#include "operator/pool.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::op {
+namespace {
+
+using nlohmann::json;
+
+json minimalPool() {
+  return json::parse(R"({"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferencePool",
+    "metadata": {"name": "tiny", "namespace": "serving", "uid": "u-1", "generation": 3},
+    "spec": {"model": {"name": "tiny"}}})");
+}
+
+TEST(PoolTest, AbsentFieldsTakeTheSchemasDefaults) {
+  auto p = parsePool(minimalPool());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->name, "tiny");
+  EXPECT_EQ(p->ns, "serving");
+  EXPECT_EQ(p->generation, 3);
+  EXPECT_EQ(p->model_path, "/models/tiny");
+  EXPECT_EQ(p->prefill.replicas, 1);
+  EXPECT_EQ(p->decode.replicas, 2);
+  EXPECT_EQ(p->router.replicas, 1);
+  EXPECT_EQ(p->block_size, 16);
+  EXPECT_EQ(p->num_blocks, 512);
+  EXPECT_FALSE(p->autoscaling);
+  EXPECT_TRUE(p->kv_traffic.empty());
+  EXPECT_EQ(childName(*p, Role::kDecode), "tiny-decode");
+}
+
+TEST(PoolTest, EveryFieldIsRead) {
+  json pool = minimalPool();
+  pool["spec"] = json::parse(R"({
+    "model": {"name": "llama", "pvc": "models", "fingerprint": "0123456789abcdef"},
+    "image": "registry.example/tandem:1.0",
+    "engine": {"blockSize": 32, "numBlocks": 4096, "maxBatchedTokens": 8192, "maxNumSeqs": 128, "maxModelLen": 131072},
+    "prefill": {"replicas": 2, "gpusPerPod": 8, "nodeSelector": {"pool": "h100"}, "args": ["--kv-tls", "rc,cuda_copy"]},
+    "decode": {"replicas": 4, "gpusPerPod": 8, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    "router": {"replicas": 2, "policy": {"stickyWeight": 2.5}},
+    "autoscaling": {"enabled": true},
+    "network": {"kvTrafficClass": {"infinibandServiceLevel": 1, "trafficClass": 96},
+                "collectiveTrafficClass": {"infinibandServiceLevel": 0, "trafficClass": 104},
+                "rdmaResource": {"name": "rdma/ib", "count": 1}, "attachments": ["sriov-ib0"], "ipcLock": true}
+  })");
+  auto p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->model_pvc, "models");
+  EXPECT_TRUE(p->model_path.empty());
+  EXPECT_EQ(p->max_model_len, 131072);
+  EXPECT_EQ(p->prefill.gpus_per_pod, 8);
+  EXPECT_EQ(p->prefill.args, (std::vector<std::string>{"--kv-tls", "rc,cuda_copy"}));
+  EXPECT_EQ(p->decode.replicas, 4);
+  EXPECT_EQ(p->router_policy["stickyWeight"], 2.5);
+  EXPECT_TRUE(p->autoscaling);
+  EXPECT_EQ(p->kv_traffic.infiniband_service_level, 1);
+  EXPECT_EQ(p->collective_traffic.traffic_class, 104);
+  EXPECT_EQ(p->rdma_resource, "rdma/ib");
+  EXPECT_EQ(p->attachments, std::vector<std::string>{"sriov-ib0"});
+  EXPECT_TRUE(p->ipc_lock);
+}
+
+TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
+  auto msg = [](const char* path, json value) {
+    json pool = minimalPool();
+    pool[json::json_pointer(path)] = std::move(value);
+    return std::string(parsePool(pool).status().message());
+  };
+  EXPECT_EQ(msg("/metadata/name", "a-very-long-pool-name-that-leaves-no-room-for-pods"),
+            "metadata.name: \"a-very-long-pool-name-that-leaves-no-room-for-pods\" must be a DNS-1035 label of at "
+            "most 40 characters (its children's names add a role and two hashes)");
+  EXPECT_EQ(msg("/metadata/name", "9lives"), "metadata.name: \"9lives\" must be a DNS-1035 label of at most 40 "
+                                             "characters (its children's names add a role and two hashes)");
+  EXPECT_EQ(msg("/spec/model", json::object()), "spec.model.name: required");
+  EXPECT_EQ(msg("/spec/model/path", "models/tiny"), "spec.model.path: \"models/tiny\" must be an absolute path on the node");
+  EXPECT_EQ(msg("/spec/model", json{{"name", "tiny"}, {"path", "/m"}, {"pvc", "m"}}), "spec.model: give path or pvc, not both");
+  EXPECT_EQ(msg("/spec/decode/replicas", -1), "spec.decode.replicas: must be between 0 and 1000");
+  EXPECT_EQ(msg("/spec/decode/resources", json::parse(R"({"limits": {"nvidia.com/gpu": 1}})")),
+            "spec.decode.resources.limits[\"nvidia.com/gpu\"]: set GPUs with gpusPerPod instead");
+  EXPECT_EQ(msg("/spec/network/kvTrafficClass", json{{"infinibandServiceLevel", 16}}),
+            "spec.network.kvTrafficClass.infinibandServiceLevel: must be between 0 and 15");
+  EXPECT_EQ(msg("/spec/network/collectiveTrafficClass", json{{"trafficClass", 300}}),
+            "spec.network.collectiveTrafficClass.trafficClass: must be between 0 and 255");
+  EXPECT_EQ(msg("/spec/prefill/args", json::array({1})), "spec.prefill.args[0]: expected a string");
+  EXPECT_EQ(msg("/spec/router/env", json::array({json::object()})), "spec.router.env[0]: expected an object with a name");
+  EXPECT_EQ(msg("/spec/network/attachments", json::array({""})),
+            "spec.network.attachments[0]: expected a network attachment's name");
+  EXPECT_EQ(std::string(parsePool(json{{"metadata", {{"name", "x"}}}}).status().message()), "spec: required");
+}
+
+}  // namespace
+}  // namespace tandem::op
