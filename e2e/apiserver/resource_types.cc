@@ -87,6 +87,11 @@ std::vector<ResourceType> builtinResourceTypes() {
   types.push_back(rs);
   types.push_back(builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", true));
   types.push_back(builtin("coordination.k8s.io", "v1", "Lease", "leases", true));
+  // RBAC objects are stored (the operator and the chart create them); nothing enforces them yet.
+  types.push_back(builtin("rbac.authorization.k8s.io", "v1", "Role", "roles", true));
+  types.push_back(builtin("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", true));
+  types.push_back(builtin("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", false));
+  types.push_back(builtin("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", false));
   auto event = builtin("events.k8s.io", "v1", "Event", "events", true, {"ev"});
   event.columns = {{"Type", "string", "", "", ".type"},
                    {"Reason", "string", "", "", ".reason"},

@@ -76,6 +76,38 @@ spec:
   EXPECT_THAT(kubectl("-n team get deploy web").output, HasSubstr("NotFound"));
 }
 
+// RBAC objects are stored and listed (the operator and the chart make them;
+// nothing enforces them yet).
+TEST_F(KubectlBuiltinTest, RbacObjectsAreStored) {
+  auto r = kubectl("apply -f " + writeTemp("rbac.yaml", R"(apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: discovery}
+rules: [{apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: discovery}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: discovery}
+subjects: [{kind: ServiceAccount, name: agent, namespace: default}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tandem-operator}
+rules: [{apiGroups: [apps], resources: [deployments], verbs: [get, list, watch, patch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tandem-operator}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tandem-operator}
+subjects: [{kind: ServiceAccount, name: operator, namespace: tandem-system}]
+)"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(kubectl("get role discovery -o jsonpath={.rules[0].resources[0]}").output, "endpointslices");
+  EXPECT_EQ(kubectl("get rolebinding discovery -o jsonpath={.subjects[0].name}").output, "agent");
+  EXPECT_EQ(kubectl("get clusterrole tandem-operator -o jsonpath={.rules[0].verbs[3]}").output, "patch");
+  EXPECT_EQ(kubectl("get clusterrolebinding tandem-operator -o jsonpath={.roleRef.name}").output, "tandem-operator");
+}
+
 TEST_F(KubectlBuiltinTest, GarbageCollectorDeletesDependentsOfDeletedOwner) {
   std::string deploy = writeTemp("deploy.yaml", R"(apiVersion: apps/v1
 kind: Deployment
