@@ -413,10 +413,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
   for (const HostPort& w : config.prefill_workers) impl->feeds->add(w, routing::WorkerRole::kPrefill);
   if (!config.decode_service.empty() || !config.prefill_service.empty()) {
     TANDEM_ASSIGN_OR_RETURN(impl->discovery, ServiceDiscovery::connect(config.discovery_namespace));
-    for (const auto& [service, role] : {std::pair{config.decode_service, routing::WorkerRole::kDecode},
-                                        std::pair{config.prefill_service, routing::WorkerRole::kPrefill}}) {
-      if (service.empty()) continue;
-      TANDEM_RETURN_IF_ERROR(impl->discovery->follow(service, "http", [raw, role](const std::vector<HostPort>& ready) {
+    for (const auto& followed : {std::pair{config.decode_service, routing::WorkerRole::kDecode},
+                                 std::pair{config.prefill_service, routing::WorkerRole::kPrefill}}) {
+      if (followed.first.empty()) continue;
+      const routing::WorkerRole role = followed.second;
+      TANDEM_RETURN_IF_ERROR(impl->discovery->follow(followed.first, "http", [raw, role](const std::vector<HostPort>& ready) {
         raw->feeds->sync(role, ready);
       }));
     }

@@ -17,96 +17,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tests/e2e/apiserver_fixture.h"
+#include "tests/e2e/kubelet_fixture.h"
 
 namespace tandem::e2e {
 namespace {
 
 using ::testing::HasSubstr;
-
-class KubeletTest : public ApiServerFixture {
- protected:
-  void SetUp() override {
-    ApiServerFixture::SetUp();
-    const int tag = getpid() % 100000;
-    bridge_ = "tndk" + std::to_string(tag);
-    cidr_prefix_ = "10.245." + std::to_string(tag % 250) + ".";
-    startKubelet();
-  }
-
-  void TearDown() override {
-    stopKubelet(SIGTERM);
-    const std::string links = shell("ip -br link show type bridge").output;
-    EXPECT_THAT(links, ::testing::Not(HasSubstr(bridge_))) << "the kubelet left its bridge";
-    // A kubelet that crashed left its network: remove what its state file
-    // lists, so the next test starts clean (the failure is reported above).
-    std::ifstream state(dir_ + "/kubelet/network.json");
-    std::string kind, name;
-    while (state >> kind >> name) {
-      if (kind == "netns") shell("ip netns del " + name);
-      if (kind == "veth" || kind == "bridge") shell("ip link del " + name);
-    }
-    // And its containers' process groups.
-    const std::string records = readFile(dir_ + "/kubelet/processes.json");
-    std::smatch m;
-    for (std::string rest = records; std::regex_search(rest, m, std::regex("\"pgid\":([0-9]+)")); rest = m.suffix()) {
-      kill(-std::stoi(m[1]), SIGKILL);
-    }
-    ApiServerFixture::TearDown();
-  }
-
-  void startKubelet() {
-    const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-kubelet";
-    std::vector<std::string> args = {exe,         "--kubeconfig", kubeconfig_, "--state-dir", dir_ + "/kubelet",
-                                     "--bridge",  bridge_,        "--pod-cidr",  cidr_prefix_ + "0/24",
-                                     "--stop-grace", "2"};
-    for (const auto& n : nodes_) {
-      args.push_back("--node");
-      args.push_back(n);
-    }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string log = dir_ + "/kubelet.log";
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    ASSERT_EQ(posix_spawn(&kubelet_, exe.c_str(), &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ASSERT_TRUE(waitFor([&] { return kubectl("get nodes").output.find("True") != std::string::npos; },
-                        std::chrono::seconds(20)))
-        << readFile(log);
-  }
-
-  void stopKubelet(int sig) {
-    if (kubelet_ <= 0) return;
-    kill(kubelet_, sig);
-    int status = 0;
-    if (!waitFor([&] { return waitpid(kubelet_, &status, WNOHANG) == kubelet_; }, std::chrono::seconds(30))) {
-      ADD_FAILURE() << "tandem-kubelet did not exit after signal " << sig;
-      kill(kubelet_, SIGKILL);
-      waitpid(kubelet_, &status, 0);
-    }
-    kubelet_ = -1;
-  }
-
-  void apply(const std::string& name, const std::string& yaml) {
-    auto r = kubectl("apply -f " + writeTemp(name, yaml));
-    ASSERT_EQ(r.rc, 0) << r.output;
-  }
-  std::string get(const std::string& what, const std::string& jsonpath) {
-    return kubectl("get " + what + " -o 'jsonpath=" + jsonpath + "'").output;
-  }
-  bool eventually(const std::function<bool()>& f, int seconds = 20) {
-    return waitFor(f, std::chrono::seconds(seconds));
-  }
-  std::string kubeletLog() { return readFile(dir_ + "/kubelet.log"); }
-
-  std::string bridge_, cidr_prefix_;
-  std::vector<std::string> nodes_;
-  pid_t kubelet_ = -1;
-};
 
 // A container that prints its environment and then serves HTTP on 8000.
 constexpr const char* kWebPod = R"yaml(apiVersion: v1
@@ -355,24 +271,6 @@ spec:
   ASSERT_EQ(kubectl("delete deploy echo").rc, 0);
   for (const auto& p : pods) std::filesystem::remove_all("/tmp/tndk-" + p);
 }
-
-// Agents from the local build in pods: a decode agent pulls a prefill agent's
-// KV over UCX between two pods' addresses, a completion goes through the
-// router's ClusterIP, and a decode agent scaled away while it streams
-// finishes the stream first (SIGTERM, the agent's drain).
-// The emulator over TLS with a certificate for 127.0.0.1 and the
-// `kubernetes` Service's address, as a cluster's API server has: pods get
-// in-cluster API access.
-class KubeletApiAccessTest : public KubeletTest {
- protected:
-  std::vector<std::string> extraArgs() const override {
-    const std::string cert = dir_ + "/apiserver.pem", key = dir_ + "/apiserver.key";
-    const auto made = shell("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tandem-apiserver -keyout " +
-                            key + " -out " + cert + " -addext subjectAltName=IP:127.0.0.1,IP:10.96.0.1");
-    EXPECT_EQ(made.rc, 0) << "could not make a certificate with the openssl command line: " << made.output;
-    return {"--tls-cert", cert, "--tls-key", key};
-  }
-};
 
 TEST_F(KubeletApiAccessTest, PodsMountVolumesReadTheirConfigAndTalkToTheApiServerInCluster) {
   const std::string mnt = "/run/tandem-test-" + std::to_string(getpid());

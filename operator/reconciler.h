@@ -1,0 +1,91 @@
+#pragma once
+// The InferencePool reconciler (docs/operator.md "Reconciler"):
+// level-triggered and idempotent. Informers follow the pools and every
+// object the operator manages (label app.kubernetes.io/managed-by=
+// tandem-operator), a change to any of them queues its pool, and one
+// reconcile of a pool
+//
+//   1. reads the pool (gone: nothing to do, its children go with it through
+//      their owner references);
+//   2. parses it (operator/pool.h); an invalid spec becomes Degraded with
+//      the field's message and a Warning event, once per generation;
+//   3. server-side-applies each child (operator/children.h, field manager
+//      tandem-operator, forced) whose observed object does not already hold
+//      what it should (no write when nothing differs); a Deployment whose
+//      replicas were edited directly is reverted with a Warning event
+//      saying the pool is the source of truth;
+//   4. writes the status computed from the observed children and pods
+//      (operator/pool_status.h) when it differs from the stored one.
+//
+// Events on every decision (Created, Scaled, Updated, ChildEdited,
+// InvalidSpec). Metrics: tandem_operator_reconcile_total{result}
+// (success, error, invalid) and tandem_operator_reconcile_seconds.
+//
+// Thread-safety: start() and stop() from one thread; the work runs on the
+// reconciler's own threads.
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "src/common/clock.h"
+#include "src/common/log.h"
+#include "src/k8s/client.h"
+#include "src/k8s/event_recorder.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/work_queue.h"
+#include "src/metrics/metrics.h"
+
+namespace tandem::op {
+
+struct ReconcilerOptions {
+  std::string ns;  // "" : every namespace
+  int workers = 2;
+  Duration resync = std::chrono::minutes(5);  // every pool looked at again this often
+  std::string identity = "tandem-operator";   // reportingInstance of its events
+};
+
+k8s::ResourceRef inferencePoolsResource();
+
+// Whether `observed` already holds every field `desired` sets (objects:
+// each key, recursively; lists: the same length, element by element;
+// numbers compared by value). Fields the server added do not matter.
+bool holds(const nlohmann::json& observed, const nlohmann::json& desired);
+
+class Reconciler {
+ public:
+  // Starts the informers and waits (up to 30 s) until they have listed.
+  static absl::StatusOr<std::unique_ptr<Reconciler>> start(k8s::Client& client, metrics::Registry& registry,
+                                                           ReconcilerOptions options);
+  ~Reconciler();  // stop()s
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
+
+  void stop();  // idempotent
+
+ private:
+  Reconciler(k8s::Client& client, metrics::Registry& registry, ReconcilerOptions options);
+  absl::Status begin();
+  void work();
+  // One pass over the pool `key` ("ns/name").
+  absl::Status reconcile(const std::string& key, std::string* result);
+  void enqueueOwner(const nlohmann::json& child);
+
+  k8s::Client& client_;
+  const ReconcilerOptions options_;
+  const Logger log_{"operator"};
+  metrics::Family<metrics::Counter>& reconciles_;
+  metrics::Histogram& reconcile_seconds_;
+  std::unique_ptr<k8s::EventRecorder> events_;
+  k8s::WorkQueue queue_;
+  std::unique_ptr<k8s::Informer> pools_, deployments_, services_, config_maps_, service_accounts_, roles_,
+      role_bindings_, pods_;
+  std::vector<std::thread> workers_;
+  bool stopped_ = false;
+};
+
+}  // namespace tandem::op

@@ -1,0 +1,180 @@
+// tandem-operator on the local cluster (label operator; root, for the pod
+// network), driven by the real kubectl: a pool becomes its children and
+// Ready, serves through its router Service, scales decode up and down while
+// streams run, reverts a direct edit of a child, and leaves nothing when
+// deleted; invalid pools are refused or reported.
+
+#include <atomic>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/kubelet_fixture.h"
+
+namespace tandem::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+class OperatorTest : public KubeletApiAccessTest {
+ protected:
+  void SetUp() override {
+    KubeletApiAccessTest::SetUp();
+    auto crd = kubectl(std::string("apply -f ") + TANDEM_SOURCE_DIR + "/crds/inferencepool.yaml");
+    ASSERT_EQ(crd.rc, 0) << crd.output;
+    ASSERT_TRUE(eventually([&] { return kubectl("get tpool").rc == 0; })) << "the CRD is not served";
+    port_ = 20000 + getpid() % 20000;
+    const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-operator";
+    std::vector<std::string> args = {exe, "--kubeconfig", kubeconfig_, "--listen", "127.0.0.1:" + std::to_string(port_)};
+    operator_ = spawnLogged(args, dir_ + "/operator.log");
+    ASSERT_GT(operator_, 0) << "cannot start " << exe;
+    ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + dir_ + "/model").rc, 0);
+  }
+  void TearDown() override {
+    if (operator_ > 0) {
+      kill(operator_, SIGTERM);
+      int status = 0;
+      if (!waitFor([&] { return waitpid(operator_, &status, WNOHANG) == operator_; }, std::chrono::seconds(20))) {
+        ADD_FAILURE() << "tandem-operator did not exit on SIGTERM";
+        kill(operator_, SIGKILL);
+        waitpid(operator_, &status, 0);
+      }
+    }
+    KubeletApiAccessTest::TearDown();
+  }
+  std::string operatorLog() { return readFile(dir_ + "/operator.log"); }
+  std::string pool(const std::string& name, const std::string& extra_spec) {
+    return "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: " + name +
+           "}\nspec:\n  model: {name: tiny, path: " + dir_ + "/model}\n  image: tandem\n" + extra_spec;
+  }
+  std::string condition(const std::string& pool, const std::string& type, const std::string& field) {
+    return get("tpool " + pool, "{.status.conditions[?(@.type==\"" + type + "\")]." + field + "}");
+  }
+
+  pid_t operator_ = -1;
+  int port_ = 0;
+};
+
+TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothingWhenDeleted) {
+  apply("pool.yaml", pool("tiny", R"(  prefill: {args: [--kv-tls, "posix,cma,tcp"]}
+  decode: {replicas: 1, args: [--kv-tls, "posix,cma,tcp"]}
+  network:
+    kvTrafficClass: {infinibandServiceLevel: 1, trafficClass: 96}
+    collectiveTrafficClass: {infinibandServiceLevel: 0, trafficClass: 104}
+)"));
+  ASSERT_TRUE(eventually([&] { return condition("tiny", "Ready", "status") == "True"; }, 120))
+      << kubectl("get tpool tiny -o yaml").output << kubectl("get pods -o wide").output << operatorLog();
+  EXPECT_EQ(get("tpool tiny", "{.status.decode.summary}"), "1/1");
+  // Children with owner references, QoS on the decode pod.
+  EXPECT_EQ(get("deploy tiny-decode", "{.metadata.ownerReferences[0].kind}"), "InferencePool");
+  const std::string decode_pod = "pods -l serving.tandem.dev/role=decode";
+  EXPECT_EQ(get(decode_pod, "{.items[0].metadata.annotations.serving\\.tandem\\.dev/kv-traffic-class}"), "sl=1,tc=96");
+  EXPECT_EQ(get(decode_pod, "{.items[0].spec.containers[0].env[?(@.name==\"UCX_IB_SL\")].value}"), "1");
+  EXPECT_EQ(get(decode_pod, "{.items[0].spec.containers[0].env[?(@.name==\"NCCL_IB_TC\")].value}"), "104");
+
+  const std::string endpoint = get("tpool tiny", "{.status.endpoint}");
+  ASSERT_FALSE(endpoint.empty());
+  auto complete = [&](int max_tokens, bool stream) {
+    const std::string body = R"({"model":"tiny","prompt":"a prompt for the router of the pool","max_tokens":)" +
+                             std::to_string(max_tokens) + (stream ? R"(,"ignore_eos":true,"stream":true})" : "}");
+    return shell("curl -s -N -m 240 http://" + endpoint + "/v1/completions -H 'Content-Type: application/json' -d '" +
+                 body + "'")
+        .output;
+  };
+  EXPECT_THAT(complete(4, false), HasSubstr("\"choices\"")) << operatorLog();
+
+  // Decode 1 -> 3: three decode agents, all in the router's set.
+  ASSERT_EQ(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"decode\":{\"replicas\":3}}}'").rc, 0);
+  ASSERT_TRUE(eventually([&] { return get("tpool tiny", "{.status.decode.summary}") == "3/3"; }, 90))
+      << kubectl("get pods -o wide").output;
+  auto routerDecodeWorkers = [&] {
+    const std::string m = shell("curl -s -m 5 http://" + endpoint + "/metrics").output;
+    const std::regex series("tandem_router_worker_sessions\\{[^}]*worker=\"tiny-decode-");
+    return std::distance(std::sregex_iterator(m.begin(), m.end(), series), std::sregex_iterator());
+  };
+  EXPECT_TRUE(eventually([&] { return routerDecodeWorkers() == 3; }, 30)) << routerDecodeWorkers();
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("decode: 1 -> 3 replicas"));
+
+  // 3 -> 1 while streams run: none fails.
+  std::vector<std::string> streams(3);
+  std::vector<std::chrono::steady_clock::time_point> ended(3);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    clients.emplace_back([&, i] {
+      streams[i] = complete(3000, true);
+      ended[i] = std::chrono::steady_clock::now();
+    });
+  }
+  // Running on the decode agents (the router counts a request only until its first token).
+  auto running = [&] {
+    int total = 0;
+    std::istringstream ips(get("pods -l serving.tandem.dev/role=decode", "{.items[*].status.podIP}"));
+    for (std::string ip; ips >> ip;) {
+      const std::string m = shell("curl -s -m 5 http://" + ip + ":8100/metrics").output;
+      const std::regex series("tandem_requests_running\\{[^}]*\\} ([0-9]+)");
+      for (auto it = std::sregex_iterator(m.begin(), m.end(), series); it != std::sregex_iterator(); ++it) {
+        total += std::stoi((*it)[1]);
+      }
+    }
+    return total;
+  };
+  const bool started = eventually([&] { return running() == 3; });
+  EXPECT_TRUE(started) << "the streams did not start";
+  EXPECT_EQ(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"decode\":{\"replicas\":1}}}'").rc, 0);
+  const auto scaled_at = std::chrono::steady_clock::now();
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const std::string& s = streams[i];
+    EXPECT_THAT(s, HasSubstr("data: [DONE]")) << "a stream failed on scale-down: " << s.substr(s.size() > 300 ? s.size() - 300 : 0);
+    EXPECT_GT(ended[i], scaled_at) << "the stream ended before the scale-down: nothing was tested";
+  }
+  ASSERT_TRUE(eventually([&] { return get("tpool tiny", "{.status.decode.summary}") == "1/1"; }, 120));
+
+  // A direct edit of a child is reverted, saying why.
+  ASSERT_EQ(kubectl("scale deploy/tiny-router --replicas=2").rc, 0);
+  EXPECT_TRUE(eventually([&] { return kubectl("get events").output.find("the pool is the source of truth") != std::string::npos; }))
+      << kubectl("get events").output;
+  EXPECT_TRUE(eventually([&] { return get("deploy tiny-router", "{.spec.replicas}") == "1"; }));
+
+  // Deleted: nothing is left.
+  auto del = kubectl("delete tpool tiny --timeout=60s");
+  EXPECT_EQ(del.rc, 0) << del.output;
+  EXPECT_TRUE(eventually([&] { return get("pods,deploy,svc,cm -l app.kubernetes.io/instance=tiny", "{.items[*].metadata.name}").empty(); }, 120))
+      << kubectl("get pods,deploy,svc,cm -l app.kubernetes.io/instance=tiny").output;
+  EXPECT_EQ(shell("pgrep -f 'tandem-agent --config /etc/tandem/agent[.]yaml' | wc -l").output, "0\n")
+      << "an agent process outlived its pool";
+}
+
+TEST_F(OperatorTest, InvalidPoolsAreRefusedNamingTheFieldOrReportedAsDegraded) {
+  auto refused = [&](const std::string& extra) {
+    return kubectl("apply -f " + writeTemp("bad.yaml", pool("bad", extra))).output;
+  };
+  EXPECT_THAT(refused("  decode: {replicas: -1}\n"), HasSubstr("spec.decode.replicas"));
+  EXPECT_THAT(refused("  network: {kvTrafficClass: {infinibandServiceLevel: 16}}\n"),
+              HasSubstr("spec.network.kvTrafficClass.infinibandServiceLevel"));
+  EXPECT_THAT(refused("  network: {collectiveTrafficClass: {trafficClass: 300}}\n"),
+              HasSubstr("spec.network.collectiveTrafficClass.trafficClass"));
+  auto no_model = kubectl("apply -f " + writeTemp("nomodel.yaml",
+                                                  "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\n"
+                                                  "metadata: {name: bad}\nspec: {image: tandem}\n"));
+  EXPECT_NE(no_model.rc, 0);
+  EXPECT_THAT(no_model.output, HasSubstr("spec.model"));
+  EXPECT_THAT(kubectl("get tpool").output, ::testing::Not(HasSubstr("bad")));
+
+  // What a schema cannot catch: Degraded, with the field and an event.
+  apply("relative.yaml", "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: relative}\n"
+                         "spec: {model: {name: tiny, path: models/tiny}}\n");
+  ASSERT_TRUE(eventually([&] { return condition("relative", "Degraded", "status") == "True"; }, 30)) << operatorLog();
+  EXPECT_EQ(condition("relative", "Degraded", "reason"), "InvalidSpec");
+  EXPECT_EQ(condition("relative", "Degraded", "message"),
+            "spec.model.path: \"models/tiny\" must be an absolute path on the node");
+  EXPECT_EQ(condition("relative", "Ready", "status"), "False");
+  EXPECT_THAT(kubectl("get events").output, HasSubstr("InvalidSpec"));
+  EXPECT_TRUE(get("deploy -l app.kubernetes.io/instance=relative", "{.items[*].metadata.name}").empty());
+}
+
+}  // namespace
+}  // namespace tandem::e2e
