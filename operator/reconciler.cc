@@ -3,10 +3,12 @@
 #include <chrono>
 
 #include "operator/children.h"
+#include "operator/deletion_cost.h"
 #include "operator/pool.h"
 #include "operator/pool_status.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/http/client.h"
 #include "src/k8s/resource.h"
 
 namespace tandem::op {
@@ -132,19 +134,57 @@ absl::Status Reconciler::begin() {
     }
   }
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { work(); });
+  if (options_.deletion_cost_period > Duration::zero()) {
+    costs_ = std::thread([this] {
+      std::unique_lock l(stop_mu_);
+      while (!stop_cv_.wait_for(l, options_.deletion_cost_period, [&] { return stopped_; })) {
+        l.unlock();
+        refreshDeletionCosts();
+        l.lock();
+      }
+    });
+  }
   log_.info("reconciling InferencePools", {{"namespace", options_.ns.empty() ? "(all)" : options_.ns}});
   return absl::OkStatus();
 }
 
 void Reconciler::stop() {
-  if (stopped_) return;
-  stopped_ = true;
+  {
+    std::lock_guard l(stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stop_cv_.notify_all();
+  if (costs_.joinable()) costs_.join();
   queue_.shutDown();
   for (std::thread& t : workers_) t.join();
   workers_.clear();
   for (auto* i : {&pools_, &deployments_, &services_, &config_maps_, &service_accounts_, &roles_, &role_bindings_,
                   &pods_}) {
     if (*i) (*i)->stop();
+  }
+}
+
+void Reconciler::refreshDeletionCosts() {
+  for (const json& pod : pods_->cache().listByLabel("serving.tandem.dev/role", "decode")) {
+    const std::string ip = pod.value("/status/podIP"_json_pointer, std::string());
+    if (ip.empty() || pod.value("/status/phase"_json_pointer, std::string()) != "Running" ||
+        pod.contains("/metadata/deletionTimestamp"_json_pointer)) {
+      continue;
+    }
+    auto r = http::httpGet(strCat("http://", ip, ":", kAgentPort, "/metrics"), std::chrono::seconds(2));
+    if (!r.ok() || r->status != 200) continue;  // not serving yet, or going: its cost stays
+    absl::StatusOr<DecodeLoad> load = parseDecodeLoad(r->body);
+    if (!load.ok()) continue;
+    const std::string cost = std::to_string(deletionCost(*load));
+    const json::json_pointer at("/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost");
+    if (pod.contains(at) && pod.at(at) == cost) continue;
+    auto patched = client_.mergePatch(k8s::podsResource(), k8s::objectNamespace(pod), k8s::objectName(pod),
+                                      {{"metadata", {{"annotations", {{kDeletionCostAnnotation, cost}}}}}});
+    if (!patched.ok() && !absl::IsNotFound(patched.status())) {
+      log_.warn("cannot update a decode pod's deletion cost",
+                {{"pod", k8s::objectKey(pod)}, {"error", std::string(patched.status().message())}});
+    }
   }
 }
 

@@ -17,6 +17,10 @@
 //   4. writes the status computed from the observed children and pods
 //      (operator/pool_status.h) when it differs from the stored one.
 //
+// Apart from reconciles, every deletion_cost_period the decode pods'
+// pod-deletion-cost annotation is brought up to date from their agents'
+// load (operator/deletion_cost.h), so a scale-down removes the emptiest.
+//
 // Events on every decision (Created, Scaled, Updated, ChildEdited,
 // InvalidSpec). Metrics: tandem_operator_reconcile_total{result}
 // (success, error, invalid) and tandem_operator_reconcile_seconds.
@@ -24,7 +28,9 @@
 // Thread-safety: start() and stop() from one thread; the work runs on the
 // reconciler's own threads.
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +53,9 @@ struct ReconcilerOptions {
   int workers = 2;
   Duration resync = std::chrono::minutes(5);  // every pool looked at again this often
   std::string identity = "tandem-operator";   // reportingInstance of its events
+  // Decode pods' controller.kubernetes.io/pod-deletion-cost refreshed from
+  // their agents' /metrics this often (operator/deletion_cost.h); 0: never.
+  Duration deletion_cost_period = std::chrono::seconds(3);
 };
 
 k8s::ResourceRef inferencePoolsResource();
@@ -74,6 +83,7 @@ class Reconciler {
   // One pass over the pool `key` ("ns/name").
   absl::Status reconcile(const std::string& key, std::string* result);
   void enqueueOwner(const nlohmann::json& child);
+  void refreshDeletionCosts();
 
   k8s::Client& client_;
   const ReconcilerOptions options_;
@@ -85,6 +95,9 @@ class Reconciler {
   std::unique_ptr<k8s::Informer> pools_, deployments_, services_, config_maps_, service_accounts_, roles_,
       role_bindings_, pods_;
   std::vector<std::thread> workers_;
+  std::thread costs_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
   bool stopped_ = false;
 };
 

@@ -4,7 +4,11 @@
 
 #include "agent/transport/ucx_transport.h"
 
+#include <chrono>
+#include <thread>
+
 #include "agent/transport/ucx_transport_impl.h"
+#include "src/common/log.h"
 #include "src/common/strings.h"
 
 namespace tandem::transport {
@@ -20,10 +24,28 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const Transpor
     impl->pool = o.pool;
     impl->ctx = o.pool->impl_->ctx;
     impl->memh = o.pool->impl_->memh;
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(impl->ctx, createContext(o));
   }
-  TANDEM_RETURN_IF_ERROR(impl->createWorker());
+  // A network interface that goes away between UCX listing the devices
+  // (ucp_init) and opening them (ucp_worker_create) fails the worker with
+  // UCS_ERR_NO_DEVICE. On a node where interfaces come and go (pods' veths)
+  // that is transient: list the devices again and retry.
+  constexpr int kWorkerAttempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    if (!o.pool) {
+      TANDEM_ASSIGN_OR_RETURN(impl->ctx, createContext(o));
+    }
+    ucs_status_t raw = UCS_OK;
+    absl::Status s = impl->createWorker(&raw);
+    if (s.ok()) break;
+    if (raw != UCS_ERR_NO_DEVICE || attempt == kWorkerAttempts) return s;
+    Logger("transport").warn("a network device went away while UCX opened it; trying again",
+                             {{"attempt", attempt}, {"error", std::string(s.message())}});
+    if (!o.pool) {
+      ucp_cleanup(impl->ctx);
+      impl->ctx = nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 * attempt));
+  }
   TANDEM_RETURN_IF_ERROR(impl->registerRegion(o.pool ? o.pool->bytes() : o.region, /*map_here=*/!o.pool));
   TANDEM_RETURN_IF_ERROR(impl->listen(o.host, o.port));
   TANDEM_RETURN_IF_ERROR(impl->setupWakeup());

@@ -140,7 +140,7 @@ struct UcxTransport::Impl {
   std::unordered_map<ConnId, Orphan> orphans;
 
   // ucx_worker.cc: the worker and its thread.
-  absl::Status createWorker();
+  absl::Status createWorker(ucs_status_t* raw);  // *raw: what UCX said
   absl::Status setupWakeup();
   void startThread() ABSL_LOCKS_EXCLUDED(join_mu);
   // Queues `fn` for the progress thread and wakes it. Any thread.

@@ -47,11 +47,12 @@ UcxTransport::Impl::~Impl() {
   if (epoll_fd >= 0) ::close(epoll_fd);
 }
 
-absl::Status UcxTransport::Impl::createWorker() {
+absl::Status UcxTransport::Impl::createWorker(ucs_status_t* raw) {
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches the worker
   ucs_status_t s = ucp_worker_create(ctx, &wp, &worker);
+  *raw = s;
   if (s != UCS_OK) return ucsError("ucp_worker_create", s);
   return absl::OkStatus();
 }
