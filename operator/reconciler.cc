@@ -237,6 +237,7 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
   const bool pool_unchanged = intAt(previous_status, "/observedGeneration"_json_pointer, -1) == spec->generation;
   const Children children = desiredChildren(*spec);
   const k8s::ApplyOptions apply{.fieldManager = kFieldManager, .force = true};
+  std::vector<std::string> created, updated;  // one event each for all of them
   for (const json* desired : children.all()) {
     const std::string kind = (*desired)["kind"];
     const std::string child = (*desired)["metadata"]["name"];
@@ -265,9 +266,19 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
         note = strCat(role, ": ", have, " -> ", want, " replicas");
       }
     }
-    if (note.empty()) note = strCat(kind, " ", child, observed ? " updated to the pool's spec" : " created");
     TANDEM_RETURN_IF_ERROR(client_.apply(refForKind(kind), ns, *desired, apply).status());
-    (void)events_->record(ref, type, reason, "Reconcile", note);
+    if (note.empty()) {
+      (observed ? updated : created).push_back(strCat(kind, "/", child));
+    } else {
+      (void)events_->record(ref, type, reason, "Reconcile", note);
+    }
+  }
+  for (const auto& [reason, list] : {std::pair{"Created", &created}, std::pair{"Updated", &updated}}) {
+    if (list->empty()) continue;
+    std::string names;
+    for (const std::string& n : *list) names += strCat(names.empty() ? "" : ", ", n);
+    (void)events_->record(ref, k8s::EventType::kNormal, reason, "Reconcile",
+                          strCat(reason, " ", list->size(), list->size() == 1 ? " child: " : " children: ", names));
   }
 
   Observed observed;

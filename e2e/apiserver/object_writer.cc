@@ -95,7 +95,7 @@ void checkKind(const ResourceType& t, const json& obj, bool scale) {
   }
 }
 
-void ObjectWriter::validate(const ResourceType& t, json& obj, Call& call) {
+void ObjectWriter::validate(const ResourceType& t, json& obj, Call& call, const json* old) {
   const TypeHooks& hooks = cluster_.hooks.of(t);
   std::vector<StatusCause> causes = metadataCauses(obj, hooks.nameRule);
   if (t.schema) {
@@ -110,7 +110,7 @@ void ObjectWriter::validate(const ResourceType& t, json& obj, Call& call) {
       for (const auto& u : unknown) call.warnings.push_back(strCat("unknown field \\\"", u, "\\\""));
     }
     applyDefaults(*t.schema, obj);
-    auto schemaErrors = validateSchema(*t.schema, obj);
+    auto schemaErrors = validateSchema(*t.schema, obj, old);
     causes.insert(causes.end(), schemaErrors.begin(), schemaErrors.end());
   }
   if (!causes.empty()) throw invalid(t.kind, t.group, nameOf(obj), causes);
@@ -229,7 +229,7 @@ json ObjectWriter::update(const ResourceType& t, const json& current, json updat
   updated["kind"] = t.kind;
   defaults(t, updated, &current);
   // Updates of status only validate too (the schema covers status).
-  validate(t, updated, call);
+  validate(t, updated, call, &current);
   if (deleting(current)) {
     auto before = finalizersOf(current);
     for (const auto& f : finalizersOf(updated)) {

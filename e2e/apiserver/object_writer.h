@@ -56,7 +56,8 @@ class ObjectWriter {
   void collectGarbage();
 
  private:
-  void validate(const ResourceType& t, nlohmann::json& obj, Call& call);
+  // `old`: the object before an update (CEL transition rules read it as oldSelf).
+  void validate(const ResourceType& t, nlohmann::json& obj, Call& call, const nlohmann::json* old = nullptr);
   void checkCreatable(const ResourceType& t, const std::string& ns, const std::string& name);
   void defaults(const ResourceType& t, nlohmann::json& obj, const nlohmann::json* current);
   void stored(const ResourceType& t, const nlohmann::json& obj);

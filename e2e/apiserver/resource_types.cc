@@ -1,6 +1,7 @@
 #include "e2e/apiserver/resource_types.h"
 
 #include "e2e/apiserver/api_error.h"
+#include "e2e/apiserver/schema.h"
 #include "src/common/strings.h"
 
 namespace tandem::apiserver {
@@ -141,6 +142,12 @@ std::vector<ResourceType> typesFromCrd(const json& crd) {
     if (v.value("storage", false)) ++numStorage;
     if (!v.contains("schema") || !v["schema"].contains("openAPIV3Schema")) {
       causes.push_back(fieldRequired(strCat("spec.versions[", i, "].schema.openAPIV3Schema"), "schemas are required"));
+    } else {
+      // A rule outside the CEL subset here is refused, as a real server refuses one that does not compile.
+      for (StatusCause& c : compileValidationRules(v["schema"]["openAPIV3Schema"],
+                                                   strCat("spec.versions[", i, "].schema.openAPIV3Schema"))) {
+        causes.push_back(std::move(c));
+      }
     }
   }
   if (versions.is_array() && !versions.empty() && numStorage != 1) {

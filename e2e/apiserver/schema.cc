@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "e2e/apiserver/cel.h"
 #include "src/common/strings.h"
 
 namespace tandem::apiserver {
@@ -202,9 +203,81 @@ std::vector<std::string> pruneUnknownFields(const json& schema, json& object) {
 
 void applyDefaults(const json& schema, json& object) { defaults(schema, object); }
 
-std::vector<StatusCause> validateSchema(const json& schema, const json& object) {
+namespace {
+
+// x-kubernetes-validations at every node of `value` (and `old`, the same
+// node before an update; null on a create), as the server evaluates them.
+void validateRules(const json& schema, const json& value, const json* old, const std::string& path,
+                   std::vector<StatusCause>& errors) {
+  if (!schema.is_object() || value.is_null()) return;
+  for (const json& rule : schema.value("x-kubernetes-validations", json::array())) {
+    if (!rule.is_object() || !rule.contains("rule") || !rule["rule"].is_string()) continue;
+    absl::StatusOr<CelProgram> program = CelProgram::compile(rule["rule"].get<std::string>());
+    if (!program.ok()) continue;  // refused when the CRD was written
+    if (program->usesOldSelf() && old == nullptr) continue;  // a transition rule: updates only
+    absl::StatusOr<bool> ok = program->evaluate(value, old);
+    const std::string what = value.is_object() ? "object" : value.is_array() ? "array" : value.dump();
+    if (!ok.ok()) {
+      errors.push_back({"FieldValueInvalid",
+                        strCat("Invalid value: \"", what, "\": ", rule["rule"].get<std::string>(), ": ", ok.status().message()),
+                        path});
+    } else if (!*ok) {
+      const std::string message = rule.value("message", strCat("failed rule: ", rule["rule"].get<std::string>()));
+      errors.push_back({"FieldValueInvalid", strCat("Invalid value: \"", what, "\": ", message), path});
+    }
+  }
+  if (value.is_object()) {
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const json* sub = nullptr;
+      if (schema.contains("properties") && schema["properties"].contains(it.key())) {
+        sub = &schema["properties"][it.key()];
+      } else if (schema.contains("additionalProperties") && schema["additionalProperties"].is_object()) {
+        sub = &schema["additionalProperties"];
+      }
+      if (sub == nullptr) continue;
+      const json* old_sub = old != nullptr && old->is_object() && old->contains(it.key()) ? &(*old)[it.key()] : nullptr;
+      validateRules(*sub, it.value(), old_sub, join(path, it.key()), errors);
+    }
+  } else if (value.is_array() && schema.contains("items")) {
+    for (size_t i = 0; i < value.size(); ++i) validateRules(schema["items"], value[i], nullptr, strCat(path, "[", i, "]"), errors);
+  }
+}
+
+void compileRules(const json& schema, const std::string& path, std::vector<StatusCause>& errors) {
+  if (!schema.is_object()) return;
+  const json rules = schema.value("x-kubernetes-validations", json::array());
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const std::string p = strCat(path, ".x-kubernetes-validations[", i, "].rule");
+    if (!rules[i].is_object() || !rules[i].contains("rule") || !rules[i]["rule"].is_string()) {
+      errors.push_back(fieldRequired(p));
+      continue;
+    }
+    const std::string rule = rules[i]["rule"];
+    absl::StatusOr<CelProgram> program = CelProgram::compile(rule);
+    if (!program.ok()) {
+      errors.push_back({"FieldValueInvalid", strCat("Invalid value: ", json(rule).dump(), ": ", program.status().message()), p});
+    }
+  }
+  if (schema.contains("properties") && schema["properties"].is_object()) {
+    for (const auto& [k, sub] : schema["properties"].items()) compileRules(sub, strCat(path, ".properties[", k, "]"), errors);
+  }
+  for (const char* key : {"items", "additionalProperties"}) {
+    if (schema.contains(key)) compileRules(schema[key], strCat(path, ".", key), errors);
+  }
+}
+
+}  // namespace
+
+std::vector<StatusCause> validateSchema(const json& schema, const json& object, const json* old) {
   std::vector<StatusCause> errors;
   validate(schema, object, "", errors);
+  if (errors.empty()) validateRules(schema, object, old, "", errors);
+  return errors;
+}
+
+std::vector<StatusCause> compileValidationRules(const json& schema, const std::string& path) {
+  std::vector<StatusCause> errors;
+  compileRules(schema, path, errors);
   return errors;
 }
 

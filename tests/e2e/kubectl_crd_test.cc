@@ -3,6 +3,8 @@
 // printer columns, -o yaml, get -w, merge patch, scale, delete with and
 // without finalizers, and schema errors shown with their field.
 
+#include <regex>
+
 #include <gtest/gtest.h>
 
 #include "tests/e2e/apiserver_fixture.h"
@@ -163,4 +165,50 @@ TEST_F(KubectlCrdTest, InvalidObjectsAreRefusedWithTheFieldError) {
 }
 
 }  // namespace
+// CEL rules: one outside the emulator's subset refuses the CRD, naming it;
+// a rule that fails refuses the object with the rule's message.
+TEST_F(KubectlCrdTest, CelRulesAreEnforcedAndAnUnsupportedOneRefusesTheCrd) {
+  const std::string crd = R"(apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.dev}
+spec:
+  group: example.dev
+  scope: Namespaced
+  names: {kind: Widget, plural: widgets, singular: widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              min: {type: integer}
+              max: {type: integer}
+              sizes: {type: array, items: {type: integer}}
+            x-kubernetes-validations:
+            - {rule: "!has(self.min) || !has(self.max) || self.min <= self.max", message: "min must not exceed max"}
+            - {rule: "RULE2"}
+)";
+  auto refused = kubectl("apply -f " + writeTemp("bad_crd.yaml", std::regex_replace(crd, std::regex("RULE2"),
+                                                                                    "self.sizes.all(s, s > 0)")));
+  EXPECT_NE(refused.rc, 0);
+  EXPECT_THAT(refused.output, HasSubstr("x-kubernetes-validations[1].rule"));
+  EXPECT_THAT(refused.output, HasSubstr("method calls (.all()) are not supported here"));
+
+  auto ok = kubectl("apply -f " + writeTemp("crd.yaml", std::regex_replace(crd, std::regex("RULE2"), "size(self) < 4")));
+  ASSERT_EQ(ok.rc, 0) << ok.output;
+  ASSERT_TRUE(waitFor([&] { return kubectl("get widgets").rc == 0; }, std::chrono::seconds(10)));
+  auto bad = kubectl("apply -f " + writeTemp("w.yaml", "apiVersion: example.dev/v1\nkind: Widget\nmetadata: {name: w}\n"
+                                                         "spec: {min: 3, max: 2}\n"));
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_THAT(bad.output, HasSubstr("spec: Invalid value: \"object\": min must not exceed max"));
+  auto good = kubectl("apply -f " + writeTemp("w2.yaml", "apiVersion: example.dev/v1\nkind: Widget\nmetadata: {name: w}\n"
+                                                           "spec: {min: 1, max: 2}\n"));
+  EXPECT_EQ(good.rc, 0) << good.output;
+}
+
 }  // namespace tandem::e2e
