@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
   std::vector<tandem::bench::Result> results;
   std::mt19937 rng(7);
   int created = 0;
+  std::map<int, int64_t> replicas;  // what each pool's decode replicas were last set to (2 when never)
   double cpu_per_s = 0, rss = 0;
   for (int n : {1, 50, 500}) {
     for (; created < n; ++created) {
@@ -202,7 +203,6 @@ int main(int argc, char** argv) {
       return fail();
     }
     std::vector<double> reconcile, direct;
-    std::map<int, int64_t> replicas;
     const int samples = n == 1 ? 30 : 100;
     const double cpu0 = cpuSeconds(op);
     const auto t0 = SteadyClock::now();
@@ -216,7 +216,11 @@ int main(int argc, char** argv) {
       }
       const double took = watch.waitFor(strCat("p", i, "-decode"), want, began);
       if (took < 0) {
-        std::fprintf(stderr, "bench_operator: p%d-decode never reached %lld replicas\n", i, static_cast<long long>(want));
+        auto d = (*client)->get(tandem::k8s::deploymentsResource(), "default", strCat("p", i, "-decode"));
+        auto pl = (*client)->get(pools, "default", strCat("p", i));
+        std::fprintf(stderr, "bench_operator: p%d-decode never reached %lld replicas (has: %s; pool: %s)\n", i,
+                     static_cast<long long>(want), d.ok() ? (*d)["spec"].dump().substr(0, 80).c_str() : "none",
+                     pl.ok() ? (*pl)["spec"]["decode"].dump().c_str() : "none");
         return fail();
       }
       reconcile.push_back(took);
