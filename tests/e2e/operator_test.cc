@@ -157,6 +157,12 @@ TEST_F(OperatorTest, InvalidPoolsAreRefusedNamingTheFieldOrReportedAsDegraded) {
               HasSubstr("spec.network.kvTrafficClass.infinibandServiceLevel"));
   EXPECT_THAT(refused("  network: {collectiveTrafficClass: {trafficClass: 300}}\n"),
               HasSubstr("spec.network.collectiveTrafficClass.trafficClass"));
+  EXPECT_THAT(refused("  decode: {replicas: 1, gpus: 8}\n"), HasSubstr("unknown field \"spec.decode.gpus\""));
+  EXPECT_THAT(kubectl("apply -f " + writeTemp("both.yaml", "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\n"
+                                                           "metadata: {name: bad}\nspec: {model: {name: tiny, path: /m, pvc: m}}\n"))
+                  .output,
+              HasSubstr("give model.path or model.pvc, not both"))
+      << "a CEL rule of the CRD";
   auto no_model = kubectl("apply -f " + writeTemp("nomodel.yaml",
                                                   "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\n"
                                                   "metadata: {name: bad}\nspec: {image: tandem}\n"));
@@ -249,6 +255,34 @@ TEST_F(OperatorTest, APoolConvergesWhileTheApiServerMisbehaves) {
   // Calm again, so the pool's deletion is not what the faults test.
   shell("curl -s -k -m 5 -X PUT https://127.0.0.1:" + std::to_string(port_api()) +
         "/tandem/faults -d '{\"conflictRate\":0,\"errorRate\":0,\"slowRate\":0,\"slowDelayMs\":0,\"watchDropAfterMs\":0}'");
+}
+
+class OperatorGpuNodesTest : public OperatorTest {
+ protected:
+  void SetUp() override {
+    nodes_ = {"cpu-a cpu=8 memory=16Gi", "gpu-a cpu=32 memory=64Gi nvidia.com/gpu=2"};
+    OperatorTest::SetUp();
+  }
+};
+
+// A pool that asks for more GPUs than any node has says so, naming the
+// role, and recovers when a node that fits joins.
+TEST_F(OperatorGpuNodesTest, AnUnschedulableRoleIsReportedAndRecoversWhenANodeIsAdded) {
+  apply("pool.yaml", pool("big", "  decode: {replicas: 1, gpusPerPod: 4}\n"));
+  ASSERT_TRUE(eventually([&] { return condition("big", "Ready", "reason") == "Unschedulable"; }, 60))
+      << kubectl("get tpool big -o yaml").output << kubectl("get pods -o wide").output;
+  EXPECT_EQ(condition("big", "Ready", "status"), "False");
+  EXPECT_THAT(condition("big", "Ready", "message"), ::testing::StartsWith("decode: 0/2 nodes are available"));
+  EXPECT_THAT(condition("big", "Ready", "message"), HasSubstr("Insufficient nvidia.com/gpu"));
+  EXPECT_EQ(condition("big", "Progressing", "reason"), "Unschedulable") << "blocked on capacity, not rolling";
+
+  // A node with enough GPUs joins (here: the kubelet restarted with one more).
+  stopKubelet(SIGTERM);
+  nodes_.push_back("gpu-b cpu=32 memory=64Gi nvidia.com/gpu=8");
+  startKubelet();
+  ASSERT_TRUE(eventually([&] { return condition("big", "Ready", "status") == "True"; }, 120))
+      << kubectl("get tpool big -o yaml").output << kubectl("get pods -o wide").output;
+  EXPECT_EQ(get("pods -l serving.tandem.dev/role=decode", "{.items[0].spec.nodeName}"), "gpu-b");
 }
 
 }  // namespace
