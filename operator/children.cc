@@ -140,9 +140,16 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
       {"args", args(pool, role)},
       {"env", env(pool, role)},
       {"ports", ports},
-      {"readinessProbe", {{"httpGet", {{"path", "/readyz"}, {"port", "http"}}}, {"periodSeconds", 2}}},
+      {"readinessProbe",
+       {{"httpGet", {{"path", "/readyz"}, {"port", "http"}}}, {"periodSeconds", 2}, {"timeoutSeconds", 3}}},
+      // Lenient: an agent busy enough to answer slowly must not be killed
+      // (a decode agent takes its resident sessions with it); a hung one
+      // goes within a minute.
       {"livenessProbe",
-       {{"httpGet", {{"path", "/healthz"}, {"port", "http"}}}, {"periodSeconds", 10}, {"failureThreshold", 3}}},
+       {{"httpGet", {{"path", "/healthz"}, {"port", "http"}}},
+        {"periodSeconds", 10},
+        {"timeoutSeconds", 5},
+        {"failureThreshold", 6}}},
       {"volumeMounts", json::array({{{"name", "config"}, {"mountPath", kConfigPath}, {"readOnly", true}},
                                     {{"name", "model"}, {"mountPath", kModelMount}, {"readOnly", true}}})}};
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;

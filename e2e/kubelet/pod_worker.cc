@@ -168,7 +168,7 @@ std::vector<std::string> PodWorker::launchPrefix(const PodAddress& address, cons
   std::vector<std::string> prefix = env_.network->execPrefix(address);
   if (!env_.network->usesNamespaces()) {
     if (!plan.mounts.empty()) {
-      error = absl::FailedPreconditionError(
+      error = absl::InvalidArgumentError(
           strCat("container ", plan.name, " mounts volumes, which need the kubelet's namespaces (it runs without root here)"));
     }
     return prefix;
@@ -305,7 +305,11 @@ void PodWorker::runContainers() {
     }
     if (!failed.ok()) {
       plan_error = std::string(failed.message());
-      const bool waits = absl::IsNotFound(failed) || absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
+      // A spec that cannot run here (InvalidArgument, naming the field) never
+      // will; anything else (a ConfigMap not there yet, the API server
+      // failing a read, a hostPath not made yet) is tried again, as a real
+      // kubelet keeps trying to mount.
+      const bool waits = !absl::IsInvalidArgument(failed);
       log_.warn(waits ? "the pod waits for what it needs" : "the pod cannot run here",
                 {{"pod", key}, {"error", plan_error}});
       (void)env_.events->record(ref, k8s::EventType::kWarning, event_reason, "Create", plan_error);

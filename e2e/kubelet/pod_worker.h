@@ -7,8 +7,9 @@
 //   plan     planPod(); a spec that cannot run here (an unknown image, no
 //            command, an unsupported field) is reported in the container's
 //            status (waiting, CreateContainerConfigError, the message names
-//            the field) and in a Warning event, and nothing runs; a missing
-//            ConfigMap or Secret is waited for (tried again every 5 s)
+//            the field) and in a Warning event, and nothing runs; what may
+//            change (a missing ConfigMap or Secret, a failed API read, a
+//            hostPath not there yet) is tried again every 5 s
 //   volumes  pod_volumes.h: written under <pods_dir>/<ns>/<pod>/volumes and
 //            bind-mounted in each container's mount namespace; configMap,
 //            secret, projected and downwardAPI volumes are re-read every

@@ -4,6 +4,7 @@
 // streams run, reverts a direct edit of a child, and leaves nothing when
 // deleted; invalid pools are refused or reported.
 
+#include <algorithm>
 #include <atomic>
 #include <regex>
 #include <sstream>
@@ -60,7 +61,8 @@ class OperatorTest : public KubeletApiAccessTest {
 };
 
 TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothingWhenDeleted) {
-  apply("pool.yaml", pool("tiny", R"(  prefill: {args: [--kv-tls, "posix,cma,tcp"]}
+  apply("pool.yaml", pool("tiny", R"(  engine: {numBlocks: 2048}
+  prefill: {args: [--kv-tls, "posix,cma,tcp"]}
   decode: {replicas: 1, args: [--kv-tls, "posix,cma,tcp"]}
   network:
     kvTrafficClass: {infinibandServiceLevel: 1, trafficClass: 96}
@@ -101,6 +103,15 @@ TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothing
   EXPECT_TRUE(eventually([&] { return routerDecodeWorkers() == 3; }, 30)) << routerDecodeWorkers();
   EXPECT_THAT(kubectl("get events").output, HasSubstr("decode: 1 -> 3 replicas"));
 
+  // Streams long enough to outlast the scale-down here, whatever the build's
+  // speed (an ASan build decodes many times slower): about 8 s each at the
+  // measured rate (longer contexts decode slower still, well within the
+  // decode agents' 80 s drain).
+  const auto calibration = std::chrono::steady_clock::now();
+  EXPECT_THAT(complete(400, true, endpoint), HasSubstr("data: [DONE]"));
+  const double rate = 400 / std::chrono::duration<double>(std::chrono::steady_clock::now() - calibration).count();
+  const int stream_tokens = std::clamp(static_cast<int>(rate * 8), 1000, 6000);
+
   // 3 -> 1 while streams run: none fails, and the emptiest decode pods go.
   // Two streams run on one decode pod (called directly), one through the router.
   const std::string busy = get("pods -l serving.tandem.dev/role=decode", "{.items[0].metadata.name}");
@@ -110,7 +121,7 @@ TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothing
   std::vector<std::thread> clients;
   for (size_t i = 0; i < streams.size(); ++i) {
     clients.emplace_back([&, i] {
-      streams[i] = complete(3000, true, i < 2 ? busy_ip + ":8100" : endpoint);
+      streams[i] = complete(stream_tokens, true, i < 2 ? busy_ip + ":8100" : endpoint);
       ended[i] = std::chrono::steady_clock::now();
     });
   }
