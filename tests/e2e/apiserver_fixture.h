@@ -3,6 +3,7 @@
 // one test, and runs the real kubectl against it with a private discovery
 // cache. Used by the k8s-labelled tests.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -59,9 +60,18 @@ class ApiServerFixture : public ::testing::Test {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ASSERT_EQ(posix_spawn(&pid_, exe.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+    // Its log goes to a file of the test's (not the test's own output, which a
+    // pipeline reading the test would then wait on after a crash).
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string log = dir_ + "/apiserver.log";
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    const int rc = posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ASSERT_EQ(rc, 0);
     ASSERT_TRUE(waitFor([&] { return std::filesystem::exists(portFile); }, std::chrono::seconds(10)))
-        << "tandem-apiserver did not start";
+        << "tandem-apiserver did not start: " << readFile(dir_ + "/apiserver.log");
     port_ = std::stoi(readFile(portFile));
   }
 
