@@ -36,8 +36,8 @@
 
 #include "bench/bench_report.h"
 #include "src/http/client.h"
+#include "tests/testing/spawn.h"
 
-extern char** environ;
 
 namespace {
 
@@ -58,17 +58,10 @@ struct Child {
 };
 
 bool spawn(Child& c, std::vector<std::string> args, const std::string& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  const bool ok = posix_spawn(&c.pid, args[0].c_str(), &fa, nullptr, argv.data(), environ) == 0;
-  posix_spawn_file_actions_destroy(&fa);
-  if (!ok) c.pid = 0;
-  return ok;
+  c.pid = tandem::testutil::spawnLogged(std::move(args), log);
+  if (c.pid > 0) return true;
+  c.pid = 0;
+  return false;
 }
 
 int run(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }

@@ -45,8 +45,8 @@
 #include "src/k8s/config.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/resource.h"
+#include "tests/testing/spawn.h"
 
-extern char** environ;
 
 namespace {
 
@@ -56,20 +56,6 @@ namespace fs = std::filesystem;
 using tandem::strCat;
 
 const std::string kBinDir = fs::read_symlink("/proc/self/exe").parent_path().string();
-
-pid_t spawn(std::vector<std::string> args, const std::string& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
 
 void stop(pid_t pid) {
   if (pid <= 0) return;
@@ -156,9 +142,10 @@ int main(int argc, char** argv) {
   const std::string dir = fs::temp_directory_path() / strCat("tandem-bench-operator-", getpid());
   fs::create_directories(dir);
   const std::string kubeconfig = dir + "/kubeconfig", port_file = dir + "/port";
-  const pid_t apiserver = spawn({kBinDir + "/tandem-apiserver", "--listen", "127.0.0.1:0", "--kubeconfig-out", kubeconfig,
-                                 "--port-file", port_file, "--log-level", "warn"},
-                                dir + "/apiserver.log");
+  using tandem::testutil::spawnLogged;
+  const pid_t apiserver = spawnLogged({kBinDir + "/tandem-apiserver", "--listen", "127.0.0.1:0", "--kubeconfig-out",
+                                       kubeconfig, "--port-file", port_file, "--log-level", "warn"},
+                                      dir + "/apiserver.log");
   for (int i = 0; i < 200 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto config = tandem::k8s::loadKubeconfig(kubeconfig);
   if (apiserver <= 0 || !config.ok()) {
@@ -174,9 +161,9 @@ int main(int argc, char** argv) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const tandem::k8s::ResourceRef pools{"serving.tandem.dev", "v1alpha1", "inferencepools", true};
-  const pid_t op = spawn({kBinDir + "/tandem-operator", "--kubeconfig", kubeconfig, "--leader-elect", "false",
-                          "--listen", "127.0.0.1:18080", "--log-level", "warn"},
-                         dir + "/operator.log");
+  const pid_t op = spawnLogged({kBinDir + "/tandem-operator", "--kubeconfig", kubeconfig, "--leader-elect", "false",
+                                "--listen", "127.0.0.1:18080", "--log-level", "warn"},
+                               dir + "/operator.log");
   ReplicaWatch watch(**client);
   const auto fail = [&] {
     stop(op);

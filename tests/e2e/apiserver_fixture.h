@@ -22,6 +22,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/spawn.h"
 #include "tests/testing/wait.h"
 
 extern char** environ;
@@ -57,19 +58,10 @@ class ApiServerFixture : public ::testing::Test {
                                      kubeconfig_, "--port-file", portFile,      "--bookmark-interval",
                                      "200ms",     "--log-level", "warn"};
     for (const auto& a : extraArgs()) args.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     // Its log goes to a file of the test's (not the test's own output, which a
     // pipeline reading the test would then wait on after a crash).
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string log = dir_ + "/apiserver.log";
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    const int rc = posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ASSERT_EQ(rc, 0);
+    pid_ = testutil::spawnLogged(args, dir_ + "/apiserver.log");
+    ASSERT_GT(pid_, 0) << "cannot start " << exe;
     ASSERT_TRUE(waitFor([&] { return std::filesystem::exists(portFile); }, std::chrono::seconds(10)))
         << "tandem-apiserver did not start: " << readFile(dir_ + "/apiserver.log");
     port_ = std::stoi(readFile(portFile));

@@ -19,8 +19,11 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/apiserver_fixture.h"
+#include "tests/testing/spawn.h"
 
 namespace tandem::e2e {
+
+using ::tandem::testutil::spawnLogged;
 
 class KubeletTest : public ApiServerFixture {
  protected:
@@ -68,22 +71,6 @@ class KubeletTest : public ApiServerFixture {
     ASSERT_TRUE(waitFor([&] { return kubectl("get nodes").output.find("True") != std::string::npos; },
                         std::chrono::seconds(20)))
         << readFile(log);
-  }
-
-  // Starts `args` (args[0] the program) with stdout and stderr appended to
-  // `log`; its pid, or -1.
-  static pid_t spawnLogged(std::vector<std::string> args, const std::string& log) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    return pid;
   }
 
   void stopKubelet(int sig) {
