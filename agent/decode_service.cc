@@ -689,6 +689,9 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   {
     absl::MutexLock lock(&raw->mu);
     for (size_t p = 0; p < raw->peers.size(); ++p) {
+      // Discovery may already list prefill agents when this one starts:
+      // they joined as much as those that come later.
+      if (options.prefill_peers->dynamic()) raw->log.info("prefill agent joined the directory", {{"peer", raw->peers[p].name}});
       raw->metrics.peerState(raw->peers[p].name, PeerState::kHealthy);
       raw->ensureConnected(p);
     }
