@@ -1,0 +1,430 @@
+#include "operator/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "src/common/strings.h"
+#include "src/routing/router_config.h"
+
+namespace tandem::planner {
+namespace {
+
+// Trend samples kept (one per interval).
+constexpr size_t kTrendSamples = 6;
+// (batch, TPOT) samples kept for decode's TPOT line.
+constexpr size_t kTpotSamples = 12;
+// A forecast never exceeds this multiple of the current rate.
+constexpr double kMaxForecastGrowth = 2.0;
+// The prefill correction's range and smoothing.
+constexpr double kMaxCorrection = 4.0;
+constexpr double kCorrectionSmoothing = 0.5;
+// Below this utilisation the TTFT model is trusted for the correction.
+constexpr double kMaxModelUtilisation = 0.95;
+// No role is sized beyond this many replicas.
+constexpr int32_t kMaxReplicas = 100000;
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", v);
+  return buf;
+}
+
+const Bounds& boundsOf(const PlannerConfig& c, PlanRole r) { return r == PlanRole::kPrefill ? c.prefill : c.decode; }
+int32_t gpusOf(const PlannerConfig& c, PlanRole r) {
+  return r == PlanRole::kPrefill ? c.gpus_per_prefill : c.gpus_per_decode;
+}
+const std::vector<ReplicaSample>& samplesOf(const Signals& s, PlanRole r) {
+  return r == PlanRole::kPrefill ? s.prefill : s.decode;
+}
+int32_t specOf(const Signals& s, PlanRole r) { return r == PlanRole::kPrefill ? s.spec_prefill : s.spec_decode; }
+
+int32_t readyCount(const std::vector<ReplicaSample>& samples) {
+  return static_cast<int32_t>(std::count_if(samples.begin(), samples.end(), [](const auto& r) { return r.ready; }));
+}
+
+// Ceil with a tolerance, so 3.0000000001 replicas is 3.
+int32_t replicasFor(double needed) {
+  return static_cast<int32_t>(std::min(1e6, std::max(0.0, std::ceil(needed - 1e-9))));
+}
+
+// The uncached token rate expected when a replica added now would serve.
+// A rise over two consecutive intervals is a trend: it is extrapolated
+// over the start-up time at the smaller of the two rises. A single jump
+// (a step) is not extrapolated, and neither is a fall (scale-down waits
+// for it to show).
+double forecastArrivals(PlannerState& state, double now, double rate, double horizon_s) {
+  state.arrivals.emplace_back(now, rate);
+  if (state.arrivals.size() > kTrendSamples) state.arrivals.erase(state.arrivals.begin());
+  const size_t n = state.arrivals.size();
+  if (n < 3) return rate;
+  const auto& [t0, r0] = state.arrivals[n - 3];
+  const auto& [t1, r1] = state.arrivals[n - 2];
+  const auto& [t2, r2] = state.arrivals[n - 1];
+  if (!(t1 > t0 && t2 > t1 && r1 > r0 && r2 > r1)) return rate;
+  const double slope = std::min((r1 - r0) / (t1 - t0), (r2 - r1) / (t2 - t1));
+  return std::min(rate + slope * horizon_s, rate * kMaxForecastGrowth);
+}
+
+// What the model says a role needs: growing to `up` replicas keeps the
+// planned utilisation; shrinking is allowed down to `down` (the whole load
+// on the survivors, with the margin).
+struct Need {
+  double up = 0, down = 0;
+  double capacity = 0;
+  double pressure = 0;
+  bool slo_missed = false;
+  std::string why;
+};
+
+// Least squares line through (x, y) samples: (intercept, slope), or
+// nullopt when the x values span less than a fifth of their mean.
+std::optional<std::pair<double, double>> fitLine(const std::vector<std::pair<double, double>>& samples) {
+  if (samples.size() < 3) return std::nullopt;
+  double mx = 0, my = 0, lo = samples[0].first, hi = lo;
+  for (const auto& [x, y] : samples) mx += x, my += y, lo = std::min(lo, x), hi = std::max(hi, x);
+  mx /= static_cast<double>(samples.size());
+  my /= static_cast<double>(samples.size());
+  if (hi - lo < 0.2 * mx) return std::nullopt;
+  double sxy = 0, sxx = 0;
+  for (const auto& [x, y] : samples) sxy += (x - mx) * (y - my), sxx += (x - mx) * (x - mx);
+  const double slope = sxy / sxx;
+  return std::make_pair(my - slope * mx, slope);
+}
+
+// The model's TTFT with `n` replicas: the mean prompt's compute time
+// stretched by the queueing at utilisation rate / (n × cap) (M/M/1), plus
+// draining the queued tokens with the capacity left over. Infinite when the
+// arrivals alone fill the replicas.
+double modelTtft(double n, double rate, double queue, double mean_prompt, double cap) {
+  const double rho = rate / (n * cap);
+  if (rho >= 1) return std::numeric_limits<double>::infinity();
+  return (mean_prompt / cap) / (1 - rho) + queue / (n * cap - rate);
+}
+
+Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, std::string& missing) {
+  Need n;
+  PlannerState::RoleState& rs = state.prefill;
+  // Capacity from warm replicas only: a replica's first minutes (loading,
+  // compiling, cold caches) are not what it will do.
+  double sum = 0;
+  int warm = 0;
+  bool settling = false;  // replicas starting or warming: the SLO reflects a pool in transition
+  for (const ReplicaSample& r : s.prefill) {
+    if (!r.ready || r.ready_for_s < c.warmup_s) settling = true;
+    if (r.ready && r.ready_for_s >= c.warmup_s && r.capacity && *r.capacity > 0) sum += *r.capacity, ++warm;
+  }
+  if (warm > 0) {
+    const double measured = sum / warm;
+    rs.capacity = rs.capacity ? 0.5 * *rs.capacity + 0.5 * measured : measured;
+  }
+  const double rate = forecastArrivals(state, s.at_s, s.uncached_prompt_tokens_per_s, c.startup_s);
+  const double queue = s.prefill_queue_tokens;
+  if (s.ttft_p95_s) {
+    n.pressure = *s.ttft_p95_s / c.ttft_target_s;
+    n.slo_missed = n.pressure > 1;
+  }
+  if (!rs.capacity) {
+    if (rate > 0 || queue > 0) missing = "prefill capacity (no warm prefill replica has computed a prompt yet)";
+    n.why = "no prefill demand";
+    return n;
+  }
+  const double cap = *rs.capacity;
+  const double prompt = s.mean_uncached_prompt_tokens;
+  n.capacity = cap;
+  // SLO feedback: the observed TTFT against the model's at the size that
+  // served it (not while replicas start or warm: the pool is in transition).
+  const int32_t ready = std::max(1, readyCount(s.prefill));
+  const double model_now = modelTtft(ready, s.uncached_prompt_tokens_per_s, queue, prompt, cap);
+  if (s.ttft_p95_s && !settling && prompt > 0 && s.uncached_prompt_tokens_per_s / (ready * cap) < kMaxModelUtilisation) {
+    const double observed = std::clamp(*s.ttft_p95_s / model_now, 1.0, kMaxCorrection);
+    rs.correction = kCorrectionSmoothing * rs.correction + (1 - kCorrectionSmoothing) * observed;
+  }
+  // The fewest replicas whose utilisation stays planned and whose corrected
+  // TTFT meets the target; for a scale-down, both with the margin.
+  const double util = 1 / (1 + c.headroom);
+  // A queue is drained over the time a replica added for it is kept: its
+  // start-up plus the scale-down cooldown. (Sizing to drain it within the
+  // TTFT target sizes for a backlog that is gone by the time the replicas
+  // are up, and then scales back: a reversal for nothing.)
+  const double drain_s = std::max(c.ttft_target_s, c.startup_s + c.scale_down_cooldown_s);
+  auto fewest = [&](double margin) {
+    if (rate <= 0 && queue <= 0) return 0.0;
+    const double by_util = (rate + queue / drain_s) / (cap * util * margin);
+    int32_t k = std::max(1, replicasFor(by_util));
+    while (k < kMaxReplicas && rs.correction * modelTtft(k, rate, 0, prompt, cap) > c.ttft_target_s * margin) ++k;
+    return k > replicasFor(by_util) ? static_cast<double>(k) : by_util;
+  };
+  n.up = fewest(1);
+  n.down = fewest(1 - c.scale_down_margin);
+  n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued, ", num(cap),
+                 " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction));
+  return n;
+}
+
+Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
+  Need n;
+  const int32_t ready = std::max(1, readyCount(s.decode));
+  const double kv_room = 1 - c.min_free_kv_ratio;
+  const double kv_up = ready * s.decode_kv_used_ratio / kv_room;
+  const double kv_down = ready * s.decode_kv_used_ratio / (kv_room * (1 - c.scale_down_margin));
+  n.pressure = s.decode_kv_used_ratio / kv_room;
+  double tpot_up = 0, tpot_down = 0;
+  const double util = 1 / (1 + c.headroom);
+  if (s.tpot_p95_s && s.decode_running > 0) {
+    const double tpot = *s.tpot_p95_s;
+    const double batch = s.decode_running / ready;
+    n.pressure = std::max(n.pressure, tpot / c.tpot_target_s);
+    // TPOT = floor + slope × batch, fitted on the recent (batch, TPOT)
+    // samples when their batches differ enough to tell; otherwise TPOT is
+    // taken as proportional to the batch (the conservative reading).
+    auto& samples = state.tpot_samples;
+    samples.emplace_back(batch, tpot);
+    if (samples.size() > kTpotSamples) samples.erase(samples.begin());
+    double floor = 0, slope = tpot / batch;
+    if (auto fit = fitLine(samples); fit && fit->second > 0 && fit->first >= 0 && fit->first < tpot) {
+      floor = fit->first;
+      slope = fit->second;
+    }
+    const double batch_max = std::max(0.0, (c.tpot_target_s - floor) / slope);
+    n.capacity = batch_max;
+    if (batch_max > 0) {
+      tpot_up = s.decode_running / (batch_max * util);
+      tpot_down = s.decode_running / (batch_max * util * (1 - c.scale_down_margin));
+    } else {
+      tpot_up = tpot_down = ready + 1;  // the floor alone misses the target: more replicas are all there is
+    }
+  }
+  n.slo_missed = n.pressure > 1;
+  n.up = std::max(kv_up, tpot_up);
+  n.down = std::max(kv_down, tpot_down);
+  n.why = strCat("KV ", num(100 * s.decode_kv_used_ratio), "% used, ", num(s.decode_running), " decoding",
+                 s.tpot_p95_s ? strCat(", TPOT p95 ", num(*s.tpot_p95_s * 1000), " ms") : std::string(),
+                 n.capacity > 0 ? strCat(", ", num(n.capacity), " sequences per replica within the TPOT target")
+                                : std::string());
+  return n;
+}
+
+int32_t maxUp(const PlannerConfig& c, int32_t current) { return c.max_step > 0 ? c.max_step : std::max(4, current); }
+int32_t maxDown(const PlannerConfig& c, int32_t current) {
+  return c.max_step > 0 ? c.max_step : std::max(1, current / 2);
+}
+
+// The model's need turned into a replica count for one role: bounded steps,
+// cooldowns, the unschedulable and SLO guards, min/max.
+RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role, const Need& need,
+                        const PlannerState::RoleState& rs) {
+  RoleDecision d;
+  d.current = d.desired = specOf(s, role);
+  d.needed = need.up;
+  d.capacity = need.capacity;
+  d.pressure = need.pressure;
+  d.correction = rs.correction;
+  const Bounds& b = boundsOf(c, role);
+  const int32_t up = std::clamp(replicasFor(need.up), b.min, b.max);
+  const int32_t down = std::clamp(replicasFor(need.down), b.min, b.max);
+  const double now = s.at_s;
+  const bool unschedulable = std::any_of(samplesOf(s, role).begin(), samplesOf(s, role).end(),
+                                         [](const ReplicaSample& r) { return r.unschedulable; });
+  if (up > d.current) {
+    if (unschedulable) {
+      d.reason = Reason::kUnschedulable;
+      d.message = strCat("needs ", up, " but a ", planRoleName(role),
+                         " replica cannot be scheduled: adding more would not help (", need.why, ")");
+    } else if (rs.last_up_s && now - *rs.last_up_s < c.scale_up_cooldown_s) {
+      d.reason = Reason::kCooldown;
+      d.message = strCat("needs ", up, "; scale-up cooldown until ", num(*rs.last_up_s + c.scale_up_cooldown_s - now),
+                         " s from now (", need.why, ")");
+    } else {
+      d.desired = std::min(up, d.current + maxUp(c, d.current));
+      d.reason = d.current < b.min ? Reason::kBounds : Reason::kScaleUp;
+      d.message = strCat(d.current, " -> ", d.desired, ": ", need.why);
+    }
+  } else if (down < d.current) {
+    // A scale-up is given the scale-down cooldown to show its effect; a
+    // scale-down, the (shorter) scale-up cooldown before the next step down.
+    std::optional<double> until;
+    if (rs.last_up_s) until = *rs.last_up_s + c.scale_down_cooldown_s;
+    if (rs.last_down_s) until = std::max(until.value_or(0), *rs.last_down_s + c.scale_up_cooldown_s);
+    if (d.current > b.max) {
+      d.desired = b.max;
+      d.reason = Reason::kBounds;
+      d.message = strCat(d.current, " -> ", d.desired, ": above the autoscaling maximum");
+    } else if (need.slo_missed) {
+      d.reason = Reason::kSloMissed;
+      d.message = strCat("the model allows ", down, " but the ", planRoleName(role), " SLO is missed now (",
+                         num(need.pressure), "x target): no scale-down");
+    } else if (until && now < *until) {
+      d.reason = Reason::kCooldown;
+      d.message = strCat("could shrink to ", down, "; cooldown until ", num(*until - now), " s from now");
+    } else {
+      d.desired = std::max(down, d.current - maxDown(c, d.current));
+      d.reason = Reason::kScaleDown;
+      d.message = strCat(d.current, " -> ", d.desired, ", the survivors carry the load with margin: ", need.why);
+    }
+  } else {
+    d.message = strCat(d.current, " fits: ", need.why);
+  }
+  return d;
+}
+
+// With a GPU budget, the role under less pressure gives way: first what it
+// holds beyond its own need, then the other role's growth, then below its
+// need (never below min).
+void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, Decision& d) {
+  if (c.gpu_budget <= 0) return;
+  auto total = [&] {
+    return int64_t{d.prefill.desired} * c.gpus_per_prefill + int64_t{d.decode.desired} * c.gpus_per_decode;
+  };
+  if (total() <= c.gpu_budget) return;
+  const PlanRole low = pn.pressure >= dn.pressure ? PlanRole::kDecode : PlanRole::kPrefill;
+  const PlanRole high = low == PlanRole::kDecode ? PlanRole::kPrefill : PlanRole::kDecode;
+  const int32_t before_p = d.prefill.desired, before_d = d.decode.desired;
+  auto cut = [&](PlanRole r, int32_t floor) {
+    RoleDecision& rd = d.role(r);
+    if (rd.reason == Reason::kManualOverride || gpusOf(c, r) == 0) return;  // a user's count stands
+    while (total() > c.gpu_budget && rd.desired > floor) --rd.desired;
+  };
+  const Need& low_need = low == PlanRole::kPrefill ? pn : dn;
+  cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, replicasFor(low_need.up))));
+  cut(high, std::max(boundsOf(c, high).min, std::min(d.role(high).desired, d.role(high).current)));
+  cut(low, boundsOf(c, low).min);
+  cut(high, boundsOf(c, high).min);
+  for (PlanRole r : kPlanRoles) {
+    RoleDecision& rd = d.role(r);
+    const int32_t before = r == PlanRole::kPrefill ? before_p : before_d;
+    if (rd.desired == before) continue;
+    rd.reason = Reason::kBudget;
+    rd.message = strCat(rd.current, " -> ", rd.desired, ": the GPU budget of ", c.gpu_budget, " holds ", before,
+                        " prefill/decode replicas at most this way (pressure prefill ", num(pn.pressure), ", decode ",
+                        num(dn.pressure), ")");
+  }
+  if (total() > c.gpu_budget) {
+    for (PlanRole r : kPlanRoles) {
+      d.role(r).message += strCat("; the minimums alone exceed the GPU budget of ", c.gpu_budget);
+    }
+  }
+}
+
+}  // namespace
+
+const char* planRoleName(PlanRole role) { return role == PlanRole::kPrefill ? "prefill" : "decode"; }
+
+const char* reasonName(Reason reason) {
+  switch (reason) {
+    case Reason::kHold: return "Hold";
+    case Reason::kScaleUp: return "ScaleUp";
+    case Reason::kScaleDown: return "ScaleDown";
+    case Reason::kMissingData: return "MissingData";
+    case Reason::kCooldown: return "Cooldown";
+    case Reason::kUnschedulable: return "Unschedulable";
+    case Reason::kSloMissed: return "SloMissed";
+    case Reason::kBudget: return "Budget";
+    case Reason::kManualOverride: return "ManualOverride";
+    case Reason::kBounds: return "Bounds";
+  }
+  return "Unknown";
+}
+
+absl::Status validatePlannerConfig(const PlannerConfig& c) {
+  auto bad = [](std::string_view field, std::string_view what) {
+    return absl::InvalidArgumentError(strCat("spec.autoscaling.", field, ": ", what));
+  };
+  if (!(c.ttft_target_s > 0)) return bad("ttftP95TargetSeconds", "must be > 0");
+  if (!(c.tpot_target_s > 0)) return bad("tpotP95TargetSeconds", "must be > 0");
+  if (!(c.min_free_kv_ratio >= 0 && c.min_free_kv_ratio < 1)) return bad("minFreeKvRatio", "must be in [0, 1)");
+  for (PlanRole r : kPlanRoles) {
+    const Bounds& b = boundsOf(c, r);
+    if (b.min < 0 || b.max < b.min) {
+      return bad(strCat(planRoleName(r)), strCat("min ", b.min, " and max ", b.max, ": need 0 <= min <= max"));
+    }
+  }
+  if (c.gpus_per_prefill < 0 || c.gpus_per_decode < 0) return bad("gpuBudget", "GPUs per pod must be >= 0");
+  if (c.gpu_budget < 0) return bad("gpuBudget", "must be >= 0");
+  if (!(c.scale_up_cooldown_s >= 0)) return bad("scaleUpCooldown", "must be >= 0");
+  if (!(c.scale_down_cooldown_s >= 0)) return bad("scaleDownCooldown", "must be >= 0");
+  if (c.max_step < 0) return bad("maxStep", "must be >= 0");
+  if (!(c.headroom >= 0)) return bad("headroom", "must be >= 0");
+  if (!(c.scale_down_margin >= 0 && c.scale_down_margin < 1)) return bad("scaleDownMargin", "must be in [0, 1)");
+  if (!(c.startup_s >= 0)) return bad("startupSeconds", "must be >= 0");
+  if (!(c.warmup_s >= 0)) return bad("warmupSeconds", "must be >= 0");
+  if (!(c.max_signal_age_s > 0)) return bad("maxSignalAge", "must be > 0");
+  return absl::OkStatus();
+}
+
+RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure) {
+  const routing::RouterConfig base;
+  RoutingKnobs k{.direct_max_suffix_tokens = base.direct_max_suffix_tokens,
+                 .load_floor_weight = base.load_floor_weight};
+  // Prefill under more pressure than decode: more of a session's turns are
+  // computed on D directly; the reverse keeps D's batch for decoding.
+  if (prefill_pressure > 0 && decode_pressure > 0) {
+    const double ratio = std::clamp(prefill_pressure / decode_pressure, 0.25, 4.0);
+    if (ratio >= 1.5 && prefill_pressure > 0.8) k.direct_max_suffix_tokens *= ratio >= 3 ? 4 : 2;
+    if (ratio <= 1 / 1.5 && decode_pressure > 0.8) k.direct_max_suffix_tokens /= ratio <= 1.0 / 3 ? 4 : 2;
+  }
+  return k;
+}
+
+Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
+  Decision d;
+  for (PlanRole r : kPlanRoles) {
+    RoleDecision& rd = d.role(r);
+    rd.current = rd.desired = specOf(s, r);
+    rd.correction = state.role(r).correction;
+  }
+  std::vector<std::string> missing = s.missing;
+  if (missing.empty() && s.age_s > c.max_signal_age_s) {
+    missing.push_back(strCat("every series (newest sample ", num(s.age_s), " s old)"));
+  }
+  std::string no_capacity;
+  Need pn, dn;
+  if (missing.empty()) {
+    pn = prefillNeed(c, s, state, no_capacity);
+    dn = decodeNeed(c, s, state);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& m : missing) list += strCat(list.empty() ? "" : ", ", m);
+    for (PlanRole r : kPlanRoles) {
+      d.role(r).reason = Reason::kMissingData;
+      d.role(r).message = strCat("no action: missing or stale ", list);
+    }
+    d.knobs = routingKnobs(0, 0);
+    return d;
+  }
+  d.prefill = decideRole(c, s, PlanRole::kPrefill, pn, state.prefill);
+  d.decode = decideRole(c, s, PlanRole::kDecode, dn, state.decode);
+  if (!no_capacity.empty()) {
+    d.prefill.desired = d.prefill.current;
+    d.prefill.reason = Reason::kMissingData;
+    d.prefill.message = strCat("no action: missing ", no_capacity);
+  }
+  // Someone else set the replicas: theirs stands for one cooldown.
+  for (PlanRole r : kPlanRoles) {
+    PlannerState::RoleState& rs = state.role(r);
+    RoleDecision& rd = d.role(r);
+    if (rs.written >= 0 && rd.current != rs.written) {
+      (rd.current > rs.written ? rs.last_up_s : rs.last_down_s) = s.at_s;
+      rd.message = strCat("spec.", planRoleName(r), ".replicas was changed to ", rd.current,
+                          " outside the planner (it wrote ", rs.written, "): kept for one cooldown");
+      rd.desired = rd.current;
+      rd.reason = Reason::kManualOverride;
+      rs.written = rd.current;
+    }
+  }
+  applyBudget(c, pn, dn, d);
+  for (PlanRole r : kPlanRoles) {
+    PlannerState::RoleState& rs = state.role(r);
+    const RoleDecision& rd = d.role(r);
+    if (rd.desired > rd.current) rs.last_up_s = s.at_s, rs.last_direction = 1;
+    if (rd.desired < rd.current) rs.last_down_s = s.at_s, rs.last_direction = -1;
+    rs.written = rd.desired;
+  }
+  d.knobs = routingKnobs(pn.pressure, dn.pressure);
+  if (d.decode.desired > d.decode.current) d.knobs.load_floor_weight *= 2;  // fill the new decode replicas first
+  return d;
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,180 @@
+#pragma once
+// The planner's decision (docs/planner.md): from one interval's signals of a
+// pool, how many prefill and decode replicas it should have and why. Pure:
+// no clock, no I/O. Time is seconds on any monotonic axis the caller keeps
+// (the operator's clock, the simulator's simulated time), so the operator,
+// tandem-sim and the tests run exactly the same code.
+//
+// The model, per role, is sized on the forecast demand and then corrected
+// by what the SLOs show:
+//
+//   prefill  demand  = uncached prompt tokens/s forecast at now + start-up
+//                      time (a rising trend is extrapolated over the time a
+//                      new replica takes to serve) + the queued prompt
+//                      tokens drained within the TTFT target
+//            needed  = demand × correction / (capacity per replica × utilisation)
+//            where capacity is measured on warm replicas only, utilisation
+//            = 1 / (1 + headroom), and correction = observed TTFT p95 ÷ the
+//            model's TTFT at the current size (kept as an average, 1..4)
+//   decode   needed  = max(KV:   used blocks / (1 − minFreeKvRatio) per replica,
+//                          TPOT: running sequences / the batch one replica
+//                                serves within the TPOT target, from the
+//                                measured TPOT at the measured batch)
+//
+// Stability: a scale-down is planned with the whole load on the survivors
+// and a stricter utilisation (utilisation × (1 − scaleDownMargin)), so the
+// replica count that scaling up reaches is never the one scaling down
+// leaves (no N ↔ N−1 flapping); never while the role's SLO is missed. Steps
+// are bounded, cooldowns are per direction, replicas still starting count as
+// capacity on the way, and a role with an unschedulable replica is never
+// grown. With a GPU budget, the role under less pressure (observed ÷ target)
+// gives way. Missing or stale signals: no action, and the decision names the
+// series.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem::planner {
+
+enum class PlanRole { kPrefill, kDecode };
+inline constexpr PlanRole kPlanRoles[] = {PlanRole::kPrefill, PlanRole::kDecode};
+const char* planRoleName(PlanRole role);  // "prefill", "decode"
+
+struct Bounds {
+  int32_t min = 1;
+  int32_t max = 1000;
+};
+
+struct PlannerConfig {
+  double ttft_target_s = 4.0;   // TTFT p95 as clients see it (queueing included)
+  double tpot_target_s = 0.05;  // TPOT p95
+  double min_free_kv_ratio = 0.1;
+  Bounds prefill, decode;
+  int32_t gpus_per_prefill = 1, gpus_per_decode = 1;
+  int64_t gpu_budget = 0;  // 0: none
+  // After a scale-up, more is added no sooner than scale_up_cooldown_s and
+  // nothing is removed before scale_down_cooldown_s; after a scale-down,
+  // the next step down waits scale_up_cooldown_s. A scale-up never waits
+  // for a scale-down's cooldown.
+  double scale_up_cooldown_s = 60;
+  double scale_down_cooldown_s = 300;
+  // Replicas a role may gain / lose in one decision; 0: up to doubling (at
+  // least 4), down by at most half (at least one).
+  int32_t max_step = 0;
+  double headroom = 0.2;           // plan for (1 + headroom) × the demand
+  double scale_down_margin = 0.2;  // scale down only with this much more room
+  double startup_s = 60;           // a new replica's start-up time until one was measured
+  double warmup_s = 60;            // a replica Ready for less than this is warming: its capacity is not measured
+  double max_signal_age_s = 120;   // older signals are stale
+};
+
+// InvalidArgument naming the field: targets > 0, ratios in [0, 1), bounds
+// min <= max, cooldowns and times >= 0.
+absl::Status validatePlannerConfig(const PlannerConfig& config);
+
+// One replica of a role as the cluster and its metrics show it.
+struct ReplicaSample {
+  std::string name;
+  bool ready = false;
+  double ready_for_s = 0;      // since it became Ready
+  bool unschedulable = false;  // Pending: no node can take it
+  // Measured capacity: prefill, uncached prompt tokens computed per busy
+  // second; decode, nothing (its TPOT and batch are pool signals).
+  // nullopt: no sample this interval (idle, or no series).
+  std::optional<double> capacity;
+};
+
+// One interval's signals of a pool. A value is nullopt when the series had
+// no data because nothing happened (no requests); a series that should be
+// there and is not is named in `missing` instead.
+struct Signals {
+  double at_s = 0;  // when the signals were read (the caller's time axis)
+  double age_s = 0;  // how old the newest sample behind them is
+  std::vector<std::string> missing;  // series absent or stale: nothing is decided
+  // Client-side latency (router histograms: queueing included).
+  std::optional<double> ttft_p95_s, tpot_p95_s;
+  // Prefill.
+  double uncached_prompt_tokens_per_s = 0;  // arriving
+  double prefill_queue_tokens = 0;          // queued now, over all prefill replicas
+  double mean_uncached_prompt_tokens = 0;   // per request (for the TTFT model)
+  // Decode.
+  double decode_kv_used_ratio = 0;  // 1 − free KV ratio, mean over Ready decode replicas
+  double decode_running = 0;        // sequences decoding now, all decode replicas
+  // Reported for status and metrics; the decision reads them as pressure.
+  double preemptions_per_s = 0;
+  double fallback_share = 0;  // requests that fell back to monolithic or were rejected
+  std::vector<ReplicaSample> prefill, decode;  // one per replica of the spec (Ready or not)
+  int32_t spec_prefill = 0, spec_decode = 0;   // spec.*.replicas now
+};
+
+enum class Reason {
+  kHold,             // nothing to change
+  kScaleUp,          // demand forecast (or an SLO) needs more
+  kScaleDown,        // the survivors carry the load with margin
+  kMissingData,      // a series absent or stale
+  kCooldown,         // a change is needed but its direction's cooldown runs
+  kUnschedulable,    // would grow, but a replica cannot be placed
+  kSloMissed,        // would shrink, but the role's SLO is missed now
+  kBudget,           // the GPU budget cut the change
+  kManualOverride,   // spec differs from what the planner last wrote
+  kBounds,           // min/max moved it
+};
+const char* reasonName(Reason reason);  // "ScaleUp", ...
+
+struct RoleDecision {
+  int32_t current = 0;  // spec replicas when decided
+  int32_t desired = 0;
+  Reason reason = Reason::kHold;
+  std::string message;  // one sentence: the numbers behind it
+  // Inputs as used (for status.lastScaling and metrics).
+  double needed = 0;     // the model's replicas before steps, cooldowns and bounds
+  double capacity = 0;   // per replica (prefill: tokens/s; decode: sequences within TPOT)
+  double pressure = 0;   // observed ÷ target of the role's SLO (0: no data)
+  double correction = 1; // prefill's SLO correction
+};
+
+// Routing knobs the planner publishes to the routers (router_config.h).
+struct RoutingKnobs {
+  int64_t direct_max_suffix_tokens = 0;
+  double load_floor_weight = 0;
+};
+
+struct Decision {
+  RoleDecision prefill, decode;
+  RoutingKnobs knobs;
+  bool acted() const { return prefill.desired != prefill.current || decode.desired != decode.current; }
+  const RoleDecision& role(PlanRole r) const { return r == PlanRole::kPrefill ? prefill : decode; }
+  RoleDecision& role(PlanRole r) { return r == PlanRole::kPrefill ? prefill : decode; }
+};
+
+// What the planner remembers between intervals of one pool.
+struct PlannerState {
+  struct RoleState {
+    std::optional<double> last_up_s, last_down_s;  // last scaling in each direction
+    int32_t written = -1;                          // replicas the planner last wrote; -1: none
+    std::optional<double> capacity;                // remembered per-replica capacity (warm replicas)
+    double correction = 1;
+    int32_t last_direction = 0;  // +1 / −1 of its last step (for reversals)
+  };
+  RoleState prefill, decode;
+  // Recent (time, uncached prompt tokens/s), for the trend.
+  std::vector<std::pair<double, double>> arrivals;
+  // Recent (decode batch per replica, TPOT p95), for the TPOT line.
+  std::vector<std::pair<double, double>> tpot_samples;
+  RoleState& role(PlanRole r) { return r == PlanRole::kPrefill ? prefill : decode; }
+};
+
+// Decides one interval and updates `state` (remembered capacity,
+// correction, trend, cooldown clocks) as if the decision is applied; the
+// caller writes the desired replicas with field manager tandem-planner.
+Decision decide(const PlannerConfig& config, const Signals& signals, PlannerState& state);
+
+// The routing knobs for a decision's pressures, from the router's defaults.
+RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure);
+
+}  // namespace tandem::planner

@@ -1,0 +1,399 @@
+// The planner's decision on synthetic series: a toy pool (below) turns the
+// replicas the planner asked for into the next interval's signals, with a
+// start-up delay, a warm-up during which new replicas compute slowly, a
+// prefill queue that grows when the arrivals exceed the capacity, and a
+// TPOT that grows with the batch.
+
+#include "operator/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tandem::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kInterval = 30;
+
+struct ToyPool {
+  double prefill_capacity = 10000;  // uncached tokens/s of a warm replica
+  double warming_capacity = 2000;   // ... of one still warming
+  double startup_s = 60, warmup_s = 60;
+  double tpot_floor = 0.010, tpot_per_seq = 0.001;  // TPOT = floor + per_seq × batch
+  double kv_share_per_seq = 0.02;                   // of one decode replica's KV
+  double mean_prompt = 2000;
+  int32_t unschedulable_prefill = 0;  // the last this many prefill replicas never start
+  struct Replica {
+    double created = 0;
+  };
+  std::vector<Replica> prefill, decode;
+  double queue = 0;
+
+  ToyPool(int32_t p, int32_t d) : prefill(p, Replica{-1000}), decode(d, Replica{-1000}) {}
+
+  void apply(const Decision& d, double now) {
+    auto resize = [&](std::vector<Replica>& v, int32_t n) {
+      while (static_cast<int32_t>(v.size()) < n) v.push_back({now});
+      while (static_cast<int32_t>(v.size()) > n) v.pop_back();  // the newest go first
+    };
+    resize(prefill, d.prefill.desired);
+    resize(decode, d.decode.desired);
+  }
+
+  bool ready(const Replica& r, double now, bool unschedulable) const {
+    return !unschedulable && now - r.created >= startup_s;
+  }
+
+  // The signals at `now` after an interval at `rate` uncached tokens/s with
+  // `running` sequences decoding.
+  Signals step(double now, double rate, double running) {
+    Signals s;
+    s.at_s = now;
+    s.spec_prefill = static_cast<int32_t>(prefill.size());
+    s.spec_decode = static_cast<int32_t>(decode.size());
+    double served = 0;
+    for (size_t i = 0; i < prefill.size(); ++i) {
+      const bool unsched = static_cast<int32_t>(i) >= s.spec_prefill - unschedulable_prefill;
+      ReplicaSample r{.name = "p" + std::to_string(i), .ready = ready(prefill[i], now, unsched)};
+      r.unschedulable = unsched;
+      if (r.ready) {
+        r.ready_for_s = now - prefill[i].created - startup_s;
+        r.capacity = r.ready_for_s < warmup_s ? warming_capacity : prefill_capacity;
+        served += *r.capacity;
+      }
+      s.prefill.push_back(r);
+    }
+    queue = std::max(0.0, queue + (rate - served) * kInterval);
+    int32_t d_ready = 0;
+    for (size_t i = 0; i < decode.size(); ++i) {
+      ReplicaSample r{.name = "d" + std::to_string(i), .ready = ready(decode[i], now, false)};
+      if (r.ready) r.ready_for_s = now - decode[i].created - startup_s, ++d_ready;
+      s.decode.push_back(r);
+    }
+    s.uncached_prompt_tokens_per_s = rate;
+    s.prefill_queue_tokens = queue;
+    s.mean_uncached_prompt_tokens = mean_prompt;
+    if (rate > 0) {
+      const double rho = std::min(0.99, rate / std::max(1.0, served));
+      s.ttft_p95_s = 1.5 * (mean_prompt / prefill_capacity) / (1 - rho) + queue / std::max(1.0, served);
+    }
+    const double batch = running / std::max(1, d_ready);
+    s.decode_running = running;
+    s.decode_kv_used_ratio = std::min(1.0, batch * kv_share_per_seq);
+    if (running > 0) s.tpot_p95_s = tpot_floor + tpot_per_seq * batch;
+    return s;
+  }
+};
+
+PlannerConfig config() {
+  PlannerConfig c;
+  c.ttft_target_s = 2;
+  c.tpot_target_s = 0.05;
+  c.prefill = {1, 64};
+  c.decode = {1, 64};
+  c.startup_s = 60;
+  c.warmup_s = 60;
+  return c;
+}
+
+// Runs `intervals` decisions; the load comes from `rate(t)` and `running(t)`.
+struct Trial {
+  std::vector<Decision> decisions;
+  int reversals(PlanRole role) const {
+    int n = 0, last = 0;
+    for (const Decision& d : decisions) {
+      const int dir = d.role(role).desired > d.role(role).current ? 1 : d.role(role).desired < d.role(role).current ? -1 : 0;
+      if (dir != 0 && last != 0 && dir != last) ++n;
+      if (dir != 0) last = dir;
+    }
+    return n;
+  }
+};
+
+Trial run(ToyPool& pool, const PlannerConfig& c, PlannerState& state, int intervals,
+        const std::function<double(double)>& rate, const std::function<double(double)>& running, double t0 = 0) {
+  Trial out;
+  for (int i = 0; i < intervals; ++i) {
+    const double now = t0 + i * kInterval;
+    const Decision d = decide(c, pool.step(now, rate(now), running(now)), state);
+    if (std::getenv("PLANNER_TRACE")) {
+      std::fprintf(stderr, "t=%.0f queue=%.0f P %d->%d %s: %s | D %d->%d %s: %s\n", now, pool.queue, d.prefill.current,
+                   d.prefill.desired, reasonName(d.prefill.reason), d.prefill.message.c_str(), d.decode.current,
+                   d.decode.desired, reasonName(d.decode.reason), d.decode.message.c_str());
+    }
+    pool.apply(d, now);
+    out.decisions.push_back(d);
+  }
+  return out;
+}
+
+auto constant(double v) {
+  return [v](double) { return v; };
+}
+
+TEST(PlannerTest, AStepInPrefillLoadIsMetWithTheHeadroomAndThenHeld) {
+  ToyPool pool(2, 2);
+  PlannerState state;
+  const PlannerConfig c = config();
+  run(pool, c, state, 10, constant(15000), constant(20));
+  EXPECT_EQ(pool.prefill.size(), 2u) << "15k tokens/s at 10k per replica and 20% headroom: 2";
+  const Trial r = run(pool, c, state, 30, constant(60000), constant(20), 10 * kInterval);
+  // 60k × 1.2 / 10k = 7.2, plus what the queue built during the start-up.
+  EXPECT_GE(pool.prefill.size(), 8u);
+  EXPECT_LE(pool.prefill.size(), 9u);
+  EXPECT_EQ(r.reversals(PlanRole::kPrefill), 0);
+  EXPECT_EQ(r.decisions.back().prefill.reason, Reason::kHold) << r.decisions.back().prefill.message;
+  EXPECT_EQ(pool.decode.size(), 2u) << "decode load did not change";
+}
+
+TEST(PlannerTest, ARampIsMetAheadByTheStartUpTime) {
+  // Arrivals rise by 200 tokens/s every second: a replica's worth every 50 s.
+  auto ramp = [](double t) { return 5000 + 200 * t; };
+  auto lag = [&](double startup) {
+    ToyPool pool(1, 1);
+    pool.startup_s = startup;
+    PlannerConfig c = config();
+    c.startup_s = startup;
+    c.scale_up_cooldown_s = 0;
+    PlannerState state;
+    double worst_queue = 0;
+    for (int i = 0; i < 20; ++i) {
+      const double now = i * kInterval;
+      const Decision d = decide(c, pool.step(now, ramp(now), 10), state);
+      pool.apply(d, now);
+      worst_queue = std::max(worst_queue, pool.queue);
+    }
+    return worst_queue;
+  };
+  // Planning for a 120 s start-up keeps the queue to a fraction of what a
+  // planner that assumes instant replicas builds on the same pool.
+  const double planned = lag(120);
+  ToyPool naive_pool(1, 1);
+  naive_pool.startup_s = 120;
+  PlannerConfig naive = config();
+  naive.startup_s = 0;
+  naive.scale_up_cooldown_s = 0;
+  PlannerState state;
+  double naive_queue = 0;
+  for (int i = 0; i < 20; ++i) {
+    const double now = i * kInterval;
+    naive_pool.apply(decide(naive, naive_pool.step(now, ramp(now), 10), state), now);
+    naive_queue = std::max(naive_queue, naive_pool.queue);
+  }
+  EXPECT_LT(planned, 0.6 * naive_queue) << planned << " vs " << naive_queue;
+}
+
+TEST(PlannerTest, ASpikeIsAbsorbedAndScaledBackOnlyAfterTheCooldown) {
+  ToyPool pool(2, 2);
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 300;
+  run(pool, c, state, 10, constant(12000), constant(10));
+  ASSERT_EQ(pool.prefill.size(), 2u);
+  // A burst of 2 intervals at 4x.
+  auto spike = [](double t) { return t < 360 ? 48000.0 : 12000.0; };
+  const Trial r = run(pool, c, state, 30, spike, constant(10), 300);
+  size_t peak = 0, first_down = 0;
+  for (size_t i = 0; i < r.decisions.size(); ++i) {
+    peak = std::max<size_t>(peak, r.decisions[i].prefill.desired);
+    if (!first_down && r.decisions[i].prefill.reason == Reason::kScaleDown) first_down = i;
+  }
+  EXPECT_GT(peak, 4u) << "the queue the spike left is drained by more replicas";
+  ASSERT_GT(first_down, 0u);
+  size_t last_up = 0;
+  for (size_t i = 0; i < r.decisions.size(); ++i) {
+    if (r.decisions[i].prefill.desired > r.decisions[i].prefill.current) last_up = i;
+  }
+  EXPECT_GE((first_down - last_up) * kInterval, c.scale_down_cooldown_s);
+  EXPECT_EQ(pool.prefill.size(), 2u) << "back to what the load needs";
+}
+
+TEST(PlannerTest, ASlowOscillationAroundAReplicaBoundaryDoesNotFlap) {
+  // 8.3k ± 10% tokens/s crosses the 1 → 2 replica boundary (8.33k at 20%
+  // headroom) every few minutes; the survivors' load with the margin keeps 2.
+  ToyPool pool(2, 1);
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 60;
+  auto wave = [](double t) { return 8300 * (1 + 0.1 * std::sin(t / 600 * 2 * M_PI)); };
+  const Trial r = run(pool, c, state, 120, wave, constant(5));
+  EXPECT_EQ(r.reversals(PlanRole::kPrefill), 0);
+  EXPECT_EQ(pool.prefill.size(), 2u);
+  // And a constant load exactly at a boundary never moves.
+  ToyPool flat(3, 1);
+  PlannerState flat_state;
+  const Trial f = run(flat, c, flat_state, 60, constant(25000), constant(5));
+  int actions = 0;
+  for (const Decision& d : f.decisions) actions += d.prefill.desired != d.prefill.current;
+  EXPECT_LE(actions, 1);
+  EXPECT_EQ(f.reversals(PlanRole::kPrefill), 0);
+}
+
+TEST(PlannerTest, MissingOrStaleSeriesChangeNothingAndSayWhich) {
+  ToyPool pool(2, 2);
+  PlannerState state;
+  const PlannerConfig c = config();
+  Signals s = pool.step(0, 90000, 200);  // would scale both
+  s.missing = {"tandem_router_ttft_seconds_bucket"};
+  Decision d = decide(c, s, state);
+  for (PlanRole r : kPlanRoles) {
+    EXPECT_EQ(d.role(r).reason, Reason::kMissingData);
+    EXPECT_EQ(d.role(r).desired, 2);
+    EXPECT_THAT(d.role(r).message, HasSubstr("tandem_router_ttft_seconds_bucket"));
+  }
+  s.missing.clear();
+  s.age_s = 600;
+  d = decide(c, s, state);
+  EXPECT_EQ(d.prefill.reason, Reason::kMissingData);
+  EXPECT_THAT(d.prefill.message, HasSubstr("600 s old"));
+  EXPECT_FALSE(d.acted());
+  s.age_s = 0;
+  EXPECT_TRUE(decide(c, s, state).acted()) << "fresh data acts again";
+}
+
+TEST(PlannerTest, AScaleDownThatWouldOverloadTheSurvivorsIsRefused) {
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 0;
+  PlannerState state;
+  // 4 prefill replicas at 10k; 26k tokens/s needs 3.12 at 20% headroom → 4
+  // stay. With 3, each survivor would run at 87% (> 83%).
+  ToyPool pool(4, 1);
+  Trial r = run(pool, c, state, 20, constant(26000), constant(5));
+  EXPECT_EQ(pool.prefill.size(), 4u);
+  for (const Decision& d : r.decisions) EXPECT_NE(d.prefill.reason, Reason::kScaleDown) << d.prefill.message;
+  // At 20k, 3 survivors run at 67%, under 83% × (1 − 20%): one goes.
+  run(pool, c, state, 5, constant(20000), constant(5), 600);
+  EXPECT_EQ(pool.prefill.size(), 3u);
+  // While the TTFT SLO is missed nothing shrinks, whatever the model says.
+  Signals s = pool.step(900, 1000, 5);
+  s.ttft_p95_s = 5;
+  const Decision d = decide(c, s, state);
+  EXPECT_EQ(d.prefill.reason, Reason::kSloMissed);
+  EXPECT_EQ(d.prefill.desired, 3);
+}
+
+TEST(PlannerTest, UnschedulableReplicasStopFurtherGrowthAndSaySo) {
+  ToyPool pool(2, 1);
+  pool.unschedulable_prefill = 1;  // the second prefill replica fits no node
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_up_cooldown_s = 0;
+  const Trial r = run(pool, c, state, 10, constant(50000), constant(5));
+  EXPECT_EQ(pool.prefill.size(), 2u) << "no replica added while one cannot be placed";
+  EXPECT_EQ(r.decisions.back().prefill.reason, Reason::kUnschedulable);
+  EXPECT_THAT(r.decisions.back().prefill.message, HasSubstr("cannot be scheduled"));
+}
+
+TEST(PlannerTest, WarmingReplicasAreNotReadAsLowCapacity) {
+  // New replicas compute at a fifth of their speed for their first 5 min.
+  auto peak = [](bool exclude_warming) {
+    ToyPool pool(2, 1);
+    pool.warmup_s = 300;
+    PlannerConfig c = config();
+    c.warmup_s = exclude_warming ? 300 : 0;
+    c.scale_up_cooldown_s = 0;
+    PlannerState state;
+    run(pool, c, state, 4, constant(15000), constant(5));
+    run(pool, c, state, 30, constant(40000), constant(5), 4 * kInterval);
+    return pool.prefill.size();
+  };
+  const size_t planned = peak(true);
+  EXPECT_LE(planned, 6u) << "40k × 1.2 / 10k = 4.8: 5, and at most one more for the queue";
+  EXPECT_GT(peak(false), planned) << "reading warming replicas as capacity over-scales";
+}
+
+TEST(PlannerTest, DecodeFollowsKvAndTpotWithTheSurvivorsLoadOnScaleDown) {
+  ToyPool pool(1, 2);
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 0;
+  // 80 sequences on 2 replicas: batch 40, TPOT 50 ms at the target; KV 80%.
+  run(pool, c, state, 12, constant(1000), constant(80));
+  // TPOT 10 + 1 × batch ms within 50/1.2 ms: batch ≤ 31.7 → 3 replicas;
+  // KV 2% per sequence within 90%: 45 per replica.
+  EXPECT_EQ(pool.decode.size(), 3u);
+  run(pool, c, state, 12, constant(1000), constant(20), 12 * kInterval);
+  EXPECT_EQ(pool.decode.size(), 1u) << "20 sequences: one replica at TPOT 30 ms";
+}
+
+TEST(PlannerTest, AGpuBudgetGivesWayToTheRoleUnderMorePressure) {
+  PlannerConfig c = config();
+  c.gpu_budget = 8;
+  c.gpus_per_prefill = 1;
+  c.gpus_per_decode = 2;
+  c.scale_up_cooldown_s = 0;
+  c.scale_down_cooldown_s = 0;
+  ToyPool pool(2, 3);
+  PlannerState state;
+  // Prefill needs 6 (50k tokens/s); decode is lightly loaded.
+  const Trial r = run(pool, c, state, 15, constant(50000), constant(20));
+  for (const Decision& d : r.decisions) {
+    EXPECT_LE(d.prefill.desired * 1 + d.decode.desired * 2, 8);
+  }
+  EXPECT_EQ(pool.decode.size(), 1u) << "decode gave its GPUs up";
+  EXPECT_EQ(pool.prefill.size(), 6u);
+  bool budget_said = false;
+  for (const Decision& d : r.decisions) budget_said |= d.prefill.reason == Reason::kBudget;
+  EXPECT_TRUE(budget_said);
+}
+
+TEST(PlannerTest, AManualEditIsKeptForOneCooldownAndExplained) {
+  ToyPool pool(2, 2);
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 300;
+  run(pool, c, state, 4, constant(15000), constant(10));
+  pool.prefill.resize(6, ToyPool::Replica{-1000});  // a user scaled prefill to 6
+  Decision d = decide(c, pool.step(4 * kInterval, 15000, 10), state);
+  EXPECT_EQ(d.prefill.reason, Reason::kManualOverride);
+  EXPECT_THAT(d.prefill.message, HasSubstr("changed to 6 outside the planner (it wrote 2)"));
+  pool.apply(d, 4 * kInterval);
+  const Trial r = run(pool, c, state, 15, constant(15000), constant(10), 5 * kInterval);
+  int first_down = -1;
+  for (size_t i = 0; i < r.decisions.size() && first_down < 0; ++i) {
+    if (r.decisions[i].prefill.reason == Reason::kScaleDown) first_down = static_cast<int>(i);
+  }
+  ASSERT_GE(first_down, 0);
+  EXPECT_GE((first_down + 1) * kInterval, c.scale_down_cooldown_s);
+}
+
+TEST(PlannerTest, BoundsAreHonoured) {
+  PlannerConfig c = config();
+  c.prefill = {2, 3};
+  c.scale_up_cooldown_s = 0;
+  ToyPool pool(1, 1);
+  PlannerState state;
+  run(pool, c, state, 10, constant(90000), constant(5));
+  EXPECT_EQ(pool.prefill.size(), 3u);
+  run(pool, c, state, 30, constant(0), constant(5), 300);
+  EXPECT_EQ(pool.prefill.size(), 2u);
+}
+
+TEST(PlannerTest, RoutingKnobsShiftTurnsTowardTheRoleWithRoom) {
+  const RoutingKnobs even = routingKnobs(0.5, 0.5);
+  EXPECT_GT(routingKnobs(2.0, 0.5).direct_max_suffix_tokens, even.direct_max_suffix_tokens);
+  EXPECT_LT(routingKnobs(0.3, 1.2).direct_max_suffix_tokens, even.direct_max_suffix_tokens);
+}
+
+TEST(PlannerTest, ConfigErrorsNameTheField) {
+  PlannerConfig c;
+  c.ttft_target_s = 0;
+  EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("spec.autoscaling.ttftP95TargetSeconds"));
+  c = {};
+  c.decode = {5, 2};
+  EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("spec.autoscaling.decode: min 5 and max 2"));
+  c = {};
+  c.min_free_kv_ratio = 1;
+  EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("minFreeKvRatio"));
+  EXPECT_TRUE(validatePlannerConfig(PlannerConfig{}).ok());
+}
+
+}  // namespace
+}  // namespace tandem::planner
