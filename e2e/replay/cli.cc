@@ -1,60 +1,15 @@
 #include "e2e/replay/cli.h"
 
-#include <charconv>
-#include <cmath>
-#include <functional>
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
+#include "e2e/replay/flags.h"
 #include "e2e/replay/policy_factory.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace tandem::replay {
 namespace {
-
-using FlagSetter = std::function<absl::Status(const std::string& name, const std::optional<std::string>& value)>;
-
-// Walks args[begin..] as "--name value" / "--name=value" pairs (a switch
-// named by `is_switch` takes no value unless given with '='), each flag at
-// most once, handing each to `set`. Returns whether --help was among them.
-absl::StatusOr<bool> readFlags(const std::vector<std::string>& args, size_t begin, bool (*is_switch)(std::string_view),
-                               const FlagSetter& set) {
-  absl::flat_hash_set<std::string> seen;
-  for (size_t i = begin; i < args.size();) {
-    std::string_view arg = args[i++];
-    if (!arg.starts_with("--")) return absl::InvalidArgumentError(strCat("unexpected argument '", arg, "'"));
-    const size_t eq = arg.find('=');
-    const std::string name(arg.substr(0, eq));
-    if (!seen.insert(name).second) return absl::InvalidArgumentError(strCat(name, " given twice"));
-    std::optional<std::string> value;
-    if (eq != std::string_view::npos) {
-      value = std::string(arg.substr(eq + 1));
-    } else if (!is_switch(name)) {
-      if (i >= args.size()) return absl::InvalidArgumentError(strCat(name, " needs a value"));
-      value = args[i++];
-    }
-    if (name == "--help") return true;
-    TANDEM_RETURN_IF_ERROR(set(name, value));
-  }
-  return false;
-}
-
-template <typename T>
-absl::StatusOr<T> parseNumber(std::string_view flag, const std::optional<std::string>& value, T min) {
-  if (!value) return absl::InvalidArgumentError(strCat(flag, " needs a value"));
-  T out{};
-  const char* end = value->data() + value->size();
-  auto [ptr, ec] = std::from_chars(value->data(), end, out);
-  if (ec != std::errc() || ptr != end || value->empty()) {
-    return absl::InvalidArgumentError(strCat(flag, ": '", *value, "' is not a number"));
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(out)) return absl::InvalidArgumentError(strCat(flag, ": '", *value, "' is not finite"));
-  }
-  if (out < min) return absl::InvalidArgumentError(strCat(flag, " must be >= ", min, ", got ", *value));
-  return out;
-}
 
 absl::StatusOr<std::vector<std::string>> parsePolicies(const std::optional<std::string>& value) {
   if (!value || value->empty()) return absl::InvalidArgumentError("--policy needs a value");

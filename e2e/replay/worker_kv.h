@@ -51,6 +51,12 @@ struct KvRequest {
 class WorkerKv {
  public:
   explicit WorkerKv(int64_t capacity_blocks);
+  // Blocks hold iterators into the LRU list: a copy would point into the
+  // original's. Moving keeps them valid.
+  WorkerKv(const WorkerKv&) = delete;
+  WorkerKv& operator=(const WorkerKv&) = delete;
+  WorkerKv(WorkerKv&&) noexcept = default;
+  WorkerKv& operator=(WorkerKv&&) noexcept = default;
 
   int64_t capacityBlocks() const { return capacity_; }
   // Free plus cached blocks nobody references (evictable without harm to a running request).
@@ -59,6 +65,11 @@ class WorkerKv {
   int64_t prefixHits(std::span<const BlockHash> prompt) const;
   bool isResident(const SessionId& session) const { return sessions_.contains(session); }
   int64_t numResidentSessions() const { return static_cast<int64_t>(sessions_.size()); }
+  // Blocks `session` holds here (0: not resident).
+  int64_t residentBlocks(const SessionId& session) const {
+    auto it = sessions_.find(session);
+    return it == sessions_.end() ? 0 : static_cast<int64_t>(it->second.hashes.size()) + it->second.private_blocks;
+  }
 
   // Admits `request` if its reservation fits now, evicting as the header
   // says; returns the prompt blocks it found here (its prefix hits). nullopt:

@@ -49,22 +49,22 @@ int32_t replicasFor(double needed) {
   return static_cast<int32_t>(std::min(1e6, std::max(0.0, std::ceil(needed - 1e-9))));
 }
 
-// The uncached token rate expected when a replica added now would serve.
-// A rise over two consecutive intervals is a trend: it is extrapolated
-// over the start-up time at the smaller of the two rises. A single jump
-// (a step) is not extrapolated, and neither is a fall (scale-down waits
-// for it to show).
-double forecastArrivals(PlannerState& state, double now, double rate, double horizon_s) {
-  state.arrivals.emplace_back(now, rate);
-  if (state.arrivals.size() > kTrendSamples) state.arrivals.erase(state.arrivals.begin());
-  const size_t n = state.arrivals.size();
-  if (n < 3) return rate;
-  const auto& [t0, r0] = state.arrivals[n - 3];
-  const auto& [t1, r1] = state.arrivals[n - 2];
-  const auto& [t2, r2] = state.arrivals[n - 1];
-  if (!(t1 > t0 && t2 > t1 && r1 > r0 && r2 > r1)) return rate;
+// A series' value expected `horizon_s` from now (the time a replica added
+// now takes to serve). A rise over two consecutive intervals is a trend:
+// it is extrapolated at the smaller of the two rises. A single jump (a
+// step) is not extrapolated, and neither is a fall (scale-down waits for
+// it to show).
+double forecast(std::vector<std::pair<double, double>>& series, double now, double value, double horizon_s) {
+  series.emplace_back(now, value);
+  if (series.size() > kTrendSamples) series.erase(series.begin());
+  const size_t n = series.size();
+  if (n < 3) return value;
+  const auto& [t0, r0] = series[n - 3];
+  const auto& [t1, r1] = series[n - 2];
+  const auto& [t2, r2] = series[n - 1];
+  if (!(t1 > t0 && t2 > t1 && r1 > r0 && r2 > r1)) return value;
   const double slope = std::min((r1 - r0) / (t1 - t0), (r2 - r1) / (t2 - t1));
-  return std::min(rate + slope * horizon_s, rate * kMaxForecastGrowth);
+  return std::min(value + slope * horizon_s, value * kMaxForecastGrowth);
 }
 
 // What the model says a role needs: growing to `up` replicas keeps the
@@ -119,7 +119,7 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     const double measured = sum / warm;
     rs.capacity = rs.capacity ? 0.5 * *rs.capacity + 0.5 * measured : measured;
   }
-  const double rate = forecastArrivals(state, s.at_s, s.uncached_prompt_tokens_per_s, c.startup_s);
+  const double rate = forecast(state.arrivals, s.at_s, s.uncached_prompt_tokens_per_s, c.startup_s);
   const double queue = s.prefill_queue_tokens;
   if (s.ttft_p95_s) {
     n.pressure = *s.ttft_p95_s / c.ttft_target_s;
@@ -167,11 +167,16 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   Need n;
   const int32_t ready = std::max(1, readyCount(s.decode));
   const double kv_room = 1 - c.min_free_kv_ratio;
-  const double kv_up = ready * s.decode_kv_used_ratio / kv_room;
-  const double kv_down = ready * s.decode_kv_used_ratio / (kv_room * (1 - c.scale_down_margin));
+  // The working set grows as sessions start: its trend is planned for too.
+  const double kv =
+      forecast(state.kv_active, s.at_s, std::max(s.decode_kv_used_ratio, s.decode_kv_active_ratio), c.startup_s);
+  // With the headroom: past the room, sessions are evicted and come back as
+  // whole prompts for prefill (a cliff, not a slope).
+  const double util = 1 / (1 + c.headroom);
+  const double kv_up = ready * kv / (kv_room * util);
+  const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
   n.pressure = s.decode_kv_used_ratio / kv_room;
   double tpot_up = 0, tpot_down = 0;
-  const double util = 1 / (1 + c.headroom);
   if (s.tpot_p95_s && s.decode_running > 0) {
     const double tpot = *s.tpot_p95_s;
     const double batch = s.decode_running / ready;
@@ -199,7 +204,8 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   n.slo_missed = n.pressure > 1;
   n.up = std::max(kv_up, tpot_up);
   n.down = std::max(kv_down, tpot_down);
-  n.why = strCat("KV ", num(100 * s.decode_kv_used_ratio), "% used, ", num(s.decode_running), " decoding",
+  n.why = strCat("KV ", num(100 * s.decode_kv_used_ratio), "% used by running sequences, ",
+                 num(100 * s.decode_kv_active_ratio), "% with active sessions, ", num(s.decode_running), " decoding",
                  s.tpot_p95_s ? strCat(", TPOT p95 ", num(*s.tpot_p95_s * 1000), " ms") : std::string(),
                  n.capacity > 0 ? strCat(", ", num(n.capacity), " sequences per replica within the TPOT target")
                                 : std::string());
@@ -214,7 +220,7 @@ int32_t maxDown(const PlannerConfig& c, int32_t current) {
 // The model's need turned into a replica count for one role: bounded steps,
 // cooldowns, the unschedulable and SLO guards, min/max.
 RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role, const Need& need,
-                        const PlannerState::RoleState& rs) {
+                        PlannerState::RoleState& rs) {
   RoleDecision d;
   d.current = d.desired = specOf(s, role);
   d.needed = need.up;
@@ -223,8 +229,14 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
   d.correction = rs.correction;
   const Bounds& b = boundsOf(c, role);
   const int32_t up = std::clamp(replicasFor(need.up), b.min, b.max);
-  const int32_t down = std::clamp(replicasFor(need.down), b.min, b.max);
   const double now = s.at_s;
+  // The highest need over the stabilization window.
+  auto& recent = rs.recent_down;
+  recent.emplace_back(now, need.down);
+  std::erase_if(recent, [&](const auto& e) { return e.first < now - c.scale_down_cooldown_s; });
+  double peak = 0;
+  for (const auto& e : recent) peak = std::max(peak, e.second);
+  const int32_t down = std::clamp(replicasFor(peak), b.min, b.max);
   const bool unschedulable = std::any_of(samplesOf(s, role).begin(), samplesOf(s, role).end(),
                                          [](const ReplicaSample& r) { return r.unschedulable; });
   if (up > d.current) {
@@ -261,7 +273,9 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
     } else {
       d.desired = std::max(down, d.current - maxDown(c, d.current));
       d.reason = Reason::kScaleDown;
-      d.message = strCat(d.current, " -> ", d.desired, ", the survivors carry the load with margin: ", need.why);
+      d.message = strCat(d.current, " -> ", d.desired,
+                         ", the survivors carry the highest load of the last ", num(c.scale_down_cooldown_s),
+                         " s with margin: ", need.why);
     }
   } else {
     d.message = strCat(d.current, " fits: ", need.why);

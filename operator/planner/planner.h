@@ -16,7 +16,8 @@
 //            where capacity is measured on warm replicas only, utilisation
 //            = 1 / (1 + headroom), and correction = observed TTFT p95 ÷ the
 //            model's TTFT at the current size (kept as an average, 1..4)
-//   decode   needed  = max(KV:   used blocks / (1 − minFreeKvRatio) per replica,
+//   decode   needed  = max(KV:   blocks of running sequences and of recently
+//                                active sessions / (1 − minFreeKvRatio) per replica,
 //                          TPOT: running sequences / the batch one replica
 //                                serves within the TPOT target, from the
 //                                measured TPOT at the measured batch)
@@ -24,7 +25,9 @@
 // Stability: a scale-down is planned with the whole load on the survivors
 // and a stricter utilisation (utilisation × (1 − scaleDownMargin)), so the
 // replica count that scaling up reaches is never the one scaling down
-// leaves (no N ↔ N−1 flapping); never while the role's SLO is missed. Steps
+// leaves (no N ↔ N−1 flapping); it goes no lower than the highest need of
+// the last scaleDownCooldown (bursty load is sized for its bursts, not for
+// the quiet interval between two); never while the role's SLO is missed. Steps
 // are bounded, cooldowns are per direction, replicas still starting count as
 // capacity on the way, and a role with an unschedulable replica is never
 // grown. With a GPU budget, the role under less pressure (observed ÷ target)
@@ -103,9 +106,17 @@ struct Signals {
   double prefill_queue_tokens = 0;          // queued now, over all prefill replicas
   double mean_uncached_prompt_tokens = 0;   // per request (for the TTFT model)
   // Decode.
-  double decode_kv_used_ratio = 0;  // 1 − free KV ratio, mean over Ready decode replicas
+  // KV reserved by running sequences, mean over Ready decode replicas.
+  double decode_kv_used_ratio = 0;
+  // The working set: running sequences plus the sessions resident that had
+  // a turn within the last few minutes. Shrinking below it evicts sessions
+  // that come back, whose prompts are then computed again.
+  double decode_kv_active_ratio = 0;
   double decode_running = 0;        // sequences decoding now, all decode replicas
-  // Reported for status and metrics; the decision reads them as pressure.
+  // Reported for status and metrics (and read by other policies tandem-sim
+  // compares); the decision does not size on them.
+  double requests_per_s = 0;
+  double generation_tokens_per_s = 0;
   double preemptions_per_s = 0;
   double fallback_share = 0;  // requests that fell back to monolithic or were rejected
   std::vector<ReplicaSample> prefill, decode;  // one per replica of the spec (Ready or not)
@@ -160,10 +171,14 @@ struct PlannerState {
     std::optional<double> capacity;                // remembered per-replica capacity (warm replicas)
     double correction = 1;
     int32_t last_direction = 0;  // +1 / −1 of its last step (for reversals)
+    // (time, replicas the model allowed shrinking to): a scale-down goes no
+    // lower than the highest of these over the last scale_down_cooldown_s.
+    std::vector<std::pair<double, double>> recent_down;
   };
   RoleState prefill, decode;
-  // Recent (time, uncached prompt tokens/s), for the trend.
-  std::vector<std::pair<double, double>> arrivals;
+  // Recent (time, uncached prompt tokens/s) and (time, decode working set
+  // ratio), for their trends.
+  std::vector<std::pair<double, double>> arrivals, kv_active;
   // Recent (decode batch per replica, TPOT p95), for the TPOT line.
   std::vector<std::pair<double, double>> tpot_samples;
   RoleState& role(PlanRole r) { return r == PlanRole::kPrefill ? prefill : decode; }
