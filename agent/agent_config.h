@@ -98,6 +98,9 @@ struct AgentConfig {
   std::chrono::nanoseconds worker_stale_after = std::chrono::seconds(2);
   // router: a request only unresponsive decode workers could take fails (503) this long after arrival
   std::chrono::nanoseconds unserved_timeout = std::chrono::seconds(10);
+  // router: the planner's routing knobs (a JSON file, re-read every 2 s;
+  // agent/router/routing_knobs.h); "" : none
+  std::string routing_knobs_file;
   std::string log_level = "info";   // or a spec "info,engine=debug"
   std::string log_format = "text";  // text | json
 };

@@ -35,6 +35,8 @@ class AgentMetrics {
   metrics::Counter& prefix_hit_tokens_;
   metrics::Counter& prefix_query_tokens_;
   metrics::Counter& preemptions_;
+  metrics::Counter& prefill_tokens_;
+  metrics::Counter& busy_seconds_;
   metrics::Gauge& kv_blocks_capacity_;
   metrics::Gauge& kv_blocks_free_;
   metrics::Gauge& running_;

@@ -14,6 +14,7 @@ using nlohmann::json;
 constexpr const char* kApiVersion = "serving.tandem.dev/v1alpha1";
 constexpr const char* kConfigPath = "/etc/tandem";
 constexpr const char* kModelMount = "/model";
+constexpr const char* kRoutingPath = "/etc/tandem-routing";
 
 json labels(const PoolSpec& pool, const Role* role) {
   json l = {{"app.kubernetes.io/name", "tandem"},
@@ -80,6 +81,9 @@ json args(const PoolSpec& pool, Role role) {
     a.push_back(childName(pool, Role::kDecode));
     a.push_back("--prefill-service");
     a.push_back(childName(pool, Role::kPrefill));
+    // The planner's knobs (operator/autoscaler.h), when it publishes them.
+    a.push_back("--routing-knobs");
+    a.push_back(strCat(kRoutingPath, "/knobs.json"));
     // spec.router.policy, in a fixed order: camelCase knob -> --route-<kebab-case>.
     for (const auto& [knob, flag] : {std::pair{"overlapWeight", "--route-overlap-weight"},
                                      std::pair{"stickyWeight", "--route-sticky-weight"},
@@ -152,6 +156,9 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
         {"failureThreshold", 6}}},
       {"volumeMounts", json::array({{{"name", "config"}, {"mountPath", kConfigPath}, {"readOnly", true}},
                                     {{"name", "model"}, {"mountPath", kModelMount}, {"readOnly", true}}})}};
+  if (role == Role::kRouter) {
+    container["volumeMounts"].push_back({{"name", "routing"}, {"mountPath", kRoutingPath}, {"readOnly", true}});
+  }
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
   if (pool.ipc_lock && role != Role::kRouter) {
     container["securityContext"] = {{"capabilities", {{"add", json::array({"IPC_LOCK"})}}}};
@@ -166,6 +173,11 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
       {"terminationGracePeriodSeconds", role == Role::kDecode ? 90 : 30},
       {"containers", json::array({container})},
       {"volumes", json::array({{{"name", "config"}, {"configMap", {{"name", agentName(pool)}}}}, model_volume})}};
+  if (role == Role::kRouter) {
+    // Optional: it exists only while the planner sizes the pool.
+    pod_spec["volumes"].push_back(
+        {{"name", "routing"}, {"configMap", {{"name", strCat(pool.name, "-routing")}, {"optional", true}}}});
+  }
   if (!r.node_selector.empty()) pod_spec["nodeSelector"] = r.node_selector;
   if (!r.tolerations.empty()) pod_spec["tolerations"] = r.tolerations;
   if (r.affinity.is_object()) pod_spec["affinity"] = r.affinity;

@@ -2,13 +2,15 @@
 //
 //   tandem-operator [--kubeconfig FILE] [--namespace NS] [--listen HOST:PORT]
 //                   [--leader-elect true|false] [--lease-namespace NS] [--lease-name NAME]
-//                   [--identity ID] [--workers N] [--log-level L]
+//                   [--identity ID] [--workers N] [--log-level L] [--prometheus-url URL]
 //
 // Credentials: --kubeconfig, else $KUBECONFIG, else in-cluster, else
 // ~/.kube/config. Serves /healthz, /readyz and /metrics on --listen
 // (0.0.0.0:8080). With leader election (the default) only the replica that
 // holds the Lease reconciles; the others wait to take over. Runs until
-// SIGTERM or SIGINT, then releases the Lease.
+// SIGTERM or SIGINT, then releases the Lease. --prometheus-url is where the
+// planner reads signals for pools that do not name their own
+// (spec.autoscaling.prometheusUrl).
 
 #include <pthread.h>
 #include <signal.h>
@@ -35,6 +37,7 @@ namespace {
 
 struct Flags {
   std::string kubeconfig, ns, listen = "0.0.0.0:8080", lease_namespace, lease_name = "tandem-operator", identity;
+  std::string prometheus_url;
   bool leader_elect = true;
   int workers = 2;
   std::string log_level = "info";
@@ -44,7 +47,7 @@ int usage(const std::string& why) {
   std::cerr << "tandem-operator: " << why << "\n"
             << "usage: tandem-operator [--kubeconfig FILE] [--namespace NS] [--listen HOST:PORT]\n"
                "  [--leader-elect true|false] [--lease-namespace NS] [--lease-name NAME] [--identity ID]\n"
-               "  [--workers N] [--log-level L]\n";
+               "  [--workers N] [--log-level L] [--prometheus-url URL]\n";
   return why == "help" ? 0 : 2;
 }
 
@@ -74,6 +77,11 @@ std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
       if (f.workers < 1 || f.workers > 64) return usage("--workers: expected 1 to 64, got \"" + v + "\"");
     } else if (flag == "--log-level") {
       f.log_level = v;
+    } else if (flag == "--prometheus-url") {
+      if (!v.starts_with("http://") && !v.starts_with("https://")) {
+        return usage("--prometheus-url: expected an http:// or https:// URL, got \"" + v + "\"");
+      }
+      f.prometheus_url = v;
     } else {
       return usage("unknown flag " + flag);
     }
@@ -201,7 +209,10 @@ int main(int argc, char** argv) {
                            .registerOn(registry)
                            .add({});
   Leadership leadership(**client, registry,
-                        {.ns = flags.ns, .workers = flags.workers, .identity = flags.identity});
+                        {.ns = flags.ns,
+                         .workers = flags.workers,
+                         .identity = flags.identity,
+                         .autoscaler = {.prometheus_url = flags.prometheus_url}});
 
   tandem::http::Routes routes;
   routes.handle("GET", "/healthz", [](tandem::http::Request&) { return tandem::http::Response::text(200, "ok"); });

@@ -1,5 +1,6 @@
 #include "operator/pool.h"
 
+#include "src/common/config.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
@@ -113,6 +114,61 @@ bool isDns1035Label(std::string_view s) {
   return true;
 }
 
+absl::StatusOr<double> number(const json& j, const char* key, const std::string& path, double fallback, double min,
+                              double max) {
+  const json& v = member(j, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_number()) return fieldError(strCat(path, ".", key), "expected a number");
+  const double n = v.get<double>();
+  if (!(n >= min && n <= max)) return fieldError(strCat(path, ".", key), strCat("must be between ", min, " and ", max));
+  return n;
+}
+
+// A duration such as "30s" or "5m", in seconds, at least `min_s`.
+absl::StatusOr<double> duration(const json& j, const char* key, const std::string& path, double fallback,
+                                double min_s) {
+  const json& v = member(j, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_string()) return fieldError(strCat(path, ".", key), "expected a duration such as \"30s\"");
+  absl::StatusOr<std::chrono::nanoseconds> d = parseDuration(v.get<std::string>());
+  if (!d.ok()) return fieldError(strCat(path, ".", key), toStd(d.status().message()));
+  const double s = std::chrono::duration<double>(*d).count();
+  if (s < min_s) return fieldError(strCat(path, ".", key), strCat("must be at least ", min_s, "s"));
+  return s;
+}
+
+absl::Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
+  if (!a.is_null() && !a.is_object()) return fieldError("spec.autoscaling", "expected an object");
+  const std::string path = "spec.autoscaling";
+  TANDEM_ASSIGN_OR_RETURN(out.enabled, boolean(a, "enabled", path, false));
+  TANDEM_ASSIGN_OR_RETURN(out.prometheus_url, str(a, "prometheusUrl", path));
+  if (!out.prometheus_url.empty() && !out.prometheus_url.starts_with("http://") &&
+      !out.prometheus_url.starts_with("https://")) {
+    return fieldError("spec.autoscaling.prometheusUrl", "expected an http:// or https:// URL");
+  }
+  TANDEM_ASSIGN_OR_RETURN(out.interval_s, duration(a, "interval", path, out.interval_s, 1));
+  TANDEM_ASSIGN_OR_RETURN(out.ttft_target_s, number(a, "ttftP95TargetSeconds", path, out.ttft_target_s, 1e-6, 3600));
+  TANDEM_ASSIGN_OR_RETURN(out.tpot_target_s, number(a, "tpotP95TargetSeconds", path, out.tpot_target_s, 1e-6, 60));
+  TANDEM_ASSIGN_OR_RETURN(out.min_free_kv_ratio, number(a, "minFreeKvRatio", path, out.min_free_kv_ratio, 0, 0.99));
+  for (const char* role : {"prefill", "decode"}) {
+    const json& b = member(a, role);
+    if (!b.is_null() && !b.is_object()) return fieldError(strCat(path, ".", role), "expected an object");
+    const bool prefill = std::string_view(role) == "prefill";
+    const std::string bpath = strCat(path, ".", role);
+    int32_t& lo = prefill ? out.prefill_min : out.decode_min;
+    int32_t& hi = prefill ? out.prefill_max : out.decode_max;
+    TANDEM_ASSIGN_OR_RETURN(lo, integer(b, "min", bpath, lo, 0, 1000));
+    TANDEM_ASSIGN_OR_RETURN(hi, integer(b, "max", bpath, hi, 0, 1000));
+    if (lo > hi) return fieldError(bpath, strCat("min (", lo, ") must not exceed max (", hi, ")"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(int32_t budget, integer(a, "gpuBudget", path, 0, 0, 1000000));
+  out.gpu_budget = budget;
+  TANDEM_ASSIGN_OR_RETURN(out.scale_up_cooldown_s, duration(a, "scaleUpCooldown", path, out.scale_up_cooldown_s, 0));
+  TANDEM_ASSIGN_OR_RETURN(out.scale_down_cooldown_s,
+                          duration(a, "scaleDownCooldown", path, out.scale_down_cooldown_s, 0));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* roleName(Role role) {
@@ -172,7 +228,11 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "router"), "spec.router", false, p.router));
   TANDEM_ASSIGN_OR_RETURN(p.router_policy, object(member(spec, "router"), "policy", "spec.router"));
 
-  TANDEM_ASSIGN_OR_RETURN(p.autoscaling, boolean(member(spec, "autoscaling"), "enabled", "spec.autoscaling", false));
+  TANDEM_RETURN_IF_ERROR(parseAutoscaling(member(spec, "autoscaling"), p.autoscaling));
+  if (p.autoscaling.enabled &&
+      (p.prefill.replicas > p.autoscaling.prefill_max || p.decode.replicas > p.autoscaling.decode_max)) {
+    return fieldError("spec.autoscaling", "replicas must be within the autoscaling bounds when autoscaling is enabled");
+  }
   const json& net = member(spec, "network");
   TANDEM_RETURN_IF_ERROR(parseTrafficClass(member(net, "kvTrafficClass"), "spec.network.kvTrafficClass", p.kv_traffic));
   TANDEM_RETURN_IF_ERROR(parseTrafficClass(member(net, "collectiveTrafficClass"), "spec.network.collectiveTrafficClass",

@@ -41,6 +41,18 @@ struct TrafficClass {
   bool empty() const { return !infiniband_service_level && !traffic_class; }
 };
 
+// spec.autoscaling (the planner's inputs; docs/planner.md).
+struct AutoscalingSpec {
+  bool enabled = false;
+  std::string prometheus_url;  // "" : the operator's --prometheus-url
+  double interval_s = 30;
+  double ttft_target_s = 4, tpot_target_s = 0.05;
+  double min_free_kv_ratio = 0.1;
+  int32_t prefill_min = 1, prefill_max = 1000, decode_min = 1, decode_max = 1000;
+  int64_t gpu_budget = 0;  // 0: none
+  double scale_up_cooldown_s = 60, scale_down_cooldown_s = 300;
+};
+
 struct PoolSpec {
   // metadata
   std::string name, ns, uid;
@@ -56,7 +68,7 @@ struct PoolSpec {
   std::optional<int32_t> max_num_seqs, max_model_len;
   RoleSpec prefill{.replicas = 1}, decode{.replicas = 2}, router{.replicas = 1};
   nlohmann::json router_policy = nlohmann::json::object();  // spec.router.policy
-  bool autoscaling = false;
+  AutoscalingSpec autoscaling;
   // spec.network
   TrafficClass kv_traffic, collective_traffic;
   std::string rdma_resource;  // "" : none

@@ -17,6 +17,9 @@
 //     Degraded     True (InvalidSpec, the message names the field) when the
 //                  spec cannot be made into children; False (AsExpected)
 //
+//     Autoscaling  (written by the planner, kept here as it is), and
+//   lastScaling               (the planner's, kept)
+//
 // A condition's lastTransitionTime moves only when its status does.
 //
 // Pure.

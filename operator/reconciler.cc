@@ -68,6 +68,7 @@ bool holds(const json& observed, const json& desired) {
 
 Reconciler::Reconciler(k8s::Client& client, metrics::Registry& registry, ReconcilerOptions options)
     : client_(client),
+      registry_(registry),
       options_(std::move(options)),
       reconciles_(metrics::buildCounter()
                       .name("tandem_operator_reconcile_total")
@@ -144,6 +145,8 @@ absl::Status Reconciler::begin() {
       }
     });
   }
+  autoscaler_ = std::make_unique<Autoscaler>(client_, *pools_, *pods_, *events_, registry_, options_.autoscaler);
+  autoscaler_->start();
   log_.info("reconciling InferencePools", {{"namespace", options_.ns.empty() ? "(all)" : options_.ns}});
   return absl::OkStatus();
 }
@@ -155,6 +158,7 @@ void Reconciler::stop() {
     stopped_ = true;
   }
   stop_cv_.notify_all();
+  if (autoscaler_) autoscaler_->stop();
   if (costs_.joinable()) costs_.join();
   queue_.shutDown();
   for (std::thread& t : workers_) t.join();

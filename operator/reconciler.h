@@ -17,6 +17,9 @@
 //   4. writes the status computed from the observed children and pods
 //      (operator/pool_status.h) when it differs from the stored one.
 //
+// Pools with spec.autoscaling.enabled are sized by the planner
+// (operator/autoscaler.h), which runs on the same informers.
+//
 // Apart from reconciles, every deletion_cost_period the decode pods'
 // pod-deletion-cost annotation is brought up to date from their agents'
 // load (operator/deletion_cost.h), so a scale-down removes the emptiest.
@@ -38,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "operator/autoscaler.h"
 #include "src/common/clock.h"
 #include "src/common/log.h"
 #include "src/k8s/client.h"
@@ -56,6 +60,8 @@ struct ReconcilerOptions {
   // Decode pods' controller.kubernetes.io/pod-deletion-cost refreshed from
   // their agents' /metrics this often (operator/deletion_cost.h); 0: never.
   Duration deletion_cost_period = std::chrono::seconds(3);
+  // The planner (operator/autoscaler.h) for pools with autoscaling on.
+  AutoscalerOptions autoscaler;
 };
 
 k8s::ResourceRef inferencePoolsResource();
@@ -86,6 +92,7 @@ class Reconciler {
   void refreshDeletionCosts();
 
   k8s::Client& client_;
+  metrics::Registry& registry_;
   const ReconcilerOptions options_;
   const Logger log_{"operator"};
   metrics::Family<metrics::Counter>& reconciles_;
@@ -96,6 +103,7 @@ class Reconciler {
       role_bindings_, pods_;
   std::vector<std::thread> workers_;
   std::thread costs_;
+  std::unique_ptr<Autoscaler> autoscaler_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;

@@ -84,6 +84,13 @@ bool RouterCore::failedTooOften(const std::string& worker, MonoTime now) const {
   return recent >= options_.unhealthy_failures;
 }
 
+absl::Status RouterCore::setRouterConfig(const routing::RouterConfig& config) {
+  TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(config));
+  absl::MutexLock lock(&mu_);
+  if (!policy_->setConfig(config)) return absl::FailedPreconditionError(strCat("policy ", policy_->name(), " has no knobs"));
+  return absl::OkStatus();
+}
+
 std::optional<HashSpec> RouterCore::hashSpec() const {
   absl::MutexLock lock(&mu_);
   for (uint32_t s = 0; s < cluster_.slotEnd(); ++s) {

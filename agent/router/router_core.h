@@ -77,6 +77,9 @@ class RouterCore {
   // The block size and root to hash prompts with; nullopt until a decode
   // worker's snapshot arrived.
   std::optional<HashSpec> hashSpec() const;
+  // New routing weights and thresholds from now on (the planner's knobs);
+  // InvalidArgument naming the knob when one is out of range.
+  absl::Status setRouterConfig(const routing::RouterConfig& config);
   // One routed request: its decision, counted in the router's in-flight
   // view (InFlight) from route() until D has taken it into its own
   // accounting (admitted(): its first token arrived) or it ended.

@@ -12,6 +12,7 @@
 #include "agent/openai_http.h"
 #include "agent/openai_request.h"
 #include "agent/router/router_core.h"
+#include "agent/router/routing_knobs.h"
 #include "agent/router/router_metrics.h"
 #include "agent/router/upstream.h"
 #include "agent/router/upstream_error.h"
@@ -207,6 +208,7 @@ struct RouterServer::Impl {
   AttemptWatch watch;  // before `feeds`: a feed's thread pokes it until the feeds are gone
   std::unique_ptr<WorkerFeeds> feeds;
   std::unique_ptr<ServiceDiscovery> discovery;  // feeds the feeds; stopped before them
+  std::unique_ptr<RoutingKnobsWatcher> knobs;    // the planner's knobs (--routing-knobs)
   std::mutex reported_mu;
   std::set<std::string> reported_workers;  // the per-worker series /metrics last showed
   std::unique_ptr<http::Server> server;
@@ -422,6 +424,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
       }));
     }
   }
+  if (!config.routing_knobs_file.empty()) {
+    impl->knobs = std::make_unique<RoutingKnobsWatcher>(
+        config.routing_knobs_file, config.routing,
+        [raw](const routing::RouterConfig& c) { return raw->core.setRouterConfig(c); });
+  }
   TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));
   TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
                                                              .port = config.port,
@@ -447,6 +454,7 @@ RouterServer::~RouterServer() {
   // is gone stops at once), then the state streams.
   impl_->server->shutdown(Duration(0));
   impl_->calls.join();
+  impl_->knobs.reset();
   impl_->discovery.reset();
   impl_->feeds.reset();
 }

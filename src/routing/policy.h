@@ -21,6 +21,7 @@
 #include "src/routing/in_flight.h"
 #include "src/routing/reject_reason.h"
 #include "src/routing/route_request.h"
+#include "src/routing/router_config.h"
 
 namespace tandem::routing {
 
@@ -30,6 +31,10 @@ class Policy {
 
   virtual std::string_view name() const = 0;
   virtual RouteResult route(const RouteRequest& request, const ClusterState& cluster, const InFlight& in_flight) = 0;
+
+  // Takes new weights and thresholds while it runs (the planner's routing
+  // knobs); false for a policy that has none.
+  virtual bool setConfig(const RouterConfig& config) { return false; }
 
   virtual void onAssigned(const RouteRequest& request, const Decision& decision) {}
   virtual void onFinished(const RouteRequest& request, const Decision& decision) {}

@@ -36,6 +36,11 @@ class TandemPolicy final : public Policy {
   void onRejected(const RouteRequest& request, const Decision& decision, RejectReason reason) override;
 
   const RouterConfig& config() const { return config_; }
+  // Validated by the caller (validateRouterConfig); sessions counted for migration keep their counts.
+  bool setConfig(const RouterConfig& config) override {
+    config_ = config;
+    return true;
+  }
   // Sessions whose capacity rejections are counted at once, at most.
   static constexpr size_t kMaxTrackedMigrations = 65536;
   // Sessions with counted capacity rejections now (a gauge for the router role).

@@ -29,7 +29,7 @@ TEST(PoolTest, AbsentFieldsTakeTheSchemasDefaults) {
   EXPECT_EQ(p->router.replicas, 1);
   EXPECT_EQ(p->block_size, 16);
   EXPECT_EQ(p->num_blocks, 512);
-  EXPECT_FALSE(p->autoscaling);
+  EXPECT_FALSE(p->autoscaling.enabled);
   EXPECT_TRUE(p->kv_traffic.empty());
   EXPECT_EQ(childName(*p, Role::kDecode), "tiny-decode");
 }
@@ -57,7 +57,7 @@ TEST(PoolTest, EveryFieldIsRead) {
   EXPECT_EQ(p->prefill.args, (std::vector<std::string>{"--kv-tls", "rc,cuda_copy"}));
   EXPECT_EQ(p->decode.replicas, 4);
   EXPECT_EQ(p->router_policy["stickyWeight"], 2.5);
-  EXPECT_TRUE(p->autoscaling);
+  EXPECT_TRUE(p->autoscaling.enabled);
   EXPECT_EQ(p->kv_traffic.infiniband_service_level, 1);
   EXPECT_EQ(p->collective_traffic.traffic_class, 104);
   EXPECT_EQ(p->rdma_resource, "rdma/ib");
@@ -91,6 +91,46 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
   EXPECT_EQ(msg("/spec/network/attachments", json::array({""})),
             "spec.network.attachments[0]: expected a network attachment's name");
   EXPECT_EQ(std::string(parsePool(json{{"metadata", {{"name", "x"}}}}).status().message()), "spec: required");
+  // spec.autoscaling
+  EXPECT_EQ(msg("/spec/autoscaling/interval", "soon"),
+            "spec.autoscaling.interval: expected a duration like 250ms, 30s, 5m or 1h, got \"soon\"");
+  EXPECT_EQ(msg("/spec/autoscaling/interval", "100ms"), "spec.autoscaling.interval: must be at least 1s");
+  EXPECT_EQ(msg("/spec/autoscaling/scaleDownCooldown", 300), "spec.autoscaling.scaleDownCooldown: expected a duration such as \"30s\"");
+  EXPECT_EQ(msg("/spec/autoscaling/ttftP95TargetSeconds", 0), "spec.autoscaling.ttftP95TargetSeconds: must be between 1e-06 and 3600");
+  EXPECT_EQ(msg("/spec/autoscaling/minFreeKvRatio", 1), "spec.autoscaling.minFreeKvRatio: must be between 0 and 0.99");
+  EXPECT_EQ(msg("/spec/autoscaling/decode", json{{"min", 4}, {"max", 2}}),
+            "spec.autoscaling.decode: min (4) must not exceed max (2)");
+  EXPECT_EQ(msg("/spec/autoscaling/prometheusUrl", "prometheus:9090"),
+            "spec.autoscaling.prometheusUrl: expected an http:// or https:// URL");
+  EXPECT_EQ(msg("/spec/autoscaling", json{{"enabled", true}, {"prefill", {{"min", 0}, {"max", 0}}}}),
+            "spec.autoscaling: replicas must be within the autoscaling bounds when autoscaling is enabled");
+}
+
+TEST(PoolTest, AutoscalingDefaultsAndValues) {
+  json pool = minimalPool();
+  auto p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->autoscaling.enabled);
+  EXPECT_DOUBLE_EQ(p->autoscaling.interval_s, 30);
+  EXPECT_DOUBLE_EQ(p->autoscaling.scale_down_cooldown_s, 300);
+  pool["spec"]["autoscaling"] = json::parse(R"({"enabled": true, "prometheusUrl": "http://prom:9090",
+      "interval": "15s", "ttftP95TargetSeconds": 2, "tpotP95TargetSeconds": 0.04, "minFreeKvRatio": 0.2,
+      "prefill": {"min": 1, "max": 4}, "decode": {"min": 2, "max": 8}, "gpuBudget": 12,
+      "scaleUpCooldown": "30s", "scaleDownCooldown": "2m"})");
+  p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const AutoscalingSpec& a = p->autoscaling;
+  EXPECT_TRUE(a.enabled);
+  EXPECT_EQ(a.prometheus_url, "http://prom:9090");
+  EXPECT_DOUBLE_EQ(a.interval_s, 15);
+  EXPECT_DOUBLE_EQ(a.ttft_target_s, 2);
+  EXPECT_DOUBLE_EQ(a.tpot_target_s, 0.04);
+  EXPECT_DOUBLE_EQ(a.min_free_kv_ratio, 0.2);
+  EXPECT_EQ(a.prefill_max, 4);
+  EXPECT_EQ(a.decode_min, 2);
+  EXPECT_EQ(a.gpu_budget, 12);
+  EXPECT_DOUBLE_EQ(a.scale_up_cooldown_s, 30);
+  EXPECT_DOUBLE_EQ(a.scale_down_cooldown_s, 120);
 }
 
 }  // namespace
