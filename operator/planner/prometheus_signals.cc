@@ -27,14 +27,25 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
   const std::string sel = strCat("pool=\"", pool, "\"");
   auto in = [&](const char* role) { return strCat("{", sel, ",role=\"", role, "\"}"); };
   auto in2 = [&](const char* role, const std::string& more) { return strCat("{", sel, ",role=\"", role, "\",", more, "}"); };
+  auto p95 = [&](const std::string& bucket, const std::string& selector) {
+    return strCat("histogram_quantile(0.95, sum by (le) (rate(", bucket, selector, w, ")))");
+  };
+  auto worst = [&](const std::string& router_bucket, const std::string& agent_bucket) {
+    return strCat("max(label_replace(", p95(router_bucket, strCat("{", sel, "}")), ", \"from\", \"router\", \"\", \"\") or ",
+                  "label_replace(", p95(agent_bucket, strCat("{", sel, ",role=~\"decode|both\"}")),
+                  ", \"from\", \"decode\", \"\", \"\"))");
+  };
   return {
-      {"ttft_p95", strCat("histogram_quantile(0.95, sum by (le) (rate(tandem_router_ttft_seconds_bucket{", sel, "}", w, ")))"),
+      // As the client sees it: the routers' (streamed requests, routing
+      // included) and the decode agents' (every request, queueing at D and
+      // the prefill included), whichever is worse.
+      {"ttft_p95", worst("tandem_router_ttft_seconds_bucket", "tandem_request_ttft_seconds_bucket"),
        "tandem_router_ttft_seconds_bucket", false},
-      {"tpot_p95", strCat("histogram_quantile(0.95, sum by (le) (rate(tandem_router_tpot_seconds_bucket{", sel, "}", w, ")))"),
+      {"tpot_p95", worst("tandem_router_tpot_seconds_bucket", "tandem_request_tpot_seconds_bucket"),
        "tandem_router_tpot_seconds_bucket", false},
       {"routers", strCat("count(tandem_router_ttft_seconds_count{", sel, "})"), "tandem_router_ttft_seconds_count", true},
-      {"requests_per_s", strCat("sum(rate(tandem_router_ttft_seconds_count{", sel, "}", w, "))"),
-       "tandem_router_ttft_seconds_count", false},
+      {"requests_per_s", strCat("sum(rate(tandem_router_decisions_total{", sel, "}", w, "))"),
+       "tandem_router_decisions_total", false},
       {"prefill_computed_tokens_per_s", strCat("sum(rate(tandem_engine_prefill_tokens_total", in("prefill"), w, "))"),
        "tandem_engine_prefill_tokens_total", true},
       {"prefill_queue_tokens", strCat("sum(tandem_prefill_queue_tokens", in("prefill"), ")"), "tandem_prefill_queue_tokens",

@@ -32,6 +32,8 @@ TEST(PrometheusSignalsTest, QueriesSelectThePoolAndNameTheirSeries) {
     return SignalQuery{};
   };
   EXPECT_THAT(find("ttft_p95").promql, HasSubstr("histogram_quantile(0.95, sum by (le) (rate(tandem_router_ttft_seconds_bucket"));
+  EXPECT_THAT(find("ttft_p95").promql, HasSubstr("tandem_request_ttft_seconds_bucket{pool=\"tiny\",role=~\"decode|both\"}"))
+      << "unary requests have no router TTFT: the decode agents' count too";
   EXPECT_THAT(find("ttft_p95").promql, HasSubstr("[60s]"));
   EXPECT_TRUE(find("decode_kv_used").required);
   EXPECT_FALSE(find("ttft_p95").required) << "no requests in the window is not missing data";
