@@ -16,9 +16,9 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kFieldManager = "tandem-planner";
-// Rates over twice the interval, and never less than a minute (four scrapes
-// at Prometheus' common 15 s).
-constexpr double kMinWindowS = 60;
+// Rates over twice the interval, and never less than 10 s (keep the interval
+// at least twice Prometheus' scrape interval).
+constexpr double kMinWindowS = 10;
 
 double epochSeconds(WallTime t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 
@@ -93,6 +93,7 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   c.gpu_budget = a.gpu_budget;
   c.scale_up_cooldown_s = a.scale_up_cooldown_s;
   c.scale_down_cooldown_s = a.scale_down_cooldown_s;
+  c.warmup_s = a.warmup_s;
   // The slower of the default and what this pool's pods took: a model that
   // loads in minutes is planned for as such.
   if (measured_startup_s) c.startup_s = std::max(c.startup_s, *measured_startup_s);

@@ -182,7 +182,11 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
   if (!r.tolerations.empty()) pod_spec["tolerations"] = r.tolerations;
   if (r.affinity.is_object()) pod_spec["affinity"] = r.affinity;
 
-  json annotations = {{"serving.tandem.dev/config-hash", config_hash}};
+  // The usual scrape annotations: Prometheus' kubernetes_sd relabelling
+  // (and the local cluster's scrape targets) find the agents by them.
+  json annotations = {{"serving.tandem.dev/config-hash", config_hash},
+                      {"prometheus.io/scrape", "true"},
+                      {"prometheus.io/port", std::to_string(port)}};
   if (role != Role::kRouter) {
     if (std::string kv = trafficClassText(pool.kv_traffic); !kv.empty()) {
       annotations["serving.tandem.dev/kv-traffic-class"] = kv;

@@ -166,6 +166,7 @@ absl::Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   TANDEM_ASSIGN_OR_RETURN(out.scale_up_cooldown_s, duration(a, "scaleUpCooldown", path, out.scale_up_cooldown_s, 0));
   TANDEM_ASSIGN_OR_RETURN(out.scale_down_cooldown_s,
                           duration(a, "scaleDownCooldown", path, out.scale_down_cooldown_s, 0));
+  TANDEM_ASSIGN_OR_RETURN(out.warmup_s, duration(a, "warmup", path, out.warmup_s, 0));
   return absl::OkStatus();
 }
 

@@ -1,4 +1,5 @@
 #include "e2e/kubelet/kubelet.h"
+#include "e2e/kubelet/scrape_targets.h"
 
 #include <arpa/inet.h>
 
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kScheduleKey = "schedule";
+constexpr const char* kScrapeTargetsKey = "scrape-targets";
 
 k8s::ResourceRef nodesResource() { return {"", "v1", "nodes", false}; }
 
@@ -136,6 +138,7 @@ absl::Status Kubelet::begin() {
                                           k8s::InformerHandlers::onAnyChange([this](const json& p) {
                                             queue_.add(strCat("pod/", k8s::objectKey(p)));
                                             queue_.add(kScheduleKey);
+                                            if (!options_.scrape_targets_file.empty()) queue_.add(kScrapeTargetsKey);
                                           }));
   nodes_ = std::make_unique<k8s::Informer>(
       client_, SystemClock::instance(), k8s::InformerOptions{.resource = nodesResource()},
@@ -247,6 +250,8 @@ void Kubelet::process() {
   while (auto key = queue_.get()) {
     if (*key == kScheduleKey) {
       schedulePending();
+    } else if (*key == kScrapeTargetsKey) {
+      writeScrapeTargets();
     } else if (key->starts_with("pod/")) {
       syncPod(key->substr(4));
     }
@@ -436,6 +441,17 @@ void Kubelet::syncPod(const std::string& key) {
 // real API server maintains it itself): ClusterIP kApiServiceIp, port 443
 // named https, and an EndpointSlice with the address the kubelet uses, so
 // the Service proxy forwards pods' connections to it.
+void Kubelet::writeScrapeTargets() {
+  const std::string content = scrapeTargets(pods_->cache().list()).dump();
+  if (content == scrape_targets_) return;
+  absl::Status s = kubelet::writeScrapeTargets(options_.scrape_targets_file, nlohmann::json::parse(content));
+  if (!s.ok()) {
+    log_.warn("writing Prometheus' scrape targets failed", {{"error", std::string(s.message())}});
+    return;
+  }
+  scrape_targets_ = content;
+}
+
 void Kubelet::publishApiService() {
   const std::string& url = options_.api_server;
   const auto refuse = [&](std::string_view why) {

@@ -57,6 +57,8 @@ struct KubeletOptions {
   // when it is https on an IP address, as in-cluster clients require.
   std::string api_server;
   std::string api_ca_pem;
+  // Where to keep Prometheus' file_sd targets (e2e/kubelet/scrape_targets.h); "" : nowhere.
+  std::string scrape_targets_file;
 };
 
 // The `kubernetes` Service's ClusterIP, as on a cluster with the default
@@ -86,6 +88,7 @@ class Kubelet {
   void schedulePending();
   void syncPod(const std::string& key);
   void publishApiService();
+  void writeScrapeTargets();
   http::Response serveLog(http::Request& req);
 
   k8s::Client& client_;
@@ -103,6 +106,7 @@ class Kubelet {
   std::thread worker_, heartbeat_;
   std::map<std::string, std::unique_ptr<PodWorker>> workers_;  // by uid; worker_ thread only
   std::map<std::string, std::string> unschedulable_;           // pod key -> message written; worker_ thread only
+  std::string scrape_targets_;                                 // the file's content last written; worker_ thread only
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;

@@ -27,7 +27,7 @@ int usage(const std::string& why) {
             << "usage: tandem-kubelet --kubeconfig FILE [--state-dir DIR] [--bin-dir DIR]\n"
                "  [--node 'NAME [RESOURCE=QUANTITY ...] [label:K=V ...] [taint:K=V:EFFECT ...]'] ...\n"
                "  [--pod-cidr CIDR] [--bridge NAME] [--network auto|namespaces|loopback]\n"
-               "  [--stop-grace SECONDS] [--controllers on|off] [--log-level L]\n";
+               "  [--stop-grace SECONDS] [--controllers on|off] [--log-level L] [--scrape-targets FILE]\n";
   return why == "help" ? 0 : 2;
 }
 
@@ -90,6 +90,8 @@ std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
       f.controllers = v == "on";
     } else if (flag == "--log-level") {
       f.log_level = v;
+    } else if (flag == "--scrape-targets") {
+      f.options.scrape_targets_file = v;
     } else {
       return usage(tandem::strCat("unknown flag ", flag));
     }

@@ -60,7 +60,7 @@ class KubeletTest : public ApiServerFixture {
     const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-kubelet";
     std::vector<std::string> args = {exe,         "--kubeconfig", kubeconfig_, "--state-dir", dir_ + "/kubelet",
                                      "--bridge",  bridge_,        "--pod-cidr",  cidr_prefix_ + "0/24",
-                                     "--stop-grace", "2"};
+                                     "--stop-grace", "2",  "--scrape-targets", dir_ + "/scrape-targets.json"};
     for (const auto& n : nodes_) {
       args.push_back("--node");
       args.push_back(n);

@@ -26,6 +26,7 @@ class OperatorTest : public KubeletApiAccessTest {
     metrics_port_ = 20000 + getpid() % 20000;
     const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-operator";
     std::vector<std::string> args = {exe, "--kubeconfig", kubeconfig_, "--listen", "127.0.0.1:" + std::to_string(metrics_port_)};
+    for (const std::string& a : operatorArgs()) args.push_back(a);
     operator_ = spawnLogged(args, dir_ + "/operator.log");
     ASSERT_GT(operator_, 0) << "cannot start " << exe;
     ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + dir_ + "/model").rc, 0);
@@ -43,6 +44,8 @@ class OperatorTest : public KubeletApiAccessTest {
     KubeletApiAccessTest::TearDown();
   }
   std::string operatorLog() { return readFile(dir_ + "/operator.log"); }
+  // More flags for tandem-operator (before SetUp starts it).
+  virtual std::vector<std::string> operatorArgs() { return {}; }
   int port_api() const { return ApiServerFixture::port_; }
   std::string pool(const std::string& name, const std::string& extra_spec) {
     return "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: " + name +

@@ -35,10 +35,12 @@ class PrometheusServer {
   };
 
   // nullptr when it did not come up within 30 s (its log says why).
-  static std::unique_ptr<PrometheusServer> start(const std::string& dir) {
+  // `targets_file`: a file_sd file someone else keeps (the local cluster's
+  // kubelet); "" : <dir>/targets.json, kept by setTargets().
+  static std::unique_ptr<PrometheusServer> start(const std::string& dir, const std::string& targets_file = "") {
     std::filesystem::create_directories(dir);
-    auto p = std::unique_ptr<PrometheusServer>(new PrometheusServer(dir));
-    std::ofstream(p->targetsPath()) << "[]";
+    auto p = std::unique_ptr<PrometheusServer>(new PrometheusServer(dir, targets_file));
+    if (targets_file.empty()) std::ofstream(p->targetsPath()) << "[]";
     std::ofstream(dir + "/prometheus.yml") << strCat(R"(global:
   scrape_interval: 1s
   evaluation_interval: 1s
@@ -103,8 +105,9 @@ scrape_configs:
   }
 
  private:
-  explicit PrometheusServer(std::string dir) : dir_(std::move(dir)) {}
-  std::string targetsPath() const { return dir_ + "/targets.json"; }
+  PrometheusServer(std::string dir, std::string targets_file)
+      : dir_(std::move(dir)), targets_file_(std::move(targets_file)) {}
+  std::string targetsPath() const { return targets_file_.empty() ? dir_ + "/targets.json" : targets_file_; }
 
   static int unusedPort() {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -119,7 +122,7 @@ scrape_configs:
     return port;
   }
 
-  std::string dir_;
+  std::string dir_, targets_file_;
   int port_ = 0;
   pid_t pid_ = -1;
 };
