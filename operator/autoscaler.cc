@@ -312,6 +312,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
   if (!url.empty()) answers = query(url, key, queries);
   planner::Signals signals =
       planner::assembleSignals(queries, answers, pods, pool.prefill.replicas, pool.decode.replicas, now);
+  signals.kv_block_tokens = pool.block_size;
   if (url.empty()) {
     signals.missing = {"every series: no Prometheus URL (spec.autoscaling.prometheusUrl, or the operator's --prometheus-url)"};
   }

@@ -41,7 +41,11 @@ RouterMetrics::RouterMetrics(metrics::Registry& r, const std::string& pool)
       worker_sessions_(buildGauge().name("tandem_router_worker_sessions").help("Sessions resident on each decode worker, as its state stream reports.")
                            .labels(labels_).registerOn(r)),
       worker_in_flight_(buildGauge().name("tandem_router_worker_inflight_requests").help("Requests this router has in flight on each worker.")
-                            .labels(labels_).registerOn(r)) {}
+                            .labels(labels_).registerOn(r)) {
+  // Every path from the start, so rate() sees the first decisions (a series
+  // that appears already counted has no increase to show).
+  for (const char* p : {"direct", "disagg"}) decisions_.add({{"path", p}});
+}
 // clang-format on
 
 void RouterMetrics::onDecision(std::string_view path, Duration took, bool sticky_hit) {

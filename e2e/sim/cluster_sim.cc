@@ -25,7 +25,7 @@ constexpr uint64_t kEpoch = 1;
 constexpr int kMaxAttempts = 3;
 constexpr int64_t kBlockTokens = replay::kTraceBlockTokens;
 
-enum class EventKind : uint8_t { kArrival, kComputed, kTransferred, kDecodeFinish, kReady, kTick };
+enum class EventKind : uint8_t { kArrival, kComputed, kTransferred, kDecodeFinish, kReady, kTick, kSample };
 
 struct Event {
   double t = 0;
@@ -107,6 +107,7 @@ class Sim {
   absl::Status finishDecodes(double now, size_t d, uint64_t version);
   void finished(double now, size_t r);
   absl::Status tick(double now);
+  void sample(double now);
   void resize(double now, routing::WorkerRole role, int32_t n);
   void maybeGone(double now, Worker& w);
   planner::Signals signals(double now);
@@ -132,6 +133,9 @@ class Sim {
   // This interval.
   std::vector<double> i_ttfts_, i_tpots_;
   double i_uncached_ = 0, i_output_ = 0;
+  double i_kv_peak_ = 0, i_running_peak_ = 0;  // over the interval's samples
+  double s_uncached_ = 0;                       // uncached tokens arrived since the last sample
+  double i_uncached_peak_ = 0;                  // the interval's highest rate between two samples
   int64_t i_disagg_ = 0, i_arrivals_ = 0, i_dropped_ = 0;
   double last_arrival_ = 0, end_ = 0;
   // Where each session's KV was left and when (the decode working set).
@@ -223,6 +227,7 @@ absl::Status Sim::arrive(double now, size_t r) {
     in_flight_.add(d);
     if (d.path == routing::RoutePath::kDisagg) {
       i_uncached_ += static_cast<double>(d.prefill_tokens);
+      s_uncached_ += static_cast<double>(d.prefill_tokens);
       ++i_disagg_;
     }
     req.decision = std::move(d);
@@ -459,7 +464,13 @@ planner::Signals Sim::signals(double now) {
     }
     w.busy_s = w.computed_tokens = 0;
   }
-  s.decode_kv_used_ratio = ready_d > 0 ? kv_used / ready_d : 0;
+  // Gauges as Prometheus reads them for the planner: the peak of the
+  // interval's scrapes (a burst between two decisions is not missed).
+  s.decode_kv_used_ratio = std::max(i_kv_peak_, ready_d > 0 ? kv_used / ready_d : 0);
+  s.decode_kv_total_blocks = static_cast<double>(ready_d * e_.kv_blocks);
+  s.kv_block_tokens = static_cast<double>(kBlockTokens);
+  s.decode_running = std::max(s.decode_running, i_running_peak_);
+  i_kv_peak_ = i_running_peak_ = 0;
   double active = 0;
   absl::erase_if(sessions_, [&](const auto& e) { return e.second.at < now - kActiveSessionS; });
   for (const auto& [session, seen] : sessions_) {
@@ -469,7 +480,10 @@ planner::Signals Sim::signals(double now) {
     }
   }
   s.decode_kv_active_ratio = ready_d > 0 ? s.decode_kv_used_ratio + active / ready_d : 0;
-  s.uncached_prompt_tokens_per_s = i_uncached_ / o_.interval_s;
+  // Arrivals at the interval's peak between two scrapes, as the planner's
+  // query reads them (max_over_time of a short rate).
+  s.uncached_prompt_tokens_per_s = std::max(i_uncached_ / o_.interval_s, i_uncached_peak_);
+  i_uncached_peak_ = 0;
   s.mean_uncached_prompt_tokens = i_disagg_ > 0 ? i_uncached_ / static_cast<double>(i_disagg_) : 0;
   s.generation_tokens_per_s = i_output_ / o_.interval_s;
   s.requests_per_s = static_cast<double>(i_arrivals_) / o_.interval_s;
@@ -481,6 +495,22 @@ planner::Signals Sim::signals(double now) {
   i_uncached_ = i_output_ = 0;
   i_disagg_ = i_arrivals_ = i_dropped_ = 0;
   return s;
+}
+
+void Sim::sample(double now) {
+  double kv_used = 0, running = 0;
+  int ready_d = 0;
+  for (const Worker& w : workers_) {
+    if (w.removing || !w.ready || w.role != routing::WorkerRole::kDecode) continue;
+    kv_used += static_cast<double>(w.reserved) / static_cast<double>(w.kv.capacityBlocks());
+    running += static_cast<double>(w.batch);
+    ++ready_d;
+  }
+  if (ready_d > 0) i_kv_peak_ = std::max(i_kv_peak_, kv_used / ready_d);
+  i_uncached_peak_ = std::max(i_uncached_peak_, s_uncached_ / o_.scrape_s);
+  s_uncached_ = 0;
+  i_running_peak_ = std::max(i_running_peak_, running);
+  if (open_ > 0) schedule(now + o_.scrape_s, EventKind::kSample, 0);
 }
 
 absl::Status Sim::tick(double now) {
@@ -539,6 +569,7 @@ absl::StatusOr<SimResult> Sim::run() {
   }
   open_ = static_cast<int64_t>(input_.requests.size());
   schedule(o_.interval_s, EventKind::kTick, 0);
+  schedule(o_.scrape_s, EventKind::kSample, 0);
   while (!events_.empty()) {
     const Event ev = events_.top();
     events_.pop();
@@ -570,6 +601,9 @@ absl::StatusOr<SimResult> Sim::run() {
       }
       case EventKind::kTick:
         TANDEM_RETURN_IF_ERROR(tick(ev.t));
+        break;
+      case EventKind::kSample:
+        sample(ev.t);
         break;
     }
   }

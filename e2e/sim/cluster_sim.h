@@ -74,6 +74,7 @@ struct SimOptions {
   EngineModel engine;
   Slo slo;
   double interval_s = 30;
+  double scrape_s = 5;  // gauges are sampled this often; the planner sees each interval's peak
   std::ostream* log = nullptr;  // each interval's signals and the size asked for, one line
 };
 

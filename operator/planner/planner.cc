@@ -167,15 +167,21 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   Need n;
   const int32_t ready = std::max(1, readyCount(s.decode));
   const double kv_room = 1 - c.min_free_kv_ratio;
+  // KV reserved for prompts still queued for prefill is the prefill
+  // backlog's, not decode's: more decode replicas would not free it.
+  double backlog = 0;
+  if (s.decode_kv_total_blocks > 0 && s.kv_block_tokens > 0) {
+    backlog = std::min(s.decode_kv_used_ratio, s.prefill_queue_tokens / s.kv_block_tokens / s.decode_kv_total_blocks);
+  }
   // The working set grows as sessions start: its trend is planned for too.
-  const double kv =
-      forecast(state.kv_active, s.at_s, std::max(s.decode_kv_used_ratio, s.decode_kv_active_ratio), c.startup_s);
+  const double kv = forecast(state.kv_active, s.at_s,
+                             std::max(s.decode_kv_used_ratio, s.decode_kv_active_ratio) - backlog, c.startup_s);
   // With the headroom: past the room, sessions are evicted and come back as
   // whole prompts for prefill (a cliff, not a slope).
   const double util = 1 / (1 + c.headroom);
   const double kv_up = ready * kv / (kv_room * util);
   const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
-  n.pressure = s.decode_kv_used_ratio / kv_room;
+  n.pressure = (s.decode_kv_used_ratio - backlog) / kv_room;
   double tpot_up = 0, tpot_down = 0;
   if (s.tpot_p95_s && s.decode_running > 0) {
     const double tpot = *s.tpot_p95_s;
@@ -220,7 +226,7 @@ int32_t maxDown(const PlannerConfig& c, int32_t current) {
 // The model's need turned into a replica count for one role: bounded steps,
 // cooldowns, the unschedulable and SLO guards, min/max.
 RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role, const Need& need,
-                        PlannerState::RoleState& rs) {
+                        PlannerState::RoleState& rs, std::optional<double> state_since) {
   RoleDecision d;
   d.current = d.desired = specOf(s, role);
   d.needed = need.up;
@@ -257,7 +263,8 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
     // A scale-up is given the scale-down cooldown to show its effect; a
     // scale-down, the (shorter) scale-up cooldown before the next step down.
     std::optional<double> until;
-    if (rs.last_up_s) until = *rs.last_up_s + c.scale_down_cooldown_s;
+    if (state_since) until = *state_since + c.scale_down_cooldown_s;  // a whole window seen first
+    if (rs.last_up_s) until = std::max(until.value_or(0), *rs.last_up_s + c.scale_down_cooldown_s);
     if (rs.last_down_s) until = std::max(until.value_or(0), *rs.last_down_s + c.scale_up_cooldown_s);
     if (d.current > b.max) {
       d.desired = b.max;
@@ -408,8 +415,9 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     d.knobs = routingKnobs(0, 0);
     return d;
   }
-  d.prefill = decideRole(c, s, PlanRole::kPrefill, pn, state.prefill);
-  d.decode = decideRole(c, s, PlanRole::kDecode, dn, state.decode);
+  if (!state.since_s) state.since_s = s.at_s;
+  d.prefill = decideRole(c, s, PlanRole::kPrefill, pn, state.prefill, state.since_s);
+  d.decode = decideRole(c, s, PlanRole::kDecode, dn, state.decode, state.since_s);
   if (!no_capacity.empty()) {
     d.prefill.desired = d.prefill.current;
     d.prefill.reason = Reason::kMissingData;

@@ -113,6 +113,12 @@ struct Signals {
   // that come back, whose prompts are then computed again.
   double decode_kv_active_ratio = 0;
   double decode_running = 0;        // sequences decoding now, all decode replicas
+  // The decode replicas' KV pool in blocks (Ready ones) and the tokens per
+  // block: D reserves a request's blocks before its prompt is computed, so
+  // the prefill queue holds decode KV that more decode replicas would not
+  // free (0: unknown, nothing is discounted).
+  double decode_kv_total_blocks = 0;
+  double kv_block_tokens = 0;
   // Reported for status and metrics (and read by other policies tandem-sim
   // compares); the decision does not size on them.
   double requests_per_s = 0;
@@ -176,6 +182,9 @@ struct PlannerState {
     std::vector<std::pair<double, double>> recent_down;
   };
   RoleState prefill, decode;
+  // When the planner first decided for the pool: nothing is scaled down
+  // before it has seen one stabilization window (scale_down_cooldown_s) of load.
+  std::optional<double> since_s;
   // Recent (time, uncached prompt tokens/s) and (time, decode working set
   // ratio), for their trends.
   std::vector<std::pair<double, double>> arrivals, kv_active;

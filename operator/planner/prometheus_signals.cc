@@ -24,6 +24,7 @@ double doubleOr(const std::optional<double>& v, double fallback) { return v.valu
 
 std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s) {
   const std::string w = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s]");
+  const std::string sub = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s:5s]");  // a subquery's range
   const std::string sel = strCat("pool=\"", pool, "\"");
   auto in = [&](const char* role) { return strCat("{", sel, ",role=\"", role, "\"}"); };
   auto in2 = [&](const char* role, const std::string& more) { return strCat("{", sel, ",role=\"", role, "\",", more, "}"); };
@@ -50,6 +51,13 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
        "tandem_engine_prefill_tokens_total", true},
       {"prefill_queue_tokens", strCat("sum(tandem_prefill_queue_tokens", in("prefill"), ")"), "tandem_prefill_queue_tokens",
        true},
+      // Arrivals at the window's peak over 15 s: a burst shorter than the
+      // interval is sized for, not averaged away.
+      {"prefill_arrivals_peak",
+       strCat("max_over_time((sum(rate(tandem_engine_prefill_tokens_total", in("prefill"),
+              "[15s])) + clamp_min(sum(deriv(tandem_prefill_queue_tokens", in("prefill"), "[15s])), 0))", sub, ")"),
+       "tandem_engine_prefill_tokens_total", false},
+      {"decode_kv_blocks", strCat("sum(tandem_kv_blocks_capacity", in("decode"), ")"), "tandem_kv_blocks_capacity", false},
       {"prefill_queue_growth", strCat("sum(deriv(tandem_prefill_queue_tokens", in("prefill"), w, "))"),
        "tandem_prefill_queue_tokens", false},
       {"prefill_requests_per_s", strCat("sum(rate(tandem_requests_total", in("prefill"), w, "))"), "tandem_requests_total",
@@ -57,10 +65,13 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
       {"prefill_capacity", strCat("sum by (pod) (rate(tandem_engine_prefill_tokens_total", in("prefill"), w,
                                   ")) / sum by (pod) (rate(tandem_engine_busy_seconds_total", in("prefill"), w, ")) > 0"),
        "tandem_engine_busy_seconds_total", false},
-      {"decode_kv_used", strCat("1 - sum(tandem_kv_blocks_free", in("decode"), ") / sum(tandem_kv_blocks_capacity",
-                                in("decode"), ")"),
+      // Gauges at the peak of the window's scrapes: a burst between two
+      // decisions is not missed.
+      {"decode_kv_used", strCat("max_over_time((1 - sum(tandem_kv_blocks_free", in("decode"),
+                                ") / sum(tandem_kv_blocks_capacity", in("decode"), "))", sub, ")"),
        "tandem_kv_blocks_capacity", true},
-      {"decode_running", strCat("sum(tandem_requests_running", in("decode"), ")"), "tandem_requests_running", true},
+      {"decode_running", strCat("max_over_time(sum(tandem_requests_running", in("decode"), ")", sub, ")"),
+       "tandem_requests_running", true},
       {"generation_tokens_per_s", strCat("sum(rate(tandem_generation_tokens_total", in("decode"), w, "))"),
        "tandem_generation_tokens_total", false},
       {"preemptions_per_s", strCat("sum(rate(tandem_preemptions_total{", sel, "}", w, "))"), "tandem_preemptions_total",
@@ -137,7 +148,9 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
   const double computed = doubleOr(single(answers, "prefill_computed_tokens_per_s"), 0);
   const double growth = doubleOr(single(answers, "prefill_queue_growth"), 0);
   // Arrivals are what was computed plus what the queue grew by.
-  s.uncached_prompt_tokens_per_s = std::max(0.0, computed + std::max(0.0, growth));
+  s.uncached_prompt_tokens_per_s =
+      std::max({0.0, computed + std::max(0.0, growth), doubleOr(single(answers, "prefill_arrivals_peak"), 0)});
+  s.decode_kv_total_blocks = std::max(0.0, doubleOr(single(answers, "decode_kv_blocks"), 0));
   s.prefill_queue_tokens = std::max(0.0, doubleOr(single(answers, "prefill_queue_tokens"), 0));
   const double prefill_requests = doubleOr(single(answers, "prefill_requests_per_s"), 0);
   s.mean_uncached_prompt_tokens = prefill_requests > 0 ? computed / prefill_requests : 0;

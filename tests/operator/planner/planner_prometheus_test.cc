@@ -12,6 +12,7 @@
 #include "tests/agent/agent_process.h"
 #include "tests/testing/prometheus.h"
 #include "tests/testing/wait.h"
+#include "src/k8s/resource.h"
 
 namespace tandem::op {
 namespace {
@@ -111,6 +112,12 @@ TEST_F(PlannerPrometheusTest, TheSignalsOfAServingPoolComeFromItsOwnSeries) {
   for (const std::string& m : s.missing) why += strCat("missing ", m, "\n");
   why += strCat("ttft_p95 ", s.ttft_p95_s.value_or(-1), " uncached ", s.uncached_prompt_tokens_per_s, " capacity ",
                 s.prefill.empty() ? -2 : s.prefill[0].capacity.value_or(-1), " requests/s ", s.requests_per_s, "\n");
+  if (!complete) {
+    auto raw = http::httpGet(prometheus_->url() + "/api/v1/query?query=" +
+                                 k8s::percentEncode("tandem_engine_prefill_tokens_total[60s]"),
+                             std::chrono::seconds(5));
+    why += raw.ok() ? raw->body : std::string(raw.status().message());
+  }
   ASSERT_TRUE(complete) << why << prometheus_->log();
   EXPECT_GT(*s.ttft_p95_s, 0);
   EXPECT_LT(*s.ttft_p95_s, 60);

@@ -86,6 +86,9 @@ TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
   EXPECT_DOUBLE_EQ(*s.ttft_p95_s, 1.5);
   EXPECT_FALSE(s.tpot_p95_s.has_value());
   EXPECT_DOUBLE_EQ(s.uncached_prompt_tokens_per_s, 10000) << "computed plus the queue's growth";
+  a["prefill_arrivals_peak"] = {{{}, 25000}};
+  EXPECT_DOUBLE_EQ(assembleSignals(qs, a, pods, 2, 1, 1000).uncached_prompt_tokens_per_s, 25000) << "a burst's peak";
+  a["prefill_arrivals_peak"] = {};
   EXPECT_DOUBLE_EQ(s.mean_uncached_prompt_tokens, 3000);
   EXPECT_DOUBLE_EQ(s.decode_kv_used_ratio, 0.4);
   EXPECT_DOUBLE_EQ(s.age_s, 2);
