@@ -94,6 +94,7 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   c.scale_up_cooldown_s = a.scale_up_cooldown_s;
   c.scale_down_cooldown_s = a.scale_down_cooldown_s;
   c.warmup_s = a.warmup_s;
+  c.interval_s = a.interval_s;
   // The slower of the default and what this pool's pods took: a model that
   // loads in minutes is planned for as such.
   if (measured_startup_s) c.startup_s = std::max(c.startup_s, *measured_startup_s);

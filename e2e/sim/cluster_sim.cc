@@ -108,6 +108,13 @@ class Sim {
   void finished(double now, size_t r);
   absl::Status tick(double now);
   void sample(double now);
+  // A request that arrived at `arrival` met its SLOs or not.
+  void countIn(double arrival, bool met) {
+    const size_t i = static_cast<size_t>(std::max(0.0, arrival) / o_.interval_s);
+    if (by_interval_.size() <= i) by_interval_.resize(i + 1);
+    ++by_interval_[i].first;
+    by_interval_[i].second += met;
+  }
   void resize(double now, routing::WorkerRole role, int32_t n);
   void maybeGone(double now, Worker& w);
   planner::Signals signals(double now);
@@ -130,10 +137,11 @@ class Sim {
   SimResult out_;
   std::vector<double> ttfts_, tpots_;
   int last_dir_[2] = {0, 0};
+  std::vector<std::pair<int64_t, int64_t>> by_interval_;  // (arrived, met) by arrival interval
   // This interval.
   std::vector<double> i_ttfts_, i_tpots_;
   double i_uncached_ = 0, i_output_ = 0;
-  double i_kv_peak_ = 0, i_running_peak_ = 0;  // over the interval's samples
+  double i_kv_peak_ = 0, i_running_peak_ = 0, i_waiting_peak_ = 0;  // over the interval's samples
   double s_uncached_ = 0;                       // uncached tokens arrived since the last sample
   double i_uncached_peak_ = 0;                  // the interval's highest rate between two samples
   int64_t i_disagg_ = 0, i_arrivals_ = 0, i_dropped_ = 0;
@@ -238,6 +246,7 @@ absl::Status Sim::arrive(double now, size_t r) {
   }
   ++out_.dropped;
   ++i_dropped_;
+  countIn(input_.requests[r].arrival_s, false);
   --open_;
   return absl::OkStatus();
 }
@@ -395,7 +404,9 @@ void Sim::finished(double now, size_t r) {
   tpots_.push_back(tpot_s);
   i_tpots_.push_back(tpot_s);
   i_output_ += static_cast<double>(req.output_tokens);
-  if (ttft <= o_.slo.ttft_s && tpot_s <= o_.slo.tpot_s) ++out_.met;
+  const bool met = ttft <= o_.slo.ttft_s && tpot_s <= o_.slo.tpot_s;
+  if (met) ++out_.met;
+  countIn(input_.requests[r].arrival_s, met);
   if (req.kv_d.session) sessions_[*req.kv_d.session] = SessionSeen{now, req.d};
   end_ = std::max(end_, now);
   --open_;
@@ -470,7 +481,8 @@ planner::Signals Sim::signals(double now) {
   s.decode_kv_total_blocks = static_cast<double>(ready_d * e_.kv_blocks);
   s.kv_block_tokens = static_cast<double>(kBlockTokens);
   s.decode_running = std::max(s.decode_running, i_running_peak_);
-  i_kv_peak_ = i_running_peak_ = 0;
+  s.decode_waiting = i_waiting_peak_;
+  i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = 0;
   double active = 0;
   absl::erase_if(sessions_, [&](const auto& e) { return e.second.at < now - kActiveSessionS; });
   for (const auto& [session, seen] : sessions_) {
@@ -498,14 +510,16 @@ planner::Signals Sim::signals(double now) {
 }
 
 void Sim::sample(double now) {
-  double kv_used = 0, running = 0;
+  double kv_used = 0, running = 0, waiting = 0;
   int ready_d = 0;
   for (const Worker& w : workers_) {
     if (w.removing || !w.ready || w.role != routing::WorkerRole::kDecode) continue;
     kv_used += static_cast<double>(w.reserved) / static_cast<double>(w.kv.capacityBlocks());
     running += static_cast<double>(w.batch);
+    waiting += static_cast<double>(w.waiting.size());
     ++ready_d;
   }
+  i_waiting_peak_ = std::max(i_waiting_peak_, waiting);
   if (ready_d > 0) i_kv_peak_ = std::max(i_kv_peak_, kv_used / ready_d);
   i_uncached_peak_ = std::max(i_uncached_peak_, s_uncached_ / o_.scrape_s);
   s_uncached_ = 0;
@@ -619,6 +633,9 @@ absl::StatusOr<SimResult> Sim::run() {
   out_.gpu_hours = gpu_s / 3600;
   if (out_.requests > 0) out_.slo_attainment = static_cast<double>(out_.met) / static_cast<double>(out_.requests);
   if (out_.duration_s > 0) out_.goodput = static_cast<double>(out_.met) / out_.duration_s;
+  for (const auto& [n, met] : by_interval_) {
+    out_.attainment_by_interval.push_back(n > 0 ? static_cast<double>(met) / static_cast<double>(n) : -1);
+  }
   out_.p95_ttft_s = percentile(ttfts_, 0.95);
   out_.p95_tpot_s = percentile(tpots_, 0.95);
   return out_;

@@ -92,6 +92,9 @@ struct SimResult {
   double p95_ttft_s = 0, p95_tpot_s = 0;
   int32_t peak_prefill = 0, peak_decode = 0;
   double duration_s = 0;  // first arrival to last completion
+  // SLO attainment of the requests that arrived in each interval (dropped
+  // ones count as missed); -1 for an interval nobody arrived in.
+  std::vector<double> attainment_by_interval;
 };
 
 // Runs `input` once under `policy`. Errors only when the simulation itself

@@ -130,6 +130,7 @@ planner::PlannerConfig plannerConfig(const SimCommand& command) {
   c.gpu_budget = gpus;
   c.startup_s = o.engine.startup_s;
   c.warmup_s = o.engine.warmup_s;
+  c.interval_s = o.interval_s;
   return c;
 }
 

@@ -144,11 +144,11 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // The fewest replicas whose utilisation stays planned and whose corrected
   // TTFT meets the target; for a scale-down, both with the margin.
   const double util = 1 / (1 + c.headroom);
-  // A queue is drained over the time a replica added for it is kept: its
-  // start-up plus the scale-down cooldown. (Sizing to drain it within the
-  // TTFT target sizes for a backlog that is gone by the time the replicas
-  // are up, and then scales back: a reversal for nothing.)
-  const double drain_s = std::max(c.ttft_target_s, c.startup_s + c.scale_down_cooldown_s);
+  // A queue is drained within two intervals of the replicas added for it
+  // being up: every request behind it misses its TTFT until then, so the
+  // SLO recovers within a few intervals. (Sizing to drain it within the
+  // TTFT target would size for a backlog gone before the replicas are up.)
+  const double drain_s = std::max(c.ttft_target_s, c.startup_s + 2 * c.interval_s);
   auto fewest = [&](double margin) {
     if (rate <= 0 && queue <= 0) return 0.0;
     const double by_util = (rate + queue / drain_s) / (cap * util * margin);
@@ -167,11 +167,15 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   Need n;
   const int32_t ready = std::max(1, readyCount(s.decode));
   const double kv_room = 1 - c.min_free_kv_ratio;
-  // KV reserved for prompts still queued for prefill is the prefill
-  // backlog's, not decode's: more decode replicas would not free it.
+  // KV reserved for prompts queued for prefill beyond what the prefill
+  // replicas compute within the TTFT target is a prefill backlog's (more
+  // prefill replicas clear it; more decode replicas would not free it).
+  // What prefill holds in flight in steady state is decode's to hold.
   double backlog = 0;
   if (s.decode_kv_total_blocks > 0 && s.kv_block_tokens > 0) {
-    backlog = std::min(s.decode_kv_used_ratio, s.prefill_queue_tokens / s.kv_block_tokens / s.decode_kv_total_blocks);
+    const double in_flight = state.prefill.capacity.value_or(0) * std::max(1, readyCount(s.prefill)) * c.ttft_target_s;
+    const double excess = std::max(0.0, s.prefill_queue_tokens - in_flight);
+    backlog = std::min(s.decode_kv_used_ratio, excess / s.kv_block_tokens / s.decode_kv_total_blocks);
   }
   // The working set grows as sessions start: its trend is planned for too.
   const double kv = forecast(state.kv_active, s.at_s,
@@ -179,7 +183,11 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   // With the headroom: past the room, sessions are evicted and come back as
   // whole prompts for prefill (a cliff, not a slope).
   const double util = 1 / (1 + c.headroom);
-  const double kv_up = ready * kv / (kv_room * util);
+  double kv_up = ready * kv / (kv_room * util);
+  // Full, with requests waiting to be admitted: the demand is censored (a
+  // full pool reads as "just full" however much more is asked), so it is
+  // not estimated from the ratio: the pool doubles.
+  if (s.decode_kv_used_ratio - backlog >= kv_room && s.decode_waiting > 0) kv_up = std::max(kv_up, 2.0 * ready);
   const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
   n.pressure = (s.decode_kv_used_ratio - backlog) / kv_room;
   double tpot_up = 0, tpot_down = 0;
@@ -369,6 +377,7 @@ absl::Status validatePlannerConfig(const PlannerConfig& c) {
   if (!(c.headroom >= 0)) return bad("headroom", "must be >= 0");
   if (!(c.scale_down_margin >= 0 && c.scale_down_margin < 1)) return bad("scaleDownMargin", "must be in [0, 1)");
   if (!(c.startup_s >= 0)) return bad("startupSeconds", "must be >= 0");
+  if (!(c.interval_s > 0)) return bad("interval", "must be > 0");
   if (!(c.warmup_s >= 0)) return bad("warmupSeconds", "must be >= 0");
   if (!(c.max_signal_age_s > 0)) return bad("maxSignalAge", "must be > 0");
   return absl::OkStatus();

@@ -11,7 +11,8 @@
 //   prefill  demand  = uncached prompt tokens/s forecast at now + start-up
 //                      time (a rising trend is extrapolated over the time a
 //                      new replica takes to serve) + the queued prompt
-//                      tokens drained within the TTFT target
+//                      tokens drained within two intervals of the new
+//                      replicas being up
 //            needed  = demand × correction / (capacity per replica × utilisation)
 //            where capacity is measured on warm replicas only, utilisation
 //            = 1 / (1 + headroom), and correction = observed TTFT p95 ÷ the
@@ -71,6 +72,7 @@ struct PlannerConfig {
   int32_t max_step = 0;
   double headroom = 0.2;           // plan for (1 + headroom) × the demand
   double scale_down_margin = 0.2;  // scale down only with this much more room
+  double interval_s = 30;          // how often the planner decides
   double startup_s = 60;           // a new replica's start-up time until one was measured
   double warmup_s = 60;            // a replica Ready for less than this is warming: its capacity is not measured
   double max_signal_age_s = 120;   // older signals are stale
@@ -113,6 +115,7 @@ struct Signals {
   // that come back, whose prompts are then computed again.
   double decode_kv_active_ratio = 0;
   double decode_running = 0;        // sequences decoding now, all decode replicas
+  double decode_waiting = 0;        // requests waiting for KV to be admitted on D (peak)
   // The decode replicas' KV pool in blocks (Ready ones) and the tokens per
   // block: D reserves a request's blocks before its prompt is computed, so
   // the prefill queue holds decode KV that more decode replicas would not

@@ -72,6 +72,8 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
        "tandem_kv_blocks_capacity", true},
       {"decode_running", strCat("max_over_time(sum(tandem_requests_running", in("decode"), ")", sub, ")"),
        "tandem_requests_running", true},
+      {"decode_waiting", strCat("max_over_time(sum(tandem_requests_waiting", in("decode"), ")", sub, ")"),
+       "tandem_requests_waiting", false},
       {"generation_tokens_per_s", strCat("sum(rate(tandem_generation_tokens_total", in("decode"), w, "))"),
        "tandem_generation_tokens_total", false},
       {"preemptions_per_s", strCat("sum(rate(tandem_preemptions_total{", sel, "}", w, "))"), "tandem_preemptions_total",
@@ -159,6 +161,7 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
   // sessions together), not the split: the working set is taken as all of it.
   s.decode_kv_active_ratio = s.decode_kv_used_ratio;
   s.decode_running = std::max(0.0, doubleOr(single(answers, "decode_running"), 0));
+  s.decode_waiting = std::max(0.0, doubleOr(single(answers, "decode_waiting"), 0));
   s.requests_per_s = doubleOr(single(answers, "requests_per_s"), 0);
   s.generation_tokens_per_s = doubleOr(single(answers, "generation_tokens_per_s"), 0);
   s.preemptions_per_s = doubleOr(single(answers, "preemptions_per_s"), 0);

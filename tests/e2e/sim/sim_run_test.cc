@@ -54,6 +54,8 @@ TEST(SimRunTest, ALoadThePoolCarriesMeetsItsSlosAndRunsTheSameTwice) {
   EXPECT_EQ(x.requests, static_cast<int64_t>(in.requests.size()));
   EXPECT_EQ(x.met, x.requests) << "4k tokens/s on a 10k tokens/s prefill replica";
   EXPECT_DOUBLE_EQ(x.slo_attainment, 1.0);
+  ASSERT_EQ(x.attainment_by_interval.size(), 20u) << "300 s in 15 s intervals";
+  for (double a : x.attainment_by_interval) EXPECT_DOUBLE_EQ(a, 1.0);
   EXPECT_EQ(x.dropped, 0);
   EXPECT_LT(x.p95_ttft_s, 1.0);
   EXPECT_NEAR(x.gpu_hours, 2 * x.duration_s / 3600, 1e-9) << "two replicas for the whole run";
@@ -100,6 +102,12 @@ TEST(SimRunTest, ThePlannerFollowsAStepUpAndDownWithoutLosingARequest) {
   EXPECT_EQ(t.dropped, 0);
   EXPECT_GT(t.slo_attainment, f.slo_attainment + 0.2) << t.slo_attainment << " vs " << f.slo_attainment;
   EXPECT_GT(t.slo_attainment, 0.7) << "the step is 12x; a replica takes 30 s";
+  // Before the step every interval met its SLOs; the step's first intervals
+  // did not; well after it they do again.
+  ASSERT_GE(t.attainment_by_interval.size(), 60u);
+  EXPECT_DOUBLE_EQ(t.attainment_by_interval[5], 1.0);
+  EXPECT_LT(t.attainment_by_interval[20], 0.9);
+  EXPECT_GT(t.attainment_by_interval[35], 0.95);
   // It gave the replicas back: fewer GPU-hours than holding the peak throughout.
   EXPECT_LT(t.gpu_hours, (t.peak_prefill + t.peak_decode) * t.duration_s / 3600 * 0.8);
 }

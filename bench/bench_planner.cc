@@ -1,0 +1,196 @@
+// ./tandem bench planner: the planner against the best static split (by
+// hindsight sweep) and the throughput-interval baseline, in tandem-sim, on
+// the Azure code trace and on generated agentic sessions, with --load-scale
+// so the best static split needs most of the GPUs; then a 2x step in load
+// (recovery) and a sweep of the replica start-up time (docs/planner.md).
+//
+// Every row's reference is a baseline run in the same process on the same
+// input (the yardstick): the best static split, or the interval planner.
+// The engines are tandem-sim's model (EngineModel defaults), not hardware.
+//
+//   bench_planner --out FILE [--traces DIR] [--gpus 64] [--quick]
+//
+// --gpus 512 is the large configuration: its static sweep alone runs
+// for tens of minutes on two cores.
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_report.h"
+#include "e2e/replay/generator.h"
+#include "e2e/replay/replay_input.h"
+#include "e2e/sim/cluster_sim.h"
+#include "e2e/sim/scaling_policies.h"
+#include "e2e/sim/sim_cli.h"
+#include "e2e/sim/sim_trace.h"
+
+namespace {
+
+using namespace tandem;
+using namespace tandem::sim;
+
+struct Runs {
+  SimResult best, interval, tandem;
+  PoolSize best_size;
+};
+
+planner::PlannerConfig plannerConfig(const SimOptions& o, int gpus) {
+  planner::PlannerConfig c;
+  c.ttft_target_s = o.slo.ttft_s;
+  c.tpot_target_s = o.slo.tpot_s;
+  c.prefill = {2, gpus};
+  c.decode = {2, gpus};
+  c.gpu_budget = gpus;
+  c.startup_s = o.engine.startup_s;
+  c.warmup_s = o.engine.warmup_s;
+  c.interval_s = o.interval_s;
+  return c;
+}
+
+Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool with_best = true) {
+  Runs r;
+  if (with_best) {
+    auto best = bestStatic(in, o, gpus);
+    if (!best.ok()) {
+      std::cerr << "bench_planner: " << best.status() << "\n";
+      std::exit(1);
+    }
+    r.best = best->first;
+    r.best_size = best->second;
+  }
+  const PoolSize start{std::max(1, gpus / 6), std::max(1, gpus / 3)};
+  auto interval = intervalPolicy({.profile = o.engine, .slo = o.slo, .gpu_budget = gpus, .initial = start});
+  auto tandem = tandemPolicy({.config = plannerConfig(o, gpus), .initial = start});
+  auto i = runSim(in, o, *interval);
+  auto t = runSim(in, o, *tandem);
+  if (!i.ok() || !t.ok()) {
+    std::cerr << "bench_planner: " << (i.ok() ? t.status() : i.status()) << "\n";
+    std::exit(1);
+  }
+  r.interval = *i;
+  r.tandem = *t;
+  return r;
+}
+
+void report(std::vector<bench::Result>& out, const std::string& prefix, const Runs& r) {
+  std::fprintf(stderr, "%s: static-best %d:%d attainment %.3f GPU-h %.2f | interval %.3f GPU-h %.2f | tandem %.3f GPU-h %.2f reversals %lld/%lld intervals\n",
+               prefix.c_str(), r.best_size.prefill, r.best_size.decode, r.best.slo_attainment, r.best.gpu_hours,
+               r.interval.slo_attainment, r.interval.gpu_hours, r.tandem.slo_attainment, r.tandem.gpu_hours,
+               static_cast<long long>(r.tandem.reversals), static_cast<long long>(r.tandem.intervals));
+  out.push_back({.name = prefix + "_tandem_attainment_vs_static_best", .value = r.tandem.slo_attainment, .unit = "share",
+                 .reference = r.best.slo_attainment, .reference_name = "static-best attainment"});
+  out.push_back({.name = prefix + "_tandem_gpu_hours_vs_static_best", .value = r.tandem.gpu_hours, .unit = "GPU-h",
+                 .reference = r.best.gpu_hours, .reference_name = "static-best GPU-hours"});
+  out.push_back({.name = prefix + "_tandem_attainment_vs_interval", .value = r.tandem.slo_attainment, .unit = "share",
+                 .reference = std::max(1e-3, r.interval.slo_attainment), .reference_name = "interval attainment"});
+  out.push_back({.name = prefix + "_tandem_gpu_hours_vs_interval", .value = r.tandem.gpu_hours, .unit = "GPU-h",
+                 .reference = r.interval.gpu_hours, .reference_name = "interval GPU-hours"});
+  const double per10 = r.tandem.intervals > 0 ? 10.0 * r.tandem.reversals / r.tandem.intervals : 0;
+  const double per10_i = r.interval.intervals > 0 ? 10.0 * r.interval.reversals / r.interval.intervals : 0;
+  out.push_back({.name = prefix + "_tandem_reversals_per_10_intervals", .value = per10, .unit = "reversals",
+                 .reference = std::max(1e-3, per10_i), .reference_name = "interval reversals per 10 intervals"});
+}
+
+// Poisson arrivals of `rate(t)` requests/s, prompts and answers of fixed
+// size, no shared prefix, for `seconds`.
+replay::Trace poisson(double seconds, const std::function<double(double)>& rate, int64_t prompt, int64_t output,
+                      uint64_t seed) {
+  replay::Trace t;
+  uint64_t state = seed * 2654435761u + 1, id = 0;
+  auto uniform = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (static_cast<double>(state >> 11) + 0.5) / 9007199254740992.0;
+  };
+  for (double at = 0; at < seconds;) {
+    replay::TraceRequest r{.timestamp_ms = at * 1000, .input_length = prompt, .output_length = output};
+    for (int64_t b = 0; b < (prompt + 511) / 512; ++b) r.hash_ids.push_back(id++);
+    t.requests.push_back(std::move(r));
+    at += -std::log(uniform()) / rate(at);
+  }
+  return t;
+}
+
+// Intervals after `step_interval` until attainment is back at >= 0.95 and
+// stays there for 3 intervals; -1 if never.
+int recovery(const SimResult& r, size_t step_interval) {
+  const auto& a = r.attainment_by_interval;
+  for (size_t i = step_interval; i + 2 < a.size(); ++i) {
+    if (a[i] >= 0.95 && a[i + 1] >= 0.95 && a[i + 2] >= 0.95) return static_cast<int>(i - step_interval);
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string traces = std::string(TANDEM_SOURCE_DIR) + "/../shared/traces";
+  int gpus = 64;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--traces" && i + 1 < argc) traces = argv[++i];
+    if (a == "--gpus" && i + 1 < argc) gpus = std::atoi(argv[++i]);
+    if (a == "--quick") quick = true;
+  }
+  if (gpus < 8) {
+    std::cerr << "bench_planner: --gpus must be at least 8\n";
+    return 2;
+  }
+  const double scale = gpus / 64.0;
+  SimOptions o;
+  std::vector<bench::Result> results;
+
+  // 1. The Azure code trace, scaled so the best static split needs most of the GPUs.
+  auto azure = readAzureTrace(traces + "/azure_llm_2023_code.csv");
+  if (!azure.ok()) {
+    std::cerr << "bench_planner: " << azure.status() << " (--traces DIR: where azure_llm_2023_code.csv is)\n";
+    return 1;
+  }
+  const int azure_k = static_cast<int>(std::lround(12 * scale));
+  const auto azure_in = replay::prepareReplay(scaleLoad(*azure, azure_k));
+  report(results, "azure_x" + std::to_string(azure_k) + "_" + std::to_string(gpus) + "gpu", runAll(azure_in, o, gpus));
+
+  // 2. Agentic coding sessions (DualPath 32K shape), likewise.
+  replay::GeneratorOptions g;
+  g.num_sessions = static_cast<int>(std::lround(quick ? 200 : 800 * scale));
+  g.active_sessions = g.num_sessions / 2.0;
+  auto sessions = replay::generateSessions(g);
+  if (!sessions.ok()) {
+    std::cerr << "bench_planner: " << sessions.status() << "\n";
+    return 1;
+  }
+  const auto sessions_in = replay::prepareReplay(*sessions);
+  report(results, "sessions" + std::to_string(g.num_sessions) + "_" + std::to_string(gpus) + "gpu",
+         runAll(sessions_in, o, gpus));
+
+  // 3. A 2x step in load (20 min at r, then 2r at about 70% of the GPUs'
+  // prefill capacity), and the replica start-up time swept.
+  const double base_rate = 0.35 * gpus * o.engine.prefill_tokens_per_s / 4000 / 2;  // requests/s of 4000-token prompts
+  const double step_at = 1200;
+  const auto step_in = replay::prepareReplay(
+      poisson(2400, [&](double t) { return t < step_at ? base_rate : 2 * base_rate; }, 4000, 100, 7));
+  const size_t step_interval = static_cast<size_t>(step_at / o.interval_s);
+  for (double startup : quick ? std::vector<double>{120} : std::vector<double>{10, 30, 60, 120, 300}) {
+    SimOptions so = o;
+    so.engine.startup_s = startup;
+    const Runs r = runAll(step_in, so, gpus, /*with_best=*/false);
+    const std::string p = "step2x_startup" + std::to_string(static_cast<int>(startup)) + "s";
+    std::fprintf(stderr, "%s: interval %.3f (recovery %d intervals) | tandem %.3f (recovery %d intervals), GPU-h %.2f vs %.2f\n",
+                 p.c_str(), r.interval.slo_attainment, recovery(r.interval, step_interval), r.tandem.slo_attainment,
+                 recovery(r.tandem, step_interval), r.tandem.gpu_hours, r.interval.gpu_hours);
+    results.push_back({.name = p + "_tandem_attainment_vs_interval", .value = r.tandem.slo_attainment, .unit = "share",
+                       .reference = std::max(1e-3, r.interval.slo_attainment), .reference_name = "interval attainment"});
+    const int rt = recovery(r.tandem, step_interval), ri = recovery(r.interval, step_interval);
+    results.push_back({.name = p + "_tandem_recovery_intervals_vs_interval",
+                       .value = rt < 0 ? 999.0 : static_cast<double>(rt),
+                       .unit = "intervals",
+                       .reference = ri < 0 ? 999.0 : std::max(0.5, static_cast<double>(ri)),
+                       .reference_name = "interval recovery (999: never)"});
+  }
+  return bench::writeReport("planner", results, argc, argv);
+}
