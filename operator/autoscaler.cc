@@ -35,6 +35,11 @@ planner::PodInfo podInfo(const json& pod, planner::PlanRole role) {
   p.role = role;
   p.deleting = pod.contains("/metadata/deletionTimestamp"_json_pointer);
   p.created_s = timeAt(pod, "/metadata/creationTimestamp"_json_pointer).value_or(0);
+  for (const json& cs : pod.value("/status/containerStatuses"_json_pointer, json::array())) {
+    if (cs.is_object() && cs.contains("restartCount") && cs["restartCount"].is_number_integer()) {
+      p.restarts += cs["restartCount"].get<int64_t>();
+    }
+  }
   for (const json& c : pod.value("/status/conditions"_json_pointer, json::array())) {
     const std::string type = c.value("type", "");
     if (type == "Ready" && c.value("status", "") == "True") {
@@ -66,8 +71,9 @@ json inputsJson(const planner::Signals& s) {
              {"requestsPerSecond", std::round(s.requests_per_s * 100) / 100},
              {"preemptionsPerSecond", std::round(s.preemptions_per_s * 100) / 100},
              {"fallbackShare", std::round(s.fallback_share * 1000) / 1000}};
-  if (s.ttft_p95_s) in["ttftP95Seconds"] = std::round(*s.ttft_p95_s * 1000) / 1000;
-  if (s.tpot_p95_s) in["tpotP95Seconds"] = std::round(*s.tpot_p95_s * 10000) / 10000;
+  // null when there was none (a merge patch would keep an older value otherwise).
+  in["ttftP95Seconds"] = s.ttft_p95_s ? json(std::round(*s.ttft_p95_s * 1000) / 1000) : json();
+  in["tpotP95Seconds"] = s.tpot_p95_s ? json(std::round(*s.tpot_p95_s * 10000) / 10000) : json();
   return in;
 }
 
@@ -95,6 +101,12 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   c.scale_down_cooldown_s = a.scale_down_cooldown_s;
   c.warmup_s = a.warmup_s;
   c.interval_s = a.interval_s;
+  if (auto it = pool.router_policy.find("directMaxSuffix"); it != pool.router_policy.end() && it->is_number()) {
+    c.base_knobs.direct_max_suffix_tokens = static_cast<int64_t>(it->get<double>());
+  }
+  if (auto it = pool.router_policy.find("loadFloorWeight"); it != pool.router_policy.end() && it->is_number()) {
+    c.base_knobs.load_floor_weight = it->get<double>();
+  }
   // The slower of the default and what this pool's pods took: a model that
   // loads in minutes is planned for as such.
   if (measured_startup_s) c.startup_s = std::max(c.startup_s, *measured_startup_s);
@@ -155,6 +167,7 @@ void Autoscaler::start() {
   std::lock_guard l(mu_);
   if (!stopped_) return;
   stopped_ = false;
+  stopping_.store(false);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -164,6 +177,7 @@ void Autoscaler::stop() {
     if (stopped_) return;
     stopped_ = true;
   }
+  stopping_.store(true);
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -175,11 +189,21 @@ void Autoscaler::loop() {
     const double now = epochSeconds(SystemClock::instance().wallNow());
     std::map<std::string, PoolState> live;
     for (const json& pool : pools_.cache().list()) {
+      if (stopping_.load()) break;  // lost the lease or stopping: write nothing more
       const std::string key = k8s::objectKey(pool);
       PoolState& st = pools_state_[key];
       const std::string uid = pool.value("/metadata/uid"_json_pointer, "");
       if (st.uid != uid) st = PoolState{.uid = uid};  // a new pool under an old name starts afresh
-      if (now >= st.next_s) planPool(pool, st, now);
+      if (now >= st.next_s) {
+        // What the API server or Prometheus hands over is input: one pool's
+        // surprise must not stop the others' planning (or the operator).
+        try {
+          planPool(pool, st, now);
+        } catch (const std::exception& e) {
+          log_.error("planning a pool failed; trying again in a minute", {{"pool", key}, {"error", e.what()}});
+          st.next_s = now + 60;
+        }
+      }
       live[key] = std::move(st);
     }
     pools_state_ = std::move(live);  // deleted pools are forgotten
@@ -295,8 +319,12 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     st.restored = true;
     if (previous_status.contains("lastScaling")) {
       const json& ls = previous_status["lastScaling"];
-      st.planner.prefill.written = static_cast<int32_t>(ls.value("/prefill/to"_json_pointer, int64_t{-1}));
-      st.planner.decode.written = static_cast<int32_t>(ls.value("/decode/to"_json_pointer, int64_t{-1}));
+      auto to = [&](const json::json_pointer& p) {
+        return ls.is_object() && ls.contains(p) && ls[p].is_number_integer() ? static_cast<int32_t>(ls[p].get<int64_t>())
+                                                                             : int32_t{-1};
+      };
+      st.planner.prefill.written = to("/prefill/to"_json_pointer);
+      st.planner.decode.written = to("/decode/to"_json_pointer);
     }
   }
   std::vector<planner::PodInfo> pods;
@@ -320,6 +348,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
   std::optional<double> startup = planner::measuredStartup(pods, planner::PlanRole::kPrefill);
   if (auto d = planner::measuredStartup(pods, planner::PlanRole::kDecode)) startup = std::max(startup.value_or(0), *d);
   const planner::PlannerConfig config = plannerConfigFor(pool, startup);
+  const planner::PlannerState before = st.planner;
   const planner::Decision d = planner::decide(config, signals, st.planner);
 
   for (planner::PlanRole r : planner::kPlanRoles) {
@@ -343,6 +372,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     for (const auto& [name, v] : in) inputs_.add({{"pool", pool.name}, {"signal", name}}).set(v);
   }
 
+  if (stopping_.load()) return;  // no write from a planner being stopped (it may have lost the lease)
   const k8s::ObjectReference ref = k8s::ObjectReference::of(object);
   auto event = [&](k8s::EventType type, const char* reason, const std::string& note) {
     absl::Status s = events_.record(ref, type, reason, "Autoscale", note);
@@ -360,8 +390,9 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     if (!s.ok()) {
       log_.warn("writing the pool's replicas failed", {{"pool", key}, {"error", std::string(s.message())}});
       event(k8s::EventType::kWarning, "ScalingFailed", strCat("writing spec replicas failed: ", s.message()));
-      // Not written: the next interval decides again from what is there.
-      for (planner::PlanRole r : planner::kPlanRoles) st.planner.role(r).written = d.role(r).current;
+      // Not written: as if not decided (no cooldown started); the next
+      // interval decides again from what is there.
+      st.planner = before;
       return;
     }
     for (planner::PlanRole r : planner::kPlanRoles) {

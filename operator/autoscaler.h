@@ -24,6 +24,7 @@
 //
 // Thread-safety: start() and stop() from one thread; the loop has its own.
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -119,6 +120,7 @@ class Autoscaler {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopped_ = true;
+  std::atomic<bool> stopping_{false};  // checked between pools and before writes
 };
 
 }  // namespace tandem::op

@@ -157,7 +157,8 @@ absl::Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
     const std::string bpath = strCat(path, ".", role);
     int32_t& lo = prefill ? out.prefill_min : out.decode_min;
     int32_t& hi = prefill ? out.prefill_max : out.decode_max;
-    TANDEM_ASSIGN_OR_RETURN(lo, integer(b, "min", bpath, lo, 0, 1000));
+    // At least 1: a role with no replica exports no metrics to grow it back from.
+    TANDEM_ASSIGN_OR_RETURN(lo, integer(b, "min", bpath, lo, 1, 1000));
     TANDEM_ASSIGN_OR_RETURN(hi, integer(b, "max", bpath, hi, 0, 1000));
     if (lo > hi) return fieldError(bpath, strCat("min (", lo, ") must not exceed max (", hi, ")"));
   }

@@ -106,12 +106,10 @@ json computeStatus(const PoolSpec& pool, const Observed& observed, const json& p
                  ? condition("Degraded", false, "AsExpected", "", previous, now, gen)
                  : condition("Degraded", true, "InvalidSpec", spec_error, previous, now, gen);
   status["conditions"] = json::array({ready_cond, progressing, degraded});
-  // What the planner writes (operator/autoscaler.h) is kept as it is.
+  // The planner's condition (operator/autoscaler.h) is kept as it is (its
+  // status.lastScaling is not written here at all: a merge patch leaves it).
   for (const json& c : previous) {
     if (c.value("type", "") == "Autoscaling") status["conditions"].push_back(c);
-  }
-  if (previous_status.is_object() && previous_status.contains("lastScaling")) {
-    status["lastScaling"] = previous_status["lastScaling"];
   }
   return status;
 }

@@ -17,8 +17,10 @@
 //     Degraded     True (InvalidSpec, the message names the field) when the
 //                  spec cannot be made into children; False (AsExpected)
 //
-//     Autoscaling  (written by the planner, kept here as it is), and
-//   lastScaling               (the planner's, kept)
+//     Autoscaling  (written by the planner, kept here as it is)
+//
+// status.lastScaling is the planner's alone: not part of what is computed
+// here (and the reconciler's merge patch leaves it).
 //
 // A condition's lastTransitionTime moves only when its status does.
 //

@@ -230,7 +230,9 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
                       degraded->value("observedGeneration", int64_t{-1}) == shell.generation;
     if (!said) (void)events_->record(ref, k8s::EventType::kWarning, "InvalidSpec", "Reconcile", why);
     json status = computeStatus(shell, Observed{}, previous_status, now, why);
-    if (status != previous_status) {
+    json stored = previous_status;
+    if (stored.is_object()) stored.erase("lastScaling");  // the planner's
+    if (status != stored) {
       TANDEM_RETURN_IF_ERROR(client_.mergePatchStatus(inferencePoolsResource(), ns, name, {{"status", status}}).status());
     }
     return absl::OkStatus();
@@ -301,6 +303,7 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
   if (!status.contains("endpoint")) status["endpoint"] = nullptr;  // a merge patch removes it
   json stored = previous_status;
   if (!stored.contains("endpoint")) stored["endpoint"] = nullptr;
+  if (stored.is_object()) stored.erase("lastScaling");  // the planner's, not compared nor written here
   if (status != stored) {
     TANDEM_RETURN_IF_ERROR(client_.mergePatchStatus(inferencePoolsResource(), ns, name, {{"status", status}}).status());
   }

@@ -24,6 +24,8 @@ constexpr double kCorrectionSmoothing = 0.5;
 constexpr double kMaxModelUtilisation = 0.95;
 // No role is sized beyond this many replicas.
 constexpr int32_t kMaxReplicas = 100000;
+// The TTFT feedback asks for at most this many times the replicas utilisation needs.
+constexpr int32_t kMaxSloFactor = 4;
 
 std::string num(double v) {
   char buf[32];
@@ -149,17 +151,26 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // SLO recovers within a few intervals. (Sizing to drain it within the
   // TTFT target would size for a backlog gone before the replicas are up.)
   const double drain_s = std::max(c.ttft_target_s, c.startup_s + 2 * c.interval_s);
+  // One prompt's compute time alone misses the target: no count of
+  // replicas meets it (more replicas shorten queueing, not a prompt), so
+  // prefill is sized on utilisation only. Otherwise the SLO feedback may ask
+  // for at most kMaxSloFactor times what utilisation needs.
+  const bool unreachable = prompt > 0 && prompt / cap >= c.ttft_target_s;
   auto fewest = [&](double margin) {
     if (rate <= 0 && queue <= 0) return 0.0;
     const double by_util = (rate + queue / drain_s) / (cap * util * margin);
-    int32_t k = std::max(1, replicasFor(by_util));
-    while (k < kMaxReplicas && rs.correction * modelTtft(k, rate, 0, prompt, cap) > c.ttft_target_s * margin) ++k;
+    if (unreachable) return by_util;
+    const int32_t base = std::max(1, replicasFor(by_util));
+    const int32_t most = std::min(kMaxReplicas, base * kMaxSloFactor);
+    int32_t k = base;
+    while (k < most && rs.correction * modelTtft(k, rate, 0, prompt, cap) > c.ttft_target_s * margin) ++k;
     return k > replicasFor(by_util) ? static_cast<double>(k) : by_util;
   };
   n.up = fewest(1);
   n.down = fewest(1 - c.scale_down_margin);
   n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued, ", num(cap),
-                 " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction));
+                 " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction),
+                 unreachable ? "; one prompt alone takes longer than the TTFT target: sized on utilisation" : "");
   return n;
 }
 
@@ -301,13 +312,16 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
 // With a GPU budget, the role under less pressure gives way: first what it
 // holds beyond its own need, then the other role's growth, then below its
 // need (never below min).
-void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, Decision& d) {
+void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const PlannerState& state, Decision& d) {
   if (c.gpu_budget <= 0) return;
   auto total = [&] {
     return int64_t{d.prefill.desired} * c.gpus_per_prefill + int64_t{d.decode.desired} * c.gpus_per_decode;
   };
   if (total() <= c.gpu_budget) return;
   const PlanRole low = pn.pressure >= dn.pressure ? PlanRole::kDecode : PlanRole::kPrefill;
+  double peak = 0;
+  for (const auto& e : (low == PlanRole::kPrefill ? state.prefill : state.decode).recent_down) peak = std::max(peak, e.second);
+  const int32_t low_window_need = replicasFor(peak);
   const PlanRole high = low == PlanRole::kDecode ? PlanRole::kPrefill : PlanRole::kDecode;
   const int32_t before_p = d.prefill.desired, before_d = d.decode.desired;
   auto cut = [&](PlanRole r, int32_t floor) {
@@ -316,7 +330,10 @@ void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, Decisio
     while (total() > c.gpu_budget && rd.desired > floor) --rd.desired;
   };
   const Need& low_need = low == PlanRole::kPrefill ? pn : dn;
-  cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, replicasFor(low_need.up))));
+  // First what the role holds beyond what it needed at any time in the
+  // stabilization window (so the budget does not bring back flapping).
+  cut(low, std::max(boundsOf(c, low).min,
+                    std::min(d.role(low).desired, std::max(replicasFor(low_need.up), low_window_need))));
   cut(high, std::max(boundsOf(c, high).min, std::min(d.role(high).desired, d.role(high).current)));
   cut(low, boundsOf(c, low).min);
   cut(high, boundsOf(c, high).min);
@@ -383,10 +400,8 @@ absl::Status validatePlannerConfig(const PlannerConfig& c) {
   return absl::OkStatus();
 }
 
-RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure) {
-  const routing::RouterConfig base;
-  RoutingKnobs k{.direct_max_suffix_tokens = base.direct_max_suffix_tokens,
-                 .load_floor_weight = base.load_floor_weight};
+RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const RoutingKnobs& base) {
+  RoutingKnobs k = base;
   // Prefill under more pressure than decode: more of a session's turns are
   // computed on D directly; the reverse keeps D's batch for decoding.
   if (prefill_pressure > 0 && decode_pressure > 0) {
@@ -421,7 +436,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
       d.role(r).reason = Reason::kMissingData;
       d.role(r).message = strCat("no action: missing or stale ", list);
     }
-    d.knobs = routingKnobs(0, 0);
+    d.knobs = c.base_knobs;
     return d;
   }
   if (!state.since_s) state.since_s = s.at_s;
@@ -437,7 +452,8 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     PlannerState::RoleState& rs = state.role(r);
     RoleDecision& rd = d.role(r);
     if (rs.written >= 0 && rd.current != rs.written) {
-      (rd.current > rs.written ? rs.last_up_s : rs.last_down_s) = s.at_s;
+      // Kept for one cooldown either way: neither grown nor shrunk before it passes.
+      rs.last_up_s = rs.last_down_s = s.at_s;
       rd.message = strCat("spec.", planRoleName(r), ".replicas was changed to ", rd.current,
                           " outside the planner (it wrote ", rs.written, "): kept for one cooldown");
       rd.desired = rd.current;
@@ -445,7 +461,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
       rs.written = rd.current;
     }
   }
-  applyBudget(c, pn, dn, d);
+  applyBudget(c, pn, dn, state, d);
   for (PlanRole r : kPlanRoles) {
     PlannerState::RoleState& rs = state.role(r);
     const RoleDecision& rd = d.role(r);
@@ -453,7 +469,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     if (rd.desired < rd.current) rs.last_down_s = s.at_s, rs.last_direction = -1;
     rs.written = rd.desired;
   }
-  d.knobs = routingKnobs(pn.pressure, dn.pressure);
+  d.knobs = routingKnobs(pn.pressure, dn.pressure, c.base_knobs);
   if (d.decode.desired > d.decode.current) d.knobs.load_floor_weight *= 2;  // fill the new decode replicas first
   return d;
 }

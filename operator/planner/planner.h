@@ -54,6 +54,13 @@ struct Bounds {
   int32_t max = 1000;
 };
 
+// Routing knobs the planner publishes to the routers (router_config.h);
+// the defaults are the routers' own.
+struct RoutingKnobs {
+  int64_t direct_max_suffix_tokens = 2048;
+  double load_floor_weight = 1.5;
+};
+
 struct PlannerConfig {
   double ttft_target_s = 4.0;   // TTFT p95 as clients see it (queueing included)
   double tpot_target_s = 0.05;  // TPOT p95
@@ -76,6 +83,9 @@ struct PlannerConfig {
   double startup_s = 60;           // a new replica's start-up time until one was measured
   double warmup_s = 60;            // a replica Ready for less than this is warming: its capacity is not measured
   double max_signal_age_s = 120;   // older signals are stale
+  // The pool's own values of the knobs (spec.router.policy), which the
+  // published ones scale.
+  RoutingKnobs base_knobs;
 };
 
 // InvalidArgument naming the field: targets > 0, ratios in [0, 1), bounds
@@ -158,11 +168,6 @@ struct RoleDecision {
   double correction = 1; // prefill's SLO correction
 };
 
-// Routing knobs the planner publishes to the routers (router_config.h).
-struct RoutingKnobs {
-  int64_t direct_max_suffix_tokens = 0;
-  double load_floor_weight = 0;
-};
 
 struct Decision {
   RoleDecision prefill, decode;
@@ -201,7 +206,7 @@ struct PlannerState {
 // caller writes the desired replicas with field manager tandem-planner.
 Decision decide(const PlannerConfig& config, const Signals& signals, PlannerState& state);
 
-// The routing knobs for a decision's pressures, from the router's defaults.
-RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure);
+// The routing knobs for a decision's pressures, scaling `base`.
+RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const RoutingKnobs& base = {});
 
 }  // namespace tandem::planner

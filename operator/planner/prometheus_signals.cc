@@ -25,6 +25,8 @@ double doubleOr(const std::optional<double>& v, double fallback) { return v.valu
 std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s) {
   const std::string w = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s]");
   const std::string sub = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s:5s]");  // a subquery's range
+  // The peak's own rate window: at least two scrapes at the usual 15 s.
+  const std::string peak = strCat("[", static_cast<int64_t>(std::max(15.0, std::ceil(window_s / 2))), "s]");
   const std::string sel = strCat("pool=\"", pool, "\"");
   auto in = [&](const char* role) { return strCat("{", sel, ",role=\"", role, "\"}"); };
   auto in2 = [&](const char* role, const std::string& more) { return strCat("{", sel, ",role=\"", role, "\",", more, "}"); };
@@ -51,11 +53,11 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
        "tandem_engine_prefill_tokens_total", true},
       {"prefill_queue_tokens", strCat("sum(tandem_prefill_queue_tokens", in("prefill"), ")"), "tandem_prefill_queue_tokens",
        true},
-      // Arrivals at the window's peak over 15 s: a burst shorter than the
-      // interval is sized for, not averaged away.
+      // Arrivals at the window's peak (rates over half the window, at least
+      // 15 s): a burst shorter than the interval is sized for, not averaged away.
       {"prefill_arrivals_peak",
-       strCat("max_over_time((sum(rate(tandem_engine_prefill_tokens_total", in("prefill"),
-              "[15s])) + clamp_min(sum(deriv(tandem_prefill_queue_tokens", in("prefill"), "[15s])), 0))", sub, ")"),
+       strCat("max_over_time((sum(rate(tandem_engine_prefill_tokens_total", in("prefill"), peak,
+              ")) + clamp_min(sum(deriv(tandem_prefill_queue_tokens", in("prefill"), peak, ")), 0))", sub, ")"),
        "tandem_engine_prefill_tokens_total", false},
       {"decode_kv_blocks", strCat("sum(tandem_kv_blocks_capacity", in("decode"), ")"), "tandem_kv_blocks_capacity", false},
       {"prefill_queue_growth", strCat("sum(deriv(tandem_prefill_queue_tokens", in("prefill"), w, "))"),
@@ -85,17 +87,24 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
   };
 }
 
+// A string member of `j`, or `fallback` when it is absent or not a string
+// (never throws: the answer is someone else's input).
+std::string text(const json& j, const char* key, const std::string& fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 absl::StatusOr<std::vector<PromSample>> parseQueryResponse(const json& body) {
   if (!body.is_object()) return absl::InvalidArgumentError("Prometheus answer: not a JSON object");
-  const std::string status = body.value("status", "");
+  const std::string status = text(body, "status", "");
   if (status == "error") {
-    return absl::InvalidArgumentError(strCat("Prometheus: ", body.value("errorType", "error"), ": ",
-                                             body.value("error", "(no message)")));
+    return absl::InvalidArgumentError(
+        strCat("Prometheus: ", text(body, "errorType", "error"), ": ", text(body, "error", "(no message)")));
   }
   if (status != "success") return absl::InvalidArgumentError(strCat("Prometheus answer: status \"", status, "\""));
   const json* data = body.contains("data") ? &body["data"] : nullptr;
   if (!data || !data->is_object()) return absl::InvalidArgumentError("Prometheus answer: no data object");
-  const std::string type = data->value("resultType", "");
+  const std::string type = text(*data, "resultType", "");
   const json& result = data->contains("result") ? (*data)["result"] : json();
   auto value = [](const json& pair) -> std::optional<double> {
     if (!pair.is_array() || pair.size() != 2 || !pair[1].is_string()) return std::nullopt;
@@ -186,8 +195,9 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
 std::optional<double> measuredStartup(const std::vector<PodInfo>& pods, PlanRole role) {
   std::optional<double> out;
   for (const PodInfo& p : pods) {
-    if (p.role != role || !p.ready || p.ready_since_s < p.created_s) continue;
-    out = std::max(out.value_or(0), p.ready_since_s - p.created_s);
+    // A restarted container moved the Ready condition since: its time is not a start-up's.
+    if (p.role != role || !p.ready || p.restarts > 0 || p.ready_since_s < p.created_s) continue;
+    out = std::max(out.value_or(0), std::min(kMaxStartupS, p.ready_since_s - p.created_s));
   }
   return out;
 }

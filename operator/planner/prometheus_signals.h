@@ -36,7 +36,7 @@ struct SignalQuery {
 
 // The queries for pool `pool`, rates over `window_s` (at least 4 scrape
 // intervals makes rate() robust; the operator uses twice the planner's
-// interval, at least 60 s).
+// interval, at least 10 s).
 std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s);
 
 struct PromSample {
@@ -58,7 +58,12 @@ struct PodInfo {
   double created_s = 0;      // creationTimestamp
   bool unschedulable = false;
   bool deleting = false;  // deletionTimestamp set: not counted
+  int64_t restarts = 0;   // its containers' restarts
 };
+
+// A start-up longer than this is taken as this long (a pod whose readiness
+// moved for another reason).
+inline constexpr double kMaxStartupS = 1800;
 
 // Assembles one interval's signals at `now_s` (epoch seconds) from the
 // answers by query name (a query that failed outright is absent from
@@ -68,7 +73,8 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
                         const std::vector<PodInfo>& pods, int32_t spec_prefill, int32_t spec_decode, double now_s);
 
 // The start-up time of the role's replicas as measured: the longest
-// creation-to-Ready time among its pods that became Ready. nullopt: none did.
+// creation-to-Ready time among its pods that became Ready without a
+// container restart, at most kMaxStartupS. nullopt: none did.
 std::optional<double> measuredStartup(const std::vector<PodInfo>& pods, PlanRole role);
 
 }  // namespace tandem::planner

@@ -105,12 +105,15 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
   auto replicas = [&](const char* role) { return get("tpool tiny", std::string("{.spec.") + role + ".replicas}"); };
   auto events = [&] { return kubectl("get events --field-selector involvedObject.kind=InferencePool").output; };
 
-  // 1. Prefill-heavy (long prompts, one token each), a TTFT target no prompt meets: a prefill replica is added.
+  // 1. Prefill-heavy (long prompts, one token each) from more clients than
+  // one prefill agent keeps up with: it is busy all the time, and a TTFT
+  // target no prompt meets leaves utilisation alone to size it: a prefill
+  // replica is added.
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "word" + std::to_string(i) + " ";
   int total_ok = 0, total_failed = 0;
   {
-    Load load([&] { return send(long_prompt, 1); }, 3);
+    Load load([&] { return send(long_prompt, 1); }, 6);
     EXPECT_TRUE(eventually([&] { return replicas("prefill") == "2"; }, 120))
         << kubectl("get tpool tiny -o yaml").output << events() << operatorLog();
     EXPECT_THAT(events(), HasSubstr("prefill 1 -> 2 (ScaleUp)"));

@@ -102,8 +102,9 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
             "spec.autoscaling.decode: min (4) must not exceed max (2)");
   EXPECT_EQ(msg("/spec/autoscaling/prometheusUrl", "prometheus:9090"),
             "spec.autoscaling.prometheusUrl: expected an http:// or https:// URL");
-  EXPECT_EQ(msg("/spec/autoscaling", json{{"enabled", true}, {"prefill", {{"min", 0}, {"max", 0}}}}),
+  EXPECT_EQ(msg("/spec/autoscaling", json{{"enabled", true}, {"decode", {{"min", 1}, {"max", 1}}}}),
             "spec.autoscaling: replicas must be within the autoscaling bounds when autoscaling is enabled");
+  EXPECT_EQ(msg("/spec/autoscaling/prefill", json{{"min", 0}}), "spec.autoscaling.prefill.min: must be between 1 and 1000");
 }
 
 TEST(PoolTest, AutoscalingDefaultsAndValues) {

@@ -6,6 +6,8 @@
 
 #include "operator/planner/planner.h"
 
+#include "src/routing/router_config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -388,6 +390,50 @@ TEST(PlannerTest, RoutingKnobsShiftTurnsTowardTheRoleWithRoom) {
   const RoutingKnobs even = routingKnobs(0.5, 0.5);
   EXPECT_GT(routingKnobs(2.0, 0.5).direct_max_suffix_tokens, even.direct_max_suffix_tokens);
   EXPECT_LT(routingKnobs(0.3, 1.2).direct_max_suffix_tokens, even.direct_max_suffix_tokens);
+}
+
+TEST(PlannerTest, ATtftTargetNoPromptCanMeetDoesNotPinPrefillAtItsMaximum) {
+  PlannerConfig c = config();
+  c.ttft_target_s = 0.15;  // a 2000-token prompt alone takes 0.2 s at 10k tokens/s
+  c.scale_up_cooldown_s = 0;
+  ToyPool pool(2, 1);
+  PlannerState state;
+  const Trial r = run(pool, c, state, 20, constant(15000), constant(5));
+  EXPECT_LE(pool.prefill.size(), 3u) << "sized on utilisation: 15k × 1.2 / 10k";
+  EXPECT_THAT(r.decisions.back().prefill.message, HasSubstr("sized on utilisation"));
+  // Reachable, but only with far more replicas than utilisation needs (the
+  // toy's observed TTFT is 1.5x the model's): at most 4x as many.
+  c.ttft_target_s = 0.3;
+  ToyPool p2(2, 1);
+  PlannerState s2;
+  run(p2, c, s2, 20, constant(15000), constant(5));
+  EXPECT_LE(p2.prefill.size(), 8u);
+  EXPECT_GT(p2.prefill.size(), 2u) << "the feedback still asks for more than utilisation";
+}
+
+TEST(PlannerTest, AManualScaleDownIsKeptForACooldownToo) {
+  ToyPool pool(3, 2);
+  PlannerState state;
+  PlannerConfig c = config();
+  c.scale_up_cooldown_s = 120;
+  run(pool, c, state, 4, constant(25000), constant(10));
+  ASSERT_GE(pool.prefill.size(), 3u);
+  pool.prefill.resize(1);  // a user scaled prefill down to 1 under a load that needs 3
+  Decision d = decide(c, pool.step(4 * kInterval, 25000, 10), state);
+  EXPECT_EQ(d.prefill.reason, Reason::kManualOverride);
+  pool.apply(d, 4 * kInterval);
+  d = decide(c, pool.step(5 * kInterval, 25000, 10), state);
+  EXPECT_EQ(d.prefill.desired, 1) << "not grown back within the cooldown";
+  EXPECT_EQ(d.prefill.reason, Reason::kCooldown);
+}
+
+TEST(PlannerTest, KnobsScaleThePoolsOwnValuesAndDefaultToTheRoutersOwn) {
+  const routing::RouterConfig router;
+  EXPECT_EQ(RoutingKnobs{}.direct_max_suffix_tokens, router.direct_max_suffix_tokens);
+  EXPECT_DOUBLE_EQ(RoutingKnobs{}.load_floor_weight, router.load_floor_weight);
+  const RoutingKnobs base{.direct_max_suffix_tokens = 1000, .load_floor_weight = 0.5};
+  EXPECT_EQ(routingKnobs(0.5, 0.5, base).direct_max_suffix_tokens, 1000) << "even pressure: the pool's own";
+  EXPECT_EQ(routingKnobs(2.0, 0.5, base).direct_max_suffix_tokens, 4000);
 }
 
 TEST(PlannerTest, ConfigErrorsNameTheField) {

@@ -59,6 +59,12 @@ TEST(PrometheusSignalsTest, AnswersParseAndBadOnesSayWhy) {
               HasSubstr("result type \"matrix\", expected vector"));
   EXPECT_THAT(parseQueryResponse(vector({{json::object(), "many"}})).status().message(), HasSubstr("not [time, \"number\"]"));
   EXPECT_THAT(parseQueryResponse(json::array()).status().message(), HasSubstr("not a JSON object"));
+  // Wrong types are errors, never exceptions.
+  EXPECT_THAT(parseQueryResponse({{"status", 1}}).status().message(), HasSubstr("status \"\""));
+  EXPECT_THAT(parseQueryResponse({{"status", "error"}, {"error", {{"nested", true}}}}).status().message(),
+              HasSubstr("(no message)"));
+  EXPECT_THAT(parseQueryResponse({{"status", "success"}, {"data", {{"resultType", 7}}}}).status().message(),
+              HasSubstr("result type"));
 }
 
 TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
@@ -101,6 +107,15 @@ TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
   EXPECT_EQ(s.spec_prefill, 2);
   EXPECT_EQ(*measuredStartup(pods, PlanRole::kPrefill), 100);
   EXPECT_EQ(*measuredStartup(pods, PlanRole::kDecode), 60);
+  // A pod whose container restarted moved its Ready time: not a start-up;
+  // an absurd one is clamped.
+  std::vector<PodInfo> odd = {{.name = "r", .role = PlanRole::kDecode, .ready = true, .ready_since_s = 99000,
+                               .created_s = 0, .restarts = 2},
+                              {.name = "slow", .role = PlanRole::kDecode, .ready = true, .ready_since_s = 99000,
+                               .created_s = 0}};
+  EXPECT_EQ(*measuredStartup(odd, PlanRole::kDecode), kMaxStartupS);
+  odd.pop_back();
+  EXPECT_FALSE(measuredStartup(odd, PlanRole::kDecode).has_value());
 
   // A required series with no answer, and a query that failed outright, are named.
   a["decode_kv_used"] = {};
