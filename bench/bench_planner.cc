@@ -39,19 +39,6 @@ struct Runs {
   PoolSize best_size;
 };
 
-planner::PlannerConfig plannerConfig(const SimOptions& o, int gpus) {
-  planner::PlannerConfig c;
-  c.ttft_target_s = o.slo.ttft_s;
-  c.tpot_target_s = o.slo.tpot_s;
-  c.prefill = {2, gpus};
-  c.decode = {2, gpus};
-  c.gpu_budget = gpus;
-  c.startup_s = o.engine.startup_s;
-  c.warmup_s = o.engine.warmup_s;
-  c.interval_s = o.interval_s;
-  return c;
-}
-
 Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool with_best = true) {
   Runs r;
   if (with_best) {
@@ -63,9 +50,9 @@ Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool w
     r.best = best->first;
     r.best_size = best->second;
   }
-  const PoolSize start{std::max(1, gpus / 6), std::max(1, gpus / 3)};
+  const PoolSize start = defaultInitialSize(gpus);
   auto interval = intervalPolicy({.profile = o.engine, .slo = o.slo, .gpu_budget = gpus, .initial = start});
-  auto tandem = tandemPolicy({.config = plannerConfig(o, gpus), .initial = start});
+  auto tandem = tandemPolicy({.config = simPlannerConfig(o, gpus, /*min_replicas=*/2), .initial = start});
   auto i = runSim(in, o, *interval);
   auto t = runSim(in, o, *tandem);
   if (!i.ok() || !t.ok()) {

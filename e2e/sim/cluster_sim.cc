@@ -108,6 +108,13 @@ class Sim {
   void finished(double now, size_t r);
   absl::Status tick(double now);
   void sample(double now);
+  // The Ready decode replicas' gauges now: mean KV reserved, sequences
+  // decoding, requests waiting for admission.
+  struct DecodeGauges {
+    double kv_used_ratio = 0, running = 0, waiting = 0;
+    int ready = 0;
+  };
+  DecodeGauges decodeGauges() const;
   // A request that arrived at `arrival` met its SLOs or not.
   void countIn(double arrival, bool met) {
     const size_t i = static_cast<size_t>(std::max(0.0, arrival) / o_.interval_s);
@@ -454,8 +461,8 @@ void Sim::resize(double now, routing::WorkerRole role, int32_t n) {
 planner::Signals Sim::signals(double now) {
   planner::Signals s;
   s.at_s = now;
-  double kv_used = 0;
-  int ready_d = 0;
+  const DecodeGauges g = decodeGauges();
+  const int ready_d = g.ready;
   for (Worker& w : workers_) {
     if (w.removing) continue;
     planner::ReplicaSample r{.name = w.name, .ready = w.ready, .ready_for_s = w.ready ? now - w.ready_at : 0};
@@ -465,11 +472,6 @@ planner::Signals Sim::signals(double now) {
       s.prefill.push_back(r);
       ++s.spec_prefill;
     } else {
-      if (w.ready) {
-        kv_used += static_cast<double>(w.reserved) / static_cast<double>(w.kv.capacityBlocks());
-        ++ready_d;
-      }
-      s.decode_running += static_cast<double>(w.batch);
       s.decode.push_back(r);
       ++s.spec_decode;
     }
@@ -477,10 +479,10 @@ planner::Signals Sim::signals(double now) {
   }
   // Gauges as Prometheus reads them for the planner: the peak of the
   // interval's scrapes (a burst between two decisions is not missed).
-  s.decode_kv_used_ratio = std::max(i_kv_peak_, ready_d > 0 ? kv_used / ready_d : 0);
+  s.decode_kv_used_ratio = std::max(i_kv_peak_, g.kv_used_ratio);
   s.decode_kv_total_blocks = static_cast<double>(ready_d * e_.kv_blocks);
   s.kv_block_tokens = static_cast<double>(kBlockTokens);
-  s.decode_running = std::max(s.decode_running, i_running_peak_);
+  s.decode_running = std::max(g.running, i_running_peak_);
   s.decode_waiting = i_waiting_peak_;
   i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = 0;
   double active = 0;
@@ -509,21 +511,27 @@ planner::Signals Sim::signals(double now) {
   return s;
 }
 
-void Sim::sample(double now) {
-  double kv_used = 0, running = 0, waiting = 0;
-  int ready_d = 0;
+Sim::DecodeGauges Sim::decodeGauges() const {
+  DecodeGauges g;
+  double kv_used = 0;
   for (const Worker& w : workers_) {
     if (w.removing || !w.ready || w.role != routing::WorkerRole::kDecode) continue;
     kv_used += static_cast<double>(w.reserved) / static_cast<double>(w.kv.capacityBlocks());
-    running += static_cast<double>(w.batch);
-    waiting += static_cast<double>(w.waiting.size());
-    ++ready_d;
+    g.running += static_cast<double>(w.batch);
+    g.waiting += static_cast<double>(w.waiting.size());
+    ++g.ready;
   }
-  i_waiting_peak_ = std::max(i_waiting_peak_, waiting);
-  if (ready_d > 0) i_kv_peak_ = std::max(i_kv_peak_, kv_used / ready_d);
+  if (g.ready > 0) g.kv_used_ratio = kv_used / g.ready;
+  return g;
+}
+
+void Sim::sample(double now) {
+  const DecodeGauges g = decodeGauges();
+  i_waiting_peak_ = std::max(i_waiting_peak_, g.waiting);
+  if (g.ready > 0) i_kv_peak_ = std::max(i_kv_peak_, g.kv_used_ratio);
   i_uncached_peak_ = std::max(i_uncached_peak_, s_uncached_ / o_.scrape_s);
   s_uncached_ = 0;
-  i_running_peak_ = std::max(i_running_peak_, running);
+  i_running_peak_ = std::max(i_running_peak_, g.running);
   if (open_ > 0) schedule(now + o_.scrape_s, EventKind::kSample, 0);
 }
 

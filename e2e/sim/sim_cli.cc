@@ -113,32 +113,8 @@ absl::Status setFlag(SimCommand& c, const std::string& name, const std::optional
   return absl::OkStatus();
 }
 
-// The planner's configuration for a run: the run's SLOs as its p95
-// targets, the GPU budget as its bound.
-planner::PlannerConfig plannerConfig(const SimCommand& command) {
-  const SimOptions& o = command.options;
-  const int gpus = command.gpus;
-  planner::PlannerConfig c;
-  c.scale_up_cooldown_s = command.scale_up_cooldown_s;
-  c.scale_down_cooldown_s = command.scale_down_cooldown_s;
-  c.ttft_target_s = o.slo.ttft_s;
-  c.tpot_target_s = o.slo.tpot_s;
-  c.prefill = {command.min_replicas, gpus};
-  c.decode = {command.min_replicas, gpus};
-  c.gpus_per_prefill = o.engine.gpus_per_prefill;
-  c.gpus_per_decode = o.engine.gpus_per_decode;
-  c.gpu_budget = gpus;
-  c.startup_s = o.engine.startup_s;
-  c.warmup_s = o.engine.warmup_s;
-  c.interval_s = o.interval_s;
-  return c;
-}
-
-// Where the dynamic policies start unless --initial says: half the budget, 1:2.
-PoolSize initialSize(const SimCommand& c) {
-  if (c.initial) return *c.initial;
-  return PoolSize{std::max(1, c.gpus / 6), std::max(1, c.gpus / 3)};
-}
+// Where the dynamic policies start unless --initial says.
+PoolSize initialSize(const SimCommand& c) { return c.initial ? *c.initial : defaultInitialSize(c.gpus); }
 
 std::string fmt(double v, const char* f = "%.3f") {
   char buf[32];
@@ -152,6 +128,23 @@ bool better(const SimResult& a, const SimResult& b) {
 }
 
 }  // namespace
+
+planner::PlannerConfig simPlannerConfig(const SimOptions& o, int gpus, int min_replicas) {
+  planner::PlannerConfig c;
+  c.ttft_target_s = o.slo.ttft_s;
+  c.tpot_target_s = o.slo.tpot_s;
+  c.prefill = {min_replicas, gpus};
+  c.decode = {min_replicas, gpus};
+  c.gpus_per_prefill = o.engine.gpus_per_prefill;
+  c.gpus_per_decode = o.engine.gpus_per_decode;
+  c.gpu_budget = gpus;
+  c.startup_s = o.engine.startup_s;
+  c.warmup_s = o.engine.warmup_s;
+  c.interval_s = o.interval_s;
+  return c;
+}
+
+PoolSize defaultInitialSize(int gpus) { return PoolSize{std::max(1, gpus / 6), std::max(1, gpus / 3)}; }
 
 absl::StatusOr<SimCommand> parseSimCommand(const std::vector<std::string>& args) {
   SimCommand c;
@@ -292,7 +285,9 @@ absl::Status runSimCommand(const SimCommand& command, std::ostream& out) {
                                               .gpu_budget = c.gpus,
                                               .initial = initialSize(c)});
     } else {
-      planner::PlannerConfig config = plannerConfig(c);
+      planner::PlannerConfig config = simPlannerConfig(c.options, c.gpus, c.min_replicas);
+      config.scale_up_cooldown_s = c.scale_up_cooldown_s;
+      config.scale_down_cooldown_s = c.scale_down_cooldown_s;
       TANDEM_RETURN_IF_ERROR(planner::validatePlannerConfig(config));
       policy = tandemPolicy(TandemOptions{.config = config, .initial = initialSize(c)});
     }

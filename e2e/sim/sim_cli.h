@@ -42,6 +42,14 @@ struct SimCommand {
 std::string simUsage();
 absl::Status runSimCommand(const SimCommand& command, std::ostream& out);
 
+// The planner's configuration for a run (policy tandem): the run's SLOs as
+// its p95 targets, `gpus` as its budget and maximum per role,
+// `min_replicas` per role, the engine model's start-up and warm-up, the
+// planner's default cooldowns.
+planner::PlannerConfig simPlannerConfig(const SimOptions& options, int gpus, int min_replicas);
+// Where the dynamic policies start by default: half the GPUs, 1:2.
+PoolSize defaultInitialSize(int gpus);
+
 // One policy's result as a JSON line's object.
 std::string simResultJson(const SimResult& r, const std::string& size);
 
