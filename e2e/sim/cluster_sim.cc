@@ -148,7 +148,8 @@ class Sim {
   // This interval.
   std::vector<double> i_ttfts_, i_tpots_;
   double i_uncached_ = 0, i_output_ = 0;
-  double i_kv_peak_ = 0, i_running_peak_ = 0, i_waiting_peak_ = 0;  // over the interval's samples
+  // Over the interval's samples.
+  double i_kv_peak_ = 0, i_running_peak_ = 0, i_waiting_peak_ = 0, i_queue_peak_ = 0;
   double s_uncached_ = 0;                       // uncached tokens arrived since the last sample
   double i_uncached_peak_ = 0;                  // the interval's highest rate between two samples
   int64_t i_disagg_ = 0, i_arrivals_ = 0, i_dropped_ = 0;
@@ -484,7 +485,8 @@ planner::Signals Sim::signals(double now) {
   s.kv_block_tokens = static_cast<double>(kBlockTokens);
   s.decode_running = std::max(g.running, i_running_peak_);
   s.decode_waiting = i_waiting_peak_;
-  i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = 0;
+  s.prefill_queue_peak_tokens = std::max(i_queue_peak_, s.prefill_queue_tokens);
+  i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = i_queue_peak_ = 0;
   double active = 0;
   absl::erase_if(sessions_, [&](const auto& e) { return e.second.at < now - kActiveSessionS; });
   for (const auto& [session, seen] : sessions_) {
@@ -532,6 +534,11 @@ void Sim::sample(double now) {
   i_uncached_peak_ = std::max(i_uncached_peak_, s_uncached_ / o_.scrape_s);
   s_uncached_ = 0;
   i_running_peak_ = std::max(i_running_peak_, g.running);
+  double queue = 0;
+  for (const Worker& w : workers_) {
+    if (!w.removing && w.role == routing::WorkerRole::kPrefill) queue += static_cast<double>(w.lane_tokens);
+  }
+  i_queue_peak_ = std::max(i_queue_peak_, queue);
   if (open_ > 0) schedule(now + o_.scrape_s, EventKind::kSample, 0);
 }
 

@@ -36,16 +36,23 @@ class IntervalPolicy final : public ScalingPolicy {
       p_corr = std::clamp(*s.ttft_p95_s / expected, 1.0, 4.0);
     }
     const double p = s.uncached_prompt_tokens_per_s * p_corr / e.prefill_tokens_per_s;
-    // Decode: tokens/s one replica produces at the batch whose TPOT is the
-    // target, tightened by observed ÷ profiled TPOT.
+    // Decode: tokens/s one replica produces at the largest batch the
+    // profile allows — the batch whose TPOT is the target, or the sequences
+    // its KV holds at the observed context length (a profiler measures
+    // throughput at the workload's context, where KV bounds the batch),
+    // whichever is smaller — tightened by observed ÷ profiled TPOT.
     double target = o_.slo.tpot_s;
     if (s.tpot_p95_s && !s.decode.empty() && s.decode_running > 0) {
       const double batch = s.decode_running / static_cast<double>(s.decode.size());
       const double expected = e.tpot_base_s + e.tpot_per_seq_s * batch;
       target /= std::clamp(*s.tpot_p95_s / expected, 1.0, 4.0);
     }
-    const double batch_at_target = std::max(1.0, (target - e.tpot_base_s) / e.tpot_per_seq_s);
-    const double per_replica = batch_at_target / std::max(target, e.tpot_base_s + e.tpot_per_seq_s);
+    double batch = std::max(1.0, (target - e.tpot_base_s) / e.tpot_per_seq_s);
+    if (s.decode_running > 0 && s.decode_kv_used_ratio > 0 && s.decode_kv_total_blocks > 0) {
+      const double blocks_per_sequence = s.decode_kv_used_ratio * s.decode_kv_total_blocks / s.decode_running;
+      batch = std::clamp(static_cast<double>(e.kv_blocks) / blocks_per_sequence, 1.0, batch);
+    }
+    const double per_replica = batch / std::max(target, e.tpot_base_s + e.tpot_per_seq_s * batch);
     const double d = s.generation_tokens_per_s / per_replica;
     size_.prefill = std::max(1, static_cast<int32_t>(std::ceil(p - 1e-9)));
     size_.decode = std::max(1, static_cast<int32_t>(std::ceil(d - 1e-9)));

@@ -5,7 +5,8 @@
 //   interval    a throughput-interval planner in the style of the best-known
 //               one: every interval, the last interval's demand divided by a
 //               profiled per-replica throughput (prefill tokens/s; decode
-//               tokens/s at the batch that meets the TPOT target), scaled by a
+//               tokens/s at the batch that meets the TPOT target or that
+//               its KV holds at the observed context), scaled by a
 //               correction factor (observed ÷ profiled latency); no
 //               cooldowns, no forecast, capacity read from every replica
 //   tandem      the operator's planner (operator/planner), unchanged

@@ -144,7 +144,7 @@ planner::PlannerConfig simPlannerConfig(const SimOptions& o, int gpus, int min_r
   return c;
 }
 
-PoolSize defaultInitialSize(int gpus) { return PoolSize{std::max(1, gpus / 6), std::max(1, gpus / 3)}; }
+PoolSize defaultInitialSize(int gpus) { return PoolSize{std::max(1, gpus / 2), std::max(1, gpus - gpus / 2)}; }
 
 absl::StatusOr<SimCommand> parseSimCommand(const std::vector<std::string>& args) {
   SimCommand c;
@@ -179,7 +179,8 @@ std::string simUsage() {
       --gpus N                the GPU budget (one GPU per replica)
       --load-scale K          each request K times, staggered by 3 ms
       --json                  one JSON object per policy and line
-      --log                   each interval's signals and decision on stderr
+      --log                   each interval's signals and decision on stderr, then each
+                              interval's SLO attainment
       --startup-s S           a new replica until Ready (default )", e.startup_s, R"()
       --warmup-s S            then at half prefill speed for (default )", e.warmup_s, R"()
       --interval-s S          scaling interval (default )", o.interval_s, R"()
@@ -189,10 +190,10 @@ std::string simUsage() {
       --tpot-base-s X         decode step with one sequence (default )", e.tpot_base_s, R"()
       --tpot-per-seq-s X      added per sequence in the batch (default )", e.tpot_per_seq_s, R"()
       --kv-blocks N           512-token KV blocks per decode replica (default )", e.kv_blocks, R"()
-      --initial P:D           where interval and tandem start (default: half the GPUs, 1:2)
+      --initial P:D           where interval and tandem start (default: all the GPUs, 1:1)
       --min-replicas N        the planner's minimum per role (default 2: one can fail)
       --scale-up-cooldown-s S, --scale-down-cooldown-s S
-                              the planner's cooldowns (default 60, 300)
+                              the planner's cooldowns (default 0, 300)
   The engine numbers are a model, not a measurement: give your own.
 )");
 }
@@ -292,6 +293,11 @@ absl::Status runSimCommand(const SimCommand& command, std::ostream& out) {
       policy = tandemPolicy(TandemOptions{.config = config, .initial = initialSize(c)});
     }
     TANDEM_ASSIGN_OR_RETURN(SimResult r, runSim(input, c.options, *policy));
+    if (c.log) {
+      std::cerr << r.policy << " attainment by interval (of the requests that arrived in it):";
+      for (double a : r.attainment_by_interval) std::cerr << ' ' << (a < 0 ? std::string("-") : fmt(a, "%.2f"));
+      std::cerr << '\n';
+    }
     results.emplace_back(std::move(r), "");
   }
   if (c.json) {

@@ -33,8 +33,9 @@ struct SimCommand {
   bool help = false;
   SimOptions options;
   std::optional<PoolSize> initial;      // --initial P:D (dynamic policies' starting size)
-  double scale_up_cooldown_s = 60;      // the planner's, for policy tandem
-  double scale_down_cooldown_s = 300;
+  // The planner's, for policy tandem.
+  double scale_up_cooldown_s = planner::PlannerConfig{}.scale_up_cooldown_s;
+  double scale_down_cooldown_s = planner::PlannerConfig{}.scale_down_cooldown_s;
   int min_replicas = 2;  // the planner's minimum per role
 };
 
@@ -47,7 +48,9 @@ absl::Status runSimCommand(const SimCommand& command, std::ostream& out);
 // `min_replicas` per role, the engine model's start-up and warm-up, the
 // planner's default cooldowns.
 planner::PlannerConfig simPlannerConfig(const SimOptions& options, int gpus, int min_replicas);
-// Where the dynamic policies start by default: half the GPUs, 1:2.
+// Where the dynamic policies start by default: all the GPUs, split evenly
+// (a pool with no history is deployed generously; the planner shrinks it
+// once it has seen one stabilization window).
 PoolSize defaultInitialSize(int gpus);
 
 // One policy's result as a JSON line's object.

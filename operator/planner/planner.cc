@@ -122,7 +122,10 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     rs.capacity = rs.capacity ? 0.5 * *rs.capacity + 0.5 * measured : measured;
   }
   const double rate = forecast(state.arrivals, s.at_s, s.uncached_prompt_tokens_per_s, c.startup_s);
-  const double queue = s.prefill_queue_tokens;
+  // Requests waiting on decode for KV have not reached prefill yet: their
+  // prompts are prefill's backlog too (a decode pool filled by a prefill
+  // backlog hides the rest of that backlog from prefill's own queue).
+  const double queue = s.prefill_queue_tokens + s.decode_waiting * s.mean_uncached_prompt_tokens;
   if (s.ttft_p95_s) {
     n.pressure = *s.ttft_p95_s / c.ttft_target_s;
     n.slo_missed = n.pressure > 1;
@@ -146,11 +149,12 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // The fewest replicas whose utilisation stays planned and whose corrected
   // TTFT meets the target; for a scale-down, both with the margin.
   const double util = 1 / (1 + c.headroom);
-  // A queue is drained within two intervals of the replicas added for it
+  // A queue is drained within one interval of the replicas added for it
   // being up: every request behind it misses its TTFT until then, so the
-  // SLO recovers within a few intervals. (Sizing to drain it within the
-  // TTFT target would size for a backlog gone before the replicas are up.)
-  const double drain_s = std::max(c.ttft_target_s, c.startup_s + 2 * c.interval_s);
+  // SLO recovers within a few intervals (three after a 2x step with a 10 s
+  // start-up; docs/benchmarks.md). Sizing to drain it within the TTFT
+  // target would size for a backlog gone before the replicas are up.
+  const double drain_s = std::max(c.ttft_target_s, c.startup_s + c.interval_s);
   // One prompt's compute time alone misses the target: no count of
   // replicas meets it (more replicas shorten queueing, not a prompt), so
   // prefill is sized on utilisation only. Otherwise the SLO feedback may ask
@@ -185,7 +189,8 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   double backlog = 0;
   if (s.decode_kv_total_blocks > 0 && s.kv_block_tokens > 0) {
     const double in_flight = state.prefill.capacity.value_or(0) * std::max(1, readyCount(s.prefill)) * c.ttft_target_s;
-    const double excess = std::max(0.0, s.prefill_queue_tokens - in_flight);
+    const double queued = std::max(s.prefill_queue_tokens, s.prefill_queue_peak_tokens);
+    const double excess = std::max(0.0, queued - in_flight);
     backlog = std::min(s.decode_kv_used_ratio, excess / s.kv_block_tokens / s.decode_kv_total_blocks);
   }
   // The working set grows as sessions start: its trend is planned for too.
@@ -331,9 +336,13 @@ void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const P
   };
   const Need& low_need = low == PlanRole::kPrefill ? pn : dn;
   // First what the role holds beyond what it needed at any time in the
-  // stabilization window (so the budget does not bring back flapping).
-  cut(low, std::max(boundsOf(c, low).min,
-                    std::min(d.role(low).desired, std::max(replicasFor(low_need.up), low_window_need))));
+  // stabilization window (so the budget does not bring back flapping);
+  // then what it holds for that window's peaks beyond its need now, before
+  // the role under pressure is refused its growth (a past peak of one role
+  // must not starve the other role's present one).
+  const int32_t low_up = replicasFor(low_need.up);
+  cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, std::max(low_up, low_window_need))));
+  cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, low_up)));
   cut(high, std::max(boundsOf(c, high).min, std::min(d.role(high).desired, d.role(high).current)));
   cut(low, boundsOf(c, low).min);
   cut(high, boundsOf(c, high).min);

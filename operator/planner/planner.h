@@ -71,8 +71,11 @@ struct PlannerConfig {
   // After a scale-up, more is added no sooner than scale_up_cooldown_s and
   // nothing is removed before scale_down_cooldown_s; after a scale-down,
   // the next step down waits scale_up_cooldown_s. A scale-up never waits
-  // for a scale-down's cooldown.
-  double scale_up_cooldown_s = 60;
+  // for a scale-down's cooldown. No scale-up cooldown by default: replicas
+  // still starting already count as capacity, so the next interval adds
+  // only what they will not cover (waiting a minute more delays recovering
+  // from a step by two intervals; tandem-sim, docs/benchmarks.md).
+  double scale_up_cooldown_s = 0;
   double scale_down_cooldown_s = 300;
   // Replicas a role may gain / lose in one decision; 0: up to doubling (at
   // least 4), down by at most half (at least one).
@@ -116,6 +119,9 @@ struct Signals {
   // Prefill.
   double uncached_prompt_tokens_per_s = 0;  // arriving
   double prefill_queue_tokens = 0;          // queued now, over all prefill replicas
+  // Its peak over the interval's scrapes: the KV decode held for a backlog
+  // is discounted at the peak, as decode's KV ratio is read at its peak.
+  double prefill_queue_peak_tokens = 0;
   double mean_uncached_prompt_tokens = 0;   // per request (for the TTFT model)
   // Decode.
   // KV reserved by running sequences, mean over Ready decode replicas.

@@ -60,6 +60,9 @@ std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s)
               ")) + clamp_min(sum(deriv(tandem_prefill_queue_tokens", in("prefill"), peak, ")), 0))", sub, ")"),
        "tandem_engine_prefill_tokens_total", false},
       {"decode_kv_blocks", strCat("sum(tandem_kv_blocks_capacity", in("decode"), ")"), "tandem_kv_blocks_capacity", false},
+      {"prefill_queue_peak",
+       strCat("max_over_time(sum(tandem_prefill_queue_tokens", in("prefill"), ")", sub, ")"),
+       "tandem_prefill_queue_tokens", false},
       {"prefill_queue_growth", strCat("sum(deriv(tandem_prefill_queue_tokens", in("prefill"), w, "))"),
        "tandem_prefill_queue_tokens", false},
       {"prefill_requests_per_s", strCat("sum(rate(tandem_requests_total", in("prefill"), w, "))"), "tandem_requests_total",
@@ -163,6 +166,8 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
       std::max({0.0, computed + std::max(0.0, growth), doubleOr(single(answers, "prefill_arrivals_peak"), 0)});
   s.decode_kv_total_blocks = std::max(0.0, doubleOr(single(answers, "decode_kv_blocks"), 0));
   s.prefill_queue_tokens = std::max(0.0, doubleOr(single(answers, "prefill_queue_tokens"), 0));
+  s.prefill_queue_peak_tokens =
+      std::max(s.prefill_queue_tokens, doubleOr(single(answers, "prefill_queue_peak"), 0));
   const double prefill_requests = doubleOr(single(answers, "prefill_requests_per_s"), 0);
   s.mean_uncached_prompt_tokens = prefill_requests > 0 ? computed / prefill_requests : 0;
   s.decode_kv_used_ratio = std::clamp(doubleOr(single(answers, "decode_kv_used"), 0), 0.0, 1.0);

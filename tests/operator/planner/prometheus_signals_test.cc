@@ -95,6 +95,10 @@ TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
   a["prefill_arrivals_peak"] = {{{}, 25000}};
   EXPECT_DOUBLE_EQ(assembleSignals(qs, a, pods, 2, 1, 1000).uncached_prompt_tokens_per_s, 25000) << "a burst's peak";
   a["prefill_arrivals_peak"] = {};
+  EXPECT_DOUBLE_EQ(s.prefill_queue_peak_tokens, 4000) << "no peak answered: the queue now";
+  a["prefill_queue_peak"] = {{{}, 90000}};
+  EXPECT_DOUBLE_EQ(assembleSignals(qs, a, pods, 2, 1, 1000).prefill_queue_peak_tokens, 90000);
+  a["prefill_queue_peak"] = {};
   EXPECT_DOUBLE_EQ(s.mean_uncached_prompt_tokens, 3000);
   EXPECT_DOUBLE_EQ(s.decode_kv_used_ratio, 0.4);
   EXPECT_DOUBLE_EQ(s.age_s, 2);
