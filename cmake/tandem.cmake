@@ -29,6 +29,12 @@ function(tandem_test source)
   cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "DEPS;ENV" ${ARGN})
   get_filename_component(name ${source} NAME_WE)
   add_executable(${name} ${source})
+  # A test's own code is glue: -O1 compiles it in about half the time of
+  # -O3 (kubelet_test.cc: 11 s against 19 s), and the libraries it tests
+  # keep the build's optimisation. Benchmarks are not tests: they keep it too.
+  if(CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo)$")
+    target_compile_options(${name} PRIVATE -O1)
+  endif()
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME ${name} COMMAND ${name})
