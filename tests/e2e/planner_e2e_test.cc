@@ -108,12 +108,14 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
   // 1. Prefill-heavy (long prompts, one token each) from more clients than
   // one prefill agent keeps up with: it is busy all the time, and a TTFT
   // target no prompt meets leaves utilisation alone to size it: a prefill
-  // replica is added.
+  // replica is added. Ten clients keep P's queue from running dry when the
+  // machine is loaded (each request is a curl process through the router
+  // and D, whose overheads then grow as much as P's compute).
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "word" + std::to_string(i) + " ";
   int total_ok = 0, total_failed = 0;
   {
-    Load load([&] { return send(long_prompt, 1); }, 6);
+    Load load([&] { return send(long_prompt, 1); }, 10);
     EXPECT_TRUE(eventually([&] { return replicas("prefill") == "2"; }, 120))
         << kubectl("get tpool tiny -o yaml").output << events() << operatorLog();
     EXPECT_THAT(events(), HasSubstr("prefill 1 -> 2 (ScaleUp)"));
