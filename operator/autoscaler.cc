@@ -145,20 +145,20 @@ Autoscaler::Autoscaler(k8s::Client& client, k8s::Informer& pools, k8s::Informer&
       options_(std::move(options)),
       desired_(metrics::buildGauge()
                    .name("tandem_planner_desired_replicas")
-                   .help("Replicas the planner last decided, by pool and role.")
+                   .help("Replicas the planner last decided, by namespace, pool and role.")
                    .registerOn(registry)),
       inputs_(metrics::buildGauge()
                   .name("tandem_planner_input")
-                  .help("The signals the planner last decided on, by pool and signal (units in the signal's name).")
+                  .help("The signals the planner last decided on, by namespace, pool and signal (units in the signal's name).")
                   .registerOn(registry)),
       decisions_(metrics::buildCounter()
                      .name("tandem_planner_decisions_total")
-                     .help("Planner decisions by pool, role and reason (ScaleUp, ScaleDown, Hold, Cooldown, "
+                     .help("Planner decisions by namespace, pool, role and reason (ScaleUp, ScaleDown, Hold, Cooldown, "
                            "MissingData, Unschedulable, SloMissed, Budget, ManualOverride, Bounds).")
                      .registerOn(registry)),
       slo_targets_(metrics::buildGauge()
                        .name("tandem_pool_slo_target_seconds")
-                       .help("Each autoscaled pool's SLO targets (slo: ttft_p95, tpot_p95).")
+                       .help("Each autoscaled pool's SLO targets, by namespace, pool and slo (ttft_p95, tpot_p95).")
                        .registerOn(registry)) {}
 
 Autoscaler::~Autoscaler() { stop(); }
@@ -312,8 +312,8 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     return;
   }
   st.next_s = now + a.interval_s;
-  slo_targets_.add({{"pool", pool.name}, {"slo", "ttft_p95"}}).set(a.ttft_target_s);
-  slo_targets_.add({{"pool", pool.name}, {"slo", "tpot_p95"}}).set(a.tpot_target_s);
+  slo_targets_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"slo", "ttft_p95"}}).set(a.ttft_target_s);
+  slo_targets_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"slo", "tpot_p95"}}).set(a.tpot_target_s);
   // After a restart: what the planner wrote last, so a user's edit since is seen as one.
   if (!st.restored) {
     st.restored = true;
@@ -336,7 +336,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
   }
   const std::string url = a.prometheus_url.empty() ? options_.prometheus_url : a.prometheus_url;
   const std::vector<planner::SignalQuery> queries =
-      planner::signalQueries(pool.name, std::max(kMinWindowS, 2 * a.interval_s));
+      planner::signalQueries(pool.ns, pool.name, std::max(kMinWindowS, 2 * a.interval_s));
   std::map<std::string, std::vector<planner::PromSample>> answers;
   if (!url.empty()) answers = query(url, key, queries);
   planner::Signals signals =
@@ -353,8 +353,11 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
 
   for (planner::PlanRole r : planner::kPlanRoles) {
     const planner::RoleDecision& rd = d.role(r);
-    desired_.add({{"pool", pool.name}, {"role", planner::planRoleName(r)}}).set(rd.desired);
-    decisions_.add({{"pool", pool.name}, {"role", planner::planRoleName(r)}, {"reason", planner::reasonName(rd.reason)}}).increment();
+    desired_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"role", planner::planRoleName(r)}}).set(rd.desired);
+    decisions_
+        .add({{"namespace", pool.ns}, {"pool", pool.name}, {"role", planner::planRoleName(r)},
+              {"reason", planner::reasonName(rd.reason)}})
+        .increment();
   }
   if (signals.missing.empty()) {
     const std::pair<const char*, double> in[] = {
@@ -369,7 +372,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
         {"prefill_capacity_tokens_per_second", d.prefill.capacity},
         {"prefill_correction", d.prefill.correction},
         {"startup_seconds", config.startup_s}};
-    for (const auto& [name, v] : in) inputs_.add({{"pool", pool.name}, {"signal", name}}).set(v);
+    for (const auto& [name, v] : in) inputs_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"signal", name}}).set(v);
   }
 
   if (stopping_.load()) return;  // no write from a planner being stopped (it may have lost the lease)

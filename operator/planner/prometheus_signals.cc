@@ -22,12 +22,14 @@ double doubleOr(const std::optional<double>& v, double fallback) { return v.valu
 
 }  // namespace
 
-std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s) {
+std::vector<SignalQuery> signalQueries(const std::string& ns, const std::string& pool, double window_s) {
   const std::string w = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s]");
   const std::string sub = strCat("[", static_cast<int64_t>(std::ceil(window_s)), "s:5s]");  // a subquery's range
   // The peak's own rate window: at least two scrapes at the usual 15 s.
   const std::string peak = strCat("[", static_cast<int64_t>(std::max(15.0, std::ceil(window_s / 2))), "s]");
-  const std::string sel = strCat("pool=\"", pool, "\"");
+  // Both names are DNS labels (no quote or backslash to escape). The
+  // namespace keeps two pools of one name in two namespaces apart.
+  const std::string sel = strCat("namespace=\"", ns, "\",pool=\"", pool, "\"");
   auto in = [&](const char* role) { return strCat("{", sel, ",role=\"", role, "\"}"); };
   auto in2 = [&](const char* role, const std::string& more) { return strCat("{", sel, ",role=\"", role, "\",", more, "}"); };
   auto p95 = [&](const std::string& bucket, const std::string& selector) {

@@ -37,7 +37,7 @@ struct SignalQuery {
 // The queries for pool `pool`, rates over `window_s` (at least 4 scrape
 // intervals makes rate() robust; the operator uses twice the planner's
 // interval, at least 10 s).
-std::vector<SignalQuery> signalQueries(const std::string& pool, double window_s);
+std::vector<SignalQuery> signalQueries(const std::string& ns, const std::string& pool, double window_s);
 
 struct PromSample {
   std::map<std::string, std::string> labels;

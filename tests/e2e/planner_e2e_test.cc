@@ -165,8 +165,8 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
   EXPECT_TRUE(eventually([&] { return condition("tiny", "Autoscaling", "reason") == "Paused"; }, 30));
   // The operator's planner metrics and the pool's SLO targets.
   const std::string m = shell("curl -s -m 5 http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics").output;
-  EXPECT_THAT(m, HasSubstr("tandem_planner_decisions_total{pool=\"tiny\",reason=\"ScaleUp\",role=\"prefill\"}"));
-  EXPECT_THAT(m, HasSubstr("tandem_pool_slo_target_seconds{pool=\"tiny\",slo=\"ttft_p95\"}"));
+  EXPECT_THAT(m, HasSubstr("tandem_planner_decisions_total{namespace=\"default\",pool=\"tiny\",reason=\"ScaleUp\",role=\"prefill\"}"));
+  EXPECT_THAT(m, HasSubstr("tandem_pool_slo_target_seconds{namespace=\"default\",pool=\"tiny\",slo=\"ttft_p95\"}"));
 }
 
 }  // namespace

@@ -41,10 +41,14 @@ class PlannerPrometheusTest : public ::testing::Test {
     ASSERT_NE(router_, nullptr);
     prometheus_ = testutil::PrometheusServer::start(agent::testing::testScratchDir() / "prometheus").release();
     ASSERT_NE(prometheus_, nullptr) << "prometheus did not start";
-    prometheus_->setTargets({{hostPort(*prefill_), {{"pod", "it-prefill-0"}}},
-                             {hostPort(*decode_), {{"pod", "it-decode-0"}}},
-                             {hostPort(*router_), {{"pod", "it-router-0"}}}});
-    ASSERT_TRUE(testutil::waitFor([] { return prometheus_->allUp(3); }, std::chrono::seconds(60),
+    // The labels a pod's scrape carries (the kubelet's file, or
+    // kubernetes_sd relabelling on a cluster).
+    prometheus_->setTargets({{hostPort(*prefill_), {{"namespace", "default"}, {"pod", "it-prefill-0"}}},
+                             {hostPort(*decode_), {{"namespace", "default"}, {"pod", "it-decode-0"}}},
+                             {hostPort(*router_), {{"namespace", "default"}, {"pod", "it-router-0"}}},
+                             // The same pool name in another namespace: not the pool's.
+                             {hostPort(*decode_), {{"namespace", "elsewhere"}, {"pod", "it-decode-0"}}}});
+    ASSERT_TRUE(testutil::waitFor([] { return prometheus_->allUp(4); }, std::chrono::seconds(60),
                                   std::chrono::milliseconds(250)))
         << prometheus_->log();
   }
@@ -93,7 +97,7 @@ TEST_F(PlannerPrometheusTest, TheSignalsOfAServingPoolComeFromItsOwnSeries) {
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_THAT(r->body, HasSubstr("[DONE]"));
   }
-  const auto queries = planner::signalQueries("it", 30);
+  const auto queries = planner::signalQueries("default", "it", 30);
   planner::Signals s;
   std::map<std::string, std::string> errors;
   // Rates need two scrapes after the requests: poll until they show.
@@ -126,6 +130,14 @@ TEST_F(PlannerPrometheusTest, TheSignalsOfAServingPoolComeFromItsOwnSeries) {
   EXPECT_LE(s.decode_kv_used_ratio, 1);
   EXPECT_LT(s.age_s, 10);
   EXPECT_GT(s.mean_uncached_prompt_tokens, 0);
+  // The decode agent's KV pool counted once: its scrape under another
+  // namespace is another pool's.
+  auto metrics = http::httpGet(decode_->url("/metrics"), std::chrono::seconds(5));
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const size_t at = metrics->body.find("\ntandem_kv_blocks_capacity{");
+  ASSERT_NE(at, std::string::npos) << metrics->body;
+  const size_t value = metrics->body.find("} ", at);
+  EXPECT_DOUBLE_EQ(s.decode_kv_total_blocks, std::stod(metrics->body.substr(value + 2)));
 
   // The planner decides on them (no missing data; a tiny load holds).
   planner::PlannerConfig config;
@@ -139,7 +151,7 @@ TEST_F(PlannerPrometheusTest, TheSignalsOfAServingPoolComeFromItsOwnSeries) {
 }
 
 TEST_F(PlannerPrometheusTest, APoolNobodyScrapesIsMissingDataAndNamesTheSeries) {
-  const auto queries = planner::signalQueries("no-such-pool", 30);
+  const auto queries = planner::signalQueries("default", "no-such-pool", 30);
   std::map<std::string, std::string> errors;
   const auto answers = fetchAnswers(prometheus_->url(), queries, std::chrono::seconds(5), &errors);
   EXPECT_TRUE(errors.empty()) << "every query is valid PromQL: " << (errors.empty() ? "" : errors.begin()->second);
@@ -154,7 +166,7 @@ TEST_F(PlannerPrometheusTest, APoolNobodyScrapesIsMissingDataAndNamesTheSeries) 
 }
 
 TEST_F(PlannerPrometheusTest, AnUnreachablePrometheusIsAnErrorPerQueryAndMissingData) {
-  const auto queries = planner::signalQueries("it", 30);
+  const auto queries = planner::signalQueries("default", "it", 30);
   std::map<std::string, std::string> errors;
   const auto answers = fetchAnswers("http://127.0.0.1:1", queries, std::chrono::seconds(2), &errors);
   EXPECT_TRUE(answers.empty());

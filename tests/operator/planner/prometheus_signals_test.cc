@@ -18,10 +18,10 @@ json vector(std::vector<std::pair<json, std::string>> samples) {
 }
 
 TEST(PrometheusSignalsTest, QueriesSelectThePoolAndNameTheirSeries) {
-  const auto qs = signalQueries("tiny", 60);
+  const auto qs = signalQueries("team-a", "tiny", 60);
   ASSERT_FALSE(qs.empty());
   for (const SignalQuery& q : qs) {
-    EXPECT_THAT(q.promql, HasSubstr("pool=\"tiny\"")) << q.name;
+    EXPECT_THAT(q.promql, HasSubstr("namespace=\"team-a\",pool=\"tiny\"")) << q.name;
     EXPECT_THAT(q.promql, HasSubstr(q.series)) << q.name;
   }
   auto find = [&](const std::string& name) {
@@ -32,7 +32,7 @@ TEST(PrometheusSignalsTest, QueriesSelectThePoolAndNameTheirSeries) {
     return SignalQuery{};
   };
   EXPECT_THAT(find("ttft_p95").promql, HasSubstr("histogram_quantile(0.95, sum by (le) (rate(tandem_router_ttft_seconds_bucket"));
-  EXPECT_THAT(find("ttft_p95").promql, HasSubstr("tandem_request_ttft_seconds_bucket{pool=\"tiny\",role=~\"decode|both\"}"))
+  EXPECT_THAT(find("ttft_p95").promql, HasSubstr("tandem_request_ttft_seconds_bucket{namespace=\"team-a\",pool=\"tiny\",role=~\"decode|both\"}"))
       << "unary requests have no router TTFT: the decode agents' count too";
   EXPECT_THAT(find("ttft_p95").promql, HasSubstr("[60s]"));
   EXPECT_TRUE(find("decode_kv_used").required);
@@ -68,7 +68,7 @@ TEST(PrometheusSignalsTest, AnswersParseAndBadOnesSayWhy) {
 }
 
 TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
-  const auto qs = signalQueries("tiny", 60);
+  const auto qs = signalQueries("team-a", "tiny", 60);
   std::map<std::string, std::vector<PromSample>> a;
   for (const SignalQuery& q : qs) a[q.name] = {};
   a["ttft_p95"] = {{{}, 1.5}};
