@@ -254,6 +254,11 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
                               : kind == "Role"           ? roles_.get()
                                                          : role_bindings_.get();
     const std::optional<json> observed = informer->cache().getByKey(k8s::objectKey(ns, child));
+    const std::string child_key = strCat(kind, "/", k8s::objectKey(ns, child));
+    if (observed) {
+      absl::MutexLock lock(&created_mu_);
+      created_.erase(child_key);  // the cache has it now
+    }
     if (observed && holds(*observed, *desired)) continue;
     std::string note;
     k8s::EventType type = k8s::EventType::kNormal;
@@ -272,8 +277,19 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
         note = strCat(role, ": ", have, " -> ", want, " replicas");
       }
     }
-    TANDEM_RETURN_IF_ERROR(client_.apply(refForKind(kind), ns, *desired, apply).status());
-    if (note.empty()) {
+    absl::StatusOr<json> applied = client_.apply(refForKind(kind), ns, *desired, apply);
+    TANDEM_RETURN_IF_ERROR(applied.status());
+    bool repeat = false;
+    if (!observed) {
+      const std::string rv = applied->value("/metadata/resourceVersion"_json_pointer, "");
+      absl::MutexLock lock(&created_mu_);
+      auto [it, inserted] = created_.try_emplace(child_key, rv);
+      repeat = !inserted && !rv.empty() && it->second == rv;
+      it->second = rv;
+    }
+    if (repeat) {
+      // Created by an earlier reconcile; the cache has not caught up yet.
+    } else if (note.empty()) {
       (observed ? updated : created).push_back(strCat(kind, "/", child));
     } else {
       (void)events_->record(ref, type, reason, "Reconcile", note);
