@@ -72,6 +72,7 @@
 #include "agent/agent_server.h"
 #include "agent/openai_request.h"
 #include "agent/router/router_server.h"
+#include "src/common/stats.h"
 #include "bench/bench_report.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -258,12 +259,7 @@ class EngineTarget : public Target {
 };
 
 // Nearest-rank percentile of `v` (sorted in place); p in (0, 100].
-double percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
+double percentile(std::vector<double>& v, double p) { return nearestRank(v, p / 100.0); }
 
 // Accumulated over the rounds of one level.
 struct LoadResult {

@@ -12,20 +12,7 @@ namespace tandem::replay {
 namespace {
 
 absl::StatusOr<std::vector<std::string>> parsePolicies(const std::optional<std::string>& value) {
-  if (!value || value->empty()) return absl::InvalidArgumentError("--policy needs a value");
-  std::vector<std::string> out;
-  absl::flat_hash_set<std::string> seen;
-  std::string_view rest = *value;
-  while (true) {
-    const size_t comma = rest.find(',');
-    const std::string name(rest.substr(0, comma));
-    TANDEM_RETURN_IF_ERROR(makePolicy(name).status());
-    if (!seen.insert(name).second) return absl::InvalidArgumentError(strCat("--policy names ", name, " twice"));
-    out.push_back(name);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
-  }
-  return out;
+  return parseNameList("--policy", value, [](const std::string& name) { return makePolicy(name).status(); });
 }
 
 bool replaySwitch(std::string_view name) { return name == "--json" || name == "--help"; }

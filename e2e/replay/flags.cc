@@ -1,5 +1,7 @@
 #include "e2e/replay/flags.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "src/common/status.h"
 
@@ -28,6 +30,25 @@ absl::StatusOr<bool> readFlags(const std::vector<std::string>& args, size_t begi
     TANDEM_RETURN_IF_ERROR(set(name, value));
   }
   return false;
+}
+
+absl::StatusOr<std::vector<std::string>> parseNameList(std::string_view flag, const std::optional<std::string>& value,
+                                                       const std::function<absl::Status(const std::string&)>& check) {
+  if (!value || value->empty()) return absl::InvalidArgumentError(strCat(flag, " needs a value"));
+  std::vector<std::string> out;
+  std::string_view rest = *value;
+  while (true) {
+    const size_t comma = rest.find(',');
+    std::string name(rest.substr(0, comma));
+    TANDEM_RETURN_IF_ERROR(check(name));
+    if (std::find(out.begin(), out.end(), name) != out.end()) {
+      return absl::InvalidArgumentError(strCat(flag, " names ", name, " twice"));
+    }
+    out.push_back(std::move(name));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
 }
 
 }  // namespace tandem::replay

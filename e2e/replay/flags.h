@@ -41,4 +41,9 @@ absl::StatusOr<T> parseNumber(std::string_view flag, const std::optional<std::st
   return out;
 }
 
+// A comma-separated list of names ("a,b,c"), each passed by `check` and
+// none twice; errors name the flag.
+absl::StatusOr<std::vector<std::string>> parseNameList(std::string_view flag, const std::optional<std::string>& value,
+                                                       const std::function<absl::Status(const std::string&)>& check);
+
 }  // namespace tandem::replay

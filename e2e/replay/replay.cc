@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "src/common/stats.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/routing/cluster_state.h"
@@ -26,13 +27,6 @@ struct Event {
   size_t worker = 0;
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
 };
-
-// Nearest-rank percentile of sorted values; 0 for none.
-double percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
-}
 
 // What the run measured, turned into a ReplayResult at the end.
 struct Tally {
@@ -201,8 +195,8 @@ ReplayResult ReplayRun::summarize() const {
   }
   std::vector<double> waits = tally_.waits;
   std::sort(waits.begin(), waits.end());
-  out.p50_wait_s = percentile(waits, 0.50);
-  out.p99_wait_s = percentile(waits, 0.99);
+  out.p50_wait_s = nearestRankSorted(waits, 0.50);
+  out.p99_wait_s = nearestRankSorted(waits, 0.99);
   const auto& served = tally_.served_by_worker;
   const double mean = static_cast<double>(out.requests) / static_cast<double>(std::max<size_t>(1, served.size()));
   if (mean > 0) out.imbalance = static_cast<double>(*std::max_element(served.begin(), served.end())) / mean;

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "e2e/replay/worker_kv.h"
 #include "src/common/block_hash.h"
+#include "src/common/stats.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/routing/cluster_state.h"
@@ -35,13 +36,6 @@ struct Event {
   size_t b = 0;  // worker, or the decode worker's version
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
 };
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
 
 struct Request {
   routing::Decision decision;
@@ -503,8 +497,8 @@ planner::Signals Sim::signals(double now) {
   s.mean_uncached_prompt_tokens = i_disagg_ > 0 ? i_uncached_ / static_cast<double>(i_disagg_) : 0;
   s.generation_tokens_per_s = i_output_ / o_.interval_s;
   s.requests_per_s = static_cast<double>(i_arrivals_) / o_.interval_s;
-  if (!i_ttfts_.empty()) s.ttft_p95_s = percentile(i_ttfts_, 0.95);
-  if (!i_tpots_.empty()) s.tpot_p95_s = percentile(i_tpots_, 0.95);
+  if (!i_ttfts_.empty()) s.ttft_p95_s = nearestRank(i_ttfts_, 0.95);
+  if (!i_tpots_.empty()) s.tpot_p95_s = nearestRank(i_tpots_, 0.95);
   s.fallback_share = i_arrivals_ > 0 ? static_cast<double>(i_dropped_) / static_cast<double>(i_arrivals_) : 0;
   i_ttfts_.clear();
   i_tpots_.clear();
@@ -651,8 +645,8 @@ absl::StatusOr<SimResult> Sim::run() {
   for (const auto& [n, met] : by_interval_) {
     out_.attainment_by_interval.push_back(n > 0 ? static_cast<double>(met) / static_cast<double>(n) : -1);
   }
-  out_.p95_ttft_s = percentile(ttfts_, 0.95);
-  out_.p95_tpot_s = percentile(tpots_, 0.95);
+  out_.p95_ttft_s = nearestRank(ttfts_, 0.95);
+  out_.p95_tpot_s = nearestRank(tpots_, 0.95);
   return out_;
 }
 

@@ -61,18 +61,7 @@ absl::Status setFlag(SimCommand& c, const std::string& name, const std::optional
   } else if (name == "--load-scale") {
     TANDEM_ASSIGN_OR_RETURN(c.load_scale, parseNumber<int>(name, v, 1));
   } else if (name == "--policy") {
-    if (!v || v->empty()) return absl::InvalidArgumentError("--policy needs a value");
-    absl::flat_hash_set<std::string> seen;
-    std::string_view rest = *v;
-    while (true) {
-      const size_t comma = rest.find(',');
-      const std::string p(rest.substr(0, comma));
-      TANDEM_RETURN_IF_ERROR(checkPolicy(p));
-      if (!seen.insert(p).second) return absl::InvalidArgumentError(strCat("--policy names ", p, " twice"));
-      c.policies.push_back(p);
-      if (comma == std::string_view::npos) break;
-      rest = rest.substr(comma + 1);
-    }
+    TANDEM_ASSIGN_OR_RETURN(c.policies, replay::parseNameList(name, v, checkPolicy));
   } else if (name == "--json") {
     if (v) return absl::InvalidArgumentError("--json takes no value");
     c.json = true;
