@@ -40,6 +40,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       waiting_(buildGauge().name("tandem_requests_waiting").help("Sequences waiting for admission.").labels(labels_).registerOn(r).add({})),
       prefill_queue_tokens_(buildGauge().name("tandem_prefill_queue_tokens").help("Prompt tokens not yet computed (waiting and prefilling).").labels(labels_).registerOn(r).add({})),
       sessions_resident_(buildGauge().name("tandem_sessions_resident").help("Sessions whose KV is resident.").labels(labels_).registerOn(r).add({})),
+      kv_blocks_sessions_(buildGauge().name("tandem_kv_blocks_sessions").help("KV blocks resident sessions hold (each once): the working set beyond running sequences.").labels(labels_).registerOn(r).add({})),
       vllm_waiting_(buildGauge().name("vllm:num_requests_waiting").help("Requests waiting (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})),
       vllm_running_(buildGauge().name("vllm:num_requests_running").help("Requests running (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})),
       vllm_kv_usage_(buildGauge().name("vllm:kv_cache_usage_perc").help("Fraction of KV blocks in use, 0..1 (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})) {
@@ -59,6 +60,7 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
   waiting_.set(s.num_waiting);
   prefill_queue_tokens_.set(s.queue_tokens);
   sessions_resident_.set(s.num_sessions_resident);
+  kv_blocks_sessions_.set(s.num_session_blocks);
   vllm_waiting_.set(s.num_waiting);
   vllm_running_.set(s.num_running);
   vllm_kv_usage_.set(s.num_total_blocks == 0 ? 0.0 : 1.0 - static_cast<double>(s.num_free_blocks) / s.num_total_blocks);

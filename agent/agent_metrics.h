@@ -43,6 +43,7 @@ class AgentMetrics {
   metrics::Gauge& waiting_;
   metrics::Gauge& prefill_queue_tokens_;
   metrics::Gauge& sessions_resident_;
+  metrics::Gauge& kv_blocks_sessions_;
   metrics::Gauge& vllm_waiting_;
   metrics::Gauge& vllm_running_;
   metrics::Gauge& vllm_kv_usage_;

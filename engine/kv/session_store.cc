@@ -9,7 +9,7 @@ void SessionStore::put(const SessionId& id, ResidentSession state) {
   }
   changed_.insert(id);
   uint64_t tick = ++tick_;
-  num_blocks_held_ += static_cast<int>(state.blocks.size());
+  count(state.blocks, +1);
   order_.insert({state.priority, tick, id});
   sessions_.emplace(id, Entry{std::move(state), tick});
 }
@@ -19,7 +19,7 @@ std::optional<ResidentSession> SessionStore::take(const SessionId& id) {
   if (it == sessions_.end()) return std::nullopt;
   changed_.insert(id);
   ResidentSession out = std::move(it->second.state);
-  num_blocks_held_ -= static_cast<int>(out.blocks.size());
+  count(out.blocks, -1);
   order_.erase({out.priority, it->second.tick, it->first});
   sessions_.erase(it);
   return out;
@@ -50,8 +50,16 @@ std::vector<SessionId> SessionStore::drainChanged() {
   return out;
 }
 
+void SessionStore::count(const std::vector<BlockId>& blocks, int delta) {
+  num_blocks_held_ += delta * static_cast<int>(blocks.size());
+  for (BlockId b : blocks) {
+    auto [it, inserted] = holders_.try_emplace(b, 0);
+    if ((it->second += delta) <= 0) holders_.erase(it);
+  }
+}
+
 void SessionStore::erase(absl::flat_hash_map<SessionId, Entry>::iterator it) {
-  num_blocks_held_ -= static_cast<int>(it->second.state.blocks.size());
+  count(it->second.state.blocks, -1);
   order_.erase({it->second.state.priority, it->second.tick, it->first});
   sessions_.erase(it);
 }

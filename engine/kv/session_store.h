@@ -54,7 +54,11 @@ class SessionStore {
   std::vector<SessionId> drainChanged();
 
   int numResident() const { return static_cast<int>(sessions_.size()); }
-  int numBlocksHeld() const { return num_blocks_held_; }
+  int numBlocksHeld() const { return num_blocks_held_; }  // references: a block two sessions share counts twice
+  // Distinct blocks resident sessions hold: the KV the working set keeps
+  // beyond what running sequences hold (a block shared with a running
+  // sequence's prefix counts here too).
+  int numDistinctBlocks() const { return static_cast<int>(holders_.size()); }
   template <typename Fn>
   void forEachBlock(Fn&& fn) const {
     for (const auto& [id, e] : sessions_) {
@@ -75,12 +79,14 @@ class SessionStore {
   };
   using Key = std::tuple<int, uint64_t, SessionId>;  // (priority, tick, id): begin() is the next victim
   void erase(absl::flat_hash_map<SessionId, Entry>::iterator it);
+  void count(const std::vector<BlockId>& blocks, int delta);
 
   BlockManager& blocks_;
   absl::flat_hash_map<SessionId, Entry> sessions_;
   std::set<Key> order_;
   uint64_t tick_ = 0;
   int num_blocks_held_ = 0;
+  absl::flat_hash_map<BlockId, int> holders_;  // sessions holding each block
   absl::flat_hash_set<SessionId> changed_;  // since the last drainChanged()
 };
 

@@ -74,8 +74,15 @@ std::vector<SignalQuery> signalQueries(const std::string& ns, const std::string&
        "tandem_engine_busy_seconds_total", false},
       // Gauges at the peak of the window's scrapes: a burst between two
       // decisions is not missed.
-      {"decode_kv_used", strCat("max_over_time((1 - sum(tandem_kv_blocks_free", in("decode"),
+      // All the KV held (running sequences and resident sessions), and the
+      // running sequences' alone (agents before tandem_kv_blocks_sessions
+      // count none as sessions').
+      {"decode_kv_held", strCat("max_over_time((1 - sum(tandem_kv_blocks_free", in("decode"),
                                 ") / sum(tandem_kv_blocks_capacity", in("decode"), "))", sub, ")"),
+       "tandem_kv_blocks_capacity", true},
+      {"decode_kv_used",
+       strCat("max_over_time((1 - (sum(tandem_kv_blocks_free", in("decode"), ") + (sum(tandem_kv_blocks_sessions",
+              in("decode"), ") or vector(0))) / sum(tandem_kv_blocks_capacity", in("decode"), "))", sub, ")"),
        "tandem_kv_blocks_capacity", true},
       {"decode_running", strCat("max_over_time(sum(tandem_requests_running", in("decode"), ")", sub, ")"),
        "tandem_requests_running", true},
@@ -172,10 +179,11 @@ Signals assembleSignals(const std::vector<SignalQuery>& queries,
       std::max(s.prefill_queue_tokens, doubleOr(single(answers, "prefill_queue_peak"), 0));
   const double prefill_requests = doubleOr(single(answers, "prefill_requests_per_s"), 0);
   s.mean_uncached_prompt_tokens = prefill_requests > 0 ? computed / prefill_requests : 0;
+  // Running sequences' KV, and with the resident sessions' (the working
+  // set; every resident session counts, however long ago its last turn).
   s.decode_kv_used_ratio = std::clamp(doubleOr(single(answers, "decode_kv_used"), 0), 0.0, 1.0);
-  // The agents export what KV is held (running sequences and resident
-  // sessions together), not the split: the working set is taken as all of it.
-  s.decode_kv_active_ratio = s.decode_kv_used_ratio;
+  s.decode_kv_active_ratio =
+      std::clamp(doubleOr(single(answers, "decode_kv_held"), s.decode_kv_used_ratio), s.decode_kv_used_ratio, 1.0);
   s.decode_running = std::max(0.0, doubleOr(single(answers, "decode_running"), 0));
   s.decode_waiting = std::max(0.0, doubleOr(single(answers, "decode_waiting"), 0));
   s.requests_per_s = doubleOr(single(answers, "requests_per_s"), 0);

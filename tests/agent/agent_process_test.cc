@@ -143,6 +143,9 @@ TEST_F(AgentProcessTest, SessionHeaderReusesResidentKv) {
   }
   EXPECT_EQ(turns, 2);
   EXPECT_EQ(cached_second, 1 + 100 + 3);  // <s>, the first prompt, and all but the last output token
+  // The resident session's KV is exported apart from the running sequences'
+  // (the planner's working set): its 109 tokens hold at least one block.
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*agent_), "tandem_kv_blocks_sessions{") >= 1; })) << scrape(*agent_);
 }
 
 TEST_F(AgentProcessTest, BadInputGetsDocumentedStatusAndMessage) {
@@ -210,7 +213,8 @@ TEST_F(AgentProcessTest, LiveScrapePassesPromtool) {
                            "tandem_generation_tokens_total", "tandem_prefix_cache_hit_tokens_total",
                            "tandem_prefix_cache_query_tokens_total", "tandem_preemptions_total", "tandem_kv_blocks_capacity",
                            "tandem_kv_blocks_free", "tandem_requests_running", "tandem_requests_waiting",
-                           "tandem_prefill_queue_tokens", "tandem_sessions_resident", "vllm:num_requests_waiting",
+                           "tandem_prefill_queue_tokens", "tandem_sessions_resident", "tandem_kv_blocks_sessions",
+                           "vllm:num_requests_waiting",
                            "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}) {
     EXPECT_NE(text.find(std::string(name) + "{"), std::string::npos) << name;
   }

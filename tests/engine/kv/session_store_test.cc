@@ -49,10 +49,33 @@ TEST(SessionStoreTest, PutReplacesAndReleasesPreviousState) {
   s.put(SessionId("x"), std::move(r2));
   EXPECT_EQ(s.numResident(), 1);
   EXPECT_EQ(s.numBlocksHeld(), 1);
+  EXPECT_EQ(s.numDistinctBlocks(), 1);
   EXPECT_EQ(m.numAvailable(), 3);
   EXPECT_TRUE(s.drop(SessionId("x")));
   EXPECT_FALSE(s.drop(SessionId("x")));
   EXPECT_EQ(m.numAvailable(), 4);
+}
+
+TEST(SessionStoreTest, DistinctBlocksCountASharedPrefixOnce) {
+  BlockManager m(8);
+  SessionStore s(m);
+  const BlockId system = m.allocate();  // a system prompt both sessions start with
+  ResidentSession a, b;
+  m.addRef(system);
+  a.blocks = {system, m.allocate()};
+  b.blocks = {system, m.allocate(), m.allocate()};
+  s.put(SessionId("a"), std::move(a));
+  s.put(SessionId("b"), std::move(b));
+  EXPECT_EQ(s.numBlocksHeld(), 5);
+  EXPECT_EQ(s.numDistinctBlocks(), 4);
+  auto taken = s.take(SessionId("b"));
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(s.numDistinctBlocks(), 2) << "the shared block is still a's";
+  m.releaseAll(taken->blocks);
+  ASSERT_TRUE(s.evictOne());
+  EXPECT_EQ(s.numDistinctBlocks(), 0);
+  EXPECT_EQ(m.numAvailable(), 8);
+  EXPECT_TRUE(m.checkInvariants().ok());
 }
 
 }  // namespace

@@ -128,6 +128,7 @@ TEST_F(PlannerPrometheusTest, TheSignalsOfAServingPoolComeFromItsOwnSeries) {
   EXPECT_GT(*s.prefill[0].capacity, 0) << "tokens per busy second, measured on it-prefill-0";
   EXPECT_GE(s.decode_kv_used_ratio, 0);
   EXPECT_LE(s.decode_kv_used_ratio, 1);
+  EXPECT_GE(s.decode_kv_active_ratio, s.decode_kv_used_ratio) << "the working set holds the running sequences' KV";
   EXPECT_LT(s.age_s, 10);
   EXPECT_GT(s.mean_uncached_prompt_tokens, 0);
   // The decode agent's KV pool counted once: its scrape under another

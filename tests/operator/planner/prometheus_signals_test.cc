@@ -36,6 +36,8 @@ TEST(PrometheusSignalsTest, QueriesSelectThePoolAndNameTheirSeries) {
       << "unary requests have no router TTFT: the decode agents' count too";
   EXPECT_THAT(find("ttft_p95").promql, HasSubstr("[60s]"));
   EXPECT_TRUE(find("decode_kv_used").required);
+  EXPECT_THAT(find("decode_kv_used").promql, HasSubstr("(sum(tandem_kv_blocks_sessions{namespace=\"team-a\",pool=\"tiny\",role=\"decode\"}) or vector(0))"))
+      << "running sequences' KV: what sessions hold is left out, none when agents do not export it";
   EXPECT_FALSE(find("ttft_p95").required) << "no requests in the window is not missing data";
   EXPECT_THAT(find("prefill_capacity").promql, HasSubstr("sum by (pod)"));
 }
@@ -79,6 +81,7 @@ TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
   a["prefill_requests_per_s"] = {{{}, 3}};
   a["prefill_capacity"] = {{{{"pod", "tiny-prefill-a"}}, 20000}};
   a["decode_kv_used"] = {{{}, 0.4}};
+  a["decode_kv_held"] = {{{}, 0.65}};
   a["decode_running"] = {{{}, 12}};
   a["age"] = {{{}, 2}};
   const std::vector<PodInfo> pods = {
@@ -100,7 +103,8 @@ TEST(PrometheusSignalsTest, SignalsAreAssembledFromTheAnswersAndThePods) {
   EXPECT_DOUBLE_EQ(assembleSignals(qs, a, pods, 2, 1, 1000).prefill_queue_peak_tokens, 90000);
   a["prefill_queue_peak"] = {};
   EXPECT_DOUBLE_EQ(s.mean_uncached_prompt_tokens, 3000);
-  EXPECT_DOUBLE_EQ(s.decode_kv_used_ratio, 0.4);
+  EXPECT_DOUBLE_EQ(s.decode_kv_used_ratio, 0.4) << "running sequences";
+  EXPECT_DOUBLE_EQ(s.decode_kv_active_ratio, 0.65) << "with the resident sessions";
   EXPECT_DOUBLE_EQ(s.age_s, 2);
   ASSERT_EQ(s.prefill.size(), 2u);
   EXPECT_DOUBLE_EQ(*s.prefill[0].capacity, 20000);
