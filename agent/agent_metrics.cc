@@ -40,7 +40,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       waiting_(buildGauge().name("tandem_requests_waiting").help("Sequences waiting for admission.").labels(labels_).registerOn(r).add({})),
       prefill_queue_tokens_(buildGauge().name("tandem_prefill_queue_tokens").help("Prompt tokens not yet computed (waiting and prefilling).").labels(labels_).registerOn(r).add({})),
       sessions_resident_(buildGauge().name("tandem_sessions_resident").help("Sessions whose KV is resident.").labels(labels_).registerOn(r).add({})),
-      kv_blocks_sessions_(buildGauge().name("tandem_kv_blocks_sessions").help("KV blocks resident sessions hold (each once): the working set beyond running sequences.").labels(labels_).registerOn(r).add({})),
+      kv_blocks_sessions_(buildGauge().name("tandem_kv_blocks_sessions").help("KV blocks only resident sessions hold (what evicting them all would free): the working set beyond running sequences.").labels(labels_).registerOn(r).add({})),
       vllm_waiting_(buildGauge().name("vllm:num_requests_waiting").help("Requests waiting (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})),
       vllm_running_(buildGauge().name("vllm:num_requests_running").help("Requests running (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})),
       vllm_kv_usage_(buildGauge().name("vllm:kv_cache_usage_perc").help("Fraction of KV blocks in use, 0..1 (Gateway API Inference Extension name).").labels(labels_).registerOn(r).add({})) {

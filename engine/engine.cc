@@ -389,7 +389,7 @@ void Engine::fillGauges(StepStats* st) const {
   st->num_free_blocks = blocks_.numAvailable();
   st->num_total_blocks = blocks_.numTotal();
   st->num_sessions_resident = sessions_.numResident();
-  st->num_session_blocks = sessions_.numDistinctBlocks();
+  st->num_session_blocks = sessions_.numBlocksOnlySessionsHold();
 }
 
 StepStats Engine::currentStats() const {

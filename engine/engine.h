@@ -82,7 +82,7 @@ struct StepStats {
   int num_free_blocks = 0;  // available: free + cached-unreferenced
   int num_total_blocks = 0;
   int num_sessions_resident = 0;
-  int num_session_blocks = 0;  // distinct blocks resident sessions hold
+  int num_session_blocks = 0;  // blocks only resident sessions hold (evicting them all frees these)
   int prefix_hit_tokens = 0;  // of sequences admitted this step
   int prefix_query_tokens = 0;
   int num_preemptions = 0;

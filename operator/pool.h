@@ -50,7 +50,7 @@ struct AutoscalingSpec {
   double min_free_kv_ratio = 0.1;
   int32_t prefill_min = 1, prefill_max = 1000, decode_min = 1, decode_max = 1000;
   int64_t gpu_budget = 0;  // 0: none
-  double scale_up_cooldown_s = 0, scale_down_cooldown_s = 600;
+  double scale_up_cooldown_s = 0, scale_down_cooldown_s = 450;
   double warmup_s = 60;
 };
 

@@ -283,6 +283,9 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
     if (!observed) {
       const std::string rv = applied->value("/metadata/resourceVersion"_json_pointer, "");
       absl::MutexLock lock(&created_mu_);
+      // Entries leave when the cache shows the child; one whose pool went
+      // first stays. Bounded: forgetting them costs at most a repeated event.
+      if (created_.size() >= 4096) created_.clear();
       auto [it, inserted] = created_.try_emplace(child_key, rv);
       repeat = !inserted && !rv.empty() && it->second == rv;
       it->second = rv;

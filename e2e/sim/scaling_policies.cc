@@ -40,19 +40,22 @@ class IntervalPolicy final : public ScalingPolicy {
     // profile allows — the batch whose TPOT is the target, or the sequences
     // its KV holds at the observed context length (a profiler measures
     // throughput at the workload's context, where KV bounds the batch),
-    // whichever is smaller — tightened by observed ÷ profiled TPOT.
-    double target = o_.slo.tpot_s;
+    // whichever is smaller — at that batch's TPOT, scaled by observed ÷
+    // profiled TPOT. (The KV per sequence is read from D's reservations,
+    // which include requests still waiting for prefill: under a prefill
+    // backlog it reads high.)
+    double corr = 1;
     if (s.tpot_p95_s && !s.decode.empty() && s.decode_running > 0) {
       const double batch = s.decode_running / static_cast<double>(s.decode.size());
-      const double expected = e.tpot_base_s + e.tpot_per_seq_s * batch;
-      target /= std::clamp(*s.tpot_p95_s / expected, 1.0, 4.0);
+      corr = std::clamp(*s.tpot_p95_s / (e.tpot_base_s + e.tpot_per_seq_s * batch), 1.0, 4.0);
     }
-    double batch = std::max(1.0, (target - e.tpot_base_s) / e.tpot_per_seq_s);
+    auto tpot = [&](double batch) { return corr * (e.tpot_base_s + e.tpot_per_seq_s * batch); };
+    double batch = std::max(1.0, (o_.slo.tpot_s / corr - e.tpot_base_s) / e.tpot_per_seq_s);
     if (s.decode_running > 0 && s.decode_kv_used_ratio > 0 && s.decode_kv_total_blocks > 0) {
       const double blocks_per_sequence = s.decode_kv_used_ratio * s.decode_kv_total_blocks / s.decode_running;
       batch = std::clamp(static_cast<double>(e.kv_blocks) / blocks_per_sequence, 1.0, batch);
     }
-    const double per_replica = batch / std::max(target, e.tpot_base_s + e.tpot_per_seq_s * batch);
+    const double per_replica = batch / tpot(batch);
     const double d = s.generation_tokens_per_s / per_replica;
     size_.prefill = std::max(1, static_cast<int32_t>(std::ceil(p - 1e-9)));
     size_.decode = std::max(1, static_cast<int32_t>(std::ceil(d - 1e-9)));

@@ -182,7 +182,7 @@ std::string simUsage() {
       --initial P:D           where interval and tandem start (default: all the GPUs, 1:1)
       --min-replicas N        the planner's minimum per role (default 2: one can fail)
       --scale-up-cooldown-s S, --scale-down-cooldown-s S
-                              the planner's cooldowns (default 0, 600)
+                              the planner's cooldowns (default 0, 450)
   The engine numbers are a model, not a measurement: give your own.
 )");
 }

@@ -64,4 +64,10 @@ void SessionStore::erase(absl::flat_hash_map<SessionId, Entry>::iterator it) {
   sessions_.erase(it);
 }
 
+int SessionStore::numBlocksOnlySessionsHold() const {
+  int n = 0;
+  for (const auto& [block, holders] : holders_) n += blocks_.refCount(block) == holders;
+  return n;
+}
+
 }  // namespace tandem::engine

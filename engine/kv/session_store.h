@@ -55,10 +55,12 @@ class SessionStore {
 
   int numResident() const { return static_cast<int>(sessions_.size()); }
   int numBlocksHeld() const { return num_blocks_held_; }  // references: a block two sessions share counts twice
-  // Distinct blocks resident sessions hold: the KV the working set keeps
-  // beyond what running sequences hold (a block shared with a running
-  // sequence's prefix counts here too).
+  // Distinct blocks resident sessions hold (a shared prefix once).
   int numDistinctBlocks() const { return static_cast<int>(holders_.size()); }
+  // Of those, the blocks nothing else references (no running sequence, no
+  // other holder): what evicting every session would free — the working
+  // set's KV beyond the running sequences'. O(distinct blocks).
+  int numBlocksOnlySessionsHold() const;
   template <typename Fn>
   void forEachBlock(Fn&& fn) const {
     for (const auto& [id, e] : sessions_) {

@@ -122,16 +122,20 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     rs.capacity = rs.capacity ? 0.5 * *rs.capacity + 0.5 * measured : measured;
   }
   const double rate = forecast(state.arrivals, s.at_s, s.uncached_prompt_tokens_per_s, c.startup_s);
-  // Requests waiting on decode for KV have not reached prefill yet: their
-  // prompts are prefill's backlog too (a decode pool filled by a prefill
-  // backlog hides the rest of that backlog from prefill's own queue).
-  const double queue = s.prefill_queue_tokens + s.decode_waiting * s.mean_uncached_prompt_tokens;
+  // While prefill is behind (its queue is not empty), requests waiting on
+  // decode for KV have not reached prefill yet: their prompts are prefill's
+  // backlog too (a decode pool filled by a prefill backlog hides the rest
+  // of that backlog from prefill's own queue). Counted for growing only: a
+  // burst's peak of waiting requests does not hold prefill up for a
+  // stabilization window, and with prefill idle the wait is decode's own.
+  const double queue = s.prefill_queue_tokens;
+  const double hidden = queue > 0 ? s.decode_waiting * s.mean_uncached_prompt_tokens : 0;
   if (s.ttft_p95_s) {
     n.pressure = *s.ttft_p95_s / c.ttft_target_s;
     n.slo_missed = n.pressure > 1;
   }
   if (!rs.capacity) {
-    if (rate > 0 || queue > 0) missing = "prefill capacity (no warm prefill replica has computed a prompt yet)";
+    if (rate > 0 || queue + hidden > 0) missing = "prefill capacity (no warm prefill replica has computed a prompt yet)";
     n.why = "no prefill demand";
     return n;
   }
@@ -160,9 +164,9 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // prefill is sized on utilisation only. Otherwise the SLO feedback may ask
   // for at most kMaxSloFactor times what utilisation needs.
   const bool unreachable = prompt > 0 && prompt / cap >= c.ttft_target_s;
-  auto fewest = [&](double margin) {
-    if (rate <= 0 && queue <= 0) return 0.0;
-    const double by_util = (rate + queue / drain_s) / (cap * util * margin);
+  auto fewest = [&](double margin, double backlog) {
+    if (rate <= 0 && backlog <= 0) return 0.0;
+    const double by_util = (rate + backlog / drain_s) / (cap * util * margin);
     if (unreachable) return by_util;
     const int32_t base = std::max(1, replicasFor(by_util));
     const int32_t most = std::min(kMaxReplicas, base * kMaxSloFactor);
@@ -170,9 +174,10 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     while (k < most && rs.correction * modelTtft(k, rate, 0, prompt, cap) > c.ttft_target_s * margin) ++k;
     return k > replicasFor(by_util) ? static_cast<double>(k) : by_util;
   };
-  n.up = fewest(1);
-  n.down = fewest(1 - c.scale_down_margin);
-  n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued, ", num(cap),
+  n.up = fewest(1, queue + hidden);
+  n.down = fewest(1 - c.scale_down_margin, queue);
+  n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued",
+                 hidden > 0 ? strCat(" (+ ", num(hidden), " waiting on decode)") : std::string(), ", ", num(cap),
                  " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction),
                  unreachable ? "; one prompt alone takes longer than the TTFT target: sized on utilisation" : "");
   return n;
@@ -269,7 +274,12 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
   const int32_t down = std::clamp(replicasFor(peak), b.min, b.max);
   const bool unschedulable = std::any_of(samplesOf(s, role).begin(), samplesOf(s, role).end(),
                                          [](const ReplicaSample& r) { return r.unschedulable; });
-  if (up > d.current) {
+  const bool manual = rs.manual_until_s && now < *rs.manual_until_s;
+  if (manual && (up > d.current || down < d.current)) {
+    d.reason = Reason::kCooldown;
+    d.message = strCat("the ", d.current, " replicas set outside the planner stand ", num(*rs.manual_until_s - now),
+                       " s more; the model says ", up > d.current ? up : down, " (", need.why, ")");
+  } else if (up > d.current) {
     if (unschedulable) {
       d.reason = Reason::kUnschedulable;
       d.message = strCat("needs ", up, " but a ", planRoleName(role),
@@ -317,7 +327,8 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
 // With a GPU budget, the role under less pressure gives way: first what it
 // holds beyond its own need, then the other role's growth, then below its
 // need (never below min).
-void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const PlannerState& state, Decision& d) {
+void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const PlannerState& state, double s_at,
+                 Decision& d) {
   if (c.gpu_budget <= 0) return;
   auto total = [&] {
     return int64_t{d.prefill.desired} * c.gpus_per_prefill + int64_t{d.decode.desired} * c.gpus_per_decode;
@@ -331,7 +342,9 @@ void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const P
   const int32_t before_p = d.prefill.desired, before_d = d.decode.desired;
   auto cut = [&](PlanRole r, int32_t floor) {
     RoleDecision& rd = d.role(r);
-    if (rd.reason == Reason::kManualOverride || gpusOf(c, r) == 0) return;  // a user's count stands
+    const auto& until = (r == PlanRole::kPrefill ? state.prefill : state.decode).manual_until_s;
+    const bool manual = rd.reason == Reason::kManualOverride || (until && s_at < *until);
+    if (manual || gpusOf(c, r) == 0) return;  // a user's count stands
     while (total() > c.gpu_budget && rd.desired > floor) --rd.desired;
   };
   const Need& low_need = low == PlanRole::kPrefill ? pn : dn;
@@ -342,7 +355,11 @@ void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const P
   // must not starve the other role's present one).
   const int32_t low_up = replicasFor(low_need.up);
   cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, std::max(low_up, low_window_need))));
-  cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, low_up)));
+  // (Not for a role whose need is unknown: prefill before any replica has
+  // computed a prompt has no capacity to size from.)
+  if (low_need.capacity > 0 || low == PlanRole::kDecode) {
+    cut(low, std::max(boundsOf(c, low).min, std::min(d.role(low).desired, low_up)));
+  }
   cut(high, std::max(boundsOf(c, high).min, std::min(d.role(high).desired, d.role(high).current)));
   cut(low, boundsOf(c, low).min);
   cut(high, boundsOf(c, high).min);
@@ -461,8 +478,9 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     PlannerState::RoleState& rs = state.role(r);
     RoleDecision& rd = d.role(r);
     if (rs.written >= 0 && rd.current != rs.written) {
-      // Kept for one cooldown either way: neither grown nor shrunk before it passes.
-      rs.last_up_s = rs.last_down_s = s.at_s;
+      // Kept for one cooldown either way (the longer of the two): neither
+      // grown nor shrunk before it passes, nor cut for the GPU budget.
+      rs.manual_until_s = s.at_s + std::max(c.scale_up_cooldown_s, c.scale_down_cooldown_s);
       rd.message = strCat("spec.", planRoleName(r), ".replicas was changed to ", rd.current,
                           " outside the planner (it wrote ", rs.written, "): kept for one cooldown");
       rd.desired = rd.current;
@@ -470,7 +488,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
       rs.written = rd.current;
     }
   }
-  applyBudget(c, pn, dn, state, d);
+  applyBudget(c, pn, dn, state, s.at_s, d);
   for (PlanRole r : kPlanRoles) {
     PlannerState::RoleState& rs = state.role(r);
     const RoleDecision& rd = d.role(r);

@@ -76,10 +76,13 @@ struct PlannerConfig {
   // only what they will not cover (waiting a minute more delays recovering
   // from a step by two intervals; tandem-sim, docs/benchmarks.md).
   double scale_up_cooldown_s = 0;
-  // Also the stabilization window: 10 min holds a bursty load's capacity
-  // through the quiet between bursts (tandem-sim: 5 min reversed a role
-  // more than once per 10 intervals on the Azure code trace at 512 GPUs).
-  double scale_down_cooldown_s = 600;
+  // Also the stabilization window. 7.5 min, from tandem-sim
+  // (docs/benchmarks.md): with 5 min, the Azure code trace at 512 GPUs
+  // reversed a role more than once per 10 intervals (capacity given back in
+  // the quiet between bursts was wanted at the next); with 10 min, 9,600
+  // agentic sessions at 512 GPUs collapsed (prefill held from the even
+  // start kept decode short of the growing working set).
+  double scale_down_cooldown_s = 450;
   // Replicas a role may gain / lose in one decision; 0: up to doubling (at
   // least 4), down by at most half (at least one).
   int32_t max_step = 0;
@@ -190,6 +193,7 @@ struct Decision {
 struct PlannerState {
   struct RoleState {
     std::optional<double> last_up_s, last_down_s;  // last scaling in each direction
+    std::optional<double> manual_until_s;          // a user's replicas stand until then
     int32_t written = -1;                          // replicas the planner last wrote; -1: none
     std::optional<double> capacity;                // remembered per-replica capacity (warm replicas)
     double correction = 1;

@@ -113,7 +113,7 @@ TEST(PoolTest, AutoscalingDefaultsAndValues) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->autoscaling.enabled);
   EXPECT_DOUBLE_EQ(p->autoscaling.interval_s, 30);
-  EXPECT_DOUBLE_EQ(p->autoscaling.scale_down_cooldown_s, 600);
+  EXPECT_DOUBLE_EQ(p->autoscaling.scale_down_cooldown_s, 450);
   EXPECT_DOUBLE_EQ(p->autoscaling.scale_up_cooldown_s, 0);
   pool["spec"]["autoscaling"] = json::parse(R"({"enabled": true, "prometheusUrl": "http://prom:9090",
       "interval": "15s", "ttftP95TargetSeconds": 2, "tpotP95TargetSeconds": 0.04, "minFreeKvRatio": 0.2,

@@ -68,9 +68,14 @@ TEST(SessionStoreTest, DistinctBlocksCountASharedPrefixOnce) {
   s.put(SessionId("b"), std::move(b));
   EXPECT_EQ(s.numBlocksHeld(), 5);
   EXPECT_EQ(s.numDistinctBlocks(), 4);
+  EXPECT_EQ(s.numBlocksOnlySessionsHold(), 4);
+  m.addRef(system);  // a running sequence starts with the system prompt too
+  EXPECT_EQ(s.numBlocksOnlySessionsHold(), 3) << "evicting every session would not free the shared one";
+  m.release(system);
   auto taken = s.take(SessionId("b"));
   ASSERT_TRUE(taken.has_value());
   EXPECT_EQ(s.numDistinctBlocks(), 2) << "the shared block is still a's";
+  EXPECT_EQ(s.numBlocksOnlySessionsHold(), 1) << "b's sequence holds the shared block now";
   m.releaseAll(taken->blocks);
   ASSERT_TRUE(s.evictOne());
   EXPECT_EQ(s.numDistinctBlocks(), 0);

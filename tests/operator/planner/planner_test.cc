@@ -372,19 +372,22 @@ TEST(PlannerTest, RequestsWaitingOnDecodeForKvAreCountedAsPrefillBacklog) {
   // A decode pool filled by a prefill backlog admits no more: the rest of
   // that backlog waits on D and is not in prefill's queue, but it is
   // prefill's work all the same.
-  auto prefill_after = [](double waiting) {
+  auto prefill_after = [](double waiting, double queued) {
     ToyPool pool(4, 4);
     PlannerState state;
     const PlannerConfig c = config();
     run(pool, c, state, 4, constant(30000), constant(20));
     Signals s = pool.step(4 * kInterval, 30000, 20);
     s.decode_waiting = waiting;
+    s.prefill_queue_tokens = queued;
     return decide(c, s, state).prefill.desired;
   };
-  EXPECT_EQ(prefill_after(0), 4) << "30k x 1.2 / 10k";
+  EXPECT_EQ(prefill_after(0, 10000), 4) << "30k x 1.2 / 10k, and a small queue";
   // 600 requests of 2,000 tokens: 1.2M tokens drained within the start-up
   // and one interval (90 s) on top of the arrivals.
-  EXPECT_GE(prefill_after(600), 5);
+  EXPECT_GE(prefill_after(600, 10000), 6);
+  // Prefill idle: the requests wait for decode's own KV, not for prefill.
+  EXPECT_EQ(prefill_after(600, 0), 4);
 }
 
 TEST(PlannerTest, DecodeKvHeldForAPrefillBacklogAtItsPeakDoesNotGrowDecode) {
@@ -472,19 +475,26 @@ TEST(PlannerTest, ATtftTargetNoPromptCanMeetDoesNotPinPrefillAtItsMaximum) {
 }
 
 TEST(PlannerTest, AManualScaleDownIsKeptForACooldownToo) {
-  ToyPool pool(3, 2);
-  PlannerState state;
-  PlannerConfig c = config();
-  c.scale_up_cooldown_s = 120;
-  run(pool, c, state, 4, constant(25000), constant(10));
-  ASSERT_GE(pool.prefill.size(), 3u);
-  pool.prefill.resize(1);  // a user scaled prefill down to 1 under a load that needs 3
-  Decision d = decide(c, pool.step(4 * kInterval, 25000, 10), state);
-  EXPECT_EQ(d.prefill.reason, Reason::kManualOverride);
-  pool.apply(d, 4 * kInterval);
-  d = decide(c, pool.step(5 * kInterval, 25000, 10), state);
-  EXPECT_EQ(d.prefill.desired, 1) << "not grown back within the cooldown";
-  EXPECT_EQ(d.prefill.reason, Reason::kCooldown);
+  for (const double up_cooldown : {120.0, 0.0}) {  // 0: the default, no scale-up cooldown
+    ToyPool pool(3, 2);
+    PlannerState state;
+    PlannerConfig c = config();
+    c.scale_up_cooldown_s = up_cooldown;
+    run(pool, c, state, 4, constant(25000), constant(10));
+    ASSERT_GE(pool.prefill.size(), 3u);
+    pool.prefill.resize(1);  // a user scaled prefill down to 1 under a load that needs 3
+    Decision d = decide(c, pool.step(4 * kInterval, 25000, 10), state);
+    EXPECT_EQ(d.prefill.reason, Reason::kManualOverride);
+    pool.apply(d, 4 * kInterval);
+    d = decide(c, pool.step(5 * kInterval, 25000, 10), state);
+    EXPECT_EQ(d.prefill.desired, 1) << "not grown back within the cooldown (" << up_cooldown << " s)";
+    EXPECT_EQ(d.prefill.reason, Reason::kCooldown);
+    EXPECT_THAT(d.prefill.message, HasSubstr("set outside the planner stand"));
+    // After the longer cooldown (the stabilization window) the planner sizes it again.
+    pool.apply(d, 5 * kInterval);
+    run(pool, c, state, 25, constant(25000), constant(10), 6 * kInterval);
+    EXPECT_GE(pool.prefill.size(), 3u);
+  }
 }
 
 TEST(PlannerTest, KnobsScaleThePoolsOwnValuesAndDefaultToTheRoutersOwn) {
