@@ -435,6 +435,12 @@ TEST_F(KubeletApiAccessTest, AgentsInPodsDiscoverEachOtherServeThroughTheRouterS
            "true";
   }));
 
+  // D is Ready before its discovery has found P's endpoint (it serves
+  // meanwhile, computing prompts itself): the request below is to take the
+  // P/D path, so it waits for D to have P.
+  ASSERT_TRUE(eventually([&] {
+    return kubectl("logs deploy/decode").output.find("prefill agent joined the directory") != std::string::npos;
+  }, 60)) << kubectl("logs deploy/decode").output << kubectl("get endpointslices -o yaml").output;
   const std::string body =
       R"({"model":"model","prompt":"a prompt long enough to be prefilled on the prefill agent in its own pod","max_tokens":8})";
   auto r = shell("curl -s -m 60 http://" + router + ":80/v1/completions -H 'Content-Type: application/json' -d '" + body + "'");
