@@ -281,7 +281,11 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
     TANDEM_RETURN_IF_ERROR(applied.status());
     bool repeat = false;
     if (!observed) {
-      const std::string rv = applied->value("/metadata/resourceVersion"_json_pointer, "");
+      // The object's uid: an apply of the child created earlier returns
+      // it again (its resourceVersion may have moved: a controller writes
+      // a Deployment's status), a child deleted and created again has
+      // another.
+      const std::string rv = applied->value("/metadata/uid"_json_pointer, "");
       absl::MutexLock lock(&created_mu_);
       // Entries leave when the cache shows the child; one whose pool went
       // first stays. Bounded: forgetting them costs at most a repeated event.

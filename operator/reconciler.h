@@ -110,11 +110,10 @@ class Reconciler {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;
-  // The resourceVersion of each child this operator created, until the
-  // informers' cache shows it: a reconcile that runs before the cache has
-  // caught up applies the child again (a no-op that keeps the
-  // resourceVersion) and must not report it created a second time. A child
-  // deleted meanwhile comes back with another resourceVersion: reported.
+  // The uid of each child this operator created, until the informers'
+  // cache shows it: a reconcile that runs before the cache has caught up
+  // applies the child again and must not report it created a second time.
+  // A child deleted meanwhile comes back with another uid: reported.
   absl::Mutex created_mu_;
   absl::flat_hash_map<std::string, std::string> created_ ABSL_GUARDED_BY(created_mu_);
 };

@@ -35,12 +35,6 @@ TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothing
       << kubectl("logs deploy/tiny-router --previous").output << kubectl("logs deploy/tiny-router").output
       << kubectl("get events").output;
   EXPECT_EQ(get("tpool tiny", "{.status.decode.summary}"), "1/1");
-  // One Created event for the children, once: reconciles that ran before
-  // the informers' cache showed them applied them again, as no-ops.
-  const std::string created =
-      kubectl("get events -o jsonpath='{range .items[?(@.reason==\"Created\")]}{.involvedObject.name} x{.count}{\"\\n\"}{end}'")
-          .output;
-  EXPECT_EQ(created, "tiny x1\n") << kubectl("get events").output;
   // Children with owner references, QoS on the decode pod.
   EXPECT_EQ(get("deploy tiny-decode", "{.metadata.ownerReferences[0].kind}"), "InferencePool");
   const std::string decode_pod = "pods -l serving.tandem.dev/role=decode";
