@@ -285,19 +285,17 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
       // it again (its resourceVersion may have moved: a controller writes
       // a Deployment's status), a child deleted and created again has
       // another.
-      const std::string rv = applied->value("/metadata/uid"_json_pointer, "");
+      const std::string uid = applied->value("/metadata/uid"_json_pointer, "");
       absl::MutexLock lock(&created_mu_);
       // Entries leave when the cache shows the child; one whose pool went
       // first stays. Bounded: forgetting them costs at most a repeated event.
       if (created_.size() >= 4096) created_.clear();
-      auto [it, inserted] = created_.try_emplace(child_key, rv);
-      repeat = !inserted && !rv.empty() && it->second == rv;
-      it->second = rv;
+      auto [it, inserted] = created_.try_emplace(child_key, uid);
+      repeat = !inserted && !uid.empty() && it->second == uid;  // created by an earlier reconcile
+      it->second = uid;
     }
-    if (repeat) {
-      // Created by an earlier reconcile; the cache has not caught up yet.
-    } else if (note.empty()) {
-      (observed ? updated : created).push_back(strCat(kind, "/", child));
+    if (note.empty()) {
+      if (!repeat) (observed ? updated : created).push_back(strCat(kind, "/", child));
     } else {
       (void)events_->record(ref, type, reason, "Reconcile", note);
     }

@@ -102,13 +102,14 @@ class Sim {
   void finished(double now, size_t r);
   absl::Status tick(double now);
   void sample(double now);
-  // The Ready decode replicas' gauges now: mean KV reserved, sequences
-  // decoding, requests waiting for admission.
-  struct DecodeGauges {
-    double kv_used_ratio = 0, running = 0, waiting = 0;
-    int ready = 0;
+  // The gauges now: the Ready decode replicas' mean KV reserved, sequences
+  // decoding and requests waiting for admission; the prompt tokens queued
+  // on prefill replicas.
+  struct Gauges {
+    double kv_used_ratio = 0, running = 0, waiting = 0, prefill_queue_tokens = 0;
+    int ready = 0;  // decode
   };
-  DecodeGauges decodeGauges() const;
+  Gauges gauges() const;
   // A request that arrived at `arrival` met its SLOs or not.
   void countIn(double arrival, bool met) {
     const size_t i = static_cast<size_t>(std::max(0.0, arrival) / o_.interval_s);
@@ -456,14 +457,13 @@ void Sim::resize(double now, routing::WorkerRole role, int32_t n) {
 planner::Signals Sim::signals(double now) {
   planner::Signals s;
   s.at_s = now;
-  const DecodeGauges g = decodeGauges();
+  const Gauges g = gauges();
   const int ready_d = g.ready;
   for (Worker& w : workers_) {
     if (w.removing) continue;
     planner::ReplicaSample r{.name = w.name, .ready = w.ready, .ready_for_s = w.ready ? now - w.ready_at : 0};
     if (w.role == routing::WorkerRole::kPrefill) {
       if (w.busy_s > 0) r.capacity = w.computed_tokens / w.busy_s;
-      s.prefill_queue_tokens += static_cast<double>(w.lane_tokens);
       s.prefill.push_back(r);
       ++s.spec_prefill;
     } else {
@@ -474,6 +474,7 @@ planner::Signals Sim::signals(double now) {
   }
   // Gauges as Prometheus reads them for the planner: the peak of the
   // interval's scrapes (a burst between two decisions is not missed).
+  s.prefill_queue_tokens = g.prefill_queue_tokens;
   s.decode_kv_used_ratio = std::max(i_kv_peak_, g.kv_used_ratio);
   s.decode_kv_total_blocks = static_cast<double>(ready_d * e_.kv_blocks);
   s.kv_block_tokens = static_cast<double>(kBlockTokens);
@@ -507,11 +508,13 @@ planner::Signals Sim::signals(double now) {
   return s;
 }
 
-Sim::DecodeGauges Sim::decodeGauges() const {
-  DecodeGauges g;
+Sim::Gauges Sim::gauges() const {
+  Gauges g;
   double kv_used = 0;
   for (const Worker& w : workers_) {
-    if (w.removing || !w.ready || w.role != routing::WorkerRole::kDecode) continue;
+    if (w.removing) continue;
+    if (w.role == routing::WorkerRole::kPrefill) g.prefill_queue_tokens += static_cast<double>(w.lane_tokens);
+    if (!w.ready || w.role != routing::WorkerRole::kDecode) continue;
     kv_used += static_cast<double>(w.reserved) / static_cast<double>(w.kv.capacityBlocks());
     g.running += static_cast<double>(w.batch);
     g.waiting += static_cast<double>(w.waiting.size());
@@ -522,17 +525,13 @@ Sim::DecodeGauges Sim::decodeGauges() const {
 }
 
 void Sim::sample(double now) {
-  const DecodeGauges g = decodeGauges();
+  const Gauges g = gauges();
   i_waiting_peak_ = std::max(i_waiting_peak_, g.waiting);
   if (g.ready > 0) i_kv_peak_ = std::max(i_kv_peak_, g.kv_used_ratio);
   i_uncached_peak_ = std::max(i_uncached_peak_, s_uncached_ / o_.scrape_s);
   s_uncached_ = 0;
   i_running_peak_ = std::max(i_running_peak_, g.running);
-  double queue = 0;
-  for (const Worker& w : workers_) {
-    if (!w.removing && w.role == routing::WorkerRole::kPrefill) queue += static_cast<double>(w.lane_tokens);
-  }
-  i_queue_peak_ = std::max(i_queue_peak_, queue);
+  i_queue_peak_ = std::max(i_queue_peak_, g.prefill_queue_tokens);
   if (open_ > 0) schedule(now + o_.scrape_s, EventKind::kSample, 0);
 }
 

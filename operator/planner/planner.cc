@@ -135,7 +135,7 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     n.slo_missed = n.pressure > 1;
   }
   if (!rs.capacity) {
-    if (rate > 0 || queue + hidden > 0) missing = "prefill capacity (no warm prefill replica has computed a prompt yet)";
+    if (rate > 0 || queue > 0) missing = "prefill capacity (no warm prefill replica has computed a prompt yet)";
     n.why = "no prefill demand";
     return n;
   }
