@@ -239,6 +239,28 @@ void addLimitOptions(std::vector<Option>& o) {
                              &AgentConfig::drain_grace));
 }
 
+// api_keys: the public API's keys and per-key limits (docs/api-keys.md).
+void addApiKeyOptions(std::vector<Option>& o) {
+  o.push_back(stringOption("api-keys-file", "api_keys", "file",
+                           "YAML file of the SHA-256 of the keys /v1/... requests must bear (Authorization: Bearer), "
+                           "re-read when it changes; empty: no keys needed",
+                           &AgentConfig::api_keys_file));
+  o.push_back(durationOption("api-keys-reload-interval", "api_keys", "reload_interval",
+                             "how often the API keys file is re-read (a key removed from it is refused from then on)",
+                             &AgentConfig::api_keys_reload_interval));
+  o.push_back(nestedNumber("api-key-requests-per-second", "api_keys", "requests_per_second",
+                           "requests per second of a key that sets no requests_per_second (0: unlimited)",
+                           &AgentConfig::api_key_limits, &ApiKeyLimits::requests_per_second, 0, 1e6));
+  o.push_back(nestedNumber("api-key-burst", "api_keys", "burst",
+                           "requests a key that sets no burst may make at once above its rate (0: "
+                           "max(1, requests per second))",
+                           &AgentConfig::api_key_limits, &ApiKeyLimits::burst, 0, 1e6));
+  o.push_back(nestedNumber("api-key-max-concurrent", "api_keys", "max_concurrent",
+                           "requests in flight (open streams included) of a key that sets no max_concurrent (0: "
+                           "unlimited)",
+                           &AgentConfig::api_key_limits, &ApiKeyLimits::max_concurrent, 0, 1e6));
+}
+
 // events: the worker-state stream routers subscribe to (docs/routing.md).
 void addEventOptions(std::vector<Option>& o) {
   o.push_back(durationOption("events-load-interval", "events", "load_interval",
@@ -353,6 +375,7 @@ const std::vector<Option>& options() {
     addServerOptions(o);
     addEngineOptions(o);
     addLimitOptions(o);
+    addApiKeyOptions(o);
     addEventOptions(o);
     addKvOptions(o);
     addRouterOptions(o);
@@ -374,7 +397,8 @@ std::string agentHelp() {
   AgentConfig defaults;
   std::string out =
       "tandem-agent: the Tandem data-plane process (OpenAI-compatible API, metrics, engine).\n\n"
-      "usage: tandem-agent [--config FILE] [--flag VALUE | --flag=VALUE]...\n\n"
+      "usage: tandem-agent [--config FILE] [--flag VALUE | --flag=VALUE]...\n"
+      "       tandem-agent hash-api-key --name NAME < KEY   the API keys file's entry for a key (docs/api-keys.md)\n\n"
       "  --config FILE                         YAML file with the keys below; flags override it\n"
       "  --help                                this text\n";
   for (const Option& o : options()) {
@@ -504,6 +528,11 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
                {"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)", c.kv_heartbeat_idle_interval},
                {"--prefill-deadline-floor (kv.prefill_deadline_floor)", c.prefill_deadline_floor}},
               std::chrono::milliseconds(10), "10ms"));
+  if (!c.api_keys_file.empty()) {
+    TANDEM_RETURN_IF_ERROR(
+        atLeast({{"--api-keys-reload-interval (api_keys.reload_interval)", c.api_keys_reload_interval}},
+                std::chrono::milliseconds(100), "100ms"));
+  }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(
         "role decode needs exactly one of --prefill-peers (kv.prefill_peers) / --prefill-peer (kv.prefill_peer) and "

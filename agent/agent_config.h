@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/api_keys.h"
 #include "engine/engine.h"
 #include "src/common/status.h"
 #include "src/routing/router_config.h"
@@ -53,6 +54,12 @@ struct AgentConfig {
   std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
+  // The public API's keys (docs/api-keys.md): the keys file ("": API keys
+  // off, every request is served), how often it is re-read, and the limits
+  // of keys that set none of their own.
+  std::string api_keys_file;
+  std::chrono::nanoseconds api_keys_reload_interval = std::chrono::seconds(5);
+  ApiKeyLimits api_key_limits;
   std::string trace_file;             // per-request trace lines: "" off, "-" stdout, else a file (appended)
   // The worker-state stream (GET /internal/v1/events; docs/routing.md).
   std::chrono::nanoseconds events_load_interval = std::chrono::milliseconds(50);  // load deltas at most this often

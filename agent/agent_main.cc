@@ -3,14 +3,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <thread>
 
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
+#include "agent/api_keys.h"
 #include "agent/router/router_server.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -39,8 +42,51 @@ int waitForSignal() {
 }  // namespace
 
 namespace tandem::agent {
+namespace {
+
+// `tandem-agent hash-api-key --name NAME`: reads an API key on stdin (one
+// line; surrounding whitespace ignored) and prints its entry for the API
+// keys file (docs/api-keys.md), so the key itself is never written down.
+// Exits 0, or 2 with the reason on stderr.
+int hashApiKeyCommand(int argc, char** argv, const char* program) {
+  const std::string usage = strCat("usage: ", program, " hash-api-key --name NAME < KEY");
+  std::string name;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << usage << "\nPrints the API keys file's entry (name and SHA-256) for the key read on stdin.\n";
+      return 0;
+    }
+    if (a.starts_with("--name=")) {
+      name = std::string(a.substr(7));
+    } else if (a == "--name" && i + 1 < argc) {
+      name = argv[++i];
+    } else {
+      std::cerr << program << " hash-api-key: unexpected argument \"" << a << "\"\n" << usage << "\n";
+      return 2;
+    }
+  }
+  if (absl::Status s = checkApiKeyName(name); !s.ok()) {
+    std::cerr << program << " hash-api-key: --name: " << toStd(s.message()) << "\n" << usage << "\n";
+    return 2;
+  }
+  std::string key((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+  size_t start = 0;
+  while (start < key.size() && std::isspace(static_cast<unsigned char>(key[start]))) ++start;
+  key.erase(0, start);
+  if (absl::Status s = checkApiKey(key); !s.ok()) {
+    std::cerr << program << " hash-api-key: the key on stdin: " << toStd(s.message()) << "\n";
+    return 2;
+  }
+  std::cout << apiKeyFileEntry(name, hashApiKey(key));
+  return 0;
+}
+
+}  // namespace
 
 int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_factory, const char* program) {
+  if (argc >= 2 && std::string_view(argv[1]) == "hash-api-key") return hashApiKeyCommand(argc - 1, argv + 1, program);
   bool help = false;
   auto config = parseAgentConfig(argc, argv, &help);
   if (help) {

@@ -8,7 +8,9 @@
 namespace tandem::agent {
 
 // Exits 0 after a graceful drain on SIGTERM or SIGINT, 2 on bad
-// configuration, 1 when start-up fails. `kv_transport_factory`: see
+// configuration, 1 when start-up fails. `program hash-api-key --name NAME`
+// instead prints the API keys file's entry for the key on stdin
+// (docs/api-keys.md). `kv_transport_factory`: see
 // AgentServer::start. `program` names the binary in messages.
 int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_factory = {},
              const char* program = "tandem-agent");

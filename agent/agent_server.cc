@@ -81,6 +81,8 @@ struct AgentServer::Impl {
   std::unique_ptr<PrefillService> prefill;  // role prefill
   std::unique_ptr<DecodeService> decode;    // role decode
   std::unique_ptr<ServiceDiscovery> discovery;  // role decode with --prefill-service
+  std::unique_ptr<ApiKeyGate> api_keys;         // with --api-keys-file
+  PublicApiAuth public_auth;                    // what /v1/... requests are checked with
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
   int max_live = 0;
@@ -96,6 +98,9 @@ struct AgentServer::Impl {
     RouteHint route;                            // role decode: the router's decision, if any (routing_headers.h)
     std::string text;                           // unary: the text so far
     std::optional<OpenAiStreamEncoder> stream;  // streamed: its encoder
+    // The API key's concurrency slot: released when the request finishes,
+    // before its last bytes go out, or with the call if it never ran.
+    ApiKeyGrant grant;
   };
 
   // ---- Serving (HTTP threads; engine callbacks on the loop's thread) ----
@@ -175,6 +180,8 @@ struct AgentServer::Impl {
   }
 
   http::Response generate(Endpoint endpoint, http::Request& req) {
+    auto auth = authorizePublic(public_auth, req);
+    if (auto* refused = std::get_if<http::Response>(&auth)) return std::move(*refused);
     if (draining.load()) {
       return apiError({.status = 503,
                        .type = "service_unavailable_error",
@@ -196,6 +203,7 @@ struct AgentServer::Impl {
     call->created = unixSeconds(clock.wallNow());
     call->session = p.spec.session ? p.spec.session->value() : "";
     call->route = std::get<RouteHint>(std::move(route));
+    call->grant = std::get<ApiKeyGrant>(std::move(auth));
     if (!p.stream) return unary(call, std::move(p.spec));
     call->stream.emplace(OpenAiStreamEncoder::Options{.endpoint = endpoint,
                                                       .id = call->id,
@@ -211,6 +219,7 @@ struct AgentServer::Impl {
         call->text += u.text_delta;
         if (!u.finished) return;
         finished(*call, u, info);
+        call->grant.release();
         if (!isNormalFinish(u.finish_reason)) {
           r->respond(apiError(errorForFinish(u, info.failure)));
           return;
@@ -231,6 +240,7 @@ struct AgentServer::Impl {
         std::string bytes = encoder.text(u.text_delta);
         if (u.finished) {
           finished(*call, u, info);
+          call->grant.release();
           if (isNormalFinish(u.finish_reason)) {
             bytes += encoder.finish(u.finish_reason, {u.num_prompt_tokens, u.num_output_tokens});
           } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
@@ -257,7 +267,11 @@ struct AgentServer::Impl {
     r.handle("GET", "/metrics", [this](http::Request&) {
       return http::Response::text(200, metrics::serializeText(registry), std::string(metrics::kContentType));
     });
-    r.handle("GET", "/v1/models", [this](http::Request&) { return modelsResponse(limits); });
+    r.handle("GET", "/v1/models", [this](http::Request& req) {
+      auto auth = authorizePublic(public_auth, req);
+      if (auto* refused = std::get_if<http::Response>(&auth)) return std::move(*refused);
+      return modelsResponse(limits);
+    });
     r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
     r.handle("GET", "/internal/v1/events", [this](http::Request&) { return serveWorkerEvents(*events); });
@@ -265,6 +279,18 @@ struct AgentServer::Impl {
   }
 
   // ---- Start-up steps, in the order start() runs them ----
+
+  // The public API's keys (--api-keys-file; docs/api-keys.md).
+  absl::Status startApiKeys() {
+    if (config.api_keys_file.empty()) return absl::OkStatus();
+    TANDEM_ASSIGN_OR_RETURN(api_keys, ApiKeyGate::open({.file = config.api_keys_file,
+                                                        .defaults = config.api_key_limits,
+                                                        .reload_interval = config.api_keys_reload_interval,
+                                                        .clock = &clock},
+                                                       registry, {{"pool", config.pool}, {"role", role}}));
+    public_auth.api_keys = api_keys.get();
+    return absl::OkStatus();
+  }
 
   // Loads the model and tokenizer and builds the engine on the CPU backend.
   // Roles prefill and decode put the KV pool in memory UCX allocated
@@ -408,7 +434,8 @@ struct AgentServer::Impl {
                          {"pool", config.pool},
                          {"kv_blocks", config.engine.num_blocks},
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
-                         {"cpu_simd", cpu_simd}});
+                         {"cpu_simd", cpu_simd},
+                         {"api_keys", api_keys ? "on" : "off"}});
     return absl::OkStatus();
   }
 };
@@ -417,6 +444,7 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                                                                 transport::KvTransportFactory kv_transport_factory) {
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
   auto impl = std::make_unique<Impl>(config, clock);
+  TANDEM_RETURN_IF_ERROR(impl->startApiKeys());  // first: a bad keys file fails before the model loads
   KvSetup kv{.transport = kvTransportOptions(config)};
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, impl->buildEngine(kv));
   TANDEM_RETURN_IF_ERROR(impl->startEngineLoop(std::move(engine)));

@@ -12,6 +12,10 @@
 //   POST /v1/chat/completions   OpenAI chat completions, stream or not
 //   GET  /internal/v1/events    the worker-state stream routers subscribe to (worker_events.h)
 //
+// With --api-keys-file the /v1/ routes serve only requests bearing a listed
+// API key, within the key's limits (authorizePublic, openai_http.h;
+// docs/api-keys.md); /healthz, /readyz and /metrics stay open.
+//
 // A client that disconnects cancels its request through the engine's one
 // cleanup path, so its KV blocks return to the pool. Thread-safe: handlers run
 // on the HTTP thread pool and talk to the engine only through EngineLoop.

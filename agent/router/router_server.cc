@@ -147,6 +147,62 @@ class AttemptWatch {
   std::thread thread_;
 };
 
+// An event stream to the client that releases the call's API-key grant
+// before its end reaches the client: at OpenAI's last event, [DONE] (a
+// client stops reading there), else when it closes or is dropped unclosed.
+class GrantReleasingWriter final : public http::SseWriter {
+ public:
+  GrantReleasingWriter(std::shared_ptr<http::SseWriter> inner, std::shared_ptr<ApiKeyGrant> grant)
+      : inner_(std::move(inner)), grant_(std::move(grant)) {}
+  ~GrantReleasingWriter() override { grant_->release(); }
+
+  bool send(std::string_view data) override {
+    if (data == "[DONE]") grant_->release();
+    return inner_->send(data);
+  }
+  bool sendEvent(const http::SseEvent& event) override { return inner_->sendEvent(event); }
+  bool sendRaw(std::string_view bytes) override { return inner_->sendRaw(bytes); }
+  size_t numUnsentBytes() const override { return inner_->numUnsentBytes(); }
+  void close() override {
+    grant_->release();
+    inner_->close();
+  }
+  http::CallContext& context() override { return inner_->context(); }
+
+ private:
+  const std::shared_ptr<http::SseWriter> inner_;
+  const std::shared_ptr<ApiKeyGrant> grant_;
+};
+
+// The client's responder for a routed call: releases the call's API-key
+// grant right before the client can see the answer end (before a plain
+// answer is sent; when a stream closes), so a client that sends its next
+// request the moment one ended finds its key's slot free; else when the
+// call is over (the last reference goes). Used on the call's thread only.
+class GrantReleasingResponder final : public http::Responder {
+ public:
+  GrantReleasingResponder(std::shared_ptr<http::Responder> inner, ApiKeyGrant grant)
+      : inner_(std::move(inner)), grant_(std::make_shared<ApiKeyGrant>(std::move(grant))) {}
+
+  bool respond(http::Response response) override {
+    if (response.kind() != http::Response::Kind::kSse) {
+      grant_->release();
+      return inner_->respond(std::move(response));
+    }
+    http::Response wrapped =
+        http::Response::sse([start = response.sseStart(), grant = grant_](std::shared_ptr<http::SseWriter> w) {
+          start(std::make_shared<GrantReleasingWriter>(std::move(w), grant));
+        });
+    for (const auto& [name, value] : response.headers()) wrapped.setHeader(name, value);
+    return inner_->respond(std::move(wrapped));
+  }
+  http::CallContext& context() override { return inner_->context(); }
+
+ private:
+  const std::shared_ptr<http::Responder> inner_;
+  const std::shared_ptr<ApiKeyGrant> grant_;  // shared with the stream's writer, if one opens
+};
+
 // Counts the threads serving routed requests, so drain() and the
 // destructor can wait for them.
 class CallThreads {
@@ -186,6 +242,7 @@ struct RoutedCall {
   std::optional<std::string> session;
   routing::RouteRequest route;
   MonoTime arrival;
+  ApiKeyGrant grant;  // the client's API key's slot, until the answer ends (GrantReleasingResponder)
 };
 
 struct RouterServer::Impl {
@@ -209,6 +266,8 @@ struct RouterServer::Impl {
   std::unique_ptr<WorkerFeeds> feeds;
   std::unique_ptr<ServiceDiscovery> discovery;  // feeds the feeds; stopped before them
   std::unique_ptr<RoutingKnobsWatcher> knobs;    // the planner's knobs (--routing-knobs)
+  std::unique_ptr<ApiKeyGate> api_keys;         // with --api-keys-file
+  PublicApiAuth public_auth;                    // what /v1/... requests are checked with
   std::mutex reported_mu;
   std::set<std::string> reported_workers;  // the per-worker series /metrics last showed
   std::unique_ptr<http::Server> server;
@@ -217,6 +276,8 @@ struct RouterServer::Impl {
   CallThreads calls;
 
   http::Response generate(Endpoint endpoint, http::Request& req) {
+    auto auth = authorizePublic(public_auth, req);
+    if (auto* refused = std::get_if<http::Response>(&auth)) return std::move(*refused);
     if (draining.load()) {
       return apiError({.status = 503, .type = "service_unavailable_error", .message = "this router is draining",
                        .code = "draining"});
@@ -234,13 +295,15 @@ struct RouterServer::Impl {
     call->path = req.path();
     call->body = req.body();
     call->arrival = clock.now();
+    call->grant = std::get<ApiKeyGrant>(std::move(auth));
     if (p.spec.session) call->session = p.spec.session->value();
     call->route = {.session = p.spec.session,
                    .prompt_hashes = computeBlockHashes(p.spec.prompt, hash->block_size, hash->root),
                    .prompt_tokens = static_cast<int64_t>(p.spec.prompt.size()),
                    .expected_output_tokens = p.spec.sampling.max_tokens};
     return http::Response::deferred([this, call](std::shared_ptr<http::Responder> r) {
-      calls.run([this, call, r] { serve(*call, *r); });
+      auto responder = std::make_shared<GrantReleasingResponder>(std::move(r), std::move(call->grant));
+      calls.run([this, call, responder] { serve(*call, *responder); });
     });
   }
 
@@ -316,6 +379,8 @@ struct RouterServer::Impl {
   }
 
   // One attempt on the decision's decode worker, the decision in headers.
+  // Of the client's headers only the session goes to D: never its
+  // Authorization (the client's API key stays at the router).
   UpstreamOutcome forward(RoutedCall& call, RouterCore::Assignment& a, http::Responder& responder,
                           std::shared_ptr<UpstreamAttempt> attempt) {
     const routing::Decision& d = a.decision;
@@ -393,7 +458,11 @@ http::Routes routerRoutes(RouterServer::Impl& impl) {
     }
     return http::Response::text(200, metrics::serializeText(impl.registry), std::string(metrics::kContentType));
   });
-  r.handle("GET", "/v1/models", [&impl](http::Request&) { return modelsResponse(impl.limits); });
+  r.handle("GET", "/v1/models", [&impl](http::Request& req) {
+    auto auth = authorizePublic(impl.public_auth, req);
+    if (auto* refused = std::get_if<http::Response>(&auth)) return std::move(*refused);
+    return modelsResponse(impl.limits);
+  });
   r.handle("POST", "/v1/completions",
            [&impl](http::Request& req) { return impl.generate(Endpoint::kCompletions, req); });
   r.handle("POST", "/v1/chat/completions",
@@ -406,6 +475,15 @@ http::Routes routerRoutes(RouterServer::Impl& impl) {
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentConfig& config, const Clock& clock) {
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
   auto impl = std::make_unique<Impl>(config, clock);
+  if (!config.api_keys_file.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(impl->api_keys,
+                            ApiKeyGate::open({.file = config.api_keys_file,
+                                              .defaults = config.api_key_limits,
+                                              .reload_interval = config.api_keys_reload_interval,
+                                              .clock = &clock},
+                                             impl->registry, {{"pool", config.pool}, {"role", "router"}}));
+    impl->public_auth.api_keys = impl->api_keys.get();
+  }
   TANDEM_RETURN_IF_ERROR(loadModel(*impl));
   RouterServer::Impl* raw = impl.get();
   impl->feeds = std::make_unique<WorkerFeeds>(
@@ -443,7 +521,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
                              {"model", config.model_name},
                              {"pool", config.pool},
                              {"decode_workers", static_cast<int64_t>(config.decode_workers.size())},
-                             {"prefill_workers", static_cast<int64_t>(config.prefill_workers.size())}});
+                             {"prefill_workers", static_cast<int64_t>(config.prefill_workers.size())},
+                             {"api_keys", impl->api_keys ? "on" : "off"}});
   return std::unique_ptr<RouterServer>(new RouterServer(std::move(impl)));
 }
 

@@ -10,6 +10,10 @@
 //   GET  /healthz  /readyz  /metrics  /v1/models
 //   POST /v1/completions  /v1/chat/completions
 //
+// With --api-keys-file the /v1/ routes serve only requests bearing a listed
+// API key, within the key's limits (authorizePublic, openai_http.h;
+// docs/api-keys.md); the key is not forwarded to D.
+//
 // /readyz is ready once a decode worker's state snapshot arrived. A request
 // that D refuses before any token (a typed reason another worker could
 // serve: capacity, queue full, draining, a failed prefill) or that cannot

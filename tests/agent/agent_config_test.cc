@@ -311,6 +311,37 @@ TEST(AgentConfigTest, ModelFingerprintAndCacheSalt) {
       << msg(parse({"--config", bad}));
 }
 
+TEST(AgentConfigTest, ApiKeySettingsFromYamlAndFlags) {
+  std::string path = writeFile("api_keys.yaml", R"(
+model:
+  dir: m
+api_keys:
+  file: /etc/tandem/api-keys/keys.yaml
+  reload_interval: 2s
+  requests_per_second: 2.5
+  burst: 5
+  max_concurrent: 3
+)");
+  auto c = parse({"--config", path, "--api-key-max-concurrent", "8"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->api_keys_file, "/etc/tandem/api-keys/keys.yaml");
+  EXPECT_EQ(c->api_keys_reload_interval, std::chrono::seconds(2));
+  EXPECT_EQ(c->api_key_limits.requests_per_second, 2.5);
+  EXPECT_EQ(c->api_key_limits.burst, 5);
+  EXPECT_EQ(c->api_key_limits.max_concurrent, 8);  // the flag wins
+  auto defaults = parse({"--model-dir", "m"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->api_keys_file, "");  // off unless asked for
+  EXPECT_EQ(defaults->api_key_limits.requests_per_second, 0);
+  auto msg = [](const absl::StatusOr<AgentConfig>& r) { return std::string(r.status().message()); };
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--api-keys-file", "k", "--api-keys-reload-interval", "10ms"}))
+                .find("--api-keys-reload-interval (api_keys.reload_interval): 0.01s is below the 100ms minimum"),
+            std::string::npos);
+  EXPECT_NE(msg(parse({"--model-dir", "m", "--api-key-burst", "-1"})).find("--api-key-burst: -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(agentHelp().find("tandem-agent hash-api-key --name NAME"), std::string::npos);
+}
+
 TEST(AgentConfigTest, HelpListsEveryFlagWithYamlKey) {
   bool help = false;
   auto c = parse({"--help"}, &help);

@@ -2,7 +2,8 @@
 // A TCP forwarder on 127.0.0.1 for tests that cut a connection from the
 // outside: every connection to port() is relayed to the target; cutAll()
 // shuts down the relayed connections both ways (each side sees its
-// connection end), while new connections keep working.
+// connection end), while new connections keep working. bytesToTarget()
+// shows what the clients sent, for tests of what a process passes on.
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,6 +54,13 @@ class TcpProxy {
 
   int numAccepted() const { return accepted_.load(); }
 
+  // Every byte the clients sent to the target so far, connections in the
+  // order they were accepted (interleaved where they overlapped).
+  std::string bytesToTarget() const {
+    absl::MutexLock lock(&mu_);
+    return to_target_;
+  }
+
  private:
   static sockaddr_in loopback(int port) {
     sockaddr_in a{};
@@ -78,12 +87,12 @@ class TcpProxy {
         open_.push_back(client);
         open_.push_back(server);
       }
-      relays_.emplace_back([client, server] { relay(client, server); });
+      relays_.emplace_back([this, client, server] { relay(client, server); });
     }
   }
 
-  // Copies bytes both ways until either side ends.
-  static void relay(int a, int b) {
+  // Copies bytes both ways until either side ends; `a` is the client.
+  void relay(int a, int b) {
     char buf[16384];
     pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
     for (;;) {
@@ -92,6 +101,10 @@ class TcpProxy {
       for (int i = 0; i < 2 && !done; ++i) {
         if (fds[i].revents == 0) continue;
         ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+        if (n > 0 && i == 0) {
+          absl::MutexLock lock(&mu_);
+          to_target_.append(buf, static_cast<size_t>(n));
+        }
         if (n <= 0 || send(fds[1 - i].fd, buf, static_cast<size_t>(n), MSG_NOSIGNAL) != n) done = true;
       }
       if (done) break;
@@ -105,8 +118,9 @@ class TcpProxy {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
-  absl::Mutex mu_;
-  std::vector<int> open_ ABSL_GUARDED_BY(mu_);  // both ends of every relayed connection; closed at the end
+  mutable absl::Mutex mu_;
+  std::vector<int> open_ ABSL_GUARDED_BY(mu_);
+  std::string to_target_ ABSL_GUARDED_BY(mu_);  // both ends of every relayed connection; closed at the end
   std::thread acceptor_;
   std::vector<std::thread> relays_;  // the acceptor's until it is joined
 };

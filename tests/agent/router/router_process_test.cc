@@ -5,7 +5,9 @@
 // and finish; two router replicas send a session to the same D; a worker
 // whose event stream is cut keeps serving and is re-synced from one
 // snapshot; a client that hangs up mid-stream at the router frees D's
-// blocks. (A request naming an unknown P is in pd_router_process_test.)
+// blocks; API keys and their limits are enforced at the router and the
+// client's key never reaches D. (A request naming an unknown P is in
+// pd_router_process_test.)
 
 #include <gtest/gtest.h>
 
@@ -18,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/api_keys.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
 #include "tests/agent/router/router_test_util.h"
@@ -252,6 +255,126 @@ TEST_F(RouterProcessTest, RouterRefusesBadInputWithTheAgentsErrors) {
   auto b = http::httpSend(bad);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->status, 400);
+}
+
+// A request with `key` as its bearer token (none: no Authorization header).
+http::ClientResponse postWithKey(const AgentProcess& router, const json& body, const std::string& key) {
+  http::ClientRequest r{.method = "POST", .url = router.url("/v1/completions"), .body = body.dump()};
+  r.headers["Content-Type"] = "application/json";
+  if (!key.empty()) r.headers["Authorization"] = "Bearer " + key;
+  auto resp = http::httpSend(r);
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  return resp.ok() ? *resp : http::ClientResponse{};
+}
+
+std::string errorCode(const http::ClientResponse& r) {
+  json j = json::parse(r.body, nullptr, false);
+  return j.is_object() && j["error"].is_object() && j["error"]["code"].is_string()
+             ? j["error"]["code"].get<std::string>()
+             : "";
+}
+
+TEST_F(RouterProcessTest, ApiKeysAreCheckedAtTheRouterAndNeverForwarded) {
+  const std::string open_key = "sk-router-open-0123456789abcdef";
+  const std::string slow_key = "sk-router-slow-0123456789abcdef";
+  const std::string single_key = "sk-router-single-0123456789abcdef";
+  const std::string keys_file = testScratchDir() / "router-api-keys.yaml";
+  std::ofstream(keys_file) << "keys:\n"
+                           << apiKeyFileEntry("open", hashApiKey(open_key))
+                           << apiKeyFileEntry("slow", hashApiKey(slow_key))
+                           << "  requests_per_second: 0.1\n  burst: 1\n"
+                           << apiKeyFileEntry("single", hashApiKey(single_key)) << "  max_concurrent: 1\n";
+  auto d0 = startWorker("d0");  // no keys of its own: it serves what the router sends
+  ASSERT_TRUE(d0);
+  // Everything the router sends D passes through the proxy, which keeps it.
+  testutil::TcpProxy proxy(std::stoi(hostPort(*d0).substr(hostPort(*d0).rfind(':') + 1)));
+  auto router = startRouter({"127.0.0.1:" + std::to_string(proxy.port())}, {"--api-keys-file", keys_file});
+  ASSERT_TRUE(router);
+
+  http::ClientResponse none = postWithKey(*router, completion("no key"), "");
+  EXPECT_EQ(none.status, 401) << none.body;
+  EXPECT_EQ(errorCode(none), "invalid_api_key");
+  http::ClientResponse wrong = postWithKey(*router, completion("a wrong key"), "sk-router-wrong-0123456789abcdef");
+  EXPECT_EQ(wrong.status, 401) << wrong.body;
+  EXPECT_EQ(errorCode(wrong), "invalid_api_key");
+  auto models = http::httpSend({.method = "GET", .url = router->url("/v1/models")});
+  ASSERT_TRUE(models.ok());
+  EXPECT_EQ(models->status, 401);
+
+  ASSERT_EQ(postWithKey(*router, completion("the first of two"), slow_key).status, 200);
+  http::ClientResponse limited = postWithKey(*router, completion("the second of two"), slow_key);
+  EXPECT_EQ(limited.status, 429) << limited.body;
+  EXPECT_EQ(errorCode(limited), "rate_limit_exceeded");
+  // 0.1 per second: the next token 10 s after the first request's, in whole seconds.
+  const int retry_after = std::atoi(limited.headers["Retry-After"].c_str());
+  EXPECT_TRUE(retry_after >= 1 && retry_after <= 10) << limited.headers["Retry-After"];
+
+  // One request in flight: each ends (unary or streamed) before the client
+  // sees its end, so back-to-back requests all pass.
+  for (int i = 0; i < 6; ++i) {
+    json body = completion("one at a time " + std::to_string(i), 4);
+    if (i % 2 == 1) {
+      body["stream"] = true;
+      auto s = http::SseClient::open(
+          {.method = "POST",
+           .url = router->url("/v1/completions"),
+           .headers = {{"Content-Type", "application/json"}, {"Authorization", "Bearer " + single_key}},
+           .body = body.dump()});
+      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_EQ((*s)->status(), 200) << i;
+      bool done = false;
+      ASSERT_TRUE((*s)->readEvents([&](const http::SseEvent& e) { return !(done = e.data == "[DONE]"); }).ok());
+      ASSERT_TRUE(done) << i;
+    } else {
+      http::ClientResponse r = postWithKey(*router, body, single_key);
+      ASSERT_EQ(r.status, 200) << i << ": " << r.body;
+    }
+  }
+  // A stream open: the key's one slot is taken.
+  json long_body = completion("a long answer", 3500);  // seconds of tokens; d0 holds 256 blocks of 16
+  long_body["stream"] = true;
+  long_body["ignore_eos"] = true;
+  auto open_stream = http::SseClient::open(
+      {.method = "POST",
+       .url = router->url("/v1/completions"),
+       .headers = {{"Content-Type", "application/json"}, {"Authorization", "Bearer " + single_key}},
+       .body = long_body.dump()});
+  ASSERT_TRUE(open_stream.ok());
+  ASSERT_EQ((*open_stream)->status(), 200);
+  // Its reader parks in the callback after two events, keeping the
+  // connection open (returning false would close it), until told to hang up.
+  std::promise<void> reading, hang_up;
+  std::shared_future<void> hang_up_now = hang_up.get_future().share();
+  auto reader = std::async(std::launch::async, [&] {
+    int events = 0;
+    return (*open_stream)->readEvents([&](const http::SseEvent&) {
+      if (++events < 2) return true;
+      reading.set_value();
+      hang_up_now.wait();
+      return false;  // closes the connection: the client hangs up
+    });
+  });
+  ASSERT_EQ(reading.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  http::ClientResponse busy = postWithKey(*router, completion("while the stream is open"), single_key);
+  EXPECT_EQ(busy.status, 429) << busy.body;
+  EXPECT_EQ(errorCode(busy), "concurrency_limit_exceeded");
+  EXPECT_EQ(busy.headers["Retry-After"], "1");
+  hang_up.set_value();  // the slot comes back once the router notices
+  EXPECT_TRUE(reader.get().ok());
+  EXPECT_TRUE(waitFor([&] { return postWithKey(*router, completion("after the hang-up"), single_key).status == 200; },
+                      std::chrono::seconds(30), std::chrono::milliseconds(50)));
+
+  ASSERT_EQ(postWithKey(*router, completion("served"), open_key).status, 200);
+  const std::string sent_to_d = proxy.bytesToTarget();
+  EXPECT_NE(sent_to_d.find("POST /v1/completions"), std::string::npos) << "the requests went through the proxy";
+  for (const std::string& key : {open_key, slow_key, single_key}) {
+    EXPECT_EQ(sent_to_d.find(key), std::string::npos) << "the client's key reached D";
+  }
+  const std::string m = scrape(*router);
+  EXPECT_GE(metricValueWith(m, "tandem_api_requests_rejected_total", "reason=\"invalid_api_key\""), 3) << m;
+  EXPECT_GE(metricValueWith(m, "tandem_api_requests_rejected_total", "reason=\"rate_limited\""), 1) << m;
+  EXPECT_GE(metricValueWith(m, "tandem_api_requests_rejected_total", "reason=\"concurrency_limited\""), 1) << m;
+  EXPECT_TRUE(promtoolComplaints(m).empty());
 }
 
 }  // namespace
