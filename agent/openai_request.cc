@@ -309,16 +309,32 @@ std::optional<ApiError> parseStreaming(const json& body, ParsedRequest* r) {
   return std::nullopt;
 }
 
-// The session: the x-session-id header, else `user`.
+// Why `id` cannot be a session id (openai_request.h), or nullopt.
+std::optional<std::string> badSessionId(std::string_view id) {
+  if (id.size() > kMaxSessionIdBytes) {
+    return strCat("is ", id.size(), " bytes long; a session id may have at most ", kMaxSessionIdBytes);
+  }
+  for (char ch : id) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) return strCat("contains the control character ", static_cast<int>(c));
+  }
+  return std::nullopt;
+}
+
+// The session: the x-session-id header, else `user`. Only the one in use
+// is checked, so a `user` next to a session header stays free-form.
 std::optional<ApiError> parseSession(const json& body, const std::optional<std::string>& session_header,
                                      std::optional<SessionId>* session) {
   std::optional<std::string> user;
   if (auto e = readString(body, "user", &user)) return e;
-  if (session_header && !session_header->empty()) {
-    *session = SessionId(*session_header);
-  } else if (user && !user->empty()) {
-    *session = SessionId(*user);
+  const bool from_header = session_header && !session_header->empty();
+  const std::optional<std::string>& id = from_header ? session_header : user;
+  if (!id || id->empty()) return std::nullopt;
+  if (auto why = badSessionId(*id)) {
+    const char* param = from_header ? "x-session-id" : "user";
+    return invalidField(param, strCat("'", param, "' is the session id and ", *why));
   }
+  *session = SessionId(*id);
   return std::nullopt;
 }
 

@@ -14,7 +14,11 @@
 // most OpenAI-compatible servers do.
 //
 // The session id for KV residency comes from the x-session-id header, else
-// from `user`.
+// from `user`. The router forwards it to the decode agent as x-session-id,
+// so it must be a header value that cannot end the header early: the one
+// in use is refused (400) when it holds a control character (CR and LF
+// would inject headers, or a whole request, into the router's request to D)
+// or is longer than kMaxSessionIdBytes.
 //
 // Errors are checked in a fixed order (model, unsupported features, prompt or
 // messages, context length, max_tokens, sampling, stop, streaming, user), so a
@@ -42,10 +46,16 @@ struct ApiLimits {
   engine::ChatFormat chat_format = engine::ChatFormat::kTandem;
 };
 
+// The longest session id accepted: ample for any client's ids (UUIDs,
+// hashes), far below the 64 KiB a header block may have.
+inline constexpr size_t kMaxSessionIdBytes = 1024;
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
-  engine::RequestSpec spec;  // prompt tokens (BOS included), sampling, session
+  // Prompt tokens (BOS included), sampling, session (when set: 1 to
+  // kMaxSessionIdBytes bytes, no control characters).
+  engine::RequestSpec spec;
   bool stream = false;
   bool include_usage = false;
 };

@@ -60,3 +60,76 @@ function(tandem_test_variants name)
                          ENVIRONMENT "TANDEM_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
   endforeach()
 endfunction()
+
+# tandem_fuzz_test(<name> SOURCES <file>... LABEL <area> SECONDS <s> [PKG <module>...] [SEEDS <dir>])
+# A libFuzzer program under AddressSanitizer + UBSan, and a CTest test that
+# runs it for SECONDS (any crash, sanitizer report or abort() fails it).
+# The project compiles with g++; libFuzzer needs clang (Debian's clang-14
+# and libclang-rt-14-dev, installed by ./tandem), so the program is built by
+# custom commands with clang++, one per source (absolute paths; headers
+# tracked through depfiles), the code under test compiled here with
+# coverage instrumentation rather than linked from the g++ libraries. PKG:
+# pkg-config modules to link (abseil's). SEEDS: a directory of inputs the
+# run starts from; it is only read (-seed_inputs), so what the fuzzer
+# finds stays in memory, not in the source tree. Not built in a
+# TANDEM_SANITIZE build, where it would be the same program again; left
+# out with a warning where clang++ is missing.
+function(tandem_fuzz_test name)
+  cmake_parse_arguments(ARG "" "LABEL;SECONDS;SEEDS" "SOURCES;PKG" ${ARGN})
+  if(TANDEM_SANITIZE)
+    return()
+  endif()
+  # clang-14 (what ./tandem installs) has only clang++-14; the `clang`
+  # package adds the clang++ name.
+  find_program(CLANGXX NAMES clang++-14 clang++)
+  if(NOT CLANGXX)
+    message(WARNING "clang++ not found: the fuzz test ${name} is not built (./tandem installs clang)")
+    return()
+  endif()
+  set(libs "")
+  if(ARG_PKG)
+    execute_process(COMMAND pkg-config --libs ${ARG_PKG} OUTPUT_VARIABLE libs OUTPUT_STRIP_TRAILING_WHITESPACE
+                    COMMAND_ERROR_IS_FATAL ANY)
+    separate_arguments(libs)
+  endif()
+  set(launcher "")
+  if(CCACHE_PROGRAM)
+    set(launcher ${CCACHE_PROGRAM})
+  endif()
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/${name}.dir)
+  file(MAKE_DIRECTORY ${dir})
+  set(objects "")
+  foreach(src ${ARG_SOURCES})
+    file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${src})
+    string(REPLACE "/" "_" obj ${rel})
+    set(obj ${dir}/${obj}.o)
+    add_custom_command(
+      OUTPUT ${obj}
+      COMMAND ${launcher} ${CLANGXX} -std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined
+              -I${PROJECT_SOURCE_DIR} -MD -MF ${obj}.d -c ${src} -o ${obj}
+      DEPENDS ${src}
+      DEPFILE ${obj}.d
+      COMMENT "Building ${rel} for the fuzzer ${name} with clang"
+      VERBATIM)
+    list(APPEND objects ${obj})
+  endforeach()
+  set(fuzzer ${CMAKE_BINARY_DIR}/tests/${name})
+  add_custom_command(
+    OUTPUT ${fuzzer}
+    COMMAND ${CLANGXX} -fsanitize=fuzzer,address,undefined ${objects} ${libs} -o ${fuzzer}
+    DEPENDS ${objects}
+    COMMENT "Linking the fuzzer ${name} (libFuzzer)"
+    VERBATIM)
+  add_custom_target(${name}_bin ALL DEPENDS ${fuzzer})
+  set(seeds "")
+  if(ARG_SEEDS)
+    file(GLOB seed_files CONFIGURE_DEPENDS ${ARG_SEEDS}/*)
+    list(JOIN seed_files "," seed_list)
+    set(seeds -seed_inputs=${seed_list})
+  endif()
+  # -timeout: one input running this long is a finding (a hang), not a slow run.
+  add_test(NAME ${name} COMMAND ${fuzzer} -max_total_time=${ARG_SECONDS} -timeout=10 -rss_limit_mb=1024
+                                -print_final_stats=1 ${seeds})
+  math(EXPR timeout "${ARG_SECONDS} + 60")
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${timeout})
+endfunction()

@@ -7,8 +7,8 @@
 //   for (TokenId t : generated) send(stream.push(t));           // complete UTF-8 only
 //   send(stream.finish());
 //
-// Two implementations: ByteTokenizer (the built-in tiny model) and
-// SentencePieceTokenizer (Llama-2-family tokenizer.model). Chat templates
+// Two implementations: ByteTokenizer (the built-in tiny model; byte_tokenizer.cc)
+// and SentencePieceTokenizer (Llama-2-family tokenizer.model). Chat templates
 // live elsewhere. All const methods are thread-safe.
 
 #include <memory>

@@ -4,6 +4,7 @@
 
 #include "absl/time/time.h"
 #include "src/common/log.h"
+#include "src/common/strings.h"
 #include "src/http/error.h"
 #include "src/http/server.h"
 
@@ -82,6 +83,13 @@ std::optional<std::string> Request::header(std::string_view name) const {
 }
 
 absl::StatusOr<nlohmann::json> Request::json() const {
+  // nlohmann's lexer takes a NUL byte for the end of the input (the end of
+  // a C string) and ignores whatever follows it, so `{"a":1}\0junk` would
+  // parse. JSON text never holds a NUL (RFC 8259): refuse it here.
+  if (size_t nul = body_.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(
+        invalidJsonMessage(strCat("a NUL byte at byte ", nul + 1, "; JSON text cannot contain one")));
+  }
   try {
     return nlohmann::json::parse(body_);
   } catch (const nlohmann::json::exception& e) {
