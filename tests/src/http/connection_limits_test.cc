@@ -137,6 +137,81 @@ TEST_F(ConnectionLimitsTest, HalfSentRequestsAreClosedAtTheHeaderDeadline) {
   EXPECT_GE(clock_.now() - start, seconds(10));
 }
 
+// Slow clients that trickle half of their headers a byte at a time, and idle
+// ones that send nothing after connecting: the header deadline counts from
+// accept, so the trickled bytes do not extend it, and requests on other
+// connections are served meanwhile.
+TEST_F(ConnectionLimitsTest, TricklingAndSilentClientsAreClosedAtTheHeaderDeadline) {
+  constexpr int kNumEach = 20;
+  constexpr Duration kHeader = seconds(10);
+  auto server = start({.headerTimeout = kHeader, .idleTimeout = hours(1000), .maxConnections = 64});
+  std::vector<std::unique_ptr<Conn>> slow;
+  for (int i = 0; i < 2 * kNumEach; ++i) {
+    slow.push_back(std::make_unique<Conn>(server->port()));
+    ASSERT_TRUE(slow.back()->connected());
+  }
+  // Accepted in connection order, so once this one is served the slow ones
+  // were accepted too, at this time on the clock.
+  Conn keptAlive(server->port());
+  ASSERT_TRUE(keptAlive.send(kRequest));
+  ASSERT_TRUE(keptAlive.readResponse().starts_with("HTTP/1.1 200"));
+
+  // One byte a second on the first half (50 s worth, far past the
+  // deadline), one request on a new connection a second, until all are closed.
+  const std::string_view half = "POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 5";
+  const MonoTime start = clock_.now();
+  size_t sent = 0;
+  EXPECT_TRUE(advanceUntil(seconds(1), [&] {
+    for (int i = 0; i < kNumEach && sent < half.size(); ++i) slow[i]->send(half.substr(sent, 1));
+    ++sent;
+    Conn other(server->port());
+    EXPECT_TRUE(other.send(kRequest) && other.readResponse().starts_with("HTTP/1.1 200"));
+    for (auto& c : slow) {
+      if (!c->peerClosed()) return false;
+    }
+    return true;
+  }));
+  EXPECT_GE(clock_.now() - start, kHeader);
+  // Had the trickle counted as progress, they would have lasted past its end
+  // (50 s); the margin is for the server arming a deadline a little late.
+  EXPECT_LT(clock_.now() - start, seconds(20));
+  // The kept-alive connection, on its idle deadline, still serves.
+  ASSERT_TRUE(keptAlive.send(kRequest));
+  EXPECT_TRUE(keptAlive.readResponse().starts_with("HTTP/1.1 200"));
+}
+
+// Slow clients holding every connection the cap allows: a connection over
+// the cap is closed at once until the header deadline closes them, then
+// requests are served again.
+TEST_F(ConnectionLimitsTest, SlowClientsAtTheCapAreClosedAtTheDeadlineAndServingResumes) {
+  constexpr int kCap = 16;
+  constexpr Duration kHeader = seconds(10);
+  auto server = start({.headerTimeout = kHeader, .idleTimeout = hours(1000), .maxConnections = kCap});
+  std::vector<std::unique_ptr<Conn>> slow;
+  for (int i = 0; i < kCap; ++i) {
+    slow.push_back(std::make_unique<Conn>(server->port()));
+    ASSERT_TRUE(slow.back()->connected());
+    if (i % 2 == 0) {
+      ASSERT_TRUE(slow.back()->send(kPartialRequest));  // half of them sent part of a request
+    }
+  }
+  Conn over(server->port());
+  EXPECT_TRUE(waitFor([&] { return over.peerClosed(); }));
+  const MonoTime start = clock_.now();
+  EXPECT_TRUE(advanceUntil(seconds(1), [&] {
+    for (auto& c : slow) {
+      if (!c->peerClosed()) return false;
+    }
+    return true;
+  }));
+  EXPECT_GE(clock_.now() - start, kHeader);
+  // The closed ones freed their places (noticed asynchronously: retry).
+  EXPECT_TRUE(waitFor([&] {
+    Conn next(server->port());
+    return next.send(kRequest) && next.readResponse().starts_with("HTTP/1.1 200");
+  }));
+}
+
 TEST_F(ConnectionLimitsTest, IdleKeepAliveConnectionIsClosed) {
   constexpr Duration kIdle = seconds(60);
   auto server = start({.headerTimeout = hours(1000), .idleTimeout = kIdle});
