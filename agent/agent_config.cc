@@ -261,6 +261,16 @@ void addApiKeyOptions(std::vector<Option>& o) {
                            &AgentConfig::api_key_limits, &ApiKeyLimits::max_concurrent, 0, 1e6));
 }
 
+// auth: the pool key (docs/security.md).
+void addAuthOptions(std::vector<Option>& o) {
+  o.push_back(stringOption(
+      "pool-key-dir", "auth", "pool_key_dir",
+      "directory of the pool's key (files key, previous-key, next-key: the pool's mounted Secret), re-read as it "
+      "changes; authenticates the KV channel, /internal/v1/ and routed requests. Empty: insecure (only agents "
+      "without a key work with this one)",
+      &AgentConfig::pool_key_dir));
+}
+
 // events: the worker-state stream routers subscribe to (docs/routing.md).
 void addEventOptions(std::vector<Option>& o) {
   o.push_back(durationOption("events-load-interval", "events", "load_interval",
@@ -376,6 +386,7 @@ const std::vector<Option>& options() {
     addEngineOptions(o);
     addLimitOptions(o);
     addApiKeyOptions(o);
+    addAuthOptions(o);
     addEventOptions(o);
     addKvOptions(o);
     addRouterOptions(o);

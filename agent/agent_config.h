@@ -53,6 +53,8 @@ struct AgentConfig {
   std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
   std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
+  // The pool key's directory (docs/security.md); empty: insecure.
+  std::string pool_key_dir;
   std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
   // The public API's keys (docs/api-keys.md): the keys file ("": API keys
   // off, every request is served), how often it is re-read, and the limits

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent_metrics.h"
+#include "agent/internal_auth.h"
 #include "agent/decode_service.h"
 #include "agent/discovery.h"
 #include "agent/openai_api.h"
@@ -82,6 +83,7 @@ struct AgentServer::Impl {
   std::unique_ptr<DecodeService> decode;    // role decode
   std::unique_ptr<ServiceDiscovery> discovery;  // role decode with --prefill-service
   std::unique_ptr<ApiKeyGate> api_keys;         // with --api-keys-file
+  std::shared_ptr<auth::PoolKeySource> pool_keys;  // --pool-key-dir, or insecure (docs/security.md)
   PublicApiAuth public_auth;                    // what /v1/... requests are checked with
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
@@ -155,6 +157,13 @@ struct AgentServer::Impl {
     return std::nullopt;
   }
 
+  // Whether `req` comes from one of the pool's routers (it bears the pool's
+  // token), or this agent is insecure and cannot tell.
+  bool fromRouter(const http::Request& req) {
+    const InternalCaller c = internalCaller(*pool_keys, req);
+    return c == InternalCaller::kInsecure || c == InternalCaller::kAuthenticated;
+  }
+
   // A router's decision from the request's headers (routing_headers.h). A
   // decode agent refuses a path it does not know and a prefill agent it
   // does not have (the router's mistake, or a stale view of the pool);
@@ -173,6 +182,12 @@ struct AgentServer::Impl {
       }
     }
     hint.prefill_peer = req.header(kPrefillPeerHeader).value_or("");
+    if ((hint.path || !hint.prefill_peer.empty()) && !fromRouter(req)) {
+      return ApiError{.status = 403,
+                      .message = strCat("the routing headers (", kRoutePathHeader, ", ", kPrefillPeerHeader,
+                                        ") are honoured only from this pool's routers, which send the pool's token"),
+                      .code = "routing_headers_not_allowed"};
+    }
     if (hint.prefill_peer.empty()) return hint;
     absl::Status s = decode->checkPrefillPeer(hint.prefill_peer);
     if (s.ok()) return hint;
@@ -274,11 +289,25 @@ struct AgentServer::Impl {
     });
     r.handle("POST", "/v1/completions", [this](http::Request& req) { return generate(Endpoint::kCompletions, req); });
     r.handle("POST", "/v1/chat/completions", [this](http::Request& req) { return generate(Endpoint::kChat, req); });
-    r.handle("GET", "/internal/v1/events", [this](http::Request&) { return serveWorkerEvents(*events); });
+    r.handle("GET", "/internal/v1/events", [this](http::Request& req) {
+      if (auto refused = refuseInternal(*pool_keys, req)) return std::move(*refused);
+      return serveWorkerEvents(*events);
+    });
     return r;
   }
 
   // ---- Start-up steps, in the order start() runs them ----
+
+  // The pool key (--pool-key-dir; docs/security.md).
+  absl::Status startPoolKeys() {
+    if (config.pool_key_dir.empty()) {
+      pool_keys = auth::PoolKeySource::insecure();
+      log.warn("no --pool-key-dir: the KV channel and /internal/v1/ are not authenticated (docs/security.md)");
+      return absl::OkStatus();
+    }
+    TANDEM_ASSIGN_OR_RETURN(pool_keys, auth::PoolKeySource::open(config.pool_key_dir, clock));
+    return absl::OkStatus();
+  }
 
   // The public API's keys (--api-keys-file; docs/api-keys.md).
   absl::Status startApiKeys() {
@@ -384,6 +413,7 @@ struct AgentServer::Impl {
         .assumed_rate = config.prefill_assumed_rate};
     pd.direct_max_suffix_tokens = config.direct_max_suffix_tokens;
     pd.model_fingerprint = model_fingerprint;
+    pd.pool_keys = pool_keys;
     const PdEnv env{
         .loop = *loop, .metrics = *pd_metrics, .clock = clock, .transport = std::move(kv_transport_factory)};
     if (config.role == AgentRole::kPrefill) {
@@ -444,6 +474,7 @@ absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfi
                                                                 transport::KvTransportFactory kv_transport_factory) {
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
   auto impl = std::make_unique<Impl>(config, clock);
+  TANDEM_RETURN_IF_ERROR(impl->startPoolKeys());
   TANDEM_RETURN_IF_ERROR(impl->startApiKeys());  // first: a bad keys file fails before the model loads
   KvSetup kv{.transport = kvTransportOptions(config)};
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, impl->buildEngine(kv));

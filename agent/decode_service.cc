@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/pd_metrics.h"
+#include "src/auth/kv_handshake.h"
 #include "agent/pd_transfer.h"
 #include "agent/prefill_peers.h"
 #include "src/common/log.h"
@@ -91,6 +92,20 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
   uint64_t gets_counted ABSL_GUARDED_BY(mu) = 0;  // transport gets already in the metric
   uint64_t next_heartbeat ABSL_GUARDED_BY(mu) = 0;  // the last heartbeat's sequence number
+  // Each connection to a prefill peer until and after its handshake
+  // (src/auth/kv_handshake.h). Until the peer proved it holds the pool key
+  // nothing but the AuthHello goes out: what this side sends meanwhile
+  // (prefill requests, heartbeats) waits in `queued`, and goes out after the
+  // proof and the Hello; nothing but the challenge is taken in.
+  struct Handshake {
+    enum class State { kAwaitingChallenge, kDone, kFailed };
+    State state = State::kAwaitingChallenge;
+    std::optional<auth::KvAuthConnector> connector;
+    std::vector<std::vector<uint8_t>> queued;
+  };
+  static constexpr size_t kMaxQueued = 1 << 14;
+  std::unordered_map<ConnId, Handshake> handshakes ABSL_GUARDED_BY(mu);
+  AuthFailureLog auth_failures{metrics, "decode"};
   bool stopping ABSL_GUARDED_BY(mu) = false;
 
   Impl(const PdEnv& env, const PdOptions& o)
@@ -100,9 +115,18 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         options(o),
         peers(o.prefill_peers->prefillPeers(), o.peer_health, env.clock, o.prefill_deadline) {}
 
-  void send(ConnId c, uint64_t tid, kvproto::Body body) {
+  void send(ConnId c, uint64_t tid, kvproto::Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (transport_closed.load()) return;
-    t->send(c, kvproto::encode({tid, std::move(body)}));
+    std::vector<uint8_t> bytes = kvproto::encode({tid, std::move(body)});
+    if (auto h = handshakes.find(c); h != handshakes.end() && h->second.state != Handshake::State::kDone) {
+      // Waits for the handshake; dropped if it fails (the transfers fail then).
+      // (Bounded: a peer that never answers is marked unhealthy long before.)
+      if (h->second.state == Handshake::State::kAwaitingChallenge && h->second.queued.size() < kMaxQueued) {
+        h->second.queued.push_back(std::move(bytes));
+      }
+      return;
+    }
+    t->send(c, std::move(bytes));
   }
 
   // Connects (again) to peer `p` if needed.
@@ -113,10 +137,17 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       peer.conn = t->connect(peer.address.host, peer.address.port);
       peer.hello.reset();
       peer.incompatible.reset();
+      Handshake& h = handshakes[peer.conn];
+      auto connector = auth::KvAuthConnector::start(currentPoolKeys(options), {kvproto::PeerRole::kDecode, "decode"});
+      if (!connector.ok()) {
+        h.state = Handshake::State::kFailed;
+        peer.incompatible = strCat("cannot start the KV handshake: ", toStd(connector.status().message()));
+        return peer.conn;
+      }
       // Built in place (not through send()'s Body): GCC 12 warns about the
       // variant's moved-from members otherwise.
-      kvproto::Message hello{.transfer_id = 0,
-                             .body = helloFor(kvproto::PeerRole::kDecode, model, layout, *t, "decode")};
+      kvproto::Message hello{.transfer_id = 0, .body = connector->hello()};
+      h.connector.emplace(std::move(*connector));
       t->send(peer.conn, kvproto::encode(hello));
     }
     return peer.conn;
@@ -375,10 +406,23 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     }
     if (!p) {
       // Only the connections this agent opened to its prefill peers speak
-      // for P; anyone may connect to the KV listener.
-      log.warn("dropped a control message from a connection that is not to a prefill peer",
-               {{"conn", c}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
-      metrics.rejected("unknown_peer");
+      // for P; nobody has anything to say to a decode agent's listener.
+      auth_failures.report(t->peerAddress(c), "unauthenticated",
+                           "a connection to the decode agent's KV listener, which serves no one");
+      t->close(c);
+      return;
+    }
+    Handshake& hs = handshakes[c];
+    if (auto* ch = std::get_if<kvproto::AuthChallenge>(&m->body)) return onChallenge(*p, c, hs, *ch);
+    if (hs.state != Handshake::State::kDone) {
+      if (auto* ab = std::get_if<kvproto::Abort>(&m->body); ab && hs.state == Handshake::State::kAwaitingChallenge) {
+        // P refused this agent's handshake and says why.
+        return authFailed(*p, c, hs, "refused_by_peer",
+                          strCat("the prefill peer ", peers[*p].name, " refused this agent: ", ab->message));
+      }
+      auth_failures.report(t->peerAddress(c), "unauthenticated",
+                           strCat("the prefill peer ", peers[*p].name, " sent message type ",
+                                  static_cast<int>(kvproto::typeOf(m->body)), " before authenticating"));
       return;
     }
     if (std::holds_alternative<kvproto::Pong>(m->body)) {
@@ -399,8 +443,44 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     }
   }
 
+  // P answered this side's AuthHello: prove the key in turn, then say
+  // Hello and send what waited.
+  void onChallenge(size_t p, ConnId c, Handshake& hs, const kvproto::AuthChallenge& ch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (hs.state != Handshake::State::kAwaitingChallenge || !hs.connector) {
+      auth_failures.report(t->peerAddress(c), "unauthenticated",
+                           strCat("an unexpected AuthChallenge from the prefill peer ", peers[p].name));
+      return;
+    }
+    auto r = hs.connector->onChallenge(ch);
+    if (auto* f = std::get_if<auth::AuthFailure>(&r)) {
+      return authFailed(p, c, hs, f->reason,
+                        strCat("cannot authenticate the prefill peer ", peers[p].name, ": ", f->message));
+    }
+    hs.state = Handshake::State::kDone;
+    hs.connector.reset();
+    t->send(c, kvproto::encode({0, std::move(std::get<kvproto::AuthProof>(r))}));
+    kvproto::Message hello{.transfer_id = 0,
+                           .body = helloFor(kvproto::PeerRole::kDecode, model, layout, *t, "decode")};
+    t->send(c, kvproto::encode(hello));
+    for (std::vector<uint8_t>& q : hs.queued) t->send(c, std::move(q));
+    hs.queued.clear();
+  }
+
+  // The handshake with peer `p` failed: nothing more goes to it on `c`, and
+  // its transfers fail now rather than at their deadline.
+  void authFailed(size_t p, ConnId c, Handshake& hs, std::string_view reason, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auth_failures.report(t->peerAddress(c), reason, message);
+    hs.state = Handshake::State::kFailed;
+    hs.connector.reset();
+    hs.queued.clear();
+    markIncompatible(p, c, std::move(message));
+  }
+
   void onDisconnect(ConnId c, const absl::Status& why) {
     absl::MutexLock lock(&mu);
+    handshakes.erase(c);
     if (auto p = peers.byConn(c)) {
       // What its Hello said holds for this connection only: the next one
       // (e.g. to a restarted P) says it again.

@@ -54,6 +54,13 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                           "after_end, unknown_peer, incompatible_version, fingerprint_mismatch, hash_root_mismatch.")
                     .labels(labels)
                     .registerOn(r)),
+      auth_failures_(metrics::buildCounter()
+                         .name("tandem_kv_auth_failures_total")
+                         .help("KV connections closed because the peer failed authentication, by reason: "
+                               "unknown_key, bad_proof, bad_challenge, unauthenticated, wrong_role, "
+                               "incompatible_version, malformed.")
+                         .labels(labels)
+                         .registerOn(r)),
       peer_requests_(metrics::buildCounter()
                          .name("tandem_kv_prefill_requests_total")
                          .help("Prefill requests this decode agent sent, by prefill agent (peer).")
@@ -136,6 +143,10 @@ void PdMetrics::failover(std::string_view reason, std::string_view to) {
 }
 
 void PdMetrics::rejected(std::string_view reason) { rejected_.add({{"reason", std::string(reason)}}).increment(); }
+
+void PdMetrics::authFailure(std::string_view reason) {
+  auth_failures_.add({{"reason", std::string(reason)}}).increment();
+}
 
 void PdMetrics::phases(const PdTimings& t) {
   phase_seconds_.add({{"phase", "prefill"}}).observe(t.prefill_ms / 1e3);

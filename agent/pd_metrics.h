@@ -25,6 +25,9 @@ class PdMetrics {
   // refused peer's Hello: "incompatible_version", "fingerprint_mismatch",
   // "hash_root_mismatch".
   void rejected(std::string_view reason);
+  // A KV connection whose authentication failed (tandem_kv_auth_failures_total;
+  // reasons in src/auth/kv_handshake.h AuthFailure).
+  void authFailure(std::string_view reason);
   // D, per prefill agent ("HOST:PORT", from its configured set: bounded):
   // a prefill request sent to it, and whether it is healthy.
   void prefillRequested(const std::string& peer);
@@ -49,6 +52,7 @@ class PdMetrics {
  private:
   metrics::Family<metrics::Counter>& failures_;
   metrics::Family<metrics::Counter>& rejected_;
+  metrics::Family<metrics::Counter>& auth_failures_;
   metrics::Family<metrics::Counter>& peer_requests_;
   metrics::Family<metrics::Gauge>& peer_healthy_;
   metrics::Family<metrics::Gauge>& peer_state_;

@@ -1,5 +1,6 @@
 #include "agent/pd_transport.h"
 
+#include "agent/pd_metrics.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/model/model_fingerprint.h"
 #include "src/common/strings.h"
@@ -67,6 +68,21 @@ std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::
                ", this agent from ", engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
   }
   return std::nullopt;
+}
+
+std::shared_ptr<const auth::PoolKeys> currentPoolKeys(const PdOptions& options) {
+  return options.pool_keys ? options.pool_keys->keys() : auth::PoolKeys::insecure();
+}
+
+void AuthFailureLog::report(const std::string& peer_address, std::string_view reason, std::string_view detail) {
+  metrics_.authFailure(reason);
+  {
+    absl::MutexLock lock(&mu_);
+    if (logged_.size() >= kMaxAddresses) logged_.clear();
+    if (!logged_.insert(peer_address).second) return;
+  }
+  log_.warn("a KV connection failed authentication (logged once per address)",
+            {{"peer_address", peer_address}, {"reason", reason}, {"detail", detail}});
 }
 
 }  // namespace tandem::agent

@@ -9,14 +9,17 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_set>
 
 #include "agent/peer_directory.h"
 #include "agent/peer_health.h"
 #include "agent/prefill_deadline.h"
 #include "agent/transport/kv_transport.h"
 #include "agent/transport/ucx_transport.h"
+#include "src/auth/pool_key.h"
 #include "src/common/block_hash.h"
 #include "src/common/clock.h"
+#include "src/common/log.h"
 #include "src/kvproto/kvproto.h"
 
 namespace tandem::engine {
@@ -49,6 +52,9 @@ struct PdOptions {
   PeerHealthOptions peer_health;
   // D: how long a prefill peer gets once it accepted (prefill_deadline.h).
   PrefillDeadlineOptions prefill_deadline;
+  // The pool's keys for the KV channel's handshake (src/auth/kv_handshake.h);
+  // null: insecure (the empty key, which only other insecure agents hold).
+  std::shared_ptr<auth::PoolKeySource> pool_keys;
 };
 
 // The real transport: UcxTransport::start.
@@ -84,6 +90,25 @@ struct PeerRefusal {
   std::string message;
 };
 std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer);
+
+// The keys the KV handshake uses now: options.pool_keys', or the insecure key.
+std::shared_ptr<const auth::PoolKeys> currentPoolKeys(const PdOptions& options);
+
+// Counts every failed KV handshake (tandem_kv_auth_failures_total{reason})
+// and logs it once per peer address, so a scanner or a misconfigured pool
+// cannot flood the log. Thread-safe.
+class AuthFailureLog {
+ public:
+  AuthFailureLog(PdMetrics& metrics, std::string component) : metrics_(metrics), log_(std::move(component)) {}
+  void report(const std::string& peer_address, std::string_view reason, std::string_view detail);
+
+ private:
+  static constexpr size_t kMaxAddresses = 4096;  // then it starts over
+  PdMetrics& metrics_;
+  Logger log_;
+  absl::Mutex mu_;
+  std::unordered_set<std::string> logged_ ABSL_GUARDED_BY(mu_);
+};
 
 // Byte offset of (layer, block) in a KvStorage region with this shape.
 inline uint64_t layerBlockOffset(uint32_t layer, uint32_t block, uint32_t num_blocks, uint64_t bytes_per_layer_block) {

@@ -9,6 +9,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/pd_metrics.h"
+#include "src/auth/kv_handshake.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
 
@@ -63,6 +64,10 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // Decode agents whose Hello this side refused (another protocol version,
   // model or hash root), with why: their prefill requests are aborted.
   std::unordered_map<ConnId, std::string> refused ABSL_GUARDED_BY(mu);
+  // Each connection's handshake (src/auth/kv_handshake.h): nothing but the
+  // handshake is taken from a connection until its acceptor authenticated().
+  std::unordered_map<ConnId, auth::KvAuthAcceptor> handshakes ABSL_GUARDED_BY(mu);
+  AuthFailureLog auth_failures{metrics, "prefill"};
 
   Impl(const PdEnv& env, const PdOptions& o) : loop(env.loop), metrics(env.metrics), clock(env.clock), options(o) {}
 
@@ -224,15 +229,28 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     auto m = kvproto::decode(bytes, {.max_tokens = 1u << 22,
                                      .num_blocks = static_cast<uint32_t>(layout.num_blocks),
                                      .num_layers = static_cast<uint16_t>(layout.num_layers)});
+    std::optional<auth::KvIdentity> peer = authenticatedPeer(conn);
     if (!m.ok()) {
+      if (!peer) return authFailed(conn, {"malformed", std::string(m.status().message())});
       log.warn("rejected a control message", {{"conn", conn}, {"error", toStd(m.status().message())}});
       metrics.rejected("malformed");
       return;
     }
     const uint64_t tid = m->transfer_id;
+    if (auto* ah = std::get_if<kvproto::AuthHello>(&m->body)) return onAuthHello(conn, *ah);
+    if (auto* ap = std::get_if<kvproto::AuthProof>(&m->body)) return onAuthProof(conn, *ap);
+    if (!peer) {
+      return authFailed(conn, {"unauthenticated", strCat("message type ", static_cast<int>(kvproto::typeOf(m->body)),
+                                                         " before the authentication handshake (kvproto v4)")});
+    }
     if (auto* h = std::get_if<kvproto::Hello>(&m->body)) {
       onHello(conn, *h);
     } else if (auto* req = std::get_if<kvproto::PrefillRequest>(&m->body)) {
+      if (peer->role != kvproto::PeerRole::kDecode) {
+        return authFailed(conn, {"wrong_role", strCat("the ", kvproto::peerRoleName(peer->role), " agent ",
+                                                      peer->name, " sent a PrefillRequest: only decode agents may "
+                                                      "ask a prefill agent for KV")});
+      }
       if (auto why = refusal(conn)) return send(conn, tid, kvproto::Abort{FailureReason::kTransferFailed, *why});
       onPrefillRequest(conn, tid, *req);
     } else if (std::holds_alternative<kvproto::Release>(m->body) || std::holds_alternative<kvproto::Abort>(m->body)) {
@@ -244,6 +262,50 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
                {{"conn", conn}, {"type", static_cast<int>(kvproto::typeOf(m->body))}});
       metrics.rejected("unexpected_type");
     }
+  }
+
+  // The connection's peer once its handshake succeeded.
+  std::optional<auth::KvIdentity> authenticatedPeer(ConnId conn) {
+    absl::MutexLock lock(&mu);
+    auto it = handshakes.find(conn);
+    if (it == handshakes.end() || !it->second.authenticated()) return std::nullopt;
+    return it->second.peer();
+  }
+
+  void onAuthHello(ConnId conn, const kvproto::AuthHello& h) {
+    auth::KvAuthAcceptor acceptor(currentPoolKeys(options), {kvproto::PeerRole::kPrefill, "prefill"});
+    auto r = acceptor.onHello(h);
+    if (auto* f = std::get_if<auth::AuthFailure>(&r)) return authFailed(conn, *f);
+    bool second = false;
+    {
+      absl::MutexLock lock(&mu);
+      second = !handshakes.try_emplace(conn, std::move(acceptor)).second;
+    }
+    if (second) return authFailed(conn, {"unauthenticated", "a second AuthHello on one connection"});
+    send(conn, 0, std::move(std::get<kvproto::AuthChallenge>(r)));
+  }
+
+  void onAuthProof(ConnId conn, const kvproto::AuthProof& p) {
+    std::optional<auth::AuthFailure> f;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = handshakes.find(conn);
+      if (it == handshakes.end()) {
+        f = auth::AuthFailure{"unauthenticated", "an AuthProof before an AuthHello"};
+      } else {
+        f = it->second.onProof(p);
+      }
+    }
+    if (f) authFailed(conn, *f);
+  }
+
+  // Tells the peer why (its operator needs to know), closes the connection
+  // and forgets it.
+  void authFailed(ConnId conn, const auth::AuthFailure& f) {
+    auth_failures.report(t->peerAddress(conn), f.reason, f.message);
+    send(conn, 0, kvproto::Abort{FailureReason::kTransferFailed, strCat("authentication failed: ", f.message)});
+    if (!stopping.load()) t->close(conn);
+    onDisconnect(conn);  // close() reports nothing back
   }
 
   // Answers with this side's Hello in any case, so a refused decode agent
@@ -270,6 +332,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
     {
       absl::MutexLock lock(&mu);
       refused.erase(conn);
+      handshakes.erase(conn);
       for (const auto& [k, tr] : transfers) {
         if (k.first == conn) keys.push_back(k);
       }

@@ -74,9 +74,13 @@ class WorkerStreamClient::Impl {
   StreamEnd readOnce(bool* got_snapshot) {
     // A worker that stalled accepts the connection and answers nothing: an
     // open waits no longer than a stream may be silent.
-    auto opened = http::SseClient::open({.method = "GET",
-                                         .url = options_.url + "/internal/v1/events",
-                                         .timeout = std::min(options_.io_timeout, options_.stale_after)});
+    http::ClientRequest request{.method = "GET",
+                                .url = options_.url + "/internal/v1/events",
+                                .timeout = std::min(options_.io_timeout, options_.stale_after)};
+    if (options_.authorization) {
+      if (std::string a = options_.authorization(); !a.empty()) request.headers["Authorization"] = std::move(a);
+    }
+    auto opened = http::SseClient::open(request);
     if (!opened.ok()) return {.why = opened.status(), .unresponsive = true};
     std::shared_ptr<http::SseClient> stream = std::move(*opened);
     if (stream->status() != 200) {

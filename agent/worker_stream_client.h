@@ -46,6 +46,10 @@ struct WorkerStreamOptions {
   Duration io_timeout = std::chrono::seconds(30);
   // Not owned; must outlive the client. Null: SystemClock::instance().
   const Clock* clock = nullptr;
+  // The Authorization header each connection sends (the pool's token,
+  // agent/internal_auth.h), asked again per connection so a rotated key is
+  // picked up; unset or "": none.
+  std::function<std::string()> authorization;
 };
 
 struct WorkerStreamCallbacks {

@@ -17,6 +17,7 @@
 #include "agent/router/upstream.h"
 #include "agent/router/upstream_error.h"
 #include "agent/router/worker_feeds.h"
+#include "agent/internal_auth.h"
 #include "agent/routing_headers.h"
 #include "engine/model/files.h"
 #include "engine/model/model_config.h"
@@ -263,6 +264,7 @@ struct RouterServer::Impl {
   RouterMetrics metrics;
   RouterCore core;
   AttemptWatch watch;  // before `feeds`: a feed's thread pokes it until the feeds are gone
+  std::shared_ptr<auth::PoolKeySource> pool_keys;  // --pool-key-dir, or insecure (docs/security.md)
   std::unique_ptr<WorkerFeeds> feeds;
   std::unique_ptr<ServiceDiscovery> discovery;  // feeds the feeds; stopped before them
   std::unique_ptr<RoutingKnobsWatcher> knobs;    // the planner's knobs (--routing-knobs)
@@ -393,6 +395,8 @@ struct RouterServer::Impl {
                        .idle_timeout = config.request_timeout,
                        .attempt = std::move(attempt)};
     if (call.session) up.headers["x-session-id"] = *call.session;
+    // The pool's token: D honours the decision headers only with it.
+    if (std::string a = internalAuthorization(*pool_keys); !a.empty()) up.headers["Authorization"] = std::move(a);
     up.headers[std::string(kRoutePathHeader)] = std::string(routing::routePathName(d.path));
     if (d.prefill) {
       std::optional<WorkerAddress> p = core.address(*d.prefill);
@@ -484,11 +488,18 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
                                              impl->registry, {{"pool", config.pool}, {"role", "router"}}));
     impl->public_auth.api_keys = impl->api_keys.get();
   }
+  if (config.pool_key_dir.empty()) {
+    impl->pool_keys = auth::PoolKeySource::insecure();
+    impl->log.warn("no --pool-key-dir: the router sends the agents no pool token (docs/security.md)");
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(impl->pool_keys, auth::PoolKeySource::open(config.pool_key_dir, clock));
+  }
   TANDEM_RETURN_IF_ERROR(loadModel(*impl));
   RouterServer::Impl* raw = impl.get();
   impl->feeds = std::make_unique<WorkerFeeds>(
       impl->core, clock, impl->log, config.worker_stale_after,
-      [raw](const std::string&, bool) { raw->watch.poke(); });
+      [raw](const std::string&, bool) { raw->watch.poke(); },
+      [raw] { return internalAuthorization(*raw->pool_keys); });
   for (const HostPort& w : config.decode_workers) impl->feeds->add(w, routing::WorkerRole::kDecode);
   for (const HostPort& w : config.prefill_workers) impl->feeds->add(w, routing::WorkerRole::kPrefill);
   if (!config.decode_service.empty() || !config.prefill_service.empty()) {

@@ -15,8 +15,13 @@ struct WorkerFeeds::Feed {
 };
 
 WorkerFeeds::WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Duration stale_after,
-                         LivenessCallback on_liveness)
-    : core_(core), clock_(clock), log_(log), stale_after_(stale_after), on_liveness_(std::move(on_liveness)) {}
+                         LivenessCallback on_liveness, std::function<std::string()> authorization)
+    : core_(core),
+      clock_(clock),
+      log_(log),
+      stale_after_(stale_after),
+      on_liveness_(std::move(on_liveness)),
+      authorization_(std::move(authorization)) {}
 
 WorkerFeeds::~WorkerFeeds() {
   absl::MutexLock lock(&mu_);
@@ -88,8 +93,9 @@ void WorkerFeeds::addLocked(const HostPort& address, routing::WorkerRole role) {
     }
     if (on_liveness_) on_liveness_(f->name, unresponsive);
   };
-  f->client = WorkerStreamClient::start({.url = f->url, .stale_after = stale_after_, .clock = &clock_},
-                                        std::move(callbacks));
+  f->client = WorkerStreamClient::start(
+      {.url = f->url, .stale_after = stale_after_, .clock = &clock_, .authorization = authorization_},
+      std::move(callbacks));
   feeds_.push_back(std::move(feed));
 }
 

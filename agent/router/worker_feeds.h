@@ -30,7 +30,10 @@ class WorkerFeeds {
   // `on_liveness(worker, unresponsive)`: runs on a feed's thread when a
   // worker becomes unresponsive (true) or answers again (false).
   using LivenessCallback = std::function<void(const std::string& worker, bool unresponsive)>;
-  WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Duration stale_after, LivenessCallback on_liveness);
+  // `authorization`: the Authorization header of each subscription (the
+  // pool's token; WorkerStreamOptions::authorization).
+  WorkerFeeds(RouterCore& core, const Clock& clock, Logger& log, Duration stale_after, LivenessCallback on_liveness,
+              std::function<std::string()> authorization = {});
   ~WorkerFeeds();
 
   // Subscribes to the agent whose HTTP API is at `address`.
@@ -48,6 +51,7 @@ class WorkerFeeds {
   Logger& log_;
   const Duration stale_after_;
   const LivenessCallback on_liveness_;
+  const std::function<std::string()> authorization_;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };

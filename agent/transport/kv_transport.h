@@ -59,7 +59,14 @@ class KvTransport {
   virtual void send(ConnId conn, std::vector<uint8_t> bytes) = 0;
   // The peer's region (from its Hello): needed before a get on `conn`.
   virtual void setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, std::string packed_rkey) = 0;
+  // Closes the connection once what was sent on it went out (so a last
+  // message, e.g. why it is closed, reaches the peer). Its gets fail;
+  // on_disconnect does not run for it.
   virtual void close(ConnId conn) = 0;
+  // The peer's IP address ("" when unknown or closed): for an accepted
+  // connection the client's, for one this side opened the host it named.
+  // For logs, never for trust decisions.
+  virtual std::string peerAddress(ConnId conn) const { return {}; }
 
   // One logical get of several segments from the peer's region into local
   // memory (which must stay valid until `done` runs). `done` runs once,

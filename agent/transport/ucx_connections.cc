@@ -39,6 +39,16 @@ void onCloseDone(void* request, ucs_status_t, void* user_data) {
   static_cast<Impl*>(user_data)->closing.erase(request);
   ucp_request_free(request);
 }
+struct CloseTag {
+  Impl* impl;
+  ucp_ep_h ep;
+};
+void onFlushedForClose(void* request, ucs_status_t, void* user_data) {
+  std::unique_ptr<CloseTag> tag(static_cast<CloseTag*>(user_data));
+  tag->impl->closing.erase(request);
+  ucp_request_free(request);
+  tag->impl->closeEndpoint(tag->ep);
+}
 
 std::optional<sockaddr_in> ipv4(const std::string& host, int port) {
   sockaddr_in addr{};
@@ -90,6 +100,15 @@ ucp_ep_params_t Impl::epParams() {
 }
 
 void Impl::accept(ucp_conn_request_h req) {
+  // The client's address, for logs (before ucp_ep_create consumes `req`).
+  std::string client;
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(req, &attr) == UCS_OK && attr.client_address.ss_family == AF_INET) {
+    char buf[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) client = buf;
+  }
   ucp_ep_params_t p = epParams();
   p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
   p.conn_request = req;
@@ -102,6 +121,10 @@ void Impl::accept(ucp_conn_request_h req) {
   ConnId id = next_conn.fetch_add(1);
   conns[id].ep = ep;
   by_ep[ep] = id;
+  {
+    absl::MutexLock lock(&addr_mu);
+    peer_addrs[id] = client;
+  }
   awaitWireup(id, ep);
   if (cb.on_accept) cb.on_accept(id);
 }
@@ -125,6 +148,10 @@ void Impl::doConnect(ConnId id, const std::string& host, int to_port) {
   }
   conns[id].ep = ep;
   by_ep[ep] = id;
+  {
+    absl::MutexLock lock(&addr_mu);
+    peer_addrs[id] = host;
+  }
   awaitWireup(id, ep);
 }
 
@@ -153,6 +180,34 @@ void Impl::connReady(ConnId id) {
   }
   std::vector<std::vector<uint8_t>> queued = std::move(c->second.queued);
   for (auto& m : queued) doSend(id, std::move(m));
+  if (c->second.close_when_ready) dropConn(id, absl::OkStatus(), /*flush=*/true);
+}
+
+void Impl::closeConn(ConnId id) {
+  auto c = conns.find(id);
+  if (c == conns.end()) return;
+  if (!c->second.ready) {
+    c->second.close_when_ready = true;
+    return;
+  }
+  dropConn(id, absl::OkStatus(), /*flush=*/true);
+}
+
+// Closes `ep` once what was sent on it left (a flush completes then, or
+// fails if the peer is gone); shutdown waits for it like for a close.
+void Impl::flushThenClose(ucp_ep_h ep) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = onFlushedForClose;
+  auto* tag = new CloseTag{this, ep};
+  p.user_data = tag;
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &p);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    delete tag;
+    closeEndpoint(ep);
+    return;
+  }
+  closing.insert(r);
 }
 
 void Impl::epFailed(ucp_ep_h ep, ucs_status_t status) {
@@ -207,12 +262,16 @@ void Impl::doSend(ConnId id, std::vector<uint8_t> bytes) {
 // Forgets the connection: cancels its gets (they still complete, through
 // UCX), keeps its rkeys until they did, closes the endpoint and, if `why`
 // is an error, tells on_disconnect.
-void Impl::dropConn(ConnId id, absl::Status why) {
+void Impl::dropConn(ConnId id, absl::Status why, bool flush) {
   auto c = conns.find(id);
   if (c == conns.end()) return;
   Conn conn = std::move(c->second);
   conns.erase(c);
   by_ep.erase(conn.ep);
+  {
+    absl::MutexLock lock(&addr_mu);
+    peer_addrs.erase(id);
+  }
   for (GetId g : conn.gets) cancelParts(g);
   if (conn.rkey) conn.retired_rkeys.push_back(conn.rkey);
   conn.rkey = nullptr;
@@ -223,7 +282,11 @@ void Impl::dropConn(ConnId id, absl::Status why) {
   } else {
     orphans[id] = Orphan{std::move(conn.retired_rkeys), std::move(conn.gets)};
   }
-  closeEndpoint(conn.ep);
+  if (flush) {
+    flushThenClose(conn.ep);
+  } else {
+    closeEndpoint(conn.ep);
+  }
   if (!why.ok() && cb.on_disconnect) cb.on_disconnect(id, why);
 }
 

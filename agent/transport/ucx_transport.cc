@@ -67,6 +67,12 @@ uint64_t UcxTransport::regionBase() const { return impl_->region_base; }
 uint64_t UcxTransport::regionLength() const { return impl_->region_length; }
 const std::string& UcxTransport::packedRkey() const { return impl_->packed_rkey; }
 
+std::string UcxTransport::peerAddress(ConnId conn) const {
+  absl::MutexLock lock(&impl_->addr_mu);
+  auto it = impl_->peer_addrs.find(conn);
+  return it == impl_->peer_addrs.end() ? std::string() : it->second;
+}
+
 ConnId UcxTransport::connect(const std::string& host, int port) {
   ConnId id = impl_->next_conn.fetch_add(1);
   impl_->post([impl = impl_.get(), id, host, port] { impl->doConnect(id, host, port); });
@@ -102,7 +108,7 @@ void UcxTransport::cancelGet(GetId id) {
 }
 
 void UcxTransport::close(ConnId conn) {
-  impl_->post([impl = impl_.get(), conn] { impl->dropConn(conn, absl::OkStatus()); });
+  impl_->post([impl = impl_.get(), conn] { impl->closeConn(conn); });
 }
 
 uint64_t UcxTransport::bytesRead() const { return impl_->bytes_read.load(); }

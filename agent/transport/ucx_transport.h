@@ -107,6 +107,7 @@ class UcxTransport final : public KvTransport {
   uint64_t regionBase() const override;
   uint64_t regionLength() const;
   const std::string& packedRkey() const override;
+  std::string peerAddress(ConnId conn) const override;
 
   // Opens a connection; failures arrive as on_disconnect.
   ConnId connect(const std::string& host, int port) override;

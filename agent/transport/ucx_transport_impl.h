@@ -70,6 +70,7 @@ struct UcxTransport::Impl {
     // replaced while an endpoint moves from tcp to shared memory, and the
     // message is lost ("Invalid am_short_iov length").
     bool ready = false;
+    bool close_when_ready = false;  // close() came before the wire-up finished
     std::vector<std::vector<uint8_t>> queued;
     // The peer's packed rkey if it was set before the wire-up finished: it
     // is unpacked again then. UCX 1.13 unpacks only the parts of an rkey
@@ -131,6 +132,10 @@ struct UcxTransport::Impl {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<int64_t> inflight{0};
   std::atomic<uint64_t> ucx_gets{0};
+  // Each open connection's peer address (peerAddress()); written by the
+  // progress thread, read by callers.
+  mutable absl::Mutex addr_mu;
+  std::unordered_map<ConnId, std::string> peer_addrs ABSL_GUARDED_BY(addr_mu);
 
   // --- progress thread ---
   std::unordered_map<ConnId, Conn> conns;
@@ -170,8 +175,14 @@ struct UcxTransport::Impl {
   void epFailed(ucp_ep_h ep, ucs_status_t status);
   ucs_status_t received(void* data, size_t length, const ucp_am_recv_param_t* param);
   void doSend(ConnId id, std::vector<uint8_t> bytes);
-  void dropConn(ConnId id, absl::Status why);
+  // `flush`: what was sent on it goes out first (a close() this side asked
+  // for, after a last message); otherwise the endpoint closes at once.
+  void dropConn(ConnId id, absl::Status why, bool flush = false);
+  // close(): as dropConn(flush), once the endpoint's wire-up finished (what
+  // waits for it is sent first).
+  void closeConn(ConnId id);
   void closeEndpoint(ucp_ep_h ep);
+  void flushThenClose(ucp_ep_h ep);
 
   // ucx_memory.cc: our region and the peers' rkeys.
   absl::Status registerRegion(std::span<std::byte> region, bool map_here);

@@ -143,6 +143,33 @@ void encodeBody(const Abort& a, Writer& w) {
 void encodeBody(const Release&, Writer&) {}
 void encodeBody(const Ping&, Writer&) {}
 void encodeBody(const Pong&, Writer&) {}
+void encodeBody(const AuthHello& h, Writer& w) {
+  w.put(h.min_version);
+  w.put(h.max_version);
+  w.put(static_cast<uint16_t>(h.role));
+  w.bytes(h.nonce);
+  w.list(h.key_ids);
+  w.bytes(h.peer_name);
+}
+void encodeBody(const AuthChallenge& c, Writer& w) {
+  w.put(static_cast<uint16_t>(c.role));
+  w.bytes(c.nonce);
+  w.put(c.key_id);
+  w.bytes(c.mac);
+  w.bytes(c.peer_name);
+}
+void encodeBody(const AuthProof& p, Writer& w) { w.bytes(p.mac); }
+
+bool knownRole(uint16_t role) {
+  return role == static_cast<uint16_t>(PeerRole::kPrefill) || role == static_cast<uint16_t>(PeerRole::kDecode);
+}
+
+// A fixed-size byte field (nonce, MAC): exactly `size` bytes.
+std::string fixedBytes(Reader& r, const char* field, size_t size) {
+  std::string s = r.bytes(field, static_cast<uint32_t>(size));
+  if (r.ok() && s.size() != size) r.fail(strCat(field, " is ", s.size(), " bytes, expected ", size));
+  return s;
+}
 
 absl::Status invalid(uint64_t id, std::string_view what) {
   return absl::InvalidArgumentError(strCat("kvproto: transfer ", id, ": ", what));
@@ -178,7 +205,9 @@ MessageType typeOf(const Body& body) {
                                            MessageType::kPrefillAccepted, MessageType::kLayerReady,
                                            MessageType::kPrefillDone, MessageType::kRelease,
                                            MessageType::kAbort,       MessageType::kPing,
-                                           MessageType::kPong};
+                                           MessageType::kPong,        MessageType::kAuthHello,
+                                           MessageType::kAuthChallenge, MessageType::kAuthProof};
+  static_assert(std::size(kTypes) == std::variant_size_v<Body>);
   return kTypes[body.index()];
 }
 
@@ -222,10 +251,14 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
   const uint32_t payload_len = r.get<uint32_t>("payload_len");
   r.get<uint32_t>("reserved");
   if (magic != kMagic) return absl::InvalidArgumentError(strCat("kvproto: bad magic 0x", magic, " (not a Tandem KV message)"));
-  // A Hello of any ranged version decodes, so a peer of another version is
-  // refused by name (compatibleVersion) rather than as malformed.
+  // A Hello or AuthHello of any ranged version decodes, so a peer of another
+  // version is refused by name (compatibleVersion) rather than as malformed.
   const bool hello = type == static_cast<uint16_t>(MessageType::kHello);
-  if (hello ? version < kFirstRangedHelloVersion : (version < kMinVersion || version > kMaxVersion)) {
+  const bool auth_hello = type == static_cast<uint16_t>(MessageType::kAuthHello);
+  const bool version_ok = hello        ? version >= kFirstRangedHelloVersion
+                          : auth_hello ? version >= kFirstAuthVersion
+                                       : version >= kMinVersion && version <= kMaxVersion;
+  if (!version_ok) {
     return absl::InvalidArgumentError(strCat("kvproto: unsupported version ", version, " (this agent speaks ",
                                              kMinVersion, " to ", kMaxVersion, ")"));
   }
@@ -253,9 +286,7 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
       h.rkey = r.bytes("rkey", limits.max_string);
       h.peer_name = r.bytes("peer_name", limits.max_string);
       if (version > kMaxVersion) r.skipRest();  // a newer sender's appended fields
-      if (r.ok() && role != static_cast<uint16_t>(PeerRole::kPrefill) && role != static_cast<uint16_t>(PeerRole::kDecode)) {
-        r.fail(strCat("unknown role ", role));
-      }
+      if (r.ok() && !knownRole(role)) r.fail(strCat("unknown role ", role));
       if (r.ok() && dtype != static_cast<uint16_t>(KvDtype::kFloat32)) r.fail(strCat("unsupported KV dtype ", dtype));
       h.role = static_cast<PeerRole>(role);
       h.dtype = static_cast<KvDtype>(dtype);
@@ -320,6 +351,38 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
     }
     case MessageType::kPing: m.body = Ping{}; break;
     case MessageType::kPong: m.body = Pong{}; break;
+    case MessageType::kAuthHello: {
+      AuthHello h;
+      h.min_version = r.get<uint16_t>("min_version");
+      h.max_version = r.get<uint16_t>("max_version");
+      if (r.ok() && h.min_version > h.max_version) {
+        r.fail(strCat("version range [", h.min_version, ", ", h.max_version, "] is empty"));
+      }
+      const auto role = r.get<uint16_t>("role");
+      h.nonce = fixedBytes(r, "nonce", kAuthNonceSize);
+      h.key_ids = r.list<uint64_t>("key_ids", kMaxAuthKeys);
+      h.peer_name = r.bytes("peer_name", limits.max_string);
+      if (version > kMaxVersion) r.skipRest();  // a newer sender's appended fields
+      if (r.ok() && !knownRole(role)) r.fail(strCat("unknown role ", role));
+      h.role = static_cast<PeerRole>(role);
+      m.body = std::move(h);
+      break;
+    }
+    case MessageType::kAuthChallenge: {
+      AuthChallenge c;
+      const auto role = r.get<uint16_t>("role");
+      c.nonce = fixedBytes(r, "nonce", kAuthNonceSize);
+      c.key_id = r.get<uint64_t>("key_id");
+      c.mac = fixedBytes(r, "mac", kAuthMacSize);
+      c.peer_name = r.bytes("peer_name", limits.max_string);
+      if (r.ok() && !knownRole(role)) r.fail(strCat("unknown role ", role));
+      c.role = static_cast<PeerRole>(role);
+      m.body = std::move(c);
+      break;
+    }
+    case MessageType::kAuthProof:
+      m.body = AuthProof{fixedBytes(r, "mac", kAuthMacSize)};
+      break;
     default: return invalid(m.transfer_id, strCat("unknown message type ", type));
   }
   if (!r.ok()) return invalid(m.transfer_id, r.error());

@@ -35,6 +35,20 @@
 //   kRelease          (empty) D is done reading; P unpins
 //   kAbort            u16 reason (FailureReason), bytes message
 //   kPing, kPong      (empty) health probe
+//   kAuthHello        u16 min_version, u16 max_version, u16 role, bytes nonce (32 bytes),
+//                     list<u64> key_ids (the pool keys the sender holds, preferred first),
+//                     bytes peer_name
+//   kAuthChallenge    u16 role, bytes nonce (32 bytes), u64 key_id (the one chosen),
+//                     bytes mac (32 bytes: the acceptor's proof), bytes peer_name
+//   kAuthProof        bytes mac (32 bytes: the connector's proof)
+//
+// Authentication (docs/security.md). Every connection opens with
+// kAuthHello (connector) → kAuthChallenge (acceptor) → kAuthProof
+// (connector): each side proves it holds the same pool key by an HMAC over
+// both nonces and both identities (src/auth/kv_handshake.h). Only then is
+// the Hello (which carries the region's remote key) sent, first by the
+// connector, answered by the acceptor; an acceptor ignores nothing before
+// that: any other message closes the connection.
 //
 // Versions. Each side speaks [kMinVersion, kMaxVersion]. The Hello that
 // opens a connection carries that range, and its layout starts with it in
@@ -65,10 +79,13 @@
 namespace tandem::kvproto {
 
 inline constexpr uint32_t kMagic = 0x31564B54;
-inline constexpr uint16_t kMinVersion = 3;  // the oldest version this build speaks
-inline constexpr uint16_t kMaxVersion = 3;  // the newest; what it sends
+inline constexpr uint16_t kMinVersion = 4;  // the oldest version this build speaks
+inline constexpr uint16_t kMaxVersion = 4;  // the newest; what it sends
 inline constexpr uint16_t kVersion = kMaxVersion;
 inline constexpr uint16_t kFirstRangedHelloVersion = 3;  // Hellos from here on start with the range
+inline constexpr uint16_t kFirstAuthVersion = 4;          // the first version with kAuthHello
+inline constexpr size_t kAuthNonceSize = 32;
+inline constexpr size_t kAuthMacSize = 32;  // HMAC-SHA-256
 inline constexpr size_t kHeaderSize = 24;
 
 enum class MessageType : uint16_t {
@@ -81,6 +98,9 @@ enum class MessageType : uint16_t {
   kAbort = 7,
   kPing = 8,
   kPong = 9,
+  kAuthHello = 10,
+  kAuthChallenge = 11,
+  kAuthProof = 12,
 };
 
 // Typed transfer failures (DESIGN.md §3), carried by kAbort and counted in
@@ -153,8 +173,28 @@ struct Abort {
 };
 struct Ping {};
 struct Pong {};
+struct AuthHello {
+  uint16_t min_version = kMinVersion;
+  uint16_t max_version = kMaxVersion;
+  PeerRole role = PeerRole::kDecode;
+  std::string nonce;              // kAuthNonceSize bytes
+  std::vector<uint64_t> key_ids;  // at most kMaxAuthKeys
+  std::string peer_name;
+};
+struct AuthChallenge {
+  PeerRole role = PeerRole::kPrefill;
+  std::string nonce;  // kAuthNonceSize bytes
+  uint64_t key_id = 0;
+  std::string mac;  // kAuthMacSize bytes
+  std::string peer_name;
+};
+struct AuthProof {
+  std::string mac;  // kAuthMacSize bytes
+};
+inline constexpr uint32_t kMaxAuthKeys = 8;
 
-using Body = std::variant<Hello, PrefillRequest, PrefillAccepted, LayerReady, PrefillDone, Release, Abort, Ping, Pong>;
+using Body = std::variant<Hello, PrefillRequest, PrefillAccepted, LayerReady, PrefillDone, Release, Abort, Ping, Pong,
+                          AuthHello, AuthChallenge, AuthProof>;
 
 struct Message {
   uint64_t transfer_id = 0;

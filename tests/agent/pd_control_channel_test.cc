@@ -12,17 +12,22 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "agent/transport/ucx_transport.h"
 #include "engine/model/weights.h"
 #include "src/common/block_hash.h"
 #include "src/http/client.h"
+#include "src/auth/kv_handshake.h"
 #include "src/kvproto/kvproto.h"
 #include "tests/agent/agent_process.h"
 
@@ -56,14 +61,22 @@ uint64_t bytesPerLayerBlock() {
 
 // A kvproto peer with its own registered memory; received messages are
 // decoded (they come from our agents, which encode correctly) and queued.
+// It holds `keys` (insecure: the agents' default) and, as an acceptor,
+// answers a handshake as a prefill agent does (the handshake's messages are
+// not queued); as a connector it authenticates when told (authenticate()).
 struct RawPeer {
   std::vector<std::byte> memory;
+  std::shared_ptr<const auth::PoolKeys> keys;
   std::unique_ptr<transport::UcxTransport> t;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<ConnId, kvproto::Message>> inbox;  // guarded by mu
+  std::map<ConnId, auth::KvAuthAcceptor> acceptors;        // guarded by mu
+  std::set<ConnId> authenticated;                          // guarded by mu: connections whose connector proved the key
 
-  RawPeer() : memory(static_cast<size_t>(kBlocks) * static_cast<size_t>(tiny().num_layers) * bytesPerLayerBlock()) {
+  explicit RawPeer(std::shared_ptr<const auth::PoolKeys> k = auth::PoolKeys::insecure())
+      : memory(static_cast<size_t>(kBlocks) * static_cast<size_t>(tiny().num_layers) * bytesPerLayerBlock()),
+        keys(std::move(k)) {
     transport::TransportOptions o;
     o.host = "127.0.0.1";
     o.port = 0;
@@ -74,6 +87,21 @@ struct RawPeer {
       auto m = kvproto::decode(bytes);
       ASSERT_TRUE(m.ok()) << "an agent sent a message that does not decode: " << m.status();
       std::lock_guard l(mu);
+      if (auto* h = std::get_if<kvproto::AuthHello>(&m->body)) {
+        auto [it, fresh] = acceptors.try_emplace(c, keys, auth::KvIdentity{kvproto::PeerRole::kPrefill, "raw-test-peer"});
+        auto r = it->second.onHello(*h);
+        if (auto* f = std::get_if<auth::AuthFailure>(&r)) {
+          send(c, 0, kvproto::Abort{kvproto::FailureReason::kTransferFailed, "authentication failed: " + f->message});
+        } else {
+          send(c, 0, std::get<kvproto::AuthChallenge>(r));
+        }
+        return;
+      }
+      if (auto* proof = std::get_if<kvproto::AuthProof>(&m->body)) {
+        auto it = acceptors.find(c);
+        if (it != acceptors.end() && !it->second.onProof(*proof)) authenticated.insert(c);
+        return;
+      }
       inbox.emplace_back(c, std::move(*m));
       cv.notify_all();
     };
@@ -101,11 +129,12 @@ struct RawPeer {
 
   void send(ConnId c, uint64_t tid, kvproto::Body body) { t->send(c, kvproto::encode({tid, std::move(body)})); }
 
-  // The next message whose type is `type` (others stay queued); nullopt after 30 s.
-  std::optional<std::pair<ConnId, kvproto::Message>> next(kvproto::MessageType type) {
+  // The next message whose type is `type` (others stay queued); nullopt after `wait`.
+  std::optional<std::pair<ConnId, kvproto::Message>> next(kvproto::MessageType type,
+                                                          std::chrono::seconds wait = std::chrono::seconds(30)) {
     std::unique_lock l(mu);
     std::optional<std::pair<ConnId, kvproto::Message>> found;
-    cv.wait_for(l, std::chrono::seconds(30), [&] {
+    cv.wait_for(l, wait, [&] {
       for (auto it = inbox.begin(); it != inbox.end(); ++it) {
         if (kvproto::typeOf(it->second.body) == type) {
           found = std::move(*it);
@@ -116,6 +145,31 @@ struct RawPeer {
       return false;
     });
     return found;
+  }
+
+  // Runs the connector's side of the handshake on `c` as a decode agent
+  // (or `role`): the failure the peer answered with (its Abort's message, or
+  // this side's own check of its challenge), nothing when authenticated.
+  std::optional<std::string> authenticate(ConnId c, kvproto::PeerRole role = kvproto::PeerRole::kDecode) {
+    auto connector = auth::KvAuthConnector::start(keys, {role, "raw-test-peer"});
+    if (!connector.ok()) return std::string(connector.status().message());
+    send(c, 0, connector->hello());
+    return finishAuthentication(c, *connector);
+  }
+  std::optional<std::string> finishAuthentication(ConnId c, auth::KvAuthConnector& connector) {
+    for (int i = 0; i < 300; ++i) {
+      if (auto challenge = next(kvproto::MessageType::kAuthChallenge, std::chrono::seconds(0))) {
+        auto r = connector.onChallenge(std::get<kvproto::AuthChallenge>(challenge->second.body));
+        if (auto* f = std::get_if<auth::AuthFailure>(&r)) return f->message;
+        send(c, 0, std::get<kvproto::AuthProof>(r));
+        return std::nullopt;
+      }
+      if (auto abort = next(kvproto::MessageType::kAbort, std::chrono::seconds(0))) {
+        return std::get<kvproto::Abort>(abort->second.body).message;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "no answer to the AuthHello";
   }
 
   // Every queued message for transfer `tid`, removed from the queue.
@@ -154,6 +208,9 @@ std::vector<uint8_t> oversizedTokenList(uint64_t tid) {
 double rejected(const AgentProcess& a, const std::string& reason) {
   return metricValueWith(scrape(a), "tandem_kv_control_messages_rejected_total", "reason=\"" + reason + "\"");
 }
+double authFailures(const AgentProcess& a, const std::string& reason) {
+  return metricValueWith(scrape(a), "tandem_kv_auth_failures_total", "reason=\"" + reason + "\"");
+}
 
 std::vector<uint32_t> promptTokens(int n) {
   std::vector<uint32_t> t;
@@ -178,9 +235,13 @@ std::unique_ptr<AgentProcess> startDecode(const RawPeer& fake_p, std::vector<std
 }
 
 // `d` connects to the prefill agent at `port` as a decode agent would:
-// Hello both ways. Returns the connection and P's Hello (nullopt: no Hello).
+// the handshake, then Hello both ways. Returns the connection and P's Hello (nullopt: no Hello).
 std::optional<std::pair<ConnId, kvproto::Hello>> connectAsDecode(RawPeer& d, int port) {
   const ConnId c = d.t->connect("127.0.0.1", port);
+  if (auto failed = d.authenticate(c)) {
+    ADD_FAILURE() << "the handshake failed: " << *failed;
+    return std::nullopt;
+  }
   d.send(c, 0, d.hello(kvproto::PeerRole::kDecode));
   auto hello = d.next(kvproto::MessageType::kHello);
   if (!hello) return std::nullopt;
@@ -416,7 +477,8 @@ TEST(PdControlChannelTest, DecodeAgentRefusesBadMessagesAndFailsTheTransferClean
 
 // A prefill peer with another KV layout (another model): requests fail at
 // once with a typed error naming the mismatch, not at the prefill deadline.
-// Control messages from a connection other than the one to P are dropped.
+// A connection to D's own KV listener is closed at its first message (no
+// role connects to a decode agent) and counted as unauthenticated.
 TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStrangers) {
   RawPeer fake_p;
   ASSERT_NE(fake_p.t, nullptr);
@@ -427,8 +489,8 @@ TEST(PdControlChannelTest, DecodeAgentFailsFastOnAnIncompatiblePeerAndIgnoresStr
   ASSERT_NE(stranger.t, nullptr);
   const ConnId s = stranger.t->connect("127.0.0.1", d->kvPort());
   stranger.send(s, 0, stranger.hello(kvproto::PeerRole::kPrefill));
-  stranger.send(s, 0, kvproto::Pong{});
-  EXPECT_TRUE(waitFor([&] { return rejected(*d, "unknown_peer") == 2; })) << scrape(*d);
+  EXPECT_TRUE(waitFor([&] { return authFailures(*d, "unauthenticated") >= 1; })) << scrape(*d);
+  EXPECT_FALSE(stranger.next(kvproto::MessageType::kHello, std::chrono::seconds(1))) << "D answered a stranger";
 
   std::future<Reply> first = postAsync(*d, std::string(40, 'v'));
   auto hello = fake_p.next(kvproto::MessageType::kHello);
@@ -477,13 +539,13 @@ TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
 namespace tandem::agent {
 namespace {
 
-// A Hello from a peer of kvproto versions [4, 5] (its header says 5).
+// A Hello from a peer of kvproto versions [5, 6] (its header says 6).
 std::vector<uint8_t> newerHello(const RawPeer& peer, kvproto::PeerRole role) {
   kvproto::Hello h = peer.hello(role);
-  h.min_version = 4;
-  h.max_version = 5;
+  h.min_version = 5;
+  h.max_version = 6;
   std::vector<uint8_t> wire = kvproto::encode({0, h});
-  wire[4] = 5;
+  wire[4] = 6;
   return wire;
 }
 
@@ -502,7 +564,7 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
   const std::vector<Case> cases = {
       {"incompatible_version",
        [](RawPeer& d, ConnId c) { d.t->send(c, newerHello(d, kvproto::PeerRole::kDecode)); },
-       {"[4, 5]", "[3, 3]"}},
+       {"[5, 6]", "[4, 4]"}},
       {"fingerprint_mismatch",
        [](RawPeer& d, ConnId c) {
          kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
@@ -522,6 +584,7 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
     RawPeer d;
     ASSERT_NE(d.t, nullptr);
     const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+    ASSERT_FALSE(d.authenticate(c).has_value()) << k.reason;
     k.hello(d, c);
     auto hello = d.next(kvproto::MessageType::kHello);
     ASSERT_TRUE(hello) << k.reason;
@@ -571,9 +634,175 @@ TEST(PdControlChannelTest, DecodeAgentRefusesAPrefillPeerOfAnotherVersion) {
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(r.code, "transfer_failed");
   EXPECT_TRUE(waitFor([&] { return rejected(*d, "incompatible_version") == 1; })) << scrape(*d);
-  EXPECT_NE(d->log().find("speaks kvproto versions [4, 5], this agent [3, 3]"), std::string::npos) << d->log();
+  EXPECT_NE(d->log().find("speaks kvproto versions [5, 6], this agent [4, 4]"), std::string::npos) << d->log();
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+}
+
+}  // namespace
+}  // namespace tandem::agent
+
+// The KV channel's authentication (docs/security.md), against real agents
+// started with --pool-key-dir.
+namespace tandem::agent {
+namespace {
+
+const std::string kPoolKey(64, 'a');
+const std::string kOtherPoolKey(64, 'b');
+
+// A key directory with `key` in it, removed at the end of the test.
+struct KeyDir {
+  std::string path;
+  explicit KeyDir(const std::string& key) {
+    path = (std::filesystem::temp_directory_path() /
+            ("pd_auth_test." + std::to_string(::getpid()) + "." + std::to_string(counter++)))
+               .string();
+    std::filesystem::create_directories(path);
+    std::ofstream(path + "/key") << key << "\n";
+  }
+  ~KeyDir() { std::filesystem::remove_all(path); }
+  static inline int counter = 0;
+};
+
+std::shared_ptr<const auth::PoolKeys> keysOf(const std::string& key) { return *auth::PoolKeys::of({key}, {"test"}); }
+
+// Nothing reaches a peer without the key before it proved it: no Hello (so
+// no remote key of P's KV pool), no prefill; each attempt is closed and
+// counted; P keeps serving the decode agent that holds the key.
+TEST(PdAuthTest, PrefillAgentServesOnlyDecodeAgentsThatProveThePoolKey) {
+  KeyDir dir(kPoolKey);
+  auto p = startPrefill(kBlocks, {"--pool-key-dir", dir.path});
+  ASSERT_NE(p, nullptr);
+  const auto noHelloNorPrefill = [](RawPeer& peer) {
+    EXPECT_FALSE(peer.next(kvproto::MessageType::kHello, std::chrono::seconds(1))) << "P sent its region's key";
+    EXPECT_FALSE(peer.next(kvproto::MessageType::kPrefillAccepted, std::chrono::seconds(0)));
+  };
+
+  {  // No key (an insecure agent or anyone): P does not know its key.
+    RawPeer raw;
+    const ConnId c = raw.t->connect("127.0.0.1", p->kvPort());
+    auto failed = raw.authenticate(c);
+    ASSERT_TRUE(failed.has_value());
+    EXPECT_NE(failed->find("holds pool keys [insecure]"), std::string::npos) << *failed;
+    raw.send(c, 0, raw.hello(kvproto::PeerRole::kDecode));
+    raw.send(c, 7, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+    noHelloNorPrefill(raw);
+    EXPECT_TRUE(waitFor([&] { return authFailures(*p, "unknown_key") == 1; })) << scrape(*p);
+  }
+  {  // Skipping the handshake: a Hello, a prefill request straight away.
+    for (int i = 0; i < 2; ++i) {
+      RawPeer raw;
+      const ConnId c = raw.t->connect("127.0.0.1", p->kvPort());
+      if (i == 0) raw.send(c, 0, raw.hello(kvproto::PeerRole::kDecode));
+      raw.send(c, 8, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+      noHelloNorPrefill(raw);
+    }
+    EXPECT_TRUE(waitFor([&] { return authFailures(*p, "unauthenticated") >= 2; })) << scrape(*p);
+  }
+  {  // Another pool's key.
+    RawPeer raw(keysOf(kOtherPoolKey));
+    const ConnId c = raw.t->connect("127.0.0.1", p->kvPort());
+    ASSERT_TRUE(raw.authenticate(c).has_value());
+    noHelloNorPrefill(raw);
+    EXPECT_TRUE(waitFor([&] { return authFailures(*p, "unknown_key") == 2; })) << scrape(*p);
+  }
+  {  // A replayed handshake: a captured AuthHello and AuthProof on a new connection.
+    RawPeer honest(keysOf(kPoolKey));
+    const ConnId c = honest.t->connect("127.0.0.1", p->kvPort());
+    auto connector = auth::KvAuthConnector::start(honest.keys, {kvproto::PeerRole::kDecode, "raw-test-peer"});
+    ASSERT_TRUE(connector.ok());
+    honest.send(c, 0, connector->hello());
+    auto challenge = honest.next(kvproto::MessageType::kAuthChallenge);
+    ASSERT_TRUE(challenge);
+    auto proof = connector->onChallenge(std::get<kvproto::AuthChallenge>(challenge->second.body));
+    ASSERT_TRUE(std::holds_alternative<kvproto::AuthProof>(proof));
+    honest.send(c, 0, std::get<kvproto::AuthProof>(proof));
+
+    RawPeer replay;  // holds no key
+    const ConnId r = replay.t->connect("127.0.0.1", p->kvPort());
+    replay.send(r, 0, connector->hello());
+    ASSERT_TRUE(replay.next(kvproto::MessageType::kAuthChallenge));  // a fresh nonce: the old proof no longer fits
+    replay.send(r, 0, std::get<kvproto::AuthProof>(proof));
+    replay.send(r, 0, replay.hello(kvproto::PeerRole::kDecode));
+    noHelloNorPrefill(replay);
+    EXPECT_TRUE(waitFor([&] { return authFailures(*p, "bad_proof") == 1; })) << scrape(*p);
+  }
+  {  // The right key, but a prefill agent asking another prefill agent for KV.
+    RawPeer other_p(keysOf(kPoolKey));
+    const ConnId c = other_p.t->connect("127.0.0.1", p->kvPort());
+    ASSERT_FALSE(other_p.authenticate(c, kvproto::PeerRole::kPrefill).has_value());
+    other_p.send(c, 0, other_p.hello(kvproto::PeerRole::kPrefill));
+    ASSERT_TRUE(other_p.next(kvproto::MessageType::kHello));  // authenticated: P says Hello
+    other_p.send(c, 9, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+    auto refused = other_p.next(kvproto::MessageType::kAbort);
+    ASSERT_TRUE(refused);
+    EXPECT_NE(std::get<kvproto::Abort>(refused->second.body).message.find("only decode agents"), std::string::npos);
+    EXPECT_FALSE(other_p.next(kvproto::MessageType::kPrefillAccepted, std::chrono::seconds(1)));
+    EXPECT_TRUE(waitFor([&] { return authFailures(*p, "wrong_role") == 1; })) << scrape(*p);
+  }
+  // A decode agent with the key is served, after all that.
+  RawPeer d(keysOf(kPoolKey));
+  auto connected = connectAsDecode(d, p->kvPort());
+  ASSERT_TRUE(connected);
+  EXPECT_FALSE(connected->second.rkey.empty());
+  d.send(connected->first, 6, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+  ASSERT_TRUE(d.next(kvproto::MessageType::kPrefillDone)) << p->log();
+  d.send(connected->first, 6, kvproto::Release{});
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p), "tandem_kv_leases_active{") == 0; }));
+  EXPECT_NE(p->log().find("failed authentication (logged once per address)"), std::string::npos);
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+// A decode agent with the key trusts no prefill peer that cannot prove it:
+// it sends it neither its Hello (its own region's key) nor a prompt, and
+// its requests fail at once, naming why.
+TEST(PdAuthTest, DecodeAgentSendsNothingToAPrefillPeerWithoutThePoolKey) {
+  KeyDir dir(kPoolKey);
+  RawPeer fake_p(keysOf(kOtherPoolKey));
+  ASSERT_NE(fake_p.t, nullptr);
+  auto d = startDecode(fake_p, {"--pool-key-dir", dir.path, "--prefill-timeout", "120s"});
+  ASSERT_NE(d, nullptr);
+  Reply r = postAsync(*d, std::string(40, 'v')).get();
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.code, "transfer_failed");
+  EXPECT_TRUE(waitFor([&] { return authFailures(*d, "refused_by_peer") >= 1; })) << scrape(*d);
+  EXPECT_NE(d->log().find("none in common"), std::string::npos) << d->log();
+  EXPECT_FALSE(fake_p.next(kvproto::MessageType::kHello, std::chrono::seconds(1))) << "D sent its region's key";
+  EXPECT_FALSE(fake_p.next(kvproto::MessageType::kPrefillRequest, std::chrono::seconds(0))) << "D sent a prompt";
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
+}
+
+// Real agents sharing the pool key work together; one with another key
+// fails at once with an error naming both key sets.
+TEST(PdAuthTest, AgentsOfOnePoolWorkTogetherAndAnotherPoolsDoNot) {
+  KeyDir dir(kPoolKey);
+  KeyDir other(kOtherPoolKey);
+  auto p = startPrefill(kBlocks, {"--pool-key-dir", dir.path});
+  ASSERT_NE(p, nullptr);
+  const std::string peer = "127.0.0.1:" + std::to_string(p->kvPort());
+  const auto decodeWith = [&](const std::string& key_dir) {
+    return AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp", "--num-blocks",
+                                std::to_string(kBlocks), "--prefill-peer", peer, "--model-fingerprint",
+                                kFingerprintFlag, "--pool-key-dir", key_dir});
+  };
+  auto good = decodeWith(dir.path);
+  ASSERT_NE(good, nullptr);
+  Reply ok = postAsync(*good, std::string(40, 'a')).get();
+  EXPECT_EQ(ok.status, 200) << good->log();
+  auto bad = decodeWith(other.path);
+  ASSERT_NE(bad, nullptr);
+  // (D may still answer, computing the prompt itself: what matters is that
+  // no KV came from P.)
+  postAsync(*bad, std::string(40, 'b')).get();
+  EXPECT_TRUE(waitFor([&] { return authFailures(*p, "unknown_key") >= 1; })) << scrape(*p);
+  EXPECT_TRUE(waitFor([&] { return authFailures(*bad, "refused_by_peer") >= 1; })) << scrape(*bad);
+  EXPECT_EQ(metricValue(scrape(*bad), "tandem_kv_transfer_bytes_total{"), 0);
+  EXPECT_GT(metricValue(scrape(*good), "tandem_kv_transfer_bytes_total{"), 0);
+  EXPECT_NE(bad->log().find("none in common"), std::string::npos) << bad->log();
+  EXPECT_EQ(good->stop(SIGTERM), 0) << good->log();
+  EXPECT_EQ(bad->stop(SIGTERM), 0) << bad->log();
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
 }
 
 }  // namespace

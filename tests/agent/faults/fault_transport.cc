@@ -91,6 +91,7 @@ class FaultTransport final : public KvTransport {
   uint64_t regionBase() const override { return inner_->regionBase(); }
   const std::string& packedRkey() const override { return inner_->packedRkey(); }
   ConnId connect(const std::string& host, int port) override { return inner_->connect(host, port); }
+  std::string peerAddress(ConnId conn) const override { return inner_->peerAddress(conn); }
   void setRemoteRegion(ConnId conn, uint64_t base, uint64_t length, std::string rkey) override {
     inner_->setRemoteRegion(conn, base, length, std::move(rkey));
   }

@@ -31,7 +31,12 @@ std::vector<Message> samples() {
           {5, Release{}},
           {6, Abort{.reason = FailureReason::kLeaseExpired, .message = "lease expired after 30s"}},
           {7, Ping{}},
-          {8, Pong{}}};
+          {8, Pong{}},
+          {0, AuthHello{.role = PeerRole::kDecode, .nonce = std::string(kAuthNonceSize, 'n'), .key_ids = {1, 0xabcdef},
+                        .peer_name = "d-0"}},
+          {0, AuthChallenge{.role = PeerRole::kPrefill, .nonce = std::string(kAuthNonceSize, 'm'), .key_id = 0xabcdef,
+                            .mac = std::string(kAuthMacSize, '\x7f'), .peer_name = "p-0"}},
+          {0, AuthProof{.mac = std::string(kAuthMacSize, '\0')}}};
 }
 
 TEST(KvProtoTest, RoundTripsEveryMessage) {
@@ -54,7 +59,7 @@ TEST(KvProtoTest, HeaderLayoutIsAsDocumented) {
   std::vector<uint8_t> wire = encode({0x0102030405060708ULL, PrefillDone{.first_token = 5}});
   ASSERT_EQ(wire.size(), kHeaderSize + 4);
   EXPECT_EQ(std::string(wire.begin(), wire.begin() + 4), "TKV1");
-  EXPECT_EQ(wire[4], 3);  // version, little-endian
+  EXPECT_EQ(wire[4], 4);  // version, little-endian
   EXPECT_EQ(wire[6], static_cast<uint8_t>(MessageType::kPrefillDone));
   EXPECT_EQ(wire[8], 0x08);  // transfer id, little-endian
   EXPECT_EQ(wire[16], 4);    // payload length
@@ -82,10 +87,10 @@ TEST(KvProtoTest, BadHeadersAreRejectedWithReason) {
   bad[0] ^= 0xff;
   EXPECT_NE(errorOf(bad).find("bad magic"), std::string::npos);
   bad = wire;
-  bad[4] = 2;  // the previous version: the Hello had no version range
-  EXPECT_NE(errorOf(bad).find("unsupported version 2 (this agent speaks 3 to 3)"), std::string::npos);
-  bad[4] = 4;  // a later version, for a message other than the Hello
-  EXPECT_NE(errorOf(bad).find("unsupported version 4"), std::string::npos);
+  bad[4] = 3;  // the previous version: connections were not authenticated
+  EXPECT_NE(errorOf(bad).find("unsupported version 3 (this agent speaks 4 to 4)"), std::string::npos);
+  bad[4] = 5;  // a later version, for a message other than the Hellos
+  EXPECT_NE(errorOf(bad).find("unsupported version 5"), std::string::npos);
   bad = wire;
   bad[6] = 99;
   EXPECT_NE(errorOf(bad).find("unknown message type 99"), std::string::npos);
@@ -107,15 +112,21 @@ TEST(KvProtoTest, HelloCarriesVersionRangeFingerprintAndRoot) {
   EXPECT_EQ(wire[kHeaderSize + 2], kMaxVersion);
 }
 
-TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
-  // A newer peer's Hello (header version 5, fields appended) still decodes,
-  // so the receiver can name its range when it refuses it.
-  Hello newer{.min_version = 4, .max_version = 5, .peer_name = "p-new"};
-  std::vector<uint8_t> wire = encode({0, newer});
+// `wire` as a version-5 sender would send it: header version 5 and eight
+// bytes of fields appended to the payload.
+std::vector<uint8_t> asNewerVersion(std::vector<uint8_t> wire) {
   wire[4] = 5;
   for (int i = 0; i < 8; ++i) wire.push_back(0xab);
   const uint32_t len = static_cast<uint32_t>(wire.size() - kHeaderSize);
   std::memcpy(wire.data() + 16, &len, 4);
+  return wire;
+}
+
+TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
+  // A newer peer's Hello still decodes,
+  // so the receiver can name its range when it refuses it.
+  Hello newer{.min_version = 4, .max_version = 5, .peer_name = "p-new"};
+  std::vector<uint8_t> wire = asNewerVersion(encode({0, newer}));
   auto back = decode(wire);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(std::get<Hello>(back->body).max_version, 5);
@@ -126,6 +137,31 @@ TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
   // An empty range is malformed.
   EXPECT_NE(errorOf(encode({0, Hello{.min_version = 5, .max_version = 4}})).find("version range [5, 4] is empty"),
             std::string::npos);
+}
+
+TEST(KvProtoTest, AuthHelloOfAnyAuthVersionDecodes) {
+  // A newer peer's AuthHello (version 5, fields appended) decodes, so the
+  // acceptor can name its range; a v3 peer's first message (a Hello) decodes
+  // too and is refused by the handshake, not as garbage.
+  AuthHello newer{.min_version = 4, .max_version = 5, .nonce = std::string(kAuthNonceSize, 'x'), .key_ids = {3}};
+  std::vector<uint8_t> wire = asNewerVersion(encode({0, newer}));
+  auto back = decode(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::get<AuthHello>(back->body).max_version, 5);
+  wire[4] = 3;  // before authentication existed: no such message
+  EXPECT_NE(errorOf(wire).find("unsupported version 3"), std::string::npos);
+}
+
+TEST(KvProtoTest, AuthFieldsHaveFixedSizes) {
+  EXPECT_NE(errorOf(encode({0, AuthProof{.mac = "short"}})).find("mac is 5 bytes, expected 32"), std::string::npos);
+  EXPECT_NE(errorOf(encode({0, AuthProof{.mac = std::string(33, 'a')}})).find("mac length 33 exceeds the limit 32"),
+            std::string::npos);
+  EXPECT_NE(errorOf(encode({0, AuthHello{.nonce = "n"}})).find("nonce is 1 bytes, expected 32"), std::string::npos);
+  AuthHello many{.nonce = std::string(kAuthNonceSize, 'n'), .key_ids = std::vector<uint64_t>(kMaxAuthKeys + 1, 1)};
+  EXPECT_NE(errorOf(encode({0, many})).find("key_ids count 9 exceeds the limit 8"), std::string::npos);
+  AuthChallenge bad_role{.role = static_cast<PeerRole>(9), .nonce = std::string(kAuthNonceSize, 'n'),
+                         .mac = std::string(kAuthMacSize, 'm')};
+  EXPECT_NE(errorOf(encode({0, bad_role})).find("unknown role 9"), std::string::npos);
 }
 
 TEST(KvProtoTest, CompatibleVersionIsTheHighestCommonOne) {
