@@ -306,6 +306,7 @@ struct AgentServer::Impl {
       return absl::OkStatus();
     }
     TANDEM_ASSIGN_OR_RETURN(pool_keys, auth::PoolKeySource::open(config.pool_key_dir, clock));
+    public_auth.pool_keys = pool_keys.get();
     return absl::OkStatus();
   }
 

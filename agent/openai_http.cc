@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "agent/internal_auth.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
@@ -42,6 +43,9 @@ ApiError apiKeyError(const ApiKeyRefusal& refusal) {
 
 std::variant<ApiKeyGrant, http::Response> authorizePublic(const PublicApiAuth& auth, const http::Request& request) {
   if (!auth.api_keys) return ApiKeyGrant();
+  if (auth.pool_keys && internalCaller(*auth.pool_keys, request) == InternalCaller::kAuthenticated) {
+    return ApiKeyGrant();
+  }
   std::optional<std::string> header = request.header("Authorization");
   std::variant<ApiKeyGrant, ApiKeyRefusal> decision =
       auth.api_keys->authorize(header ? std::optional<std::string_view>(*header) : std::nullopt);

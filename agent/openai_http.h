@@ -10,6 +10,10 @@
 #include "agent/openai_request.h"
 #include "src/http/server.h"
 
+namespace tandem::auth {
+class PoolKeySource;
+}  // namespace tandem::auth
+
 namespace tandem::agent {
 
 // `e` as an HTTP response: its status, its JSON body and headers.
@@ -29,6 +33,10 @@ ApiError apiKeyError(const ApiKeyRefusal& refusal);
 // (/healthz, /readyz and /metrics are open; /internal/v1/ is not public.)
 struct PublicApiAuth {
   ApiKeyGate* api_keys = nullptr;  // not owned; null: API keys off (no --api-keys-file)
+  // Not owned. A request bearing the pool's token (a router forwarding to a
+  // decode agent, agent/internal_auth.h) needs no API key: the router
+  // checked the client's and applied its limits. Null or insecure: none skips.
+  auth::PoolKeySource* pool_keys = nullptr;
 };
 
 // The one decision on a public request, on the router and on every agent:

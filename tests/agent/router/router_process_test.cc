@@ -13,6 +13,8 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/api_keys.h"
+#include "src/auth/pool_key.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
 #include "tests/agent/router/router_test_util.h"
@@ -375,6 +378,80 @@ TEST_F(RouterProcessTest, ApiKeysAreCheckedAtTheRouterAndNeverForwarded) {
   EXPECT_GE(metricValueWith(m, "tandem_api_requests_rejected_total", "reason=\"rate_limited\""), 1) << m;
   EXPECT_GE(metricValueWith(m, "tandem_api_requests_rejected_total", "reason=\"concurrency_limited\""), 1) << m;
   EXPECT_TRUE(promtoolComplaints(m).empty());
+}
+
+
+// A pool key directory holding `key` (the pool's Secret, mounted).
+std::string poolKeyDir(const std::string& name, const std::string& key) {
+  const std::filesystem::path dir = testScratchDir() / name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "key") << key << "\n";
+  return dir.string();
+}
+
+int statusOf(const http::ClientRequest& r) {
+  auto resp = http::httpSend(r);
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  return resp.ok() ? resp->status : -1;
+}
+
+// /internal/v1/ answers only the pool's token; a decode agent honours the
+// routing headers only from a caller bearing it (a router of the pool).
+TEST_F(RouterProcessTest, ThePoolKeyGuardsTheInternalApiAndTheRoutingHeaders) {
+  const std::string key(64, 'k');
+  const std::string dir = poolKeyDir("internal-api-key", key);
+  const std::string token = (*auth::PoolKeys::of({key}, {"k"}))->internalToken();
+  auto d = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                "--prefill-peer", "127.0.0.1:1", "--pool-key-dir", dir});
+  ASSERT_TRUE(d);
+
+  http::ClientRequest events{.method = "GET", .url = d->url("/internal/v1/events")};
+  auto none = http::httpSend(events);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(errorCode(*none), "invalid_internal_token") << none->body;
+  events.headers["Authorization"] = "Bearer tandem-pool.k-0000000000000000.0123";
+  EXPECT_EQ(statusOf(events), 401);
+  events.headers["Authorization"] = "Bearer " + (*auth::PoolKeys::of({std::string(64, 'x')}, {"x"}))->internalToken();
+  EXPECT_EQ(statusOf(events), 401);  // another pool's token
+  events.headers["Authorization"] = "Bearer " + token;
+  auto stream = http::SseClient::open(events);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ((*stream)->status(), 200);
+  (*stream)->stop();
+
+  http::ClientRequest routed{.method = "POST", .url = d->url("/v1/completions"), .body = completion("routed").dump()};
+  routed.headers["Content-Type"] = "application/json";
+  routed.headers["x-tandem-route-path"] = "direct";
+  auto refused = http::httpSend(routed);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 403);
+  EXPECT_EQ(errorCode(*refused), "routing_headers_not_allowed") << refused->body;
+  routed.headers["Authorization"] = "Bearer " + token;
+  auto honoured = http::httpSend(routed);
+  ASSERT_TRUE(honoured.ok());
+  EXPECT_EQ(honoured->status, 200) << honoured->body;
+  // Without routing headers anyone may still ask (the public API).
+  EXPECT_EQ(post(*d, completion("public")).status, 200);
+}
+
+// A router of the pool subscribes to and forwards to agents of the pool,
+// which then skip their own API-key check (the router made it). (A router
+// with another pool's key gets 401 on its subscriptions, as the test above
+// shows for the token, and never becomes ready.)
+TEST_F(RouterProcessTest, ARouterServesOnlyThroughAgentsOfItsPool) {
+  const std::string key(64, 'p');
+  const std::string dir = poolKeyDir("router-pool-key", key);
+  const std::string client_key = "sk-pool-client-0123456789abcdef";
+  const std::string keys_file = testScratchDir() / "pool-api-keys.yaml";
+  std::ofstream(keys_file) << "keys:\n" << apiKeyFileEntry("client", hashApiKey(client_key));
+  auto d0 = startWorker("d0", {"--pool-key-dir", dir, "--api-keys-file", keys_file});
+  ASSERT_TRUE(d0);
+  auto router = startRouter({hostPort(*d0)}, {"--pool-key-dir", dir, "--api-keys-file", keys_file});
+  ASSERT_TRUE(router);
+  http::ClientResponse ok = postWithKey(*router, completion("through the pool's router"), client_key);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(postWithKey(*d0, completion("straight to the agent"), "").status, 401);  // the agent still wants a key
 }
 
 }  // namespace
