@@ -233,6 +233,19 @@ void addLimitOptions(std::vector<Option>& o) {
                              "idle streams get a keepalive comment this often; a client that hung up is noticed (and "
                              "its request cancelled) at the next one",
                              &AgentConfig::sse_keepalive));
+  o.push_back(durationOption("header-timeout", "limits", "header_timeout",
+                             "a connection whose request headers are not complete this long after its first byte "
+                             "(or after it opened) is closed: slow clients cannot hold connections",
+                             &AgentConfig::header_timeout));
+  o.push_back(durationOption("body-timeout", "limits", "body_timeout",
+                             "a request body not complete this long after its headers gets 408 and is closed",
+                             &AgentConfig::body_timeout));
+  o.push_back(durationOption("idle-timeout", "limits", "idle_timeout",
+                             "a kept-alive connection with no request under way is closed after this",
+                             &AgentConfig::idle_timeout));
+  o.push_back(numberOption("max-connections", "limits", "max_connections",
+                           "open HTTP connections at most; more are closed as soon as accepted",
+                           &AgentConfig::max_connections, 1, 1 << 20));
   o.push_back(stringOption("http-server", "", "http_server", "HTTP server library: beast or cpprest (docs/http.md)",
                            &AgentConfig::http_server, {"beast", "cpprest"}));
   o.push_back(durationOption("drain-grace", "", "drain_grace", "on SIGTERM, how long in-flight requests may finish",
@@ -534,6 +547,10 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
                                     {"--unserved-timeout (router.unserved_timeout)", c.unserved_timeout}},
                                    std::chrono::milliseconds(100), "100ms"));
   }
+  TANDEM_RETURN_IF_ERROR(atLeast({{"--header-timeout (limits.header_timeout)", c.header_timeout},
+                                  {"--body-timeout (limits.body_timeout)", c.body_timeout},
+                                  {"--idle-timeout (limits.idle_timeout)", c.idle_timeout}},
+                                 std::chrono::milliseconds(100), "100ms"));
   TANDEM_RETURN_IF_ERROR(
       atLeast({{"--kv-heartbeat-interval (kv.heartbeat_interval)", c.kv_heartbeat_interval},
                {"--kv-heartbeat-idle-interval (kv.heartbeat_idle_interval)", c.kv_heartbeat_idle_interval},
@@ -563,6 +580,21 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(c));
   fillDerivedDefaults(c);
   return c;
+}
+
+absl::StatusOr<http::ServerOptions> httpServerOptions(const AgentConfig& c, const Clock& clock) {
+  TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(c.http_server));
+  return http::ServerOptions{.host = c.host,
+                             .port = c.port,
+                             .maxBodyBytes = c.max_body_bytes,
+                             .requestTimeout = c.request_timeout,
+                             .sseKeepalive = c.sse_keepalive,
+                             .clock = &clock,
+                             .library = library,
+                             .headerTimeout = c.header_timeout,
+                             .bodyTimeout = c.body_timeout,
+                             .idleTimeout = c.idle_timeout,
+                             .maxConnections = static_cast<size_t>(c.max_connections)};
 }
 
 }  // namespace tandem::agent

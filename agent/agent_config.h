@@ -13,6 +13,7 @@
 #include "agent/api_keys.h"
 #include "engine/engine.h"
 #include "src/common/status.h"
+#include "src/http/server.h"
 #include "src/routing/router_config.h"
 
 namespace tandem::agent {
@@ -52,6 +53,11 @@ struct AgentConfig {
   size_t max_body_bytes = 8u << 20;                                     // larger request bodies get 413
   std::chrono::nanoseconds request_timeout = std::chrono::minutes(10);  // per request, queue included
   std::chrono::nanoseconds sse_keepalive = std::chrono::seconds(15);    // idle-stream comment; detects hang-ups
+  // Connection hygiene of the HTTP listener (docs/http.md, http::ServerOptions).
+  std::chrono::nanoseconds header_timeout = std::chrono::seconds(10);  // a request's headers, from its first byte
+  std::chrono::nanoseconds body_timeout = std::chrono::seconds(60);    // its body, after the headers (408)
+  std::chrono::nanoseconds idle_timeout = std::chrono::seconds(60);    // a kept-alive connection without a request
+  int max_connections = 4096;                                          // open at once; more are closed at once
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   // The pool key's directory (docs/security.md); empty: insecure.
   std::string pool_key_dir;
@@ -122,6 +128,9 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
 // What parseAgentConfig checks across fields (model_dir set, a role this
 // build serves, a prefill peer for role decode), for configs built in code.
 absl::Status validateAgentConfig(const AgentConfig& config);
+
+// The HTTP listener's options from `config` (the agent's and the router's).
+absl::StatusOr<http::ServerOptions> httpServerOptions(const AgentConfig& config, const Clock& clock);
 
 // The --help text.
 std::string agentHelp();

@@ -449,15 +449,8 @@ struct AgentServer::Impl {
 
   // The HTTP listener, serving routes() from here on.
   absl::Status startHttp() {
-    TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));
-    TANDEM_ASSIGN_OR_RETURN(server, http::Server::start({.host = config.host,
-                                                         .port = config.port,
-                                                         .maxBodyBytes = config.max_body_bytes,
-                                                         .requestTimeout = config.request_timeout,
-                                                         .sseKeepalive = config.sse_keepalive,
-                                                         .clock = &clock,
-                                                         .library = library},
-                                                        routes()));
+    TANDEM_ASSIGN_OR_RETURN(http::ServerOptions server_options, httpServerOptions(config, clock));
+    TANDEM_ASSIGN_OR_RETURN(server, http::Server::start(std::move(server_options), routes()));
     log.info("serving", {{"address", strCat(config.host, ":", server->port())},
                          {"kv_port", kv_port},
                          {"model", config.model_name},

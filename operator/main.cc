@@ -25,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include "operator/listener.h"
 #include "operator/reconciler.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -224,7 +225,8 @@ int main(int argc, char** argv) {
   });
   const size_t colon = flags.listen.rfind(':');
   auto server = tandem::http::Server::start(
-      {.host = flags.listen.substr(0, colon), .port = std::atoi(flags.listen.c_str() + colon + 1)}, std::move(routes));
+      tandem::op::operatorListenerOptions(flags.listen.substr(0, colon), std::atoi(flags.listen.c_str() + colon + 1)),
+      std::move(routes));
   if (!server.ok()) {
     std::cerr << "tandem-operator: cannot serve " << flags.listen << ": " << server.status().message() << "\n";
     return 1;

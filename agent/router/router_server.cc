@@ -519,15 +519,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
         config.routing_knobs_file, config.routing,
         [raw](const routing::RouterConfig& c) { return raw->core.setRouterConfig(c); });
   }
-  TANDEM_ASSIGN_OR_RETURN(const http::ServerLibrary library, http::parseServerLibrary(config.http_server));
-  TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start({.host = config.host,
-                                                             .port = config.port,
-                                                             .maxBodyBytes = config.max_body_bytes,
-                                                             .requestTimeout = config.request_timeout,
-                                                             .sseKeepalive = config.sse_keepalive,
-                                                             .clock = &clock,
-                                                             .library = library},
-                                                            routerRoutes(*impl)));
+  TANDEM_ASSIGN_OR_RETURN(http::ServerOptions server_options, httpServerOptions(config, clock));
+  TANDEM_ASSIGN_OR_RETURN(impl->server, http::Server::start(std::move(server_options), routerRoutes(*impl)));
   impl->log.info("serving", {{"address", strCat(config.host, ":", impl->server->port())},
                              {"role", "router"},
                              {"model", config.model_name},

@@ -91,6 +91,33 @@ TEST(AgentConfigTest, HeartbeatSettingsFromYamlAndFlags) {
   EXPECT_EQ(c->kv_heartbeat_misses, 5);
 }
 
+TEST(AgentConfigTest, ConnectionLimitsAndPoolKeyFromYamlAndFlags) {
+  auto defaults = parse({"--model-dir", "m"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->header_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(defaults->max_connections, 4096);
+  EXPECT_EQ(defaults->pool_key_dir, "");
+  std::string path = writeFile("limits.yaml",
+                               "limits:\n  header_timeout: 2s\n  idle_timeout: 30s\n  max_connections: 100\n"
+                               "auth:\n  pool_key_dir: /etc/tandem/pool-key\n");
+  auto c = parse({"--config", path, "--model-dir", "m", "--body-timeout", "5s"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->header_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(c->body_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(c->idle_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(c->max_connections, 100);
+  EXPECT_EQ(c->pool_key_dir, "/etc/tandem/pool-key");
+  auto options = httpServerOptions(*c, SystemClock::instance());
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(options->headerTimeout, std::chrono::seconds(2));
+  EXPECT_EQ(options->maxConnections, 100u);
+  auto too_short = parse({"--model-dir", "m", "--header-timeout", "1ms"});
+  ASSERT_FALSE(too_short.ok());
+  EXPECT_NE(too_short.status().message().find("--header-timeout (limits.header_timeout)"), std::string::npos)
+      << too_short.status();
+  EXPECT_FALSE(parse({"--model-dir", "m", "--max-connections", "0"}).ok());
+}
+
 TEST(AgentConfigTest, RouterLivenessSettingsFromYamlAndFlags) {
   auto defaults = parse({"--model-dir", "m"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();

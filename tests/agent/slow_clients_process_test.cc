@@ -5,12 +5,11 @@
 // at its header deadline and serves normal requests meanwhile. (A user's
 // report: 1,000 such connections were all still open 35 s later.)
 //
-// The agent has no flag for the HTTP server's connection limits yet, so
-// the listener runs with the library's defaults (http::ServerOptions: a
-// 10 s header deadline, 4,096 connections); each test waits out that
-// deadline in real time. The connection cap and the body and idle
-// deadlines are tested on the library, on a fake clock, in
-// tests/src/http/connection_limits_test.cc.
+// The listeners run with --header-timeout 3s (the default is 10 s); each
+// test waits out that deadline in real time. The connection cap and the
+// body and idle deadlines are tested on the library, on a fake clock, in
+// tests/src/http/connection_limits_test.cc; the flags' parsing in
+// agent_config_test.
 
 #include <gtest/gtest.h>
 
@@ -25,11 +24,11 @@
 namespace tandem::agent::testing {
 namespace {
 
-using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
-// What the listener runs with: the agent passes no header deadline of its own.
-const milliseconds kHeaderTimeout = duration_cast<milliseconds>(http::ServerOptions{}.headerTimeout);
+// What the listeners run with (--header-timeout).
+constexpr milliseconds kHeaderTimeout{3'000};
+constexpr const char* kHeaderTimeoutFlag = "3s";
 // Time beyond the deadline that a loaded 2-core machine may need to close 400
 // connections; the user's report had them open after 35 s.
 constexpr milliseconds kSlack{20'000};
@@ -63,7 +62,7 @@ std::string normalRequests(const AgentProcess& listener) {
 
 class SlowClientsProcessTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { agent_ = AgentProcess::start({"--worker", "d0", "--num-blocks", "256"}).release(); }
+  static void SetUpTestSuite() { agent_ = AgentProcess::start({"--worker", "d0", "--num-blocks", "256", "--header-timeout", kHeaderTimeoutFlag}).release(); }
   static void TearDownTestSuite() {
     delete agent_;
     agent_ = nullptr;
@@ -80,7 +79,8 @@ TEST_F(SlowClientsProcessTest, AgentClosesSlowAndIdleConnectionsAtTheHeaderDeadl
 
 TEST_F(SlowClientsProcessTest, RouterClosesSlowAndIdleConnectionsAtTheHeaderDeadline) {
   const std::string agent = agent_->url("").substr(std::string("http://").size());
-  auto router = AgentProcess::start({"--role", "router", "--worker", "router", "--decode-workers", agent});
+  auto router = AgentProcess::start(
+      {"--role", "router", "--worker", "router", "--decode-workers", agent, "--header-timeout", kHeaderTimeoutFlag});
   ASSERT_TRUE(router);
   // The router serves once it has the agent's state from its event stream.
   ASSERT_TRUE(waitFor([&] { return normalRequests(*router).empty(); })) << normalRequests(*router);

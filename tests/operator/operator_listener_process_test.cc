@@ -24,6 +24,7 @@
 
 #include <gtest/gtest.h>
 
+#include "operator/listener.h"
 #include "src/common/strings.h"
 #include "src/http/client.h"
 #include "src/http/server.h"
@@ -38,7 +39,7 @@ using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 using testutil::waitFor;
 
-const milliseconds kHeaderTimeout = duration_cast<milliseconds>(http::ServerOptions{}.headerTimeout);
+const milliseconds kHeaderTimeout = duration_cast<milliseconds>(operatorListenerOptions("", 0).headerTimeout);
 constexpr milliseconds kSlack{20'000};  // for a loaded machine; the user's report had them open after 35 s
 
 constexpr char kHalfRequest[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\nUser-Agent: Prometh";
