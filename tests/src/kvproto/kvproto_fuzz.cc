@@ -1,11 +1,47 @@
-// libFuzzer target for the kvproto decoder: any byte string must decode to a
-// message or a Status, never crash or read out of bounds (built with
-// AddressSanitizer), and whatever decodes must re-encode to the same bytes
-// (a newer peer's Hello to the same bytes less its appended fields).
+// libFuzzer target for the kvproto decoder and the authentication
+// handshake: any byte string must decode to a message or a Status, never
+// crash or read out of bounds (built with AddressSanitizer), and whatever
+// decodes must re-encode to the same bytes (a newer peer's Hello to the same
+// bytes less its appended fields). What decodes as a handshake message is
+// then fed to the acceptor (AuthHello, AuthProof) or a connector
+// (AuthChallenge), which must answer with a challenge, a proof or a typed
+// failure, and never authenticate a proof it did not derive itself.
 #include <algorithm>
 #include <cstdlib>
 
+#include "src/auth/kv_handshake.h"
 #include "src/kvproto/kvproto.h"
+
+namespace {
+
+using namespace tandem;
+
+const std::shared_ptr<const auth::PoolKeys>& fuzzKeys() {
+  static const auto keys = *auth::PoolKeys::of({std::string(64, 'f')}, {"fuzz"});
+  return keys;
+}
+
+void handshake(const kvproto::Message& m) {
+  if (auto* h = std::get_if<kvproto::AuthHello>(&m.body)) {
+    auth::KvAuthAcceptor a(fuzzKeys(), {kvproto::PeerRole::kPrefill, "p"});
+    auto r = a.onHello(*h);
+    if (std::holds_alternative<kvproto::AuthChallenge>(r)) {
+      // A proof the fuzzer made up cannot match the fresh nonce's MAC.
+      if (!a.onProof(kvproto::AuthProof{std::string(kvproto::kAuthMacSize, 'x')}).has_value()) std::abort();
+      if (a.authenticated()) std::abort();
+    }
+  } else if (auto* p = std::get_if<kvproto::AuthProof>(&m.body)) {
+    auth::KvAuthAcceptor a(fuzzKeys(), {kvproto::PeerRole::kPrefill, "p"});
+    if (!a.onProof(*p).has_value() || a.authenticated()) std::abort();  // no challenge was issued
+  } else if (auto* c = std::get_if<kvproto::AuthChallenge>(&m.body)) {
+    auto connector = auth::KvAuthConnector::start(fuzzKeys(), {kvproto::PeerRole::kDecode, "d"});
+    if (!connector.ok()) std::abort();
+    // The connector's nonce is fresh: no made-up challenge can carry its MAC.
+    if (!std::holds_alternative<auth::AuthFailure>(connector->onChallenge(*c))) std::abort();
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tandem::kvproto;
@@ -19,6 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool appended = version > kMaxVersion;
     if (appended ? again.size() > size : again.size() != size) std::abort();
     if (!std::equal(again.begin() + 24, again.end(), data + 24)) std::abort();
+    handshake(*m);
   }
   return 0;
 }
