@@ -51,14 +51,14 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
       rejected_(metrics::buildCounter()
                     .name("tandem_kv_control_messages_rejected_total")
                     .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, "
-                          "after_end, unknown_peer, incompatible_version, fingerprint_mismatch, hash_root_mismatch.")
+                          "after_end, incompatible_version, fingerprint_mismatch, hash_root_mismatch.")
                     .labels(labels)
                     .registerOn(r)),
       auth_failures_(metrics::buildCounter()
                          .name("tandem_kv_auth_failures_total")
                          .help("KV connections closed because the peer failed authentication, by reason: "
                                "unknown_key, bad_proof, bad_challenge, unauthenticated, wrong_role, "
-                               "incompatible_version, malformed.")
+                               "incompatible_version, malformed, refused_by_peer.")
                          .labels(labels)
                          .registerOn(r)),
       peer_requests_(metrics::buildCounter()
@@ -119,9 +119,13 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
   for (const char* reason : {"suspect", "unhealthy", "deadline", "disconnected"}) {
     for (const char* to : {"peer", "local"}) failovers_.add({{"reason", reason}, {"to", to}});
   }
-  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "unknown_peer",
-                             "incompatible_version", "fingerprint_mismatch", "hash_root_mismatch"}) {
+  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "incompatible_version",
+                             "fingerprint_mismatch", "hash_root_mismatch"}) {
     rejected_.add({{"reason", reason}});
+  }
+  for (const char* reason : {"unknown_key", "bad_proof", "bad_challenge", "unauthenticated", "wrong_role",
+                             "incompatible_version", "malformed", "refused_by_peer"}) {
+    auth_failures_.add({{"reason", reason}});
   }
 }
 

@@ -20,8 +20,7 @@ class PdMetrics {
   // A control message this side refused (tandem_kv_control_messages_rejected_total):
   // "malformed" (kvproto::decode failed), "unknown_transfer" (names no
   // transfer this side has), "unexpected_type" (not one this role takes),
-  // "after_end" (P: a PrefillRequest for a transfer D already ended),
-  // "unknown_peer" (D: from a connection other than those to its P), and a
+  // "after_end" (P: a PrefillRequest for a transfer D already ended), and a
   // refused peer's Hello: "incompatible_version", "fingerprint_mismatch",
   // "hash_root_mismatch".
   void rejected(std::string_view reason);

@@ -33,6 +33,10 @@
 // TTFT with the prefill agent stopped (SIGSTOP), against TTFT with it
 // running: see stalledPrefill(); a decode agent stopped behind the router:
 // see stalledDecode().
+//
+// Connection set-up with the authentication handshake (kvproto v4,
+// docs/security.md) against the Hello exchange alone (what a connection
+// did before it): see connectionSetup().
 
 #include <fcntl.h>
 #include <signal.h>
@@ -63,6 +67,8 @@
 #include "agent/router/router_server.h"
 #include "agent/transport/ucx_transport.h"
 #include "bench/bench_report.h"
+#include "src/auth/kv_handshake.h"
+#include "src/kvproto/kvproto.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/weights.h"
 #include "src/common/log.h"
@@ -510,6 +516,101 @@ bool stalledDecode(std::vector<bench::Result>& results, const std::string& dir) 
 
 }  // namespace
 
+// From connect() until D holds P's Hello (its remote key: D can pull), over
+// tcp on loopback, 200 fresh connections each way, interleaved: with the
+// handshake (AuthHello, AuthChallenge, AuthProof, then the Hellos), and the
+// Hello exchange alone. P answers as a prefill agent does, in its
+// transport's callback. Median of each.
+bool connectionSetup(std::vector<bench::Result>& results) {
+  const auto keys = *auth::PoolKeys::of({std::string(64, 'b')}, {"bench"});
+  std::vector<std::byte> p_mem(1 << 20), d_mem(1 << 20);
+  struct Inbox {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<kvproto::Message> messages;
+  } inbox;
+  std::mutex p_mu;
+  std::map<ConnId, auth::KvAuthAcceptor> acceptors;  // under p_mu
+  std::unique_ptr<UcxTransport> p;
+  TransportCallbacks p_cb;
+  p_cb.on_message = [&](ConnId c, std::vector<uint8_t> bytes) {
+    auto m = kvproto::decode(bytes);
+    if (!m.ok()) return;
+    std::lock_guard l(p_mu);
+    if (auto* h = std::get_if<kvproto::AuthHello>(&m->body)) {
+      auto it = acceptors.try_emplace(c, keys, auth::KvIdentity{kvproto::PeerRole::kPrefill, "prefill"}).first;
+      auto r = it->second.onHello(*h);
+      if (auto* ch = std::get_if<kvproto::AuthChallenge>(&r)) p->send(c, kvproto::encode({0, *ch}));
+    } else if (auto* proof = std::get_if<kvproto::AuthProof>(&m->body)) {
+      (void)acceptors.at(c).onProof(*proof);
+    } else if (std::holds_alternative<kvproto::Hello>(m->body)) {
+      p->send(c, kvproto::encode({0, kvproto::Hello{.rkey = p->packedRkey(), .peer_name = "prefill"}}));
+    }
+  };
+  TransportCallbacks d_cb;
+  d_cb.on_message = [&](ConnId, std::vector<uint8_t> bytes) {
+    auto m = kvproto::decode(bytes);
+    if (!m.ok()) return;
+    std::lock_guard l(inbox.mu);
+    inbox.messages.push_back(std::move(*m));
+    inbox.cv.notify_all();
+  };
+  auto ps = UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = p_mem, .tls = "tcp"}, p_cb);
+  auto ds = UcxTransport::start({.host = "127.0.0.1", .port = 0, .region = d_mem, .tls = "tcp"}, d_cb);
+  if (!ps.ok() || !ds.ok()) return false;
+  p = std::move(*ps);
+  std::unique_ptr<UcxTransport> d = std::move(*ds);
+  auto next = [&](kvproto::MessageType type) -> std::optional<kvproto::Message> {
+    std::unique_lock l(inbox.mu);
+    std::optional<kvproto::Message> found;
+    inbox.cv.wait_for(l, std::chrono::seconds(10), [&] {
+      for (auto it = inbox.messages.begin(); it != inbox.messages.end(); ++it) {
+        if (kvproto::typeOf(it->body) != type) continue;
+        found = std::move(*it);
+        inbox.messages.erase(it);
+        return true;
+      }
+      return false;
+    });
+    return found;
+  };
+  const kvproto::Hello d_hello{.rkey = d->packedRkey(), .peer_name = "decode"};
+  auto connect = [&](bool authenticate) -> std::optional<double> {
+    const auto start = std::chrono::steady_clock::now();
+    const ConnId c = d->connect("127.0.0.1", p->port());
+    if (authenticate) {
+      auto connector = auth::KvAuthConnector::start(keys, {kvproto::PeerRole::kDecode, "decode"});
+      if (!connector.ok()) return std::nullopt;
+      d->send(c, kvproto::encode({0, connector->hello()}));
+      auto challenge = next(kvproto::MessageType::kAuthChallenge);
+      if (!challenge) return std::nullopt;
+      auto proof = connector->onChallenge(std::get<kvproto::AuthChallenge>(challenge->body));
+      if (!std::holds_alternative<kvproto::AuthProof>(proof)) return std::nullopt;
+      d->send(c, kvproto::encode({0, std::get<kvproto::AuthProof>(proof)}));
+    }
+    d->send(c, kvproto::encode({0, d_hello}));
+    if (!next(kvproto::MessageType::kHello)) return std::nullopt;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    d->close(c);
+    return ms;
+  };
+  std::vector<double> with, without;
+  for (int i = 0; i < 220; ++i) {
+    auto a = connect(true);
+    auto b = connect(false);
+    if (!a || !b) return false;
+    if (i < 20) continue;  // warm-up
+    with.push_back(*a);
+    without.push_back(*b);
+  }
+  const double base = median(without);
+  results.push_back({.name = "kv_connect_authenticated_ms", .value = median(with), .unit = "ms", .reference = base,
+                     .reference_name = "the Hello exchange alone, same run"});
+  d->shutdown();
+  p->shutdown();
+  return true;
+}
+
 int main(int argc, char** argv) {
   if (!configureLogging({.spec = "warn"}).ok()) return 1;
   std::vector<bench::Result> results;
@@ -618,6 +719,10 @@ int main(int argc, char** argv) {
   std::string dir = (std::filesystem::temp_directory_path() / "tandem-bench-transport-XXXXXX").string();
   if (mkdtemp(dir.data()) == nullptr) {
     std::perror("bench_transport: mkdtemp");
+    return 1;
+  }
+  if (!connectionSetup(results)) {
+    std::fprintf(stderr, "bench_transport: the connection set-up comparison failed\n");
     return 1;
   }
   const bool split_ok = ttftSplit(results, dir) && stalledPrefill(results, dir) && stalledDecode(results, dir);

@@ -15,6 +15,10 @@ constexpr const char* kApiVersion = "serving.tandem.dev/v1alpha1";
 constexpr const char* kConfigPath = "/etc/tandem";
 constexpr const char* kModelMount = "/model";
 constexpr const char* kRoutingPath = "/etc/tandem-routing";
+constexpr const char* kPoolKeyPath = "/var/run/tandem/pool-key";
+constexpr const char* kApiKeysPath = "/var/run/tandem/api-keys";
+constexpr int kAgentUid = 65532;     // the image's non-root user (Dockerfile)
+constexpr int kSecretFileMode = 0440;  // owner and group (fsGroup) read
 
 json labels(const PoolSpec& pool, const Role* role) {
   json l = {{"app.kubernetes.io/name", "tandem"},
@@ -59,7 +63,8 @@ std::string hex64(uint64_t v) {
 // The role's command line: the shared config, the role, where it listens,
 // how it finds its peers, the router's policy knobs, then the user's args.
 json args(const PoolSpec& pool, Role role) {
-  json a = json::array({"--config", strCat(kConfigPath, "/agent.yaml"), "--role", roleName(role)});
+  json a = json::array({"--config", strCat(kConfigPath, "/agent.yaml"), "--role", roleName(role), "--pool-key-dir",
+                        kPoolKeyPath});
   const int port = role == Role::kRouter ? kRouterPort : kAgentPort;
   a.push_back("--listen");
   a.push_back(strCat("0.0.0.0:", port));
@@ -81,6 +86,10 @@ json args(const PoolSpec& pool, Role role) {
     a.push_back(childName(pool, Role::kDecode));
     a.push_back("--prefill-service");
     a.push_back(childName(pool, Role::kPrefill));
+    if (!pool.api_keys_secret.empty()) {
+      a.push_back("--api-keys-file");
+      a.push_back(strCat(kApiKeysPath, "/keys.yaml"));
+    }
     // The planner's knobs (operator/autoscaler.h), when it publishes them.
     a.push_back("--routing-knobs");
     a.push_back(strCat(kRoutingPath, "/knobs.json"));
@@ -155,14 +164,23 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
         {"timeoutSeconds", 5},
         {"failureThreshold", 6}}},
       {"volumeMounts", json::array({{{"name", "config"}, {"mountPath", kConfigPath}, {"readOnly", true}},
-                                    {{"name", "model"}, {"mountPath", kModelMount}, {"readOnly", true}}})}};
+                                    {{"name", "model"}, {"mountPath", kModelMount}, {"readOnly", true}},
+                                    {{"name", "pool-key"}, {"mountPath", kPoolKeyPath}, {"readOnly", true}},
+                                    {{"name", "tmp"}, {"mountPath", "/tmp"}}})}};
   if (role == Role::kRouter) {
     container["volumeMounts"].push_back({{"name", "routing"}, {"mountPath", kRoutingPath}, {"readOnly", true}});
+    if (!pool.api_keys_secret.empty()) {
+      container["volumeMounts"].push_back({{"name", "api-keys"}, {"mountPath", kApiKeysPath}, {"readOnly", true}});
+    }
   }
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
-  if (pool.ipc_lock && role != Role::kRouter) {
-    container["securityContext"] = {{"capabilities", {{"add", json::array({"IPC_LOCK"})}}}};
-  }
+  // Hardened: nothing to write but /tmp, nothing to gain by escalating, no
+  // capability but IPC_LOCK for RDMA's pinned memory where asked.
+  json capabilities = {{"drop", json::array({"ALL"})}};
+  if (pool.ipc_lock && role != Role::kRouter) capabilities["add"] = json::array({"IPC_LOCK"});
+  container["securityContext"] = {{"allowPrivilegeEscalation", false},
+                                  {"readOnlyRootFilesystem", true},
+                                  {"capabilities", capabilities}};
   json model_volume = pool.model_pvc.empty()
                           ? json{{"name", "model"}, {"hostPath", {{"path", pool.model_path}, {"type", "Directory"}}}}
                           : json{{"name", "model"},
@@ -171,12 +189,29 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
       {"serviceAccountName", agentName(pool)},
       // The agent drains on SIGTERM within --drain-grace; the grace leaves it that.
       {"terminationGracePeriodSeconds", role == Role::kDecode ? 90 : 30},
+      {"securityContext",
+       {{"runAsNonRoot", true},
+        {"runAsUser", kAgentUid},
+        {"runAsGroup", kAgentUid},
+        {"fsGroup", kAgentUid},
+        {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
       {"containers", json::array({container})},
-      {"volumes", json::array({{{"name", "config"}, {"configMap", {{"name", agentName(pool)}}}}, model_volume})}};
+      {"volumes", json::array({{{"name", "config"}, {"configMap", {{"name", agentName(pool)}}}},
+                               model_volume,
+                               // Not through subPath: a mounted Secret's files are replaced when
+                               // it is edited (a rotation), a subPath's never.
+                               {{"name", "pool-key"},
+                                {"secret", {{"secretName", poolKeySecretName(pool)}, {"defaultMode", kSecretFileMode}}}},
+                               {{"name", "tmp"}, {"emptyDir", json::object()}}})}};
   if (role == Role::kRouter) {
     // Optional: it exists only while the planner sizes the pool.
     pod_spec["volumes"].push_back(
         {{"name", "routing"}, {"configMap", {{"name", strCat(pool.name, "-routing")}, {"optional", true}}}});
+    if (!pool.api_keys_secret.empty()) {
+      pod_spec["volumes"].push_back(
+          {{"name", "api-keys"},
+           {"secret", {{"secretName", pool.api_keys_secret}, {"defaultMode", kSecretFileMode}}}});
+    }
   }
   if (!r.node_selector.empty()) pod_spec["nodeSelector"] = r.node_selector;
   if (!r.tolerations.empty()) pod_spec["tolerations"] = r.tolerations;
@@ -234,6 +269,19 @@ std::string agentConfigYaml(const PoolSpec& pool) {
   if (pool.max_num_seqs) y += strCat("  max_num_seqs: ", *pool.max_num_seqs, "\n");
   if (pool.max_model_len) y += strCat("  max_model_len: ", *pool.max_model_len, "\n");
   return y;
+}
+
+std::string poolKeySecretName(const PoolSpec& pool) { return strCat(pool.name, "-pool-key"); }
+
+json poolKeySecret(const PoolSpec& pool, const std::string& key) {
+  json md = metadata(pool, poolKeySecretName(pool), nullptr);
+  md["annotations"] = {{"serving.tandem.dev/rotation",
+                        "add next-key, then move key to previous-key and next-key to key, then drop previous-key, "
+                        "waiting for the pods to see each step (docs/security.md)"}};
+  json s = object("v1", "Secret", std::move(md));
+  s["type"] = "Opaque";
+  s["stringData"] = {{"key", key}};
+  return s;
 }
 
 std::vector<const json*> Children::all() const {

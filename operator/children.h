@@ -21,6 +21,14 @@
 // and serving.tandem.dev/config-hash so a changed agent.yaml rolls them.
 // Replicas are not in the pod template: scaling one role restarts nothing.
 //
+// Every pod mounts the pool key's Secret (<pool>-pool-key, poolKeySecret();
+// the reconciler creates it once with a random key, docs/security.md) at
+// /var/run/tandem/pool-key, and the routers the Secret of
+// spec.router.apiKeysSecret at /var/run/tandem/api-keys. Pods run as
+// non-root (uid 65532) with a read-only root filesystem, no privilege
+// escalation, the runtime's seccomp profile and no capabilities but
+// IPC_LOCK where spec.network.ipcLock asks for it (RDMA); /tmp is an emptyDir.
+//
 // Pure.
 
 #include <string>
@@ -46,6 +54,12 @@ struct Children {
 };
 
 Children desiredChildren(const PoolSpec& pool);
+
+// The pool key's Secret: "<pool>-pool-key" holding `key` (what
+// src/auth/pool_key.h reads). Created once by the reconciler with a fresh
+// random key and never applied again, so a user's rotation stands.
+std::string poolKeySecretName(const PoolSpec& pool);
+nlohmann::json poolKeySecret(const PoolSpec& pool, const std::string& key);
 
 // The labels selecting a role's pods (the Deployment's selector).
 nlohmann::json roleSelector(const PoolSpec& pool, Role role);

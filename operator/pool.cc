@@ -1,5 +1,7 @@
 #include "operator/pool.h"
 
+#include <algorithm>
+
 #include "src/common/config.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -18,6 +20,14 @@ const json& member(const json& j, const char* key) {
   if (!j.is_object()) return null;
   auto it = j.find(key);
   return it == j.end() ? null : *it;
+}
+
+// A DNS-1123 subdomain: what Kubernetes accepts as a Secret's name.
+bool isDnsSubdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(s.front()) || !alnum(s.back())) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) { return alnum(c) || c == '-' || c == '.'; });
 }
 
 absl::StatusOr<std::string> str(const json& j, const char* key, const std::string& path, std::string fallback = "") {
@@ -229,6 +239,11 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "decode"), "spec.decode", true, p.decode));
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "router"), "spec.router", false, p.router));
   TANDEM_ASSIGN_OR_RETURN(p.router_policy, object(member(spec, "router"), "policy", "spec.router"));
+  TANDEM_ASSIGN_OR_RETURN(p.api_keys_secret, str(member(spec, "router"), "apiKeysSecret", "spec.router"));
+  if (!p.api_keys_secret.empty() && !isDnsSubdomain(p.api_keys_secret)) {
+    return fieldError("spec.router.apiKeysSecret",
+                      strCat("\"", p.api_keys_secret, "\" is not a Secret name (lower-case letters, digits, '-' and '.')"));
+  }
 
   TANDEM_RETURN_IF_ERROR(parseAutoscaling(member(spec, "autoscaling"), p.autoscaling));
   if (p.autoscaling.enabled &&

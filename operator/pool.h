@@ -69,6 +69,10 @@ struct PoolSpec {
   std::optional<int32_t> max_num_seqs, max_model_len;
   RoleSpec prefill{.replicas = 1}, decode{.replicas = 2}, router{.replicas = 1};
   nlohmann::json router_policy = nlohmann::json::object();  // spec.router.policy
+  // spec.router.apiKeysSecret: a Secret in the pool's namespace whose
+  // keys.yaml the routers check clients' API keys against (docs/api-keys.md);
+  // "": no API keys.
+  std::string api_keys_secret;
   AutoscalingSpec autoscaling;
   // spec.network
   TrafficClass kv_traffic, collective_traffic;

@@ -6,6 +6,7 @@
 #include "operator/deletion_cost.h"
 #include "operator/pool.h"
 #include "operator/pool_status.h"
+#include "src/auth/pool_key.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/http/client.h"
@@ -210,6 +211,35 @@ void Reconciler::work() {
   }
 }
 
+absl::Status Reconciler::ensurePoolKey(const PoolSpec& pool, const k8s::ObjectReference& ref) {
+  const std::string secret = poolKeySecretName(pool);
+  const std::string key = k8s::objectKey(pool.ns, pool.name);
+  const MonoTime now = SystemClock::instance().now();
+  {
+    absl::MutexLock lock(&created_mu_);
+    auto it = pool_keys_seen_.find(key);
+    if (it != pool_keys_seen_.end() && it->second.uid == pool.uid && now < it->second.next_check) {
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<json> got = client_.get(k8s::secretsResource(), pool.ns, secret);
+  if (!got.ok()) {
+    if (!absl::IsNotFound(got.status())) return got.status();
+    TANDEM_ASSIGN_OR_RETURN(const std::string fresh, auth::generatePoolKey());
+    absl::StatusOr<json> created = client_.create(k8s::secretsResource(), pool.ns, poolKeySecret(pool, fresh));
+    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+    if (created.ok()) {
+      (void)events_->record(ref, k8s::EventType::kNormal, "Created", "Reconcile",
+                            strCat("Created Secret/", secret, ": the pool key its agents authenticate each other "
+                                   "with (docs/security.md)"));
+    }
+  }
+  absl::MutexLock lock(&created_mu_);
+  if (pool_keys_seen_.size() >= 4096) pool_keys_seen_.clear();
+  pool_keys_seen_[key] = {pool.uid, now + kPoolKeyRecheck};
+  return absl::OkStatus();
+}
+
 absl::Status Reconciler::reconcile(const std::string& key, std::string* result) {
   std::optional<json> pool = pools_->cache().getByKey(key);
   if (!pool || pool->contains("/metadata/deletionTimestamp"_json_pointer)) return absl::OkStatus();
@@ -241,6 +271,7 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
   // The pool has not changed since its last complete reconcile: a child that
   // differs was changed by someone else.
   const bool pool_unchanged = intAt(previous_status, "/observedGeneration"_json_pointer, -1) == spec->generation;
+  TANDEM_RETURN_IF_ERROR(ensurePoolKey(*spec, ref));
   const Children children = desiredChildren(*spec);
   const k8s::ApplyOptions apply{.fieldManager = kFieldManager, .force = true};
   std::vector<std::string> created, updated;  // one event each for all of them

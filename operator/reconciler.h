@@ -92,6 +92,11 @@ class Reconciler {
   // One pass over the pool `key` ("ns/name").
   absl::Status reconcile(const std::string& key, std::string* result);
   void enqueueOwner(const nlohmann::json& child);
+  // The pool key's Secret exists (children.h poolKeySecret): created once
+  // with a fresh random key, never written again (a user's rotation
+  // stands). Looked up again at most every kPoolKeyRecheck per pool.
+  absl::Status ensurePoolKey(const PoolSpec& pool, const k8s::ObjectReference& ref);
+  static constexpr Duration kPoolKeyRecheck = std::chrono::minutes(5);
   void refreshDeletionCosts();
 
   k8s::Client& client_;
@@ -116,6 +121,13 @@ class Reconciler {
   // A child deleted meanwhile comes back with another uid: reported.
   absl::Mutex created_mu_;
   absl::flat_hash_map<std::string, std::string> created_ ABSL_GUARDED_BY(created_mu_);
+  // Per pool key ("ns/name"): its uid when its key Secret was last seen, and
+  // when to look again.
+  struct PoolKeySeen {
+    std::string uid;
+    MonoTime next_check;
+  };
+  absl::flat_hash_map<std::string, PoolKeySeen> pool_keys_seen_ ABSL_GUARDED_BY(created_mu_);
 };
 
 }  // namespace tandem::op

@@ -185,9 +185,31 @@ std::vector<std::string> PodWorker::launchPrefix(const PodAddress& address, cons
   for (const char* a : {"unshare", "--uts", "--", "/bin/sh", "-c", kScript}) prefix.push_back(a);
   prefix.push_back(name_.substr(0, 63));
   std::vector<MountSpec> mounts = plan.mounts;
-  // A parent before what is mounted inside it.
-  std::sort(mounts.begin(), mounts.end(), [](const MountSpec& a, const MountSpec& b) { return a.mount_path < b.mount_path; });
   const fs::path volumes_dir = fs::path(env_.pods_dir) / ns_ / name_ / "volumes";
+  // The volumes' files live in this kubelet's state directory on the host,
+  // so a mount over one of its ancestors (an emptyDir at /tmp while the
+  // state is under /tmp) would hide every source mounted after it: such
+  // mounts go last. Otherwise a parent before what is mounted inside it.
+  const std::string state = fs::weakly_canonical(volumes_dir).string();
+  auto hidesState = [&](const MountSpec& m) {
+    const std::string dir = m.mount_path.back() == '/' ? m.mount_path : m.mount_path + "/";
+    return state.compare(0, dir.size(), dir) == 0;
+  };
+  std::sort(mounts.begin(), mounts.end(), [&](const MountSpec& a, const MountSpec& b) {
+    const bool ha = hidesState(a), hb = hidesState(b);
+    return ha != hb ? hb : a.mount_path < b.mount_path;
+  });
+  for (const MountSpec& hiding : mounts) {
+    if (!hidesState(hiding)) continue;
+    for (const MountSpec& m : mounts) {
+      if (!hidesState(m) && m.mount_path.rfind(hiding.mount_path + "/", 0) == 0) {
+        error = absl::InvalidArgumentError(
+            strCat("container ", plan.name, ": mountPath ", m.mount_path, " is inside ", hiding.mount_path,
+                   ", which holds this kubelet's state directory (", state, "): not supported here"));
+        return prefix;
+      }
+    }
+  }
   for (const MountSpec& m : mounts) {
     auto vol = std::find_if(volumes.begin(), volumes.end(), [&](const VolumeSpec& v) { return v.name == m.volume; });
     const bool host = vol != volumes.end() && vol->kind == VolumeSpec::Kind::kHostPath;

@@ -97,7 +97,64 @@ TEST(ChildrenTest, QosGoesOnPrefillAndDecodePodsOnly) {
   EXPECT_EQ(container["securityContext"]["capabilities"]["add"][0], "IPC_LOCK");
   const json& router = c.deployments[static_cast<int>(Role::kRouter)]["spec"]["template"];
   EXPECT_FALSE(router["metadata"]["annotations"].contains("serving.tandem.dev/kv-traffic-class"));
-  EXPECT_FALSE(router["spec"]["containers"][0].contains("securityContext"));
+  EXPECT_FALSE(router["spec"]["containers"][0]["securityContext"]["capabilities"].contains("add"))
+      << "no IPC_LOCK for the router: it registers no memory";
+}
+
+// Every pod: the pool key mounted as a directory (so a rotation reaches it)
+// and passed to the agent; non-root, read-only root filesystem, no
+// privilege escalation, every capability dropped; /tmp writable.
+TEST(ChildrenTest, PodsAreHardenedAndCarryThePoolKey) {
+  PoolSpec p = pool();
+  const Children c = desiredChildren(p);
+  for (Role r : kRoles) {
+    const json& spec = c.deployments[static_cast<int>(r)]["spec"]["template"]["spec"];
+    const json& container = spec["containers"][0];
+    EXPECT_EQ(spec["securityContext"]["runAsNonRoot"], true);
+    EXPECT_NE(spec["securityContext"]["runAsUser"], 0);
+    EXPECT_EQ(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    EXPECT_EQ(container["securityContext"]["readOnlyRootFilesystem"], true);
+    EXPECT_EQ(container["securityContext"]["allowPrivilegeEscalation"], false);
+    EXPECT_EQ(container["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
+    EXPECT_FALSE(container["securityContext"]["capabilities"].contains("add")) << "ipcLock is off";
+    std::map<std::string, json> volumes, mounts;
+    for (const json& v : spec["volumes"]) volumes[v["name"]] = v;
+    for (const json& m : container["volumeMounts"]) mounts[m["name"]] = m;
+    EXPECT_EQ(volumes["pool-key"]["secret"]["secretName"], "tiny-pool-key");
+    EXPECT_FALSE(mounts["pool-key"].contains("subPath")) << "a subPath mount never sees a rotation";
+    EXPECT_EQ(mounts["pool-key"]["readOnly"], true);
+    EXPECT_TRUE(volumes["tmp"].contains("emptyDir"));
+    EXPECT_EQ(mounts["tmp"]["mountPath"], "/tmp");
+    const std::vector<std::string> args = strings(container["args"]);
+    auto it = std::find(args.begin(), args.end(), "--pool-key-dir");
+    ASSERT_NE(it, args.end());
+    EXPECT_EQ(*(it + 1), mounts["pool-key"]["mountPath"]);
+    EXPECT_EQ(std::find(args.begin(), args.end(), "--api-keys-file"), args.end()) << "no apiKeysSecret";
+  }
+  const json secret = poolKeySecret(p, std::string(64, 'k'));
+  EXPECT_EQ(secret["metadata"]["name"], "tiny-pool-key");
+  EXPECT_EQ(secret["stringData"]["key"], std::string(64, 'k'));
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "InferencePool") << "deleted with its pool";
+}
+
+// spec.router.apiKeysSecret: the routers (only) mount it and check keys.
+TEST(ChildrenTest, RoutersMountTheApiKeysSecret) {
+  PoolSpec p = pool();
+  p.api_keys_secret = "team-keys";
+  const Children c = desiredChildren(p);
+  const json& router = c.deployments[static_cast<int>(Role::kRouter)]["spec"]["template"]["spec"];
+  std::string mount;
+  for (const json& m : router["containers"][0]["volumeMounts"]) {
+    if (m["name"] == "api-keys") mount = m["mountPath"];
+  }
+  ASSERT_FALSE(mount.empty());
+  EXPECT_THAT(strings(router["containers"][0]["args"]),
+              ::testing::IsSupersetOf(std::vector<std::string>{"--api-keys-file", mount + "/keys.yaml"}));
+  bool found = false;
+  for (const json& v : router["volumes"]) found |= v.value("/secret/secretName"_json_pointer, "") == "team-keys";
+  EXPECT_TRUE(found);
+  const json& decode = c.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"];
+  EXPECT_THAT(strings(decode["containers"][0]["args"]), ::testing::Not(::testing::Contains("--api-keys-file")));
 }
 
 TEST(ChildrenTest, ScalingOneRoleChangesOnlyItsReplicasAndAConfigChangeRollsEveryPod) {

@@ -91,6 +91,16 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
   EXPECT_EQ(msg("/spec/network/attachments", json::array({""})),
             "spec.network.attachments[0]: expected a network attachment's name");
   EXPECT_EQ(std::string(parsePool(json{{"metadata", {{"name", "x"}}}}).status().message()), "spec: required");
+  EXPECT_EQ(msg("/spec/router/apiKeysSecret", "Team_Keys"),
+            "spec.router.apiKeysSecret: \"Team_Keys\" is not a Secret name (lower-case letters, digits, '-' and '.')");
+  EXPECT_EQ(msg("/spec/router/apiKeysSecret", 7), "spec.router.apiKeysSecret: expected a string");
+  {
+    json pool = minimalPool();
+    pool["spec"]["router"]["apiKeysSecret"] = "team-keys.v2";
+    auto p = parsePool(pool);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->api_keys_secret, "team-keys.v2");
+  }
   // spec.autoscaling
   EXPECT_EQ(msg("/spec/autoscaling/interval", "soon"),
             "spec.autoscaling.interval: expected a duration like 250ms, 30s, 5m or 1h, got \"soon\"");
