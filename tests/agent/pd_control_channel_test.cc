@@ -773,6 +773,57 @@ TEST(PdAuthTest, DecodeAgentSendsNothingToAPrefillPeerWithoutThePoolKey) {
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }
 
+// Rotating the pool key (docs/security.md) while a prefill agent runs: at
+// each step of the procedure, decode agents that already saw the Secret's
+// edit and those that have not yet both authenticate, and a prompt is
+// served; after the last step the old key is refused.
+TEST(PdAuthTest, RotatingThePoolKeyKeepsEveryStepsAgentsTogether) {
+  const std::string k1 = kPoolKey, k2 = kOtherPoolKey;
+  KeyDir dir(k1);
+  auto p = startPrefill(kBlocks, {"--pool-key-dir", dir.path});
+  ASSERT_NE(p, nullptr);
+  auto keys = [](std::vector<std::string> secrets) {
+    return *auth::PoolKeys::of(secrets, std::vector<std::string>(secrets.size(), "k"));
+  };
+  // Whether a decode agent holding `held` authenticates to P now.
+  auto authenticates = [&](std::vector<std::string> held) {
+    RawPeer d(keys(std::move(held)));
+    const ConnId c = d.t->connect("127.0.0.1", p->kvPort());
+    return !d.authenticate(c).has_value();
+  };
+  auto served = [&](std::vector<std::string> held) {
+    RawPeer d(keys(std::move(held)));
+    auto connected = connectAsDecode(d, p->kvPort());
+    if (!connected) return false;
+    d.send(connected->first, 1, kvproto::PrefillRequest{.tokens = promptTokens(20)});
+    const bool done = d.next(kvproto::MessageType::kPrefillDone).has_value();
+    d.send(connected->first, 1, kvproto::Release{});
+    return done;
+  };
+  auto write = [&](const std::string& file, const std::string& key) { std::ofstream(dir.path + "/" + file) << key; };
+  EXPECT_TRUE(served({k1}));
+  EXPECT_FALSE(authenticates({k2}));
+
+  // 1. next-key added: P accepts k2 too; an agent already at step 2 gets in.
+  write("next-key", k2);
+  ASSERT_TRUE(waitFor([&] { return authenticates({k2}); }, std::chrono::seconds(30))) << p->log();
+  EXPECT_TRUE(served({k1}));
+  EXPECT_TRUE(served({k2, k1}));
+  // 2. k2 proves, k1 still accepted.
+  write("key", k2);
+  write("previous-key", k1);
+  std::filesystem::remove(dir.path + "/next-key");
+  std::this_thread::sleep_for(std::chrono::seconds(6));  // past the agent's 5 s re-read
+  EXPECT_TRUE(served({k1, k2}));  // an agent still at step 1
+  EXPECT_TRUE(served({k2}));      // one already at step 3
+  EXPECT_TRUE(served({k1}));      // one that saw no edit yet
+  // 3. k1 gone.
+  std::filesystem::remove(dir.path + "/previous-key");
+  ASSERT_TRUE(waitFor([&] { return !authenticates({k1}); }, std::chrono::seconds(30))) << p->log();
+  EXPECT_TRUE(served({k2}));
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
 // Real agents sharing the pool key work together; one with another key
 // fails at once with an error naming both key sets.
 TEST(PdAuthTest, AgentsOfOnePoolWorkTogetherAndAnotherPoolsDoNot) {
