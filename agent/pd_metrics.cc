@@ -58,7 +58,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                          .name("tandem_kv_auth_failures_total")
                          .help("KV connections closed because the peer failed authentication, by reason: "
                                "unknown_key, bad_proof, bad_challenge, unauthenticated, wrong_role, "
-                               "incompatible_version, malformed, refused_by_peer.")
+                               "incompatible_version, malformed, refused_by_peer, handshake_timeout.")
                          .labels(labels)
                          .registerOn(r)),
       peer_requests_(metrics::buildCounter()
@@ -124,7 +124,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
     rejected_.add({{"reason", reason}});
   }
   for (const char* reason : {"unknown_key", "bad_proof", "bad_challenge", "unauthenticated", "wrong_role",
-                             "incompatible_version", "malformed", "refused_by_peer"}) {
+                             "incompatible_version", "malformed", "refused_by_peer", "handshake_timeout"}) {
     auth_failures_.add({{"reason", reason}});
   }
 }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/pd_metrics.h"
 #include "src/auth/kv_handshake.h"
 #include "src/common/log.h"
@@ -68,6 +69,15 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // handshake is taken from a connection until its acceptor authenticated().
   std::unordered_map<ConnId, auth::KvAuthAcceptor> handshakes ABSL_GUARDED_BY(mu);
   AuthFailureLog auth_failures{metrics, "prefill"};
+  // Accepted connections not yet authenticated, with when they were
+  // accepted (ConnIds grow: the oldest first). One that has not finished
+  // the handshake kHandshakeTimeout after it was accepted is closed, and at
+  // most kMaxUnauthenticated wait at once (then the oldest goes): a peer
+  // cannot hold endpoints by connecting and saying nothing. Swept at each
+  // accept.
+  static constexpr Duration kHandshakeTimeout = std::chrono::seconds(10);
+  static constexpr size_t kMaxUnauthenticated = 1024;
+  std::map<ConnId, MonoTime> unauthenticated ABSL_GUARDED_BY(mu);
 
   Impl(const PdEnv& env, const PdOptions& o) : loop(env.loop), metrics(env.metrics), clock(env.clock), options(o) {}
 
@@ -294,9 +304,30 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
         f = auth::AuthFailure{"unauthenticated", "an AuthProof before an AuthHello"};
       } else {
         f = it->second.onProof(p);
+        if (!f) unauthenticated.erase(conn);
       }
     }
     if (f) authFailed(conn, *f);
+  }
+
+  // A peer connected: closes those that did not authenticate in time.
+  void onAccept(ConnId conn) {
+    std::vector<ConnId> late;
+    {
+      absl::MutexLock lock(&mu);
+      const MonoTime now = clock.now();
+      unauthenticated[conn] = now;
+      while (!unauthenticated.empty() && (unauthenticated.size() > kMaxUnauthenticated ||
+                                           unauthenticated.begin()->second + kHandshakeTimeout <= now)) {
+        late.push_back(unauthenticated.begin()->first);
+        unauthenticated.erase(unauthenticated.begin());
+      }
+    }
+    for (ConnId c : late) {
+      authFailed(c, {"handshake_timeout", strCat("no authentication within ", absl::FormatDuration(absl::FromChrono(
+                                                                                   kHandshakeTimeout)),
+                                                 " of connecting")});
+    }
   }
 
   // Tells the peer why (its operator needs to know), closes the connection
@@ -333,6 +364,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
       absl::MutexLock lock(&mu);
       refused.erase(conn);
       handshakes.erase(conn);
+      unauthenticated.erase(conn);
       for (const auto& [k, tr] : transfers) {
         if (k.first == conn) keys.push_back(k);
       }
@@ -358,6 +390,10 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
   auto started = std::make_shared<std::promise<void>>();
   std::shared_future<void> t_set = started->get_future().share();
   transport::TransportCallbacks cb;
+  cb.on_accept = [raw, t_set](ConnId c) {
+    t_set.wait();
+    raw->onAccept(c);
+  };
   cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
     t_set.wait();
     raw->onMessage(c, std::move(b));

@@ -42,7 +42,8 @@ struct KvIdentity {
 // Why a handshake failed. `reason` is the tandem_kv_auth_failures_total
 // label: incompatible_version, unknown_key, bad_proof (the connector's MAC
 // is wrong), bad_challenge (the acceptor's MAC is wrong), unauthenticated
-// (another message before the handshake finished), wrong_role.
+// (another message before the handshake finished), wrong_role; the P/D
+// services add malformed, handshake_timeout and refused_by_peer.
 struct AuthFailure {
   std::string_view reason;
   std::string message;

@@ -824,6 +824,27 @@ TEST(PdAuthTest, RotatingThePoolKeyKeepsEveryStepsAgentsTogether) {
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
 }
 
+// A peer that connects and never finishes the handshake is closed once it
+// is 10 s old (swept when the next peer connects), and counted.
+TEST(PdAuthTest, AConnectionThatNeverAuthenticatesIsClosed) {
+  KeyDir dir(kPoolKey);
+  auto p = startPrefill(kBlocks, {"--pool-key-dir", dir.path});
+  ASSERT_NE(p, nullptr);
+  RawPeer silent;
+  silent.t->connect("127.0.0.1", p->kvPort());  // says nothing
+  RawPeer halfway(keysOf(kPoolKey));
+  const ConnId h = halfway.t->connect("127.0.0.1", p->kvPort());
+  auto connector = auth::KvAuthConnector::start(halfway.keys, {kvproto::PeerRole::kDecode, "raw-test-peer"});
+  ASSERT_TRUE(connector.ok());
+  halfway.send(h, 0, connector->hello());  // and never proves the key
+  ASSERT_TRUE(halfway.next(kvproto::MessageType::kAuthChallenge));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10'500));
+  RawPeer d(keysOf(kPoolKey));
+  ASSERT_TRUE(connectAsDecode(d, p->kvPort()));  // the next peer is served, and the two are swept
+  EXPECT_TRUE(waitFor([&] { return authFailures(*p, "handshake_timeout") == 2; })) << scrape(*p);
+  EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
 // Real agents sharing the pool key work together; one with another key
 // fails at once with an error naming both key sets.
 TEST(PdAuthTest, AgentsOfOnePoolWorkTogetherAndAnotherPoolsDoNot) {
