@@ -1,12 +1,14 @@
 #include "agent/decode_service.h"
 
 #include <atomic>
+#include <future>
 #include <limits>
 #include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/pd_metrics.h"
 #include "src/auth/kv_handshake.h"
 #include "agent/pd_transfer.h"
@@ -100,11 +102,14 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   struct Handshake {
     enum class State { kAwaitingChallenge, kDone, kFailed };
     State state = State::kAwaitingChallenge;
+    MonoTime started{};  // a prefill peer that has not answered kHandshakeTimeout later fails
     std::optional<auth::KvAuthConnector> connector;
     std::vector<std::vector<uint8_t>> queued;
   };
   static constexpr size_t kMaxQueued = 1 << 14;
+  static constexpr Duration kHandshakeTimeout = std::chrono::seconds(10);
   std::unordered_map<ConnId, Handshake> handshakes ABSL_GUARDED_BY(mu);
+  std::unordered_map<std::string, std::string> incompatible_logged ABSL_GUARDED_BY(mu);  // by peer name
   AuthFailureLog auth_failures{metrics, "decode"};
   bool stopping ABSL_GUARDED_BY(mu) = false;
 
@@ -138,6 +143,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       peer.hello.reset();
       peer.incompatible.reset();
       Handshake& h = handshakes[peer.conn];
+      h.started = clock.now();
       auto connector = auth::KvAuthConnector::start(currentPoolKeys(options), {kvproto::PeerRole::kDecode, "decode"});
       if (!connector.ok()) {
         h.state = Handshake::State::kFailed;
@@ -315,7 +321,12 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   // Peer `p` cannot serve this agent: every transfer on `c` fails now, and
   // new ones until it reconnects.
   void markIncompatible(size_t p, ConnId c, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    log.error("no transfer can work", {{"peer", peers[p].name}, {"detail", why}});
+    // Once per peer and reason: a peer that keeps refusing this agent is
+    // asked again at every heartbeat.
+    if (std::string& said = incompatible_logged[peers[p].name]; said != why) {
+      log.error("no transfer can work", {{"peer", peers[p].name}, {"detail", why}});
+      said = why;
+    }
     peers[p].incompatible = std::move(why);
     for (auto& [tid, e] : transfers) {
       if (e.conn == c) fail(tid, e, FailureReason::kTransferFailed, *peers[p].incompatible);
@@ -396,23 +407,26 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     absl::MutexLock lock(&mu);
     if (transport_closed.load()) return;
     const std::optional<size_t> p = peers.byConn(c);
-    const uint32_t peer_blocks = p && peers[*p].hello ? peers[*p].hello->num_blocks : UINT32_MAX;
+    // Only the connections this agent opened to its prefill peers speak for
+    // P; one accepted on its own listener was closed at once (onAccept) and
+    // what it sent meanwhile is dropped.
+    if (!p) return;
+    auto hs_it = handshakes.find(c);
+    if (hs_it == handshakes.end()) return;  // closed by this side
+    Handshake& hs = hs_it->second;
+    const uint32_t peer_blocks = peers[*p].hello ? peers[*p].hello->num_blocks : UINT32_MAX;
     auto m =
         kvproto::decode(bytes, {.num_blocks = peer_blocks, .num_layers = static_cast<uint16_t>(layout.num_layers)});
     if (!m.ok()) {
+      if (hs.state != Handshake::State::kDone) {
+        return authFailed(*p, c, hs, "malformed",
+                          strCat("the prefill peer ", peers[*p].name, " sent a malformed message before "
+                                 "authenticating: ", toStd(m.status().message())));
+      }
       log.warn("rejected a control message", {{"error", toStd(m.status().message())}});
       metrics.rejected("malformed");
       return;
     }
-    if (!p) {
-      // Only the connections this agent opened to its prefill peers speak
-      // for P; nobody has anything to say to a decode agent's listener.
-      auth_failures.report(t->peerAddress(c), "unauthenticated",
-                           "a connection to the decode agent's KV listener, which serves no one");
-      t->close(c);
-      return;
-    }
-    Handshake& hs = handshakes[c];
     if (auto* ch = std::get_if<kvproto::AuthChallenge>(&m->body)) return onChallenge(*p, c, hs, *ch);
     if (hs.state != Handshake::State::kDone) {
       if (auto* ab = std::get_if<kvproto::Abort>(&m->body); ab && hs.state == Handshake::State::kAwaitingChallenge) {
@@ -469,6 +483,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
 
   // The handshake with peer `p` failed: nothing more goes to it on `c`, and
   // its transfers fail now rather than at their deadline.
+  // The connection is closed and forgotten (close() reports no
+  // disconnect); `incompatible` stays until the next connection, which the
+  // next heartbeat opens (a rotated key is picked up then).
   void authFailed(size_t p, ConnId c, Handshake& hs, std::string_view reason, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auth_failures.report(t->peerAddress(c), reason, message);
@@ -476,6 +493,42 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     hs.connector.reset();
     hs.queued.clear();
     markIncompatible(p, c, std::move(message));
+    t->close(c);
+    handshakes.erase(c);  // `hs` is gone from here on
+    if (peers[p].conn == c) {
+      peers[p].conn = 0;
+      peers[p].hello.reset();
+    }
+  }
+
+  // A connection to this agent's own KV listener: no role connects to a
+  // decode agent, so it is closed at once.
+  void onAccept(ConnId c) {
+    absl::MutexLock lock(&mu);
+    if (transport_closed.load()) return;
+    auth_failures.report(t->peerAddress(c), "unauthenticated",
+                         "a connection to the decode agent's KV listener, which serves no one");
+    t->close(c);
+  }
+
+  // Handshakes with prefill peers that have not answered in time (a hung
+  // agent, or one of kvproto < 4 that ignores the AuthHello).
+  void failLateHandshakes(MonoTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<ConnId> late;
+    for (const auto& [c, h] : handshakes) {
+      if (h.state == Handshake::State::kAwaitingChallenge && h.started + kHandshakeTimeout <= now) late.push_back(c);
+    }
+    for (ConnId c : late) {
+      const std::optional<size_t> p = peers.byConn(c);
+      if (!p) {
+        handshakes.erase(c);
+        continue;
+      }
+      authFailed(*p, c, handshakes[c], "handshake_timeout",
+                 strCat("the prefill peer ", peers[*p].name, " did not answer the authentication handshake within ",
+                        absl::FormatDuration(absl::FromChrono(kHandshakeTimeout)),
+                        " (hung, or of kvproto < 4: upgrade prefill and decode agents together)"));
+    }
   }
 
   void onDisconnect(ConnId c, const absl::Status& why) {
@@ -554,6 +607,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
         e.tr.tick(now, actions);
         apply(tid, e, actions);
       }
+      failLateHandshakes(now);
       for (size_t p = 0; p < peers.size(); ++p) updatePeerState(p);
     }
   }
@@ -763,9 +817,32 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   });
   raw->region = region.data();
   transport::TransportCallbacks cb;
-  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
-  cb.on_disconnect = [raw](ConnId c, absl::Status s) { raw->onDisconnect(c, s); };
-  TANDEM_ASSIGN_OR_RETURN(impl->t, startKvTransport(env, options, region, std::move(cb)));
+  // A peer may connect as soon as the listener exists, before `t` is set:
+  // its callbacks wait for it.
+  auto started = std::make_shared<std::promise<void>>();
+  std::shared_future<void> t_set = started->get_future().share();
+  cb.on_accept = [raw, t_set](ConnId c) {
+    t_set.wait();
+    raw->onAccept(c);
+  };
+  cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
+    t_set.wait();
+    raw->onMessage(c, std::move(b));
+  };
+  cb.on_disconnect = [raw, t_set](ConnId c, absl::Status s) {
+    t_set.wait();
+    raw->onDisconnect(c, s);
+  };
+  auto transport = startKvTransport(env, options, region, std::move(cb));
+  if (!transport.ok()) {
+    started->set_value();
+    return transport.status();
+  }
+  {
+    absl::MutexLock lock(&raw->mu);
+    impl->t = std::move(*transport);
+  }
+  started->set_value();
   {
     absl::MutexLock lock(&raw->mu);
     for (size_t p = 0; p < raw->peers.size(); ++p) {

@@ -74,10 +74,16 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // the handshake kHandshakeTimeout after it was accepted is closed, and at
   // most kMaxUnauthenticated wait at once (then the oldest goes): a peer
   // cannot hold endpoints by connecting and saying nothing. Swept at each
-  // accept.
+  // accept and each message (decode agents' heartbeats arrive every few
+  // seconds).
   static constexpr Duration kHandshakeTimeout = std::chrono::seconds(10);
   static constexpr size_t kMaxUnauthenticated = 1024;
   std::map<ConnId, MonoTime> unauthenticated ABSL_GUARDED_BY(mu);
+  // Connections this side closed (close() reports no disconnect): what they
+  // sent before the close took effect is dropped, not taken as a new
+  // handshake. The oldest are forgotten beyond kMaxClosed.
+  static constexpr size_t kMaxClosed = 1 << 14;
+  std::set<ConnId> closed ABSL_GUARDED_BY(mu);
 
   Impl(const PdEnv& env, const PdOptions& o) : loop(env.loop), metrics(env.metrics), clock(env.clock), options(o) {}
 
@@ -236,6 +242,14 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   }
 
   void onMessage(ConnId conn, std::vector<uint8_t> bytes) {
+    // Heartbeats keep messages coming from every decode agent: the sweep
+    // of late handshakes runs on them as well as on accepts.
+    closeLateHandshakes();
+    {
+      // A connection closed here may still deliver what it already sent.
+      absl::MutexLock lock(&mu);
+      if (closed.contains(conn)) return;
+    }
     auto m = kvproto::decode(bytes, {.max_tokens = 1u << 22,
                                      .num_blocks = static_cast<uint32_t>(layout.num_blocks),
                                      .num_layers = static_cast<uint16_t>(layout.num_layers)});
@@ -312,11 +326,18 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
 
   // A peer connected: closes those that did not authenticate in time.
   void onAccept(ConnId conn) {
+    {
+      absl::MutexLock lock(&mu);
+      unauthenticated[conn] = clock.now();
+    }
+    closeLateHandshakes();
+  }
+
+  void closeLateHandshakes() {
     std::vector<ConnId> late;
     {
       absl::MutexLock lock(&mu);
       const MonoTime now = clock.now();
-      unauthenticated[conn] = now;
       while (!unauthenticated.empty() && (unauthenticated.size() > kMaxUnauthenticated ||
                                            unauthenticated.begin()->second + kHandshakeTimeout <= now)) {
         late.push_back(unauthenticated.begin()->first);
@@ -333,6 +354,11 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // Tells the peer why (its operator needs to know), closes the connection
   // and forgets it.
   void authFailed(ConnId conn, const auth::AuthFailure& f) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!closed.insert(conn).second) return;  // closed already
+      if (closed.size() > kMaxClosed) closed.erase(closed.begin());  // long gone from the transport
+    }
     auth_failures.report(t->peerAddress(conn), f.reason, f.message);
     send(conn, 0, kvproto::Abort{FailureReason::kTransferFailed, strCat("authentication failed: ", f.message)});
     if (!stopping.load()) t->close(conn);

@@ -86,10 +86,6 @@ json args(const PoolSpec& pool, Role role) {
     a.push_back(childName(pool, Role::kDecode));
     a.push_back("--prefill-service");
     a.push_back(childName(pool, Role::kPrefill));
-    if (!pool.api_keys_secret.empty()) {
-      a.push_back("--api-keys-file");
-      a.push_back(strCat(kApiKeysPath, "/keys.yaml"));
-    }
     // The planner's knobs (operator/autoscaler.h), when it publishes them.
     a.push_back("--routing-knobs");
     a.push_back(strCat(kRoutingPath, "/knobs.json"));
@@ -104,6 +100,12 @@ json args(const PoolSpec& pool, Role role) {
       a.push_back(flag);
       a.push_back(it->is_number_integer() ? std::to_string(it->get<int64_t>()) : it->dump());
     }
+  }
+  // Every role checks the keys: a client that reaches an agent's port
+  // directly needs one too (a router's requests bear the pool's token).
+  if (!pool.api_keys_secret.empty()) {
+    a.push_back("--api-keys-file");
+    a.push_back(strCat(kApiKeysPath, "/keys.yaml"));
   }
   for (const std::string& extra : pool.role(role).args) a.push_back(extra);
   return a;
@@ -169,9 +171,9 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
                                     {{"name", "tmp"}, {"mountPath", "/tmp"}}})}};
   if (role == Role::kRouter) {
     container["volumeMounts"].push_back({{"name", "routing"}, {"mountPath", kRoutingPath}, {"readOnly", true}});
-    if (!pool.api_keys_secret.empty()) {
-      container["volumeMounts"].push_back({{"name", "api-keys"}, {"mountPath", kApiKeysPath}, {"readOnly", true}});
-    }
+  }
+  if (!pool.api_keys_secret.empty()) {
+    container["volumeMounts"].push_back({{"name", "api-keys"}, {"mountPath", kApiKeysPath}, {"readOnly", true}});
   }
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
   // Hardened: nothing to write but /tmp, nothing to gain by escalating, no
@@ -207,11 +209,10 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
     // Optional: it exists only while the planner sizes the pool.
     pod_spec["volumes"].push_back(
         {{"name", "routing"}, {"configMap", {{"name", strCat(pool.name, "-routing")}, {"optional", true}}}});
-    if (!pool.api_keys_secret.empty()) {
-      pod_spec["volumes"].push_back(
-          {{"name", "api-keys"},
-           {"secret", {{"secretName", pool.api_keys_secret}, {"defaultMode", kSecretFileMode}}}});
-    }
+  }
+  if (!pool.api_keys_secret.empty()) {
+    pod_spec["volumes"].push_back(
+        {{"name", "api-keys"}, {"secret", {{"secretName", pool.api_keys_secret}, {"defaultMode", kSecretFileMode}}}});
   }
   if (!r.node_selector.empty()) pod_spec["nodeSelector"] = r.node_selector;
   if (!r.tolerations.empty()) pod_spec["tolerations"] = r.tolerations;

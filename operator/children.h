@@ -23,8 +23,9 @@
 //
 // Every pod mounts the pool key's Secret (<pool>-pool-key, poolKeySecret();
 // the reconciler creates it once with a random key, docs/security.md) at
-// /var/run/tandem/pool-key, and the routers the Secret of
-// spec.router.apiKeysSecret at /var/run/tandem/api-keys. Pods run as
+// /var/run/tandem/pool-key, and the Secret of spec.router.apiKeysSecret at
+// /var/run/tandem/api-keys (every role checks client keys: the routers'
+// requests to agents bear the pool's token instead). Pods run as
 // non-root (uid 65532) with a read-only root filesystem, no privilege
 // escalation, the runtime's seccomp profile and no capabilities but
 // IPC_LOCK where spec.network.ipcLock asks for it (RDMA); /tmp is an emptyDir.

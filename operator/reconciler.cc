@@ -223,6 +223,18 @@ absl::Status Reconciler::ensurePoolKey(const PoolSpec& pool, const k8s::ObjectRe
     }
   }
   absl::StatusOr<json> got = client_.get(k8s::secretsResource(), pool.ns, secret);
+  if (got.ok()) {
+    // One left by an earlier pool of the same name, which the garbage
+    // collector is removing: wait for it to go, then create this pool's.
+    std::string owner;
+    for (const json& o : got->value("/metadata/ownerReferences"_json_pointer, json::array())) {
+      if (o.value("kind", "") == "InferencePool") owner = o.value("uid", "");
+    }
+    if (got->contains("/metadata/deletionTimestamp"_json_pointer) || (!owner.empty() && owner != pool.uid)) {
+      return absl::UnavailableError(strCat("Secret ", secret, " belongs to an earlier pool of this name and is being "
+                                           "deleted; the pool key is created once it is gone"));
+    }
+  }
   if (!got.ok()) {
     if (!absl::IsNotFound(got.status())) return got.status();
     TANDEM_ASSIGN_OR_RETURN(const std::string fresh, auth::generatePoolKey());

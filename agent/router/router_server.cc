@@ -494,7 +494,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(const AgentCon
   } else {
     TANDEM_ASSIGN_OR_RETURN(impl->pool_keys, auth::PoolKeySource::open(config.pool_key_dir, clock));
   }
-  impl->public_auth.pool_keys = impl->pool_keys.get();
+  // (public_auth.pool_keys stays unset: at the router the pool's token is
+  // no reason to skip a client's key.)
   TANDEM_RETURN_IF_ERROR(loadModel(*impl));
   RouterServer::Impl* raw = impl.get();
   impl->feeds = std::make_unique<WorkerFeeds>(

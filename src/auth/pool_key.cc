@@ -163,8 +163,17 @@ absl::StatusOr<std::string> readKeyFile(const std::string& path) {
 absl::StatusOr<std::shared_ptr<const PoolKeys>> readPoolKeyDir(const std::string& dir) {
   std::vector<std::string> secrets;
   std::vector<std::string> names;
+  // A mounted Secret's files are links into DIR/..data, a link the kubelet
+  // swaps to a new directory on an edit: read all three through one
+  // resolution of it, so one read never mixes two versions.
+  std::string from = dir;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(dir + "/..data", ec)) {
+    const std::filesystem::path target = std::filesystem::read_symlink(dir + "/..data", ec);
+    if (!ec) from = (target.is_absolute() ? target : std::filesystem::path(dir) / target).string();
+  }
   for (std::string_view file : {"key", "previous-key", "next-key"}) {
-    const std::string path = strCat(dir, "/", file);
+    const std::string path = strCat(from, "/", file);
     absl::StatusOr<std::string> k = readKeyFile(path);
     if (absl::IsNotFound(k.status())) {
       if (file == "key") {

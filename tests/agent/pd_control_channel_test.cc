@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -73,6 +74,7 @@ struct RawPeer {
   std::deque<std::pair<ConnId, kvproto::Message>> inbox;  // guarded by mu
   std::map<ConnId, auth::KvAuthAcceptor> acceptors;        // guarded by mu
   std::set<ConnId> authenticated;                          // guarded by mu: connections whose connector proved the key
+  std::atomic<bool> answer_handshakes{true};               // false: an AuthHello is queued like any message
 
   explicit RawPeer(std::shared_ptr<const auth::PoolKeys> k = auth::PoolKeys::insecure())
       : memory(static_cast<size_t>(kBlocks) * static_cast<size_t>(tiny().num_layers) * bytesPerLayerBlock()),
@@ -87,7 +89,7 @@ struct RawPeer {
       auto m = kvproto::decode(bytes);
       ASSERT_TRUE(m.ok()) << "an agent sent a message that does not decode: " << m.status();
       std::lock_guard l(mu);
-      if (auto* h = std::get_if<kvproto::AuthHello>(&m->body)) {
+      if (auto* h = std::get_if<kvproto::AuthHello>(&m->body); h && answer_handshakes) {
         auto [it, fresh] = acceptors.try_emplace(c, keys, auth::KvIdentity{kvproto::PeerRole::kPrefill, "raw-test-peer"});
         auto r = it->second.onHello(*h);
         if (auto* f = std::get_if<auth::AuthFailure>(&r)) {
@@ -843,6 +845,26 @@ TEST(PdAuthTest, AConnectionThatNeverAuthenticatesIsClosed) {
   ASSERT_TRUE(connectAsDecode(d, p->kvPort()));  // the next peer is served, and the two are swept
   EXPECT_TRUE(waitFor([&] { return authFailures(*p, "handshake_timeout") == 2; })) << scrape(*p);
   EXPECT_EQ(p->stop(SIGTERM), 0) << p->log();
+}
+
+// A prefill peer that never answers the handshake (hung, or of an older
+// protocol that ignores the AuthHello): its heartbeats go unanswered, so
+// D serves the request itself; after 10 s D closes the connection, naming
+// why, and it never sent that peer its Hello or a prompt.
+TEST(PdAuthTest, DecodeAgentGivesUpOnAPrefillPeerThatNeverAnswersTheHandshake) {
+  KeyDir dir(kPoolKey);
+  RawPeer fake_p(keysOf(kPoolKey));
+  ASSERT_NE(fake_p.t, nullptr);
+  fake_p.answer_handshakes = false;
+  auto d = startDecode(fake_p, {"--pool-key-dir", dir.path, "--prefill-timeout", "120s"});
+  ASSERT_NE(d, nullptr);
+  Reply r = postAsync(*d, std::string(40, 'h')).get();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(waitFor([&] { return authFailures(*d, "handshake_timeout") >= 1; })) << scrape(*d);
+  EXPECT_NE(d->log().find("did not answer the authentication handshake"), std::string::npos) << d->log();
+  EXPECT_FALSE(fake_p.next(kvproto::MessageType::kHello, std::chrono::seconds(0)));
+  EXPECT_FALSE(fake_p.next(kvproto::MessageType::kPrefillRequest, std::chrono::seconds(0)));
+  EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }
 
 // Real agents sharing the pool key work together; one with another key

@@ -137,8 +137,9 @@ TEST(ChildrenTest, PodsAreHardenedAndCarryThePoolKey) {
   EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "InferencePool") << "deleted with its pool";
 }
 
-// spec.router.apiKeysSecret: the routers (only) mount it and check keys.
-TEST(ChildrenTest, RoutersMountTheApiKeysSecret) {
+// spec.router.apiKeysSecret: every role mounts it and checks keys (a
+// client that reaches an agent's port directly needs a key too).
+TEST(ChildrenTest, EveryRoleMountsTheApiKeysSecret) {
   PoolSpec p = pool();
   p.api_keys_secret = "team-keys";
   const Children c = desiredChildren(p);
@@ -153,8 +154,10 @@ TEST(ChildrenTest, RoutersMountTheApiKeysSecret) {
   bool found = false;
   for (const json& v : router["volumes"]) found |= v.value("/secret/secretName"_json_pointer, "") == "team-keys";
   EXPECT_TRUE(found);
-  const json& decode = c.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"];
-  EXPECT_THAT(strings(decode["containers"][0]["args"]), ::testing::Not(::testing::Contains("--api-keys-file")));
+  for (Role r : {Role::kPrefill, Role::kDecode}) {
+    const json& spec = c.deployments[static_cast<int>(r)]["spec"]["template"]["spec"];
+    EXPECT_THAT(strings(spec["containers"][0]["args"]), ::testing::Contains("--api-keys-file"));
+  }
 }
 
 TEST(ChildrenTest, ScalingOneRoleChangesOnlyItsReplicasAndAConfigChangeRollsEveryPod) {

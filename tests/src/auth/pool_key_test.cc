@@ -125,6 +125,33 @@ TEST(PoolKeyTest, SourceReloadsChangesAndKeepsTheLastGoodKeys) {
   EXPECT_EQ((*src)->keys()->find(a), nullptr);
 }
 
+// A mounted Secret: files are links into ..data, which the kubelet points
+// at a fresh directory on each edit. Reads follow ..data once per reload.
+TEST(PoolKeyTest, MountedSecretLayoutIsReadThroughItsDataLink) {
+  KeyDir d;
+  namespace fs = std::filesystem;
+  const fs::path root = d.path();
+  fs::create_directories(root / "..v1");
+  std::ofstream(root / "..v1" / "key") << kKeyA;
+  fs::create_directory_symlink("..v1", root / "..data");
+  fs::create_symlink("..data/key", root / "key");
+  fs::create_symlink("..data/previous-key", root / "previous-key");
+  auto k = readPoolKeyDir(d.path());
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ((*k)->primary().secret, kKeyA);
+  EXPECT_EQ((*k)->all().size(), 1u);  // previous-key's link is dangling: absent
+  // The edit: a new directory, then ..data swapped to it.
+  fs::create_directories(root / "..v2");
+  std::ofstream(root / "..v2" / "key") << kKeyB;
+  std::ofstream(root / "..v2" / "previous-key") << kKeyA;
+  fs::create_directory_symlink("..v2", root / "..data_tmp");
+  fs::rename(root / "..data_tmp", root / "..data");
+  k = readPoolKeyDir(d.path());
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ((*k)->primary().secret, kKeyB);
+  EXPECT_EQ((*k)->all().size(), 2u);
+}
+
 TEST(PoolKeyTest, OpeningABadDirectoryFails) {
   FakeClock clock;
   EXPECT_FALSE(PoolKeySource::open("/nonexistent/pool-key", clock).ok());
