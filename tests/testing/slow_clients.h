@@ -206,7 +206,11 @@ inline void expectSlowClientsClosed(SlowClients::Options options, std::chrono::m
                            << (header_timeout + slack).count() << " ms after they connected";
   EXPECT_EQ(r.num_answered, 0) << "slow connections that got a response instead of being closed";
   if (r.num_open < num_slow) {
-    EXPECT_GE(r.earliest_close, header_timeout) << "a slow connection was closed before the header deadline";
+    // The client takes its connect time once connect() returned, a little
+    // after the server accepted (whose clock the deadline runs on) and
+    // truncates to milliseconds: 100 ms of slack on that side only.
+    EXPECT_GE(r.earliest_close, header_timeout - std::chrono::milliseconds(100))
+        << "a slow connection was closed before the header deadline";
   }
   EXPECT_GT(num_normal, 0);
   std::printf("%d slow connections closed %.1f to %.1f s after connecting; %d normal requests served meanwhile\n",
