@@ -167,8 +167,7 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
         {"failureThreshold", 6}}},
       {"volumeMounts", json::array({{{"name", "config"}, {"mountPath", kConfigPath}, {"readOnly", true}},
                                     {{"name", "model"}, {"mountPath", kModelMount}, {"readOnly", true}},
-                                    {{"name", "pool-key"}, {"mountPath", kPoolKeyPath}, {"readOnly", true}},
-                                    {{"name", "tmp"}, {"mountPath", "/tmp"}}})}};
+                                    {{"name", "pool-key"}, {"mountPath", kPoolKeyPath}, {"readOnly", true}}})}};
   if (role == Role::kRouter) {
     container["volumeMounts"].push_back({{"name", "routing"}, {"mountPath", kRoutingPath}, {"readOnly", true}});
   }
@@ -176,8 +175,10 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
     container["volumeMounts"].push_back({{"name", "api-keys"}, {"mountPath", kApiKeysPath}, {"readOnly", true}});
   }
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
-  // Hardened: nothing to write but /tmp, nothing to gain by escalating, no
-  // capability but IPC_LOCK for RDMA's pinned memory where asked.
+  // Hardened: nothing to write (the agent writes no file unless given
+  // --trace-file; UCX's shared memory is under /dev/shm, which the runtime
+  // mounts writable), nothing to gain by escalating, no capability but
+  // IPC_LOCK for RDMA's pinned memory where asked.
   json capabilities = {{"drop", json::array({"ALL"})}};
   if (pool.ipc_lock && role != Role::kRouter) capabilities["add"] = json::array({"IPC_LOCK"});
   container["securityContext"] = {{"allowPrivilegeEscalation", false},
@@ -203,8 +204,7 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
                                // Not through subPath: a mounted Secret's files are replaced when
                                // it is edited (a rotation), a subPath's never.
                                {{"name", "pool-key"},
-                                {"secret", {{"secretName", poolKeySecretName(pool)}, {"defaultMode", kSecretFileMode}}}},
-                               {{"name", "tmp"}, {"emptyDir", json::object()}}})}};
+                                {"secret", {{"secretName", poolKeySecretName(pool)}, {"defaultMode", kSecretFileMode}}}}})}};
   if (role == Role::kRouter) {
     // Optional: it exists only while the planner sizes the pool.
     pod_spec["volumes"].push_back(

@@ -28,7 +28,7 @@
 // requests to agents bear the pool's token instead). Pods run as
 // non-root (uid 65532) with a read-only root filesystem, no privilege
 // escalation, the runtime's seccomp profile and no capabilities but
-// IPC_LOCK where spec.network.ipcLock asks for it (RDMA); /tmp is an emptyDir.
+// IPC_LOCK where spec.network.ipcLock asks for it (RDMA).
 //
 // Pure.
 

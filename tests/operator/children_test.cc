@@ -103,7 +103,7 @@ TEST(ChildrenTest, QosGoesOnPrefillAndDecodePodsOnly) {
 
 // Every pod: the pool key mounted as a directory (so a rotation reaches it)
 // and passed to the agent; non-root, read-only root filesystem, no
-// privilege escalation, every capability dropped; /tmp writable.
+// privilege escalation, every capability dropped.
 TEST(ChildrenTest, PodsAreHardenedAndCarryThePoolKey) {
   PoolSpec p = pool();
   const Children c = desiredChildren(p);
@@ -123,8 +123,6 @@ TEST(ChildrenTest, PodsAreHardenedAndCarryThePoolKey) {
     EXPECT_EQ(volumes["pool-key"]["secret"]["secretName"], "tiny-pool-key");
     EXPECT_FALSE(mounts["pool-key"].contains("subPath")) << "a subPath mount never sees a rotation";
     EXPECT_EQ(mounts["pool-key"]["readOnly"], true);
-    EXPECT_TRUE(volumes["tmp"].contains("emptyDir"));
-    EXPECT_EQ(mounts["tmp"]["mountPath"], "/tmp");
     const std::vector<std::string> args = strings(container["args"]);
     auto it = std::find(args.begin(), args.end(), "--pool-key-dir");
     ASSERT_NE(it, args.end());
