@@ -1,8 +1,5 @@
 #include "agent/api_keys.h"
 
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -13,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "src/auth/pool_key.h"
 #include "src/common/config.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -20,38 +18,25 @@
 
 namespace tandem::agent {
 
-ApiKeyDigest hashApiKey(std::string_view key) {
-  ApiKeyDigest d;
-  static_assert(sizeof(d.bytes) == SHA256_DIGEST_LENGTH);
-  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), d.bytes.data());
-  return d;
-}
-
-bool sameDigest(const ApiKeyDigest& a, const ApiKeyDigest& b) {
-  return CRYPTO_memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
-}
-
-std::string digestHex(const ApiKeyDigest& digest) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * digest.bytes.size());
-  for (uint8_t b : digest.bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 0xf]);
-  }
-  return out;
-}
-
 namespace {
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
+std::string_view bytesOf(const ApiKeyDigest& d) {
+  return std::string_view(reinterpret_cast<const char*>(d.bytes.data()), d.bytes.size());
 }
 
 }  // namespace
+
+ApiKeyDigest hashApiKey(std::string_view key) {
+  ApiKeyDigest d;
+  const std::string digest = auth::sha256(key);
+  static_assert(sizeof(d.bytes) == 32);
+  std::copy(digest.begin(), digest.end(), d.bytes.begin());
+  return d;
+}
+
+bool sameDigest(const ApiKeyDigest& a, const ApiKeyDigest& b) { return auth::constantTimeEqual(bytesOf(a), bytesOf(b)); }
+
+std::string digestHex(const ApiKeyDigest& digest) { return hexEncode(bytesOf(digest)); }
 
 absl::StatusOr<ApiKeyDigest> parseDigestHex(std::string_view hex) {
   // The text is never quoted back: a key pasted here by mistake must not
@@ -61,7 +46,7 @@ absl::StatusOr<ApiKeyDigest> parseDigestHex(std::string_view hex) {
   if (hex.size() != 64) return absl::InvalidArgumentError(strCat(kWhat, ", got ", hex.size(), " characters"));
   ApiKeyDigest d;
   for (size_t i = 0; i < d.bytes.size(); ++i) {
-    const int hi = hexValue(hex[2 * i]), lo = hexValue(hex[2 * i + 1]);
+    const int hi = hexDigitValue(hex[2 * i]), lo = hexDigitValue(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) return absl::InvalidArgumentError(strCat(kWhat, ", got a character that is not one"));
     d.bytes[i] = static_cast<uint8_t>(hi << 4 | lo);
   }

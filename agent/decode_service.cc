@@ -1,7 +1,6 @@
 #include "agent/decode_service.h"
 
 #include <atomic>
-#include <future>
 #include <limits>
 #include <random>
 #include <thread>
@@ -817,32 +816,14 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   });
   raw->region = region.data();
   transport::TransportCallbacks cb;
-  // A peer may connect as soon as the listener exists, before `t` is set:
-  // its callbacks wait for it.
-  auto started = std::make_shared<std::promise<void>>();
-  std::shared_future<void> t_set = started->get_future().share();
-  cb.on_accept = [raw, t_set](ConnId c) {
-    t_set.wait();
-    raw->onAccept(c);
-  };
-  cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
-    t_set.wait();
-    raw->onMessage(c, std::move(b));
-  };
-  cb.on_disconnect = [raw, t_set](ConnId c, absl::Status s) {
-    t_set.wait();
-    raw->onDisconnect(c, s);
-  };
-  auto transport = startKvTransport(env, options, region, std::move(cb));
-  if (!transport.ok()) {
-    started->set_value();
-    return transport.status();
-  }
-  {
-    absl::MutexLock lock(&raw->mu);
-    impl->t = std::move(*transport);
-  }
-  started->set_value();
+  cb.on_accept = [raw](ConnId c) { raw->onAccept(c); };
+  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
+  cb.on_disconnect = [raw](ConnId c, absl::Status s) { raw->onDisconnect(c, s); };
+  TANDEM_RETURN_IF_ERROR(startKvTransport(env, options, region, std::move(cb),
+                                          [raw](std::unique_ptr<transport::KvTransport> t) {
+                                            absl::MutexLock lock(&raw->mu);
+                                            raw->t = std::move(t);
+                                          }));
   {
     absl::MutexLock lock(&raw->mu);
     for (size_t p = 0; p < raw->peers.size(); ++p) {

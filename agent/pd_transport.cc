@@ -1,5 +1,7 @@
 #include "agent/pd_transport.h"
 
+#include <future>
+
 #include "agent/pd_metrics.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/model/model_fingerprint.h"
@@ -16,17 +18,41 @@ transport::KvTransportFactory ucxTransportFactory() {
   };
 }
 
-absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const PdEnv& env, const PdOptions& options,
-                                                                         std::span<std::byte> kv,
-                                                                         transport::TransportCallbacks callbacks) {
+absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::span<std::byte> kv,
+                              transport::TransportCallbacks callbacks,
+                              const std::function<void(std::unique_ptr<transport::KvTransport>)>& hold) {
   transport::TransportOptions to = options.transport;
   if (!to.pool) {
     to.region = kv;
   } else if (to.pool->bytes().data() != kv.data() || to.pool->bytes().size() < kv.size()) {
     return absl::InternalError("the engine's KV pool is not the transport's UCX region");
   }
+  auto held = std::make_shared<std::promise<void>>();
+  std::shared_future<void> ready = held->get_future().share();
+  transport::TransportCallbacks gated;
+  if (callbacks.on_accept) {
+    gated.on_accept = [ready, f = std::move(callbacks.on_accept)](transport::ConnId c) {
+      ready.wait();
+      f(c);
+    };
+  }
+  if (callbacks.on_message) {
+    gated.on_message = [ready, f = std::move(callbacks.on_message)](transport::ConnId c, std::vector<uint8_t> b) {
+      ready.wait();
+      f(c, std::move(b));
+    };
+  }
+  if (callbacks.on_disconnect) {
+    gated.on_disconnect = [ready, f = std::move(callbacks.on_disconnect)](transport::ConnId c, absl::Status s) {
+      ready.wait();
+      f(c, std::move(s));
+    };
+  }
   const transport::KvTransportFactory& start = env.transport ? env.transport : ucxTransportFactory();
-  return start(to, std::move(callbacks));
+  absl::StatusOr<std::unique_ptr<transport::KvTransport>> t = start(to, std::move(gated));
+  if (t.ok()) hold(std::move(*t));
+  held->set_value();
+  return t.status();
 }
 
 kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, const engine::KvLayout& l,

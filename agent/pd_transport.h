@@ -70,10 +70,13 @@ struct PdEnv {
 
 // Starts the transport over the engine's KV pool `kv`: the memory UCX
 // allocated (options.transport.pool, which the engine was given) or the
-// engine's own allocation.
-absl::StatusOr<std::unique_ptr<transport::KvTransport>> startKvTransport(const PdEnv& env, const PdOptions& options,
-                                                                         std::span<std::byte> kv,
-                                                                         transport::TransportCallbacks callbacks);
+// engine's own allocation, and hands it to `hold` (the service keeps it).
+// A peer may connect as soon as the listener exists: none of `callbacks`
+// runs before `hold` returned (or start failed), so they may use what it
+// stored.
+absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::span<std::byte> kv,
+                              transport::TransportCallbacks callbacks,
+                              const std::function<void(std::unique_ptr<transport::KvTransport>)>& hold);
 
 // The Hello that opens every connection: this side's protocol versions,
 // model identity, KV layout and region.

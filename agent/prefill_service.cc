@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <deque>
-#include <future>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -411,30 +410,12 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
     raw->kv = &e.kv();
     region = e.kvRegion();
   });
-  // A peer may connect as soon as the listener exists, before `t` is set:
-  // its messages wait for it.
-  auto started = std::make_shared<std::promise<void>>();
-  std::shared_future<void> t_set = started->get_future().share();
   transport::TransportCallbacks cb;
-  cb.on_accept = [raw, t_set](ConnId c) {
-    t_set.wait();
-    raw->onAccept(c);
-  };
-  cb.on_message = [raw, t_set](ConnId c, std::vector<uint8_t> b) {
-    t_set.wait();
-    raw->onMessage(c, std::move(b));
-  };
-  cb.on_disconnect = [raw, t_set](ConnId c, absl::Status) {
-    t_set.wait();
-    raw->onDisconnect(c);
-  };
-  auto t = startKvTransport(env, options, region, std::move(cb));
-  if (!t.ok()) {
-    started->set_value();
-    return t.status();
-  }
-  impl->t = std::move(*t);
-  started->set_value();
+  cb.on_accept = [raw](ConnId c) { raw->onAccept(c); };
+  cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };
+  cb.on_disconnect = [raw](ConnId c, absl::Status) { raw->onDisconnect(c); };
+  TANDEM_RETURN_IF_ERROR(startKvTransport(env, options, region, std::move(cb),
+                                          [raw](std::unique_ptr<transport::KvTransport> t) { raw->t = std::move(t); }));
   env.loop.runOnLoop([raw](engine::Engine& e) {
     e.setLayerObserver(
         [raw](int layer, std::span<const engine::Engine::LayerReady> ready) { raw->onLayer(layer, ready); });

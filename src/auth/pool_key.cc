@@ -51,17 +51,6 @@ bool constantTimeEqual(std::string_view a, std::string_view b) {
   return a.empty() || CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-std::string hexEncode(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
 absl::StatusOr<std::string> generatePoolKey() {
   TANDEM_ASSIGN_OR_RETURN(std::string raw, randomBytes(32));
   return hexEncode(raw);

@@ -45,7 +45,6 @@ std::string sha256(std::string_view data);
 absl::StatusOr<std::string> randomBytes(size_t n);
 // Equal length and bytes, in time independent of where they differ.
 bool constantTimeEqual(std::string_view a, std::string_view b);
-std::string hexEncode(std::string_view bytes);
 // A fresh key for a pool: 64 hex digits of 32 random bytes.
 absl::StatusOr<std::string> generatePoolKey();
 

@@ -54,4 +54,9 @@ std::string strCat(const Args&... args) {
 // code points above U+10FFFF). Used to reject non-UTF-8 request bodies.
 bool isValidUtf8(std::string_view s);
 
+// `bytes` as lower-case hex digits, two per byte.
+std::string hexEncode(std::string_view bytes);
+// The value of one hex digit (either case), or -1 for any other character.
+int hexDigitValue(char c);
+
 }  // namespace tandem

@@ -1,15 +1,10 @@
 #include "src/http/target.h"
 
+#include "src/common/strings.h"
+
 namespace tandem::http {
 
 namespace {
-
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 absl::Status percentDecode(std::string_view in, std::string& out) {
   out.clear();
@@ -19,8 +14,8 @@ absl::Status percentDecode(std::string_view in, std::string& out) {
       out += in[i];
       continue;
     }
-    int hi = i + 2 < in.size() ? hexValue(in[i + 1]) : -1;
-    int lo = i + 2 < in.size() ? hexValue(in[i + 2]) : -1;
+    int hi = i + 2 < in.size() ? hexDigitValue(in[i + 1]) : -1;
+    int lo = i + 2 < in.size() ? hexDigitValue(in[i + 2]) : -1;
     if (hi < 0 || lo < 0) {
       return absl::InvalidArgumentError("invalid request URI: two hexadecimal digits must follow '%'");
     }

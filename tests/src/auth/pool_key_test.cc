@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "src/common/clock.h"
+#include "src/common/strings.h"
 
 namespace tandem::auth {
 namespace {
