@@ -9,7 +9,10 @@
 # can be checked without Docker is checked by tests/deploy/dockerfile_test.sh
 # (stages, package lists, binaries, user, ports, commands). Build it on a
 # machine with Docker and network access:
-#   docker build -t tandem .
+#   docker build -t tandem --build-arg CUDA_KEYRING_URL=... \
+#     --build-arg DOCA_URL=... --build-arg DOCA_KEY_URL=... .
+# (the three addresses are NVIDIA's, from its CUDA and DOCA installation
+# guides; see the stages below).
 #
 # Package lists come from ./tandem (`./tandem packages ...`), the one list
 # the developers' machines install from; nothing here repeats them.
@@ -23,8 +26,13 @@
 # Added with NVIDIA's keyring package, as NVIDIA's CUDA installation guide
 # documents for Debian 12 ("network repo"). NVIDIA publishes no Debian-based
 # CUDA images, so both stages start from Debian 12 and install CUDA from here.
+# The repository's address is a build argument, not written here: pass the
+# URL of the `cuda-keyring_*_all.deb` that NVIDIA's guide names for debian12
+# x86_64, e.g. --build-arg CUDA_KEYRING_URL=<NVIDIA's .../repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb>.
 FROM debian:bookworm-slim AS cuda-repo
-ADD https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb /tmp/cuda-keyring.deb
+ARG CUDA_KEYRING_URL
+RUN test -n "$CUDA_KEYRING_URL" || { echo "pass --build-arg CUDA_KEYRING_URL=<NVIDIA's cuda-keyring .deb for debian12 x86_64> (see the comment above)" >&2; exit 1; }
+ADD ${CUDA_KEYRING_URL} /tmp/cuda-keyring.deb
 RUN dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb
 
 # --- build stage: the project's Debian packages and the CUDA toolkit --------
@@ -50,13 +58,15 @@ FROM cuda-repo AS runtime
 # its DOCA-Host repository (packages `ucx` and `ucx-cuda`; the same UCX as
 # HPC-X's). DOCA_URL is that repository for Debian 12 in the layout NVIDIA's
 # DOCA-Host documentation gives for its online repository
-# (.../doca/<version>/<distro>/<arch>/); pass the current one from NVIDIA's
-# DOCA downloads page with --build-arg DOCA_URL=... . ./tandem's runtime
-# list with --cuda names ucx and ucx-cuda in place of Debian's libucx0.
-# The default is DOCA 2.9.0's repository for Debian 12.5 as of writing
-# (never fetched from the machines this was written on: check it).
-ARG DOCA_URL=https://linux.mellanox.com/public/repo/doca/2.9.0/debian12.5/x86_64/
-ADD https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub /usr/share/keyrings/doca.asc
+# (.../doca/<version>/<distro>/<arch>/) and DOCA_KEY_URL its signing key,
+# both from NVIDIA's DOCA downloads page (DOCA 2.9 or later for Debian 12),
+# passed with --build-arg: no address is written here.
+# ./tandem's runtime list with --cuda names ucx and ucx-cuda in place of
+# Debian's libucx0.
+ARG DOCA_URL
+ARG DOCA_KEY_URL
+RUN test -n "$DOCA_URL" -a -n "$DOCA_KEY_URL" || { echo "pass --build-arg DOCA_URL=<NVIDIA's DOCA-Host repository for debian12 x86_64> and DOCA_KEY_URL=<its GPG key> (see the comment above)" >&2; exit 1; }
+ADD ${DOCA_KEY_URL} /usr/share/keyrings/doca.asc
 RUN echo "deb [signed-by=/usr/share/keyrings/doca.asc] ${DOCA_URL} ./" > /etc/apt/sources.list.d/doca.list
 # Only the shared libraries the binaries load (./tandem's RUNTIME_PACKAGES),
 # the CUDA runtime and UCX; no compiler, no headers.
