@@ -32,6 +32,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       prefix_hit_tokens_(buildCounter().name("tandem_prefix_cache_hit_tokens_total").help("Prompt tokens served from the prefix cache or a resident session, at admission.").labels(labels_).registerOn(r).add({})),
       prefix_query_tokens_(buildCounter().name("tandem_prefix_cache_query_tokens_total").help("Prompt tokens looked up in the prefix cache, at admission. Hit rate = hit / query.").labels(labels_).registerOn(r).add({})),
       preemptions_(buildCounter().name("tandem_preemptions_total").help("Sequences preempted by recompute.").labels(labels_).registerOn(r).add({})),
+      session_evictions_(buildCounter().name("tandem_kv_session_evictions_total").help("Resident sessions evicted to free KV blocks (watermark, admission, running sequences' growth).").labels(labels_).registerOn(r).add({})),
       prefill_tokens_(buildCounter().name("tandem_engine_prefill_tokens_total").help("Prompt tokens the engine computed (cache hits not counted).").labels(labels_).registerOn(r).add({})),
       busy_seconds_(buildCounter().name("tandem_engine_busy_seconds_total").help("Time the engine spent in steps that computed something. Prefill capacity = rate(prefill tokens) / rate(busy seconds).").labels(labels_).registerOn(r).add({})),
       kv_blocks_capacity_(buildGauge().name("tandem_kv_blocks_capacity").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
@@ -67,6 +68,7 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
   prefix_hit_tokens_.increment(s.prefix_hit_tokens);
   prefix_query_tokens_.increment(s.prefix_query_tokens);
   preemptions_.increment(s.num_preemptions);
+  session_evictions_.increment(s.num_session_evictions);
   prefill_tokens_.increment(s.num_prefill_tokens);
   if (s.num_scheduled_tokens > 0) {
     busy_seconds_.increment(std::chrono::duration<double>(s.schedule_time + s.model_time + s.postprocess_time).count());

@@ -35,6 +35,7 @@ class AgentMetrics {
   metrics::Counter& prefix_hit_tokens_;
   metrics::Counter& prefix_query_tokens_;
   metrics::Counter& preemptions_;
+  metrics::Counter& session_evictions_;
   metrics::Counter& prefill_tokens_;
   metrics::Counter& busy_seconds_;
   metrics::Gauge& kv_blocks_capacity_;

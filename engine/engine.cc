@@ -264,6 +264,7 @@ StepStats Engine::step() {
   st.prefix_hit_tokens = plan.num_prefix_hit_tokens;
   st.prefix_query_tokens = plan.num_prefix_query_tokens;
   st.num_preemptions = static_cast<int>(plan.preempted.size());
+  st.num_session_evictions = plan.num_session_evictions;
   st.num_finished = static_cast<int>(num_finished_ - finished_before);
   st.progressed = expired || st.num_scheduled_tokens > 0 || !plan.admitted.empty() || !plan.preempted.empty() ||
                   plan.num_session_evictions > 0 || st.num_finished > 0;

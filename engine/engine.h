@@ -86,6 +86,7 @@ struct StepStats {
   int prefix_hit_tokens = 0;  // of sequences admitted this step
   int prefix_query_tokens = 0;
   int num_preemptions = 0;
+  int num_session_evictions = 0;  // resident sessions evicted this step (watermark, admission, growth)
   int num_finished = 0;  // requests that ended during the step (any reason)
   // Whether the step changed anything: computed tokens, admitted, preempted,
   // finished, evicted a session or released a lease. A step that did not

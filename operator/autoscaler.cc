@@ -312,6 +312,15 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     return;
   }
   st.next_s = now + a.interval_s;
+  if (!st.exported) {  // every reason from the start: increase() sees each one's first decision
+    st.exported = true;
+    for (planner::PlanRole r : planner::kPlanRoles) {
+      for (planner::Reason reason : planner::kReasons) {
+        decisions_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"role", planner::planRoleName(r)},
+                        {"reason", planner::reasonName(reason)}});
+      }
+    }
+  }
   slo_targets_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"slo", "ttft_p95"}}).set(a.ttft_target_s);
   slo_targets_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"slo", "tpot_p95"}}).set(a.tpot_target_s);
   // After a restart: what the planner wrote last, so a user's edit since is seen as one.

@@ -93,6 +93,7 @@ class Autoscaler {
     double next_s = 0;  // epoch seconds of its next interval
     bool restored = false;
     std::string condition;  // the Autoscaling condition's reason last written
+    bool exported = false;  // its decisions counters exist (at zero) for every role and reason
     std::optional<planner::RoutingKnobs> knobs;
   };
 

@@ -81,7 +81,15 @@ Reconciler::Reconciler(k8s::Client& client, metrics::Registry& registry, Reconci
                              .help("Time one reconcile of one InferencePool took.")
                              .buckets(metrics::exponentialBuckets(0.001, 2, 14))
                              .registerOn(registry)
-                             .add({})) {}
+                             .add({})),
+      pool_replicas_(metrics::buildGauge()
+                         .name("tandem_pool_replicas")
+                         .help("Each pool's desired replicas by namespace, pool and role (status.<role>.replicas).")
+                         .registerOn(registry)),
+      pool_ready_replicas_(metrics::buildGauge()
+                               .name("tandem_pool_ready_replicas")
+                               .help("Each pool's ready replicas by namespace, pool and role (status.<role>.readyReplicas).")
+                               .registerOn(registry)) {}
 
 absl::StatusOr<std::unique_ptr<Reconciler>> Reconciler::start(k8s::Client& client, metrics::Registry& registry,
                                                               ReconcilerOptions options) {
@@ -364,6 +372,11 @@ absl::Status Reconciler::reconcile(const std::string& key, std::string* result) 
   }
   observed.router_service = services_->cache().getByKey(k8s::objectKey(ns, spec->name));
   json status = computeStatus(*spec, observed, previous_status, now);
+  for (Role r : kRoles) {
+    const metrics::Labels labels = {{"namespace", ns}, {"pool", name}, {"role", roleName(r)}};
+    pool_replicas_.add(labels).set(status[roleName(r)].value("replicas", 0));
+    pool_ready_replicas_.add(labels).set(status[roleName(r)].value("readyReplicas", 0));
+  }
   if (!status.contains("endpoint")) status["endpoint"] = nullptr;  // a merge patch removes it
   json stored = previous_status;
   if (!stored.contains("endpoint")) stored["endpoint"] = nullptr;

@@ -26,7 +26,10 @@
 //
 // Events on every decision (Created, Scaled, Updated, ChildEdited,
 // InvalidSpec). Metrics: tandem_operator_reconcile_total{result}
-// (success, error, invalid) and tandem_operator_reconcile_seconds.
+// (success, error, invalid), tandem_operator_reconcile_seconds, and each
+// pool's replicas as its status has them, tandem_pool_replicas and
+// tandem_pool_ready_replicas {namespace, pool, role} (dashboards compare them
+// with the planner's tandem_planner_desired_replicas).
 //
 // Thread-safety: start() and stop() from one thread; the work runs on the
 // reconciler's own threads.
@@ -105,6 +108,8 @@ class Reconciler {
   const Logger log_{"operator"};
   metrics::Family<metrics::Counter>& reconciles_;
   metrics::Histogram& reconcile_seconds_;
+  metrics::Family<metrics::Gauge>& pool_replicas_;
+  metrics::Family<metrics::Gauge>& pool_ready_replicas_;
   std::unique_ptr<k8s::EventRecorder> events_;
   k8s::WorkQueue queue_;
   std::unique_ptr<k8s::Informer> pools_, deployments_, services_, config_maps_, service_accounts_, roles_,

@@ -167,6 +167,11 @@ enum class Reason {
   kBounds,           // min/max moved it
 };
 const char* reasonName(Reason reason);  // "ScaleUp", ...
+// Every reason, for metrics that show each from the start.
+inline constexpr Reason kReasons[] = {Reason::kHold,          Reason::kScaleUp,       Reason::kScaleDown,
+                                      Reason::kMissingData,   Reason::kCooldown,      Reason::kUnschedulable,
+                                      Reason::kSloMissed,     Reason::kBudget,        Reason::kManualOverride,
+                                      Reason::kBounds};
 
 struct RoleDecision {
   int32_t current = 0;  // spec replicas when decided

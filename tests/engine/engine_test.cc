@@ -469,9 +469,10 @@ TEST(EngineAdmissionTest, SessionEvictionsForBlocksStayWithinTheStepLimit) {
   int resident = h.engine->numSessionsResident();
   int most_in_a_step = 0;
   for (int i = 0; i < 2000 && h.engine->hasWork(); ++i) {
-    h.step();
+    const StepStats st = h.step();
     const int now = h.engine->numSessionsResident();
     most_in_a_step = std::max(most_in_a_step, resident - now);
+    EXPECT_EQ(st.num_session_evictions, resident - now) << "step " << i << ": the step reports its evictions";
     resident = now;
   }
   ASSERT_FALSE(h.engine->hasWork());
