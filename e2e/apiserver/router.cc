@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/apiserver/api_error.h"
+#include "e2e/apiserver/content_types.h"
 #include "e2e/apiserver/discovery.h"
 #include "src/common/strings.h"
 
@@ -77,6 +78,7 @@ Response Router::serve(Request& req) {
   } catch (const json::exception& e) {
     r = Response::json(400, badRequest(e.what()).toStatus());
   }
+  r = negotiate(req, std::move(r));  // protobuf for clients that ask for it (content_types.h)
   for (const auto& w : call.warnings) r.setHeader("Warning", strCat("299 - \"", w, "\""));
   return r;
 }

@@ -4,9 +4,11 @@
 #include <algorithm>
 
 #include "e2e/apiserver/api_error.h"
+#include "e2e/apiserver/content_types.h"
 #include "e2e/apiserver/json_util.h"
 #include "e2e/apiserver/object_meta.h"
 #include "e2e/apiserver/patch.h"
+#include "e2e/apiserver/protobuf.h"
 #include "e2e/apiserver/requests.h"
 #include "absl/strings/numbers.h"
 #include "src/common/strings.h"
@@ -36,8 +38,15 @@ std::string mediaType(const Request& req) {
   return ct;
 }
 
-json parseBody(const Request& req, const ResourceType& t) {
+// A create or replace body: JSON, YAML, or protobuf (client-go's typed
+// clients) for the kinds protobuf.h has a codec for; a Scale on /scale.
+json parseBody(const Request& req, const Target& target) {
+  const ResourceType& t = *target.type;
   std::string type = mediaType(req);
+  if (type == protobuf::kMediaType) {
+    bool scale = target.sub == "scale";
+    return decodeProtobufBody(req.body(), scale ? "Scale" : t.kind, scale ? "autoscaling/v1" : t.apiVersion());
+  }
   try {
     if (type.empty() || type == "application/json") return json::parse(req.body());
     if (type == "application/yaml") return yamlToJson(req.body());
@@ -107,14 +116,14 @@ Response applyObject(ObjectWriter& writer, Cluster& cluster, const Request& req,
 }  // namespace
 
 Response createObject(ObjectWriter& writer, const Request& req, const Target& t, Call& call) {
-  json obj = parseBody(req, *t.type);
+  json obj = parseBody(req, t);
   return Response::json(201, writer.create(*t.type, t.ns, std::move(obj), call));
 }
 
 Response replaceObject(ObjectWriter& writer, const Cluster& cluster, const Request& req, const Target& t, Call& call) {
   const json* current = cluster.store.get(t.type->storageKey(), t.ns, t.name);
   if (current == nullptr) throw notFound(t.type->plural, t.type->group, t.name);
-  json body = parseBody(req, *t.type);
+  json body = parseBody(req, t);
   if (t.sub != "scale") {
     return Response::json(200, writer.update(*t.type, *current, std::move(body), t.sub, t.type->custom, call));
   }
@@ -152,6 +161,13 @@ Response patchObject(ObjectWriter& writer, Cluster& cluster, const Request& req,
 }
 
 namespace {
+
+// The DeleteOptions of a delete: none, JSON, or protobuf (client-go's typed clients).
+json deleteOptionsOf(const Request& req) {
+  if (req.body().empty()) return json::object();
+  if (mediaType(req) == protobuf::kMediaType) return decodeProtobufBody(req.body(), "DeleteOptions", "");
+  return parseJsonOr400(req.body(), "DeleteOptions");
+}
 
 DeletionPolicy deletionPolicy(const Request& req, const json& options) {
   std::string policy = options.value("propagationPolicy", req.query("propagationPolicy").value_or("Background"));
@@ -203,7 +219,7 @@ void checkPreconditions(const Target& t, const json& options, const json& curren
 // 200 Status Success when the object is gone at once; otherwise the object
 // as it now is (202 while it waits for finalizers).
 Response deleteObject(ObjectWriter& writer, const Cluster& cluster, const Request& req, const Target& t) {
-  json options = req.body().empty() ? json::object() : parseJsonOr400(req.body(), "DeleteOptions");
+  json options = deleteOptionsOf(req);
   DeletionPolicy policy = deletionPolicy(req, options);
   const json* current = cluster.store.get(t.type->storageKey(), t.ns, t.name);
   if (current == nullptr) throw notFound(t.type->plural, t.type->group, t.name);
