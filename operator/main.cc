@@ -54,10 +54,17 @@ int usage(const std::string& why) {
 
 std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
   for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
+    // --flag VALUE or --flag=VALUE (what manifests usually write).
+    std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return usage("help");
-    if (i + 1 >= argc) return usage(tandem::strCat(flag, " needs a value"));
-    const std::string v = argv[++i];
+    std::string v;
+    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = flag.substr(eq + 1);
+      flag.resize(eq);
+    } else {
+      if (i + 1 >= argc) return usage(tandem::strCat(flag, " needs a value"));
+      v = argv[++i];
+    }
     if (flag == "--kubeconfig") {
       f.kubeconfig = v;
     } else if (flag == "--namespace") {

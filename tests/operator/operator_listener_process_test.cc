@@ -21,6 +21,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
+#include <sys/wait.h>
+#include <cstdio>
 
 #include <gtest/gtest.h>
 
@@ -76,7 +79,7 @@ class OperatorListenerProcessTest : public ::testing::Test {
     for (int attempt = 0; attempt < 3 && base_.empty(); ++attempt) {
       const int port = freePort();
       ASSERT_GT(port, 0);
-      pid_ = testutil::spawnLogged({exe, "--kubeconfig", kubeconfig, "--listen", strCat("127.0.0.1:", port)},
+      pid_ = testutil::spawnLogged({exe, "--kubeconfig", kubeconfig, strCat("--listen=127.0.0.1:", port)},
                                    dir_ / "operator.log");
       ASSERT_GT(pid_, 0) << "cannot start " << exe;
       const std::string base = strCat("http://127.0.0.1:", port);
@@ -140,6 +143,40 @@ TEST_F(OperatorListenerProcessTest, ClosesSlowAndIdleConnectionsAtTheHeaderDeadl
        // Still sending when the deadline passes.
        .byte_interval = milliseconds(kHeaderTimeout * 3 / 2 / (sizeof(kHalfRequest) - 1))},
       kHeaderTimeout, kSlack, [&] { return normalRequests(); });
+}
+
+// Flags as `--flag value` or `--flag=value` (the chart writes the latter);
+// a bad one is refused with exit code 2, naming it, before anything starts.
+TEST(OperatorFlagsTest, BadFlagsAreRefusedNamingThem) {
+  const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-operator";
+  auto run = [&](const std::string& args) {
+    std::string out;
+    FILE* p = popen((exe + " " + args + " 2>&1").c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    const int status = p != nullptr ? pclose(p) : -1;
+    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  };
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--workers=0", "--workers: expected 1 to 64, got \"0\""},
+           {"--workers 65", "--workers: expected 1 to 64, got \"65\""},
+           {"--leader-elect=maybe", "--leader-elect: expected true or false, got \"maybe\""},
+           {"--prometheus-url=prometheus:9090", "--prometheus-url: expected an http:// or https:// URL"},
+           {"--listen=8080", "--listen: expected HOST:PORT, got \"8080\""},
+           {"--bogus=1", "unknown flag --bogus"},
+           {"--namespace", "--namespace needs a value"},
+       }) {
+    auto [rc, out] = run(c.args);
+    EXPECT_EQ(rc, 2) << c.args << ": " << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << c.args << ": " << out;
+  }
+  auto [rc, out] = run("--help");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("usage: tandem-operator"), std::string::npos) << out;
 }
 
 }  // namespace
