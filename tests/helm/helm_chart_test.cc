@@ -149,11 +149,15 @@ TEST_F(HelmChartTest, TheOperatorRunsHardenedWithLeaderElectionUnderItsOwnServic
   EXPECT_EQ(c["ports"][0]["containerPort"], 8080);
   EXPECT_TRUE(objects.count("ServiceAccount/tandem"));
   EXPECT_TRUE(objects.count("Service/tandem-metrics"));
-  // Leader election's Lease: create, and get/update of that one name only.
+  // Leader election's Lease: the chart makes it; the operator may only get
+  // and update that one.
+  ASSERT_TRUE(objects.count("Lease/tandem"));
+  EXPECT_FALSE(objects["Lease/tandem"]["spec"].contains("holderIdentity"));
   ASSERT_TRUE(objects.count("Role/tandem-leader-election"));
   const json& lease = objects["Role/tandem-leader-election"]["rules"];
-  EXPECT_EQ(lease[1]["resourceNames"], json::array({"tandem"}));
-  EXPECT_EQ(lease[1]["verbs"], json::array({"get", "update"}));
+  ASSERT_EQ(lease.size(), 1u);
+  EXPECT_EQ(lease[0]["resourceNames"], json::array({"tandem"}));
+  EXPECT_EQ(lease[0]["verbs"], json::array({"get", "update"}));
 }
 
 TEST_F(HelmChartTest, WatchingOneNamespaceUsesARoleThereInsteadOfAClusterRole) {

@@ -1,0 +1,125 @@
+// The chart installed by the real helm on the local cluster (label e2e;
+// root, one local cluster at a time): helm install -> the operator runs as
+// pods of the chart's Deployment, one of them leading -> an InferencePool
+// becomes Ready and serves a completion through its router -> helm upgrade
+// with changed values rolls the operator -> helm uninstall leaves nothing
+// of the release but the CRD, which Helm documents it keeps.
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/kubelet_fixture.h"
+
+namespace tandem::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kSource = TANDEM_SOURCE_DIR;
+
+class HelmInstallTest : public KubeletApiAccessTest {
+ protected:
+  void SetUp() override {
+    helm_bin_ = std::getenv("TANDEM_HELM") != nullptr ? std::getenv("TANDEM_HELM") : "";
+    ASSERT_TRUE(std::filesystem::exists(helm_bin_))
+        << "no helm at TANDEM_HELM=\"" << helm_bin_ << "\": ./tandem setup installs it (tests/tools/bin/helm)";
+    KubeletApiAccessTest::SetUp();
+    ASSERT_EQ(shell(std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-make-model --out " + dir_ + "/model").rc, 0);
+  }
+  CommandResult helm(const std::string& args) {
+    return shell("HELM_CACHE_HOME=" + dir_ + "/helm/cache HELM_CONFIG_HOME=" + dir_ + "/helm/config HELM_DATA_HOME=" +
+                 dir_ + "/helm/data " + helm_bin_ + " --kubeconfig " + kubeconfig_ + " " + args);
+  }
+  std::string operatorLogs() {
+    return kubectl("-n tandem-system logs -l app.kubernetes.io/name=tandem-operator --tail=40").output +
+           kubectl("-n tandem-system logs -l app.kubernetes.io/name=tandem-operator --tail=40 --previous").output +
+           kubectl("-n tandem-system get events").output;
+  }
+  std::string helm_bin_;
+};
+
+TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
+  const std::string chart = kSource + "/helm/tandem";
+  auto r = helm("install tandem " + chart + " -n tandem-system --create-namespace -f " + kSource +
+                "/examples/helm/values-local.yaml --wait --timeout 120s");
+  ASSERT_EQ(r.rc, 0) << r.output << kubectl("-n tandem-system get pods -o wide").output << operatorLogs();
+  EXPECT_THAT(r.output, HasSubstr("STATUS: deployed"));
+  EXPECT_THAT(r.output, HasSubstr("kubectl apply -f examples/inferencepool-llama-gpu.yaml"));  // NOTES.txt
+  EXPECT_EQ(get("-n tandem-system deploy tandem", "{.status.readyReplicas}"), "2");
+  EXPECT_EQ(kubectl("get crd inferencepools.serving.tandem.dev").rc, 0);
+  EXPECT_THAT(helm("list -n tandem-system").output, HasSubstr("deployed"));
+
+  // Two operators, one holding the Lease: the one whose /metrics says so.
+  std::string holder;
+  ASSERT_TRUE(eventually([&] { return !(holder = get("-n tandem-system lease tandem", "{.spec.holderIdentity}")).empty(); }, 60))
+      << operatorLogs();
+  const std::string pods = get("-n tandem-system pods -l app.kubernetes.io/name=tandem-operator",
+                               "{range .items[*]}{.metadata.name} {.status.podIP}{\"\\n\"}{end}");
+  int leaders = 0, seen = 0;
+  std::istringstream lines(pods);
+  std::string name, ip;
+  while (lines >> name >> ip) {
+    ++seen;
+    const std::string m = shell("curl -s -m 5 http://" + ip + ":8080/metrics").output;
+    if (m.find("\ntandem_operator_leader 1\n") != std::string::npos) {
+      ++leaders;
+      EXPECT_EQ(name, holder);
+    }
+  }
+  EXPECT_EQ(seen, 2) << pods;
+  EXPECT_EQ(leaders, 1) << pods;
+
+  // A pool, reconciled by the chart's operator.
+  apply("pool.yaml", "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: tiny}\nspec:\n"
+                     "  model: {name: tiny, path: " + dir_ + "/model}\n  image: ghcr.io/tandem-serving/tandem:dev\n"
+                     "  prefill: {args: [--kv-tls, \"posix,cma,tcp\"]}\n"
+                     "  decode: {replicas: 1, args: [--kv-tls, \"posix,cma,tcp\"]}\n");
+  ASSERT_TRUE(eventually([&] {
+    return get("tpool tiny", "{.status.conditions[?(@.type==\"Ready\")].status}") == "True";
+  }, 120)) << kubectl("get tpool tiny -o yaml").output << kubectl("get pods -o wide").output << operatorLogs();
+  const std::string endpoint = get("tpool tiny", "{.status.endpoint}");
+  ASSERT_FALSE(endpoint.empty());
+  const std::string answer = shell("curl -s -m 60 http://" + endpoint +
+                                   "/v1/completions -H 'Content-Type: application/json' -d "
+                                   "'{\"model\":\"tiny\",\"prompt\":\"through the operator of the chart\",\"max_tokens\":4}'")
+                                 .output;
+  EXPECT_THAT(answer, HasSubstr("\"choices\"")) << answer;
+
+  // helm upgrade with a changed value rolls the operator's pods.
+  r = helm("upgrade tandem " + chart + " -n tandem-system --reuse-values --set operator.workers=3 --wait --timeout 120s");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("REVISION: 2"));
+  EXPECT_THAT(get("-n tandem-system deploy tandem", "{.spec.template.spec.containers[0].args}"), HasSubstr("--workers=3"));
+  EXPECT_EQ(kubectl("-n tandem-system rollout status deploy/tandem --timeout=60s").rc, 0);
+  EXPECT_THAT(helm("history tandem -n tandem-system").output, HasSubstr("Upgrade complete"));
+  // The pool is still served: the new operators took it over.
+  EXPECT_THAT(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"decode\":{\"replicas\":2}}}'").output, HasSubstr("patched"));
+  EXPECT_TRUE(eventually([&] { return get("tpool tiny", "{.status.decode.summary}") == "2/2"; }, 90))
+      << kubectl("get tpool tiny -o yaml").output << operatorLogs();
+
+  // The pool goes first (its children with it), then the release.
+  ASSERT_EQ(kubectl("delete tpool tiny --timeout=60s").rc, 0);
+  EXPECT_TRUE(eventually([&] { return get("deploy", "{.items[*].metadata.name}").empty(); }, 60))
+      << kubectl("get deploy").output;
+  r = helm("uninstall tandem -n tandem-system --wait --timeout 60s");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("uninstalled"));
+  for (const char* kind : {"deploy", "rs", "sa", "svc", "cm", "role", "rolebinding", "lease", "secrets"}) {
+    const std::string left = get(std::string("-n tandem-system ") + kind, "{.items[*].metadata.name}");
+    // The namespace's own default ServiceAccount and root CA ConfigMap are the cluster's, not the release's.
+    EXPECT_THAT(left, Not(HasSubstr("tandem"))) << kind << ": " << left;
+  }
+  EXPECT_EQ(get("-n tandem-system secrets -l owner=helm", "{.items[*].metadata.name}"), "");
+  EXPECT_THAT(get("clusterrole", "{.items[*].metadata.name}"), Not(HasSubstr("tandem")));
+  EXPECT_THAT(get("clusterrolebinding", "{.items[*].metadata.name}"), Not(HasSubstr("tandem")));
+  EXPECT_TRUE(eventually([&] { return get("-n tandem-system pods", "{.items[*].metadata.name}").empty(); }, 30));
+  // What Helm keeps: the CRD (crds/ is never deleted by helm uninstall).
+  EXPECT_EQ(kubectl("get crd inferencepools.serving.tandem.dev").rc, 0);
+}
+
+}  // namespace
+}  // namespace tandem::e2e
