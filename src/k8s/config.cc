@@ -203,6 +203,7 @@ absl::StatusOr<ClusterConfig> loadInClusterConfig(const InClusterOptions& option
   if (config.token.empty()) {
     return absl::InvalidArgumentError(strCat("in-cluster config: token file '", options.tokenFile, "' is empty"));
   }
+  config.tokenFile = options.tokenFile;
   TANDEM_ASSIGN_OR_RETURN(config.caData, readFile(options.caFile, "in-cluster config: service account CA"));
   if (auto ns = readFile(options.namespaceFile, "namespace"); ns.ok() && !trim(*ns).empty()) {
     config.defaultNamespace = trim(*ns);

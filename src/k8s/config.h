@@ -29,6 +29,9 @@ struct ClusterConfig {
   bool insecureSkipTlsVerify = false;
   std::string tlsServerName;   // overrides the name checked in the server certificate
   std::string token;           // bearer token; empty: none
+  // Where `token` came from in a pod: re-read at most once a minute, as
+  // client-go does, because the kubelet rotates projected tokens. Empty: `token` is fixed.
+  std::string tokenFile;
   std::string clientCertData;  // PEM
   std::string clientKeyData;   // PEM
   std::string defaultNamespace = "default";

@@ -2,11 +2,15 @@
 // TLS context) stays in this file.
 
 #include <atomic>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 #include <vector>
 
 #include <cpprest/http_client.h>
 #include <boost/asio/ssl.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/common/status.h"
@@ -158,12 +162,32 @@ class HttpTransport final : public Transport {
     r.set_request_uri(request.path);
     r.headers().add("Accept", request.accept);
     r.headers().add("User-Agent", config_.userAgent);
-    if (!config_.token.empty()) r.headers().add("Authorization", "Bearer " + config_.token);
+    if (std::string token = bearerToken(); !token.empty()) r.headers().add("Authorization", "Bearer " + token);
     if (!request.body.empty() || !request.contentType.empty()) r.set_body(request.body, request.contentType);
     return r;
   }
 
+  // config_.token, or what config_.tokenFile holds now (read at most once a
+  // minute; a file that cannot be read or is empty keeps the last token).
+  std::string bearerToken() const {
+    if (config_.tokenFile.empty()) return config_.token;
+    std::lock_guard l(tokenMu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (tokenReadAt_ == std::chrono::steady_clock::time_point{} || now - tokenReadAt_ >= std::chrono::minutes(1)) {
+      tokenReadAt_ = now;
+      std::ifstream in(config_.tokenFile);
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string fresh(absl::StripAsciiWhitespace(text.str()));
+      if (in && !fresh.empty()) token_ = fresh;
+    }
+    return token_;
+  }
+
   const ClusterConfig config_;
+  mutable std::mutex tokenMu_;
+  mutable std::string token_ = config_.token;
+  mutable std::chrono::steady_clock::time_point tokenReadAt_{};
   const web::uri base_;
   whc::http_client pooled_;  // thread-safe; pools connections
 };
