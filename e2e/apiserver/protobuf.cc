@@ -174,6 +174,51 @@ const Message kConfigMapList{
     "ConfigMapList",
     {{1, "metadata", kMessage, false, kAlways, &kListMeta}, {2, "items", kMessage, true, kAlways, &kConfigMap}}};
 
+// authentication.k8s.io/v1 and authorization.k8s.io/v1: what `kubectl create
+// token`, `kubectl auth can-i` and `kubectl auth whoami` send (authn.h, rbac.h).
+const Message kBoundObjectReference{
+    "BoundObjectReference",
+    {{1, "kind", kString}, {2, "apiVersion", kString}, {3, "name", kString}, {4, "uid", kString}}};
+const Message kTokenRequestSpec{"TokenRequestSpec",
+                                {{1, "audiences", kString, true, kAlways},
+                                 {3, "boundObjectRef", kMessage, false, kPointer, &kBoundObjectReference},
+                                 {4, "expirationSeconds", kInt64, false, kPointer}}};
+const Message kTokenRequestStatus{
+    "TokenRequestStatus", {{1, "token", kString, false, kAlways}, {2, "expirationTimestamp", kTime, false, kAlways}}};
+const Message kTokenRequest{"TokenRequest",
+                            {{1, "metadata", kMessage, false, kAlways, &kObjectMeta},
+                             {2, "spec", kMessage, false, kAlways, &kTokenRequestSpec},
+                             {3, "status", kMessage, false, kAlways, &kTokenRequestStatus}}};
+const Message kResourceAttributes{"ResourceAttributes",
+                                  {{1, "namespace", kString},
+                                   {2, "verb", kString},
+                                   {3, "group", kString},
+                                   {4, "version", kString},
+                                   {5, "resource", kString},
+                                   {6, "subresource", kString},
+                                   {7, "name", kString}}};
+const Message kNonResourceAttributes{"NonResourceAttributes", {{1, "path", kString}, {2, "verb", kString}}};
+const Message kSelfSubjectAccessReviewSpec{
+    "SelfSubjectAccessReviewSpec",
+    {{1, "resourceAttributes", kMessage, false, kPointer, &kResourceAttributes},
+     {2, "nonResourceAttributes", kMessage, false, kPointer, &kNonResourceAttributes}}};
+const Message kSubjectAccessReviewStatus{"SubjectAccessReviewStatus",
+                                         {{1, "allowed", kBool, false, kAlways},
+                                          {2, "reason", kString},
+                                          {3, "evaluationError", kString},
+                                          {4, "denied", kBool}}};
+const Message kSelfSubjectAccessReview{"SelfSubjectAccessReview",
+                                       {{1, "metadata", kMessage, false, kAlways, &kObjectMeta},
+                                        {2, "spec", kMessage, false, kAlways, &kSelfSubjectAccessReviewSpec},
+                                        {3, "status", kMessage, false, kOmitEmpty, &kSubjectAccessReviewStatus}}};
+// UserInfo.extra (map<string, ExtraValue>) is left out: not a string map.
+const Message kUserInfo{"UserInfo", {{1, "username", kString}, {2, "uid", kString}, {3, "groups", kString, true}}};
+const Message kSelfSubjectReviewStatus{"SelfSubjectReviewStatus",
+                                       {{1, "userInfo", kMessage, false, kOmitEmpty, &kUserInfo}}};
+const Message kSelfSubjectReview{"SelfSubjectReview",
+                                 {{1, "metadata", kMessage, false, kAlways, &kObjectMeta},
+                                  {2, "status", kMessage, false, kOmitEmpty, &kSelfSubjectReviewStatus}}};
+
 struct Codec {
   std::string_view apiVersion;
   std::string_view kind;
@@ -189,6 +234,9 @@ const Codec kCodecs[] = {
     // client-go sends DeleteOptions in the group version of the resource it
     // deletes (v1 for core; every group version registers the options types).
     {"*", "DeleteOptions", &kDeleteOptions},
+    {"authentication.k8s.io/v1", "TokenRequest", &kTokenRequest},
+    {"authentication.k8s.io/v1", "SelfSubjectReview", &kSelfSubjectReview},
+    {"authorization.k8s.io/v1", "SelfSubjectAccessReview", &kSelfSubjectAccessReview},
 };
 
 const Codec* findCodec(std::string_view apiVersion, std::string_view kind) {

@@ -20,7 +20,10 @@
 // Field numbers are those of the generated.proto files of k8s.io/api
 // (core/v1) and k8s.io/apimachinery (pkg/apis/meta/v1, pkg/runtime).
 // Kinds with a codec (hasCodec): v1 Secret, SecretList, ConfigMap,
-// ConfigMapList, Status, and DeleteOptions (in any group version). Messages
+// ConfigMapList, Status, and DeleteOptions (in any group version);
+// authentication.k8s.io/v1 TokenRequest and SelfSubjectReview (its
+// userInfo without extra), authorization.k8s.io/v1 SelfSubjectAccessReview
+// (resourceAttributes without its selectors). Messages
 // inside them: ObjectMeta (all fields: labels, annotations, ownerReferences,
 // finalizers, managedFields, timestamps, ...), OwnerReference,
 // ManagedFieldsEntry, ListMeta, StatusDetails, StatusCause, Preconditions.

@@ -7,6 +7,8 @@
 #include "e2e/apiserver/api_error.h"
 #include "e2e/apiserver/content_types.h"
 #include "e2e/apiserver/discovery.h"
+#include "e2e/apiserver/rbac.h"
+#include "src/common/check.h"
 #include "src/common/strings.h"
 
 namespace tandem::apiserver {
@@ -42,6 +44,12 @@ const json& versionDoc() {
   return kDoc;
 }
 
+TokenIssuer newTokenIssuer() {
+  absl::StatusOr<TokenIssuer> issuer = TokenIssuer::create();
+  TANDEM_CHECK(issuer.ok(), "no random key for service-account tokens");
+  return std::move(*issuer);
+}
+
 // Where a resource path's group/version ends: /api/<v>/... or /apis/<g>/<v>/...
 size_t resourceStart(const std::vector<std::string>& segs) { return segs[0] == "api" ? 2 : 3; }
 
@@ -50,6 +58,7 @@ size_t resourceStart(const std::vector<std::string>& segs) { return segs[0] == "
 Router::Router(const ApiServerOptions& options, const Clock& clock)
     : options_(options),
       clock_(clock),
+      tokens_(newTokenIssuer()),
       cluster_(options.watchHistory, clock),
       watches_(cluster_.store, clock, options.bookmarkInterval, wake_),
       faults_(options.faults, std::random_device{}()) {
@@ -72,7 +81,8 @@ Response Router::serve(Request& req) {
   Response r;
   try {
     absl::MutexLock lock(&mu_);
-    r = route(req, call);
+    std::optional<Response> answered = access(req);
+    r = answered ? std::move(*answered) : route(req, call);
   } catch (const ApiError& e) {
     r = Response::json(e.code(), e.toStatus());
   } catch (const json::exception& e) {
@@ -81,6 +91,24 @@ Response Router::serve(Request& req) {
   r = negotiate(req, std::move(r));  // protobuf for clients that ask for it (content_types.h)
   for (const auto& w : call.warnings) r.setHeader("Warning", strCat("299 - \"", w, "\""));
   return r;
+}
+
+std::optional<Response> Router::access(Request& req) {
+  const UserInfo user = authenticate(req, tokens_, cluster_.store, clock_.wallNow());
+  const RequestAttributes a = requestAttributes(req);
+  if (Decision d = authorize(cluster_.store, user, a); !d.allowed) throw forbiddenError(user, a, d.reason);
+  checkEscalation(cluster_.store, user, a, req);
+  if (!a.resourceRequest || a.verb != "create" || a.apiVersion != "v1") return std::nullopt;
+  if (a.apiGroup.empty() && a.resource == "serviceaccounts" && a.subresource == "token") {
+    return tokenRequest(req, tokens_, cluster_.store, clock_.wallNow(), a.ns, a.name);
+  }
+  if (a.apiGroup == "authorization.k8s.io" && a.resource == "selfsubjectaccessreviews" && a.name.empty()) {
+    return selfSubjectAccessReview(req, cluster_.store, user);
+  }
+  if (a.apiGroup == "authentication.k8s.io" && a.resource == "selfsubjectreviews" && a.name.empty()) {
+    return selfSubjectReview(req, user);
+  }
+  return std::nullopt;
 }
 
 Response Router::route(Request& req, Call& call) {

@@ -18,12 +18,14 @@
 // short, and watches hold the mutex only to queue events.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "e2e/apiserver/api_server.h"
+#include "e2e/apiserver/authn.h"
 #include "e2e/apiserver/cluster.h"
 #include "e2e/apiserver/faults.h"
 #include "e2e/apiserver/object_writer.h"
@@ -55,6 +57,10 @@ class Router {
   void stop();
 
  private:
+  // Authentication and authorization before anything else (authn.h, rbac.h):
+  // throws 401 / 403; answers the requests about identities themselves
+  // (TokenRequest, the self reviews), nullopt for the rest.
+  std::optional<http::Response> access(http::Request& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   http::Response route(http::Request& req, Call& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   http::Response discovery(const http::Request& req, const std::vector<std::string>& segs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -71,6 +77,7 @@ class Router {
   const ApiServerOptions options_;
   const Clock& clock_;
   const std::shared_ptr<Wakeup> wake_ = std::make_shared<Wakeup>();
+  const TokenIssuer tokens_;  // its key drawn at start
 
   absl::Mutex mu_;
   Cluster cluster_ ABSL_GUARDED_BY(mu_);

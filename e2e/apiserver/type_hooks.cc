@@ -169,6 +169,28 @@ void eventErased(const json& e, Cluster& cluster) {
   }
 }
 
+// kube-controller-manager's serviceaccount controller: every namespace not
+// being deleted has a ServiceAccount "default" (made again when deleted).
+void ensureDefaultServiceAccount(const std::string& ns, Cluster& cluster) {
+  const json* namespaceObj = cluster.store.get("/namespaces", "", ns);
+  if (namespaceObj == nullptr || deleting(*namespaceObj) || cluster.store.get("/serviceaccounts", ns, "default") != nullptr) {
+    return;
+  }
+  cluster.store.put("/serviceaccounts", {{"apiVersion", "v1"},
+                                         {"kind", "ServiceAccount"},
+                                         {"metadata",
+                                          {{"name", "default"},
+                                           {"namespace", ns},
+                                           {"uid", newUid()},
+                                           {"creationTimestamp", rfc3339(cluster.clock.wallNow())}}}});
+}
+
+void namespaceStored(const json& obj, Cluster& cluster) { ensureDefaultServiceAccount(nameOf(obj), cluster); }
+
+void serviceAccountErased(const json& sa, Cluster& cluster) {
+  if (nameOf(sa) == "default") ensureDefaultServiceAccount(nsOf(sa), cluster);
+}
+
 void crdStored(const json& crd, Cluster& cluster) { cluster.types.setCrd(nameOf(crd), typesFromCrd(crd)); }
 
 // A CRD's objects go with it, at once (a real server deletes them in the background).
@@ -188,8 +210,12 @@ const TypeHooks& TypeHookRegistry::of(const std::string& storageKey) const {
 
 TypeHookRegistry TypeHookRegistry::builtins() {
   TypeHookRegistry r;
-  r.add("/namespaces",
-        {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .keptUntilEmpty = true, .defaults = namespaceDefaults});
+  r.add("/namespaces", {.nameRule = NameRule::kDnsLabel,
+                        .specOnCreate = true,
+                        .keptUntilEmpty = true,
+                        .defaults = namespaceDefaults,
+                        .stored = namespaceStored});
+  r.add("/serviceaccounts", {.erased = serviceAccountErased});
   r.add("/services", {.nameRule = NameRule::kDnsLabel, .specOnCreate = true, .defaults = serviceDefaults});
   r.add("/secrets", {.defaults = secretDefaults});
   r.add("/pods", {.specOnCreate = true, .defaults = podDefaults, .gracePeriod = podGracePeriod});

@@ -7,7 +7,9 @@
 //
 // The built-in entries (what a real server's registry strategies do for these kinds):
 //   namespaces        name an RFC 1123 label; spec.finalizers ["kubernetes"]; status.phase Active on create;
-//                     deleting keeps it (phase Terminating) until the collector has emptied it
+//                     deleting keeps it (phase Terminating) until the collector has emptied it;
+//                     a live namespace always has a ServiceAccount "default" (kube-controller-manager's)
+//   serviceaccounts   "default" is made again when deleted from a live namespace
 //   services          name an RFC 1123 label; spec.type ClusterIP; a fake spec.clusterIP, kept by updates
 //   secrets           stringData folded into base64 data; type Opaque
 //   pods              restartPolicy Always, terminationGracePeriodSeconds 30, dnsPolicy, schedulerName;

@@ -84,6 +84,15 @@ class ApiServerFixture : public ::testing::Test {
   }
 
   virtual std::vector<std::string> extraArgs() const { return {}; }
+  // The flags that serve TLS with a fresh self-signed certificate for `altNames`
+  // ("IP:127.0.0.1,..."), made with the openssl command line.
+  std::vector<std::string> tlsArgs(const std::string& altNames) const {
+    const std::string cert = dir_ + "/apiserver.pem", key = dir_ + "/apiserver.key";
+    const auto made = shell("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tandem-apiserver -keyout " +
+                            key + " -out " + cert + " -addext subjectAltName=" + altNames + " 2>&1");
+    EXPECT_EQ(made.rc, 0) << "could not make a certificate with the openssl command line: " << made.output;
+    return {"--tls-cert", cert, "--tls-key", key};
+  }
 
   std::string baseUrl() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::string kubectlPrefix() const {

@@ -107,13 +107,7 @@ class KubeletTest : public ApiServerFixture {
 // in-cluster API access.
 class KubeletApiAccessTest : public KubeletTest {
  protected:
-  std::vector<std::string> extraArgs() const override {
-    const std::string cert = dir_ + "/apiserver.pem", key = dir_ + "/apiserver.key";
-    const auto made = shell("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tandem-apiserver -keyout " +
-                            key + " -out " + cert + " -addext subjectAltName=IP:127.0.0.1,IP:10.96.0.1");
-    EXPECT_EQ(made.rc, 0) << "could not make a certificate with the openssl command line: " << made.output;
-    return {"--tls-cert", cert, "--tls-key", key};
-  }
+  std::vector<std::string> extraArgs() const override { return tlsArgs("IP:127.0.0.1,IP:10.96.0.1"); }
 };
 
 }  // namespace tandem::e2e
