@@ -192,11 +192,10 @@ absl::Status checkFileKinds(const json& v, const std::string& path) {
   return absl::OkStatus();
 }
 
-std::string tokenFor(const json& pod, const PodFacts& facts) {
-  return facts.api_token.empty()
-             ? strCat("tandem-local:", facts.ns, ":",
-                      pod.value("/spec/serviceAccountName"_json_pointer, std::string("default")))
-             : facts.api_token;
+// The token the kubelet got for the pod from the TokenRequest API.
+absl::StatusOr<std::string> tokenFor(const PodFacts& facts) {
+  if (facts.api_token.empty()) return absl::FailedPreconditionError("the kubelet has no token for the pod's service account");
+  return facts.api_token;
 }
 
 }  // namespace
@@ -275,6 +274,17 @@ absl::StatusOr<std::vector<VolumeSpec>> planVolumes(const json& pod, const PodFa
   return out;
 }
 
+bool needsServiceAccountToken(const std::vector<VolumeSpec>& volumes) {
+  for (const VolumeSpec& v : volumes) {
+    if (v.source.contains("serviceAccount")) return true;
+    if (!v.source.contains("projected") || !v.source["projected"].is_object()) continue;
+    for (const json& s : arrayOrEmpty(v.source["projected"], "sources")) {
+      if (s.is_object() && s.contains("serviceAccountToken")) return true;
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<MountSpec>> planMounts(const json& container, const std::string& path,
                                                   const std::vector<VolumeSpec>& volumes) {
   std::vector<MountSpec> out;
@@ -320,7 +330,8 @@ absl::StatusOr<std::vector<VolumeFile>> renderVolume(const VolumeSpec& volume, c
   std::vector<VolumeFile> out;
   const json& v = volume.source;
   if (v.contains("serviceAccount")) {
-    out.push_back({"token", tokenFor(pod, facts), 0644});
+    TANDEM_ASSIGN_OR_RETURN(std::string token, tokenFor(facts));
+    out.push_back({"token", std::move(token), 0644});
     out.push_back({"ca.crt", facts.api_ca_pem, 0644});
     out.push_back({"namespace", facts.ns, 0644});
     return out;
@@ -341,7 +352,8 @@ absl::StatusOr<std::vector<VolumeFile>> renderVolume(const VolumeSpec& volume, c
       if (s.contains("serviceAccountToken")) {
         TANDEM_ASSIGN_OR_RETURN(std::string file, stringField(s["serviceAccountToken"], "path", strCat(sp, ".serviceAccountToken"), true));
         TANDEM_RETURN_IF_ERROR(checkRelative(file, strCat(sp, ".serviceAccountToken.path")));
-        out.push_back({file, tokenFor(pod, facts), mode});
+        TANDEM_ASSIGN_OR_RETURN(std::string token, tokenFor(facts));
+        out.push_back({file, std::move(token), mode});
       } else if (s.contains("configMap")) {
         TANDEM_RETURN_IF_ERROR(renderObject(s["configMap"], "ConfigMap", strCat(sp, ".configMap"), mode, facts, out));
       } else if (s.contains("secret")) {

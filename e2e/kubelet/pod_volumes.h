@@ -11,7 +11,8 @@
 //                          NotFound naming it, unless `optional`
 //   downwardAPI            fieldRef items (name, namespace, uid, labels,
 //                          annotations, nodeName, serviceAccountName, podIP)
-//   projected              serviceAccountToken, configMap, secret, downwardAPI
+//   projected              serviceAccountToken (the token PodFacts holds), configMap,
+//                          secret, downwardAPI
 //   emptyDir               a directory of the pod's own, removed with it
 //   hostPath               the node's path; `type` checked (DirectoryOrCreate
 //                          and FileOrCreate create it)
@@ -51,10 +52,13 @@ struct PodFacts {
   // ConfigMaps and Secrets (env valueFrom, envFrom, volumes); unset: a pod
   // that names one is refused (no API access).
   ObjectLookup lookup;
-  // In-cluster API access: the API server's CA (PEM) for ca.crt, the token
-  // for the service account, and KUBERNETES_SERVICE_HOST/PORT. Empty host:
-  // the pod gets none of it.
-  std::string api_host, api_port, api_ca_pem, api_token;
+  // In-cluster API access: the API server's CA (PEM) for ca.crt, and
+  // KUBERNETES_SERVICE_HOST/PORT. Empty host: the pod gets none of it.
+  std::string api_host, api_port, api_ca_pem;
+  // The service account's token (from the TokenRequest API, PodWorker):
+  // what the service-account volume and projected serviceAccountToken
+  // sources hold; rendering them fails while it is empty.
+  std::string api_token;
 };
 
 inline constexpr std::string_view kServiceAccountMountPath = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -91,6 +95,9 @@ absl::StatusOr<std::map<std::string, std::string>> lookupData(const PodFacts& fa
 // spec.volumes, plus the service-account volume (named
 // "kube-api-access") when the pod gets API access and does not opt out.
 absl::StatusOr<std::vector<VolumeSpec>> planVolumes(const nlohmann::json& pod, const PodFacts& facts);
+// Whether `volumes` hold a service-account token (the service-account
+// volume, or a projected serviceAccountToken source).
+bool needsServiceAccountToken(const std::vector<VolumeSpec>& volumes);
 // The container's volumeMounts (path: spec.containers[i]), checked against
 // `volumes`; the service-account mount added when that volume is planned
 // and the container does not mount something there itself.

@@ -159,6 +159,39 @@ absl::Status PodWorker::setUpVolumes(const std::vector<VolumeSpec>& volumes, con
   return absl::OkStatus();
 }
 
+absl::Status PodWorker::refreshToken(const std::vector<VolumeSpec>& volumes, const json& pod, PodFacts& facts) {
+  if (!needsServiceAccountToken(volumes)) return absl::OkStatus();
+  const WallTime now = env_.clock->wallNow();
+  if (!token_.empty() && now < token_expires_ - (token_expires_ - token_issued_) / 5) {
+    facts.api_token = token_;
+    return absl::OkStatus();
+  }
+  std::string sa = str(pod, "/spec/serviceAccountName"_json_pointer);
+  if (sa.empty()) sa = str(pod, "/spec/serviceAccount"_json_pointer);
+  if (sa.empty()) sa = "default";
+  const json request = {
+      {"apiVersion", "authentication.k8s.io/v1"},
+      {"kind", "TokenRequest"},
+      {"spec",
+       {{"expirationSeconds", kTokenLifetime.count()},
+        {"boundObjectRef", {{"apiVersion", "v1"}, {"kind", "Pod"}, {"name", name_}, {"uid", uid_}}}}}};
+  absl::StatusOr<json> r = env_.client->send({.method = "POST",
+                                              .path = strCat("/api/v1/namespaces/", ns_, "/serviceaccounts/", sa, "/token"),
+                                              .contentType = "application/json",
+                                              .body = request.dump()});
+  const std::string token = r.ok() ? str(*r, "/status/token"_json_pointer) : "";
+  if (token.empty()) {
+    return absl::Status(r.ok() ? absl::StatusCode::kInternal : r.status().code(),
+                        strCat("cannot get a token for service account ", ns_, "/", sa, ": ",
+                               r.ok() ? "the TokenRequest's answer has no status.token" : r.status().message()));
+  }
+  token_ = token;
+  token_issued_ = now;
+  token_expires_ = now + std::chrono::seconds(r->value("/spec/expirationSeconds"_json_pointer, kTokenLifetime.count()));
+  facts.api_token = token_;
+  return absl::OkStatus();
+}
+
 // The command that starts a container inside the pod: the network
 // namespace (`ip netns exec`, which also gives it a mount namespace of its
 // own), a UTS namespace with the pod's name as host name, then each volume
@@ -297,7 +330,7 @@ void PodWorker::runContainers() {
 
   // The plan, the volumes and each container's command: tried again while
   // what they need (a ConfigMap, a Secret) is missing.
-  const PodFacts pod_facts = facts(ip, node);
+  PodFacts pod_facts = facts(ip, node);
   std::vector<Container> containers;
   std::optional<PodPlan> plan;
   std::string plan_error, waiting_reason;
@@ -310,7 +343,8 @@ void PodWorker::runContainers() {
     waiting_reason = "CreateContainerConfigError";
     const char* event_reason = "Failed";
     if (failed.ok()) {
-      failed = setUpVolumes(planned->volumes, pod, pod_facts, /*first=*/true);
+      failed = refreshToken(planned->volumes, pod, pod_facts);
+      if (failed.ok()) failed = setUpVolumes(planned->volumes, pod, pod_facts, /*first=*/true);
       waiting_reason = "ContainerCreating";
       event_reason = "FailedMount";
     }
@@ -357,6 +391,10 @@ void PodWorker::runContainers() {
       {
         std::lock_guard l(mu_);
         latest = latest_;
+      }
+      if (absl::Status s = refreshToken(plan->volumes, latest, pod_facts); !s.ok()) {
+        log_.warn("cannot renew the pod's service-account token (the old one stays)",
+                  {{"pod", key}, {"error", std::string(s.message())}});
       }
       if (absl::Status s = setUpVolumes(plan->volumes, latest, pod_facts, /*first=*/false); !s.ok()) {
         log_.warn("cannot refresh the pod's volumes (the old contents stay)", {{"pod", key}, {"error", std::string(s.message())}});

@@ -14,6 +14,10 @@
 //            bind-mounted in each container's mount namespace; configMap,
 //            secret, projected and downwardAPI volumes are re-read every
 //            volume_sync_period; FailedMount events while one cannot be set up
+//   token    the service account's token, from the TokenRequest API
+//            (bound to the pod, valid kTokenLifetime), asked again at a
+//            volume sync once less than a fifth of its life is left; a
+//            ServiceAccount that does not exist keeps the pod waiting
 //   run      each container a process (ContainerProcess), its log
 //            <pods_dir>/<ns>/<pod>/<container>.log (the previous instance's
 //            <container>.log.previous), its process group in ProcessRecords
@@ -70,6 +74,10 @@ struct PodWorkerEnv {
 
 class PodWorker {
  public:
+  // How long the service-account tokens the kubelet asks for last (a real
+  // kubelet's default for projected tokens).
+  static constexpr std::chrono::seconds kTokenLifetime{3600};
+
   PodWorker(PodWorkerEnv env, nlohmann::json pod);
   // shutdown(0) if it still runs, then joins.
   ~PodWorker();
@@ -99,6 +107,10 @@ class PodWorker {
   PodFacts facts(const std::string& ip, const std::string& node) const;
   absl::Status setUpVolumes(const std::vector<VolumeSpec>& volumes, const nlohmann::json& pod, const PodFacts& facts,
                             bool first);
+  // Puts a token for the pod's service account in facts.api_token when the
+  // volumes hold one: token_ while it has more than a fifth of its life
+  // left, else a new one from the TokenRequest API.
+  absl::Status refreshToken(const std::vector<VolumeSpec>& volumes, const nlohmann::json& pod, PodFacts& facts);
   std::vector<std::string> launchPrefix(const PodAddress& address, const ContainerPlan& plan,
                                         const std::vector<VolumeSpec>& volumes, absl::Status& error);
   void stopContainer(Container& c, Duration grace, const std::string& ip, const k8s::ObjectReference& ref);
@@ -116,6 +128,9 @@ class PodWorker {
   bool finished_ = false;
 
   nlohmann::json last_status_ = nlohmann::json::object();  // worker thread only
+  // The service account's token and its life (worker thread only).
+  std::string token_;
+  WallTime token_issued_{}, token_expires_{};
   std::thread thread_;
 };
 

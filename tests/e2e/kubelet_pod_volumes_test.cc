@@ -54,6 +54,7 @@ PodFacts facts(Objects& objects, bool api = true) {
     f.api_port = "443";
     f.api_ca_pem = "-----BEGIN CERTIFICATE-----\n...\n";
   }
+  f.api_token = "the-token";
   return f;
 }
 
@@ -108,7 +109,7 @@ TEST(PodVolumesTest, ConfigMapSecretDownwardAndProjectedVolumesRenderTheirFiles)
   EXPECT_EQ(info["labels"].first, "role=\"decode\"\n");
   EXPECT_EQ(info["ip"].first, "10.244.77.5");
   auto all = render(4);
-  EXPECT_EQ(all["token"].first, "tandem-local:serving:tandem-agent") << "names the pod's service account";
+  EXPECT_EQ(all["token"].first, "the-token") << "the token the kubelet got for the pod";
   EXPECT_EQ(all["ns"].first, "serving");
   EXPECT_EQ(all["secret-token"].first, "s3cret");
   EXPECT_EQ(all.size(), 3u);
@@ -118,6 +119,30 @@ TEST(PodVolumesTest, ConfigMapSecretDownwardAndProjectedVolumesRenderTheirFiles)
   const json q = pod(json::array({clash}), json::array());
   auto clashing = renderVolume((*planVolumes(q, f))[0], q, f);
   EXPECT_EQ(clashing.status().message(), "spec.volumes[0]: two sources write \"token\"");
+}
+
+TEST(PodVolumesTest, ATokenIsNeededOnlyByVolumesThatHoldOneAndRenderingFailsWithoutIt) {
+  Objects objects;
+  const json volumes = json::parse(R"([
+    {"name": "plain", "configMap": {"name": "engine"}},
+    {"name": "all", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+  ])");
+  PodFacts f = facts(objects, /*api=*/false);
+  const json plain = pod(json::array({volumes[0]}), json::array());
+  auto without = planVolumes(plain, f);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_FALSE(needsServiceAccountToken(*without)) << "no API access and no projected token: no token needed";
+  const json projected = pod(json::array({volumes[1]}), json::array());
+  auto with = planVolumes(projected, f);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_TRUE(needsServiceAccountToken(*with));
+  f.api_token.clear();
+  auto files = renderVolume((*with)[0], projected, f);
+  EXPECT_EQ(files.status().message(), "the kubelet has no token for the pod's service account");
+  PodFacts api = facts(objects);
+  auto sa = planVolumes(plain, api);
+  ASSERT_TRUE(sa.ok()) << sa.status();
+  EXPECT_TRUE(needsServiceAccountToken(*sa)) << "the service-account volume holds one";
 }
 
 TEST(PodVolumesTest, EveryContainerGetsTheServiceAccountUnlessThePodOptsOut) {

@@ -289,12 +289,28 @@ apiVersion: v1
 kind: Secret
 metadata: {name: creds}
 stringData: {password: s3cret}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: service-reader}
+rules: [{apiGroups: [""], resources: [services], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: service-reader}
+subjects: [{kind: ServiceAccount, name: reader}]
 )");
   apply("reader.yaml", withPaths(R"yaml(apiVersion: v1
 kind: Pod
 metadata: {name: reader}
 spec:
   terminationGracePeriodSeconds: 5
+  serviceAccountName: reader
   containers:
   - name: c
     image: tandem
@@ -306,6 +322,7 @@ spec:
       echo "host=$(cat @MNT@/host/marker)"
       echo "namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)"
       touch @MNT@/settings/x 2>/dev/null && echo settings-writable || echo settings-read-only
+      echo "refused: $(HOME=/tmp kubectl get secret creds -o name 2>&1)"
       echo "in-cluster: $(HOME=/tmp kubectl get service kubernetes -o name 2>&1)"
       while true; do echo "now mode=$(cat @MNT@/settings/mode)"; sleep 1; done
     env:
@@ -333,6 +350,9 @@ spec:
   EXPECT_THAT(logs, HasSubstr("settings-read-only"));
   EXPECT_THAT(logs, HasSubstr("in-cluster: service/kubernetes")) << "kubectl in the pod, with only the pod's "
                                                                       "service account and the kubernetes Service";
+  EXPECT_THAT(logs, HasSubstr("refused: Error from server (Forbidden): secrets \"creds\" is forbidden: User "
+                              "\"system:serviceaccount:default:reader\" cannot get resource \"secrets\""))
+      << "the pod's token is its service account's, with only what its Role grants";
   // The mounts are the pod's own: the host sees an empty mount point.
   EXPECT_FALSE(std::filesystem::exists(mnt + "/settings/mode"));
 
@@ -404,7 +424,8 @@ TEST_F(KubeletApiAccessTest, AgentsInPodsDiscoverEachOtherServeThroughTheRouterS
   auto agent = [&](const std::string& name, const std::string& role, const std::string& extra, int port) {
     return "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: " + name + "}\nspec:\n  replicas: 1\n" +
            "  selector: {matchLabels: {app: " + name + "}}\n  template:\n    metadata: {labels: {app: " + name +
-           "}}\n    spec:\n      terminationGracePeriodSeconds: 180\n      containers:\n      - name: agent\n" +
+           "}}\n    spec:\n      serviceAccountName: e2e-agent\n      terminationGracePeriodSeconds: 180\n" +
+           "      containers:\n      - name: agent\n" +
            "        image: tandem\n        env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n" +
            "        command: [tandem-agent]\n        args: [--role, " + role + ", --model-dir, " + model +
            ", --listen, '0.0.0.0:" + std::to_string(port) + "', --pool, e2e" + extra + "]\n" +
@@ -418,6 +439,22 @@ TEST_F(KubeletApiAccessTest, AgentsInPodsDiscoverEachOtherServeThroughTheRouterS
   };
   auto podIps = [&](const std::string& app) { return get("pods -l app=" + app, "{.items[*].status.podIP}"); };
   const std::string kv = ", --kv-listen, '$(POD_IP):8200', --kv-tls, 'posix,cma,tcp'";
+  // What the operator gives a pool's agents: discovery, and nothing else.
+  apply("rbac.yaml", R"(apiVersion: v1
+kind: ServiceAccount
+metadata: {name: e2e-agent}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: e2e-discovery}
+rules: [{apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: e2e-discovery}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: e2e-discovery}
+subjects: [{kind: ServiceAccount, name: e2e-agent, namespace: default}]
+)");
   apply("prefill.yaml", agent("prefill", "prefill", kv, 8100) + headless("prefill"));
   apply("decode.yaml", agent("decode", "decode", kv + ", --prefill-service, prefill, --drain-grace, 180s", 8100) +
                            headless("decode"));
