@@ -97,6 +97,15 @@ std::optional<Response> Router::access(Request& req) {
   const UserInfo user = authenticate(req, tokens_, cluster_.store, clock_.wallNow());
   const RequestAttributes a = requestAttributes(req);
   if (Decision d = authorize(cluster_.store, user, a); !d.allowed) throw forbiddenError(user, a, d.reason);
+  // A server-side apply of an object that does not exist creates it, and
+  // kube-apiserver's patch handler then authorizes a create as well.
+  if (a.resourceRequest && a.verb == "patch" && a.subresource.empty() && !a.name.empty() &&
+      req.header("Content-Type").value_or("").starts_with("application/apply-patch") &&
+      cluster_.store.get(strCat(a.apiGroup, "/", a.resource), a.ns, a.name) == nullptr) {
+    RequestAttributes create = a;
+    create.verb = "create";
+    if (Decision d = authorize(cluster_.store, user, create); !d.allowed) throw forbiddenError(user, create, d.reason);
+  }
   checkEscalation(cluster_.store, user, a, req);
   if (!a.resourceRequest || a.verb != "create" || a.apiVersion != "v1") return std::nullopt;
   if (a.apiGroup.empty() && a.resource == "serviceaccounts" && a.subresource == "token") {

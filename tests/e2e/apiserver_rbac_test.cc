@@ -365,6 +365,35 @@ TEST_F(ApiServerTokenTest, AValidTokenIsItsServiceAccountWithItsRolesPermissions
   EXPECT_TRUE(absl::IsNotFound(client("tandem-local-admin")->get(k8s::secretsResource(), "default", "s").status()));
 }
 
+// Server-side apply is a patch; one that creates the object is a create too,
+// as kube-apiserver authorizes it (the operator's RBAC lists both).
+TEST_F(ApiServerTokenTest, AnApplyThatCreatesNeedsCreateAndOneThatUpdatesOnlyPatch) {
+  ASSERT_TRUE(admin_->apply(k8s::ResourceRef{"rbac.authorization.k8s.io", "v1", "roles", true}, "default",
+                            yamlToJson(R"({apiVersion: rbac.authorization.k8s.io/v1, kind: Role, metadata: {name: r},
+                               rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, patch]}]})"),
+                            {.fieldManager = "test"})
+                  .ok());
+  auto writer = client(token("agent"));
+  auto cm = [](const std::string& name) {
+    return json{{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", name}}}, {"data", {{"k", "v"}}}};
+  };
+  // "c" exists: patch is enough.
+  auto updated = writer->apply(k8s::configMapsResource(), "default", cm("c"), {.fieldManager = "agent"});
+  EXPECT_TRUE(updated.ok()) << updated.status();
+  // "new" does not: the apply would create it, and create is not granted.
+  auto created = writer->apply(k8s::configMapsResource(), "default", cm("new"), {.fieldManager = "agent"});
+  EXPECT_TRUE(absl::IsPermissionDenied(created.status())) << created.status();
+  EXPECT_THAT(created.status().message(), HasSubstr("cannot create resource \"configmaps\""));
+  EXPECT_TRUE(absl::IsNotFound(admin_->get(k8s::configMapsResource(), "default", "new").status()));
+  ASSERT_TRUE(admin_->apply(k8s::ResourceRef{"rbac.authorization.k8s.io", "v1", "roles", true}, "default",
+                            yamlToJson(R"({apiVersion: rbac.authorization.k8s.io/v1, kind: Role, metadata: {name: r},
+                               rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, patch, create]}]})"),
+                            {.fieldManager = "test"})
+                  .ok());
+  created = writer->apply(k8s::configMapsResource(), "default", cm("new"), {.fieldManager = "agent"});
+  EXPECT_TRUE(created.ok()) << created.status();
+}
+
 TEST_F(ApiServerTokenTest, TamperedMalformedAndForeignTokensAre401) {
   const std::string t = token("agent");
   ASSERT_FALSE(t.empty());

@@ -89,6 +89,29 @@ TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
                                  .output;
   EXPECT_THAT(answer, HasSubstr("\"choices\"")) << answer;
 
+  // The operators did all that as the chart's ServiceAccount, under the
+  // chart's rules (the emulator enforces RBAC for service accounts); what
+  // the rules leave out is refused.
+  const std::string token = kubectl("-n tandem-system create token tandem --duration 20m").output;
+  ASSERT_EQ(token.rfind("eyJ", 0), 0u) << token;
+  auto as_operator = [&](const std::string& args) { return kubectl("--token " + token + " " + args); };
+  EXPECT_EQ(as_operator("auth whoami -o jsonpath={.status.userInfo.username}").output,
+            "system:serviceaccount:tandem-system:tandem");
+  for (const char* allowed : {"patch deployments -n default", "create deployments -n default", "watch pods -A",
+                              "get secrets -n default", "update leases/tandem -n tandem-system",
+                              "patch inferencepools.serving.tandem.dev/status -n default"}) {
+    EXPECT_EQ(as_operator(std::string("auth can-i ") + allowed).output, "yes\n") << allowed;
+  }
+  for (const char* refused : {"list secrets -n default", "delete deployments -n default", "create leases -n tandem-system",
+                              "update leases/other -n tandem-system", "delete inferencepools.serving.tandem.dev -n default",
+                              "create pods -n default", "get pods/log -n default"}) {
+    EXPECT_EQ(as_operator(std::string("auth can-i ") + refused).output, "no\n") << refused;
+  }
+  r = as_operator("get secrets -A");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.output, HasSubstr("User \"system:serviceaccount:tandem-system:tandem\" cannot list resource "
+                                  "\"secrets\" in API group \"\" at the cluster scope"));
+
   // helm upgrade with a changed value rolls the operator's pods.
   r = helm("upgrade tandem " + chart + " -n tandem-system --reuse-values --set operator.workers=3 --wait --timeout 120s");
   ASSERT_EQ(r.rc, 0) << r.output;
