@@ -376,7 +376,6 @@ spec:
       << kubectl("get events").output;
   EXPECT_EQ(get("pod waiter", "{.status.phase}"), "Pending");
   EXPECT_THAT(kubectl("get events").output, HasSubstr("FailedMount"));
-  // (kubectl create configmap sends protobuf, which the emulator does not read yet.)
   apply("later.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: later}\ndata: {k: v}\n");
   EXPECT_TRUE(eventually([&] { return get("pod waiter", "{.status.phase}") == "Running"; }, 30)) << kubeletLog();
 
