@@ -30,6 +30,10 @@
 # URL of the `cuda-keyring_*_all.deb` that NVIDIA's guide names for debian12
 # x86_64, e.g. --build-arg CUDA_KEYRING_URL=<NVIDIA's .../repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb>.
 FROM debian:bookworm-slim AS cuda-repo
+# apt needs the CA certificates for NVIDIA's https repositories (the slim
+# image has none): ./tandem's IMAGE_BASE_PACKAGES.
+COPY tandem /tmp/tandem
+RUN /tmp/tandem packages --base --install && rm -rf /var/lib/apt/lists/* /tmp/tandem
 ARG CUDA_KEYRING_URL
 RUN test -n "$CUDA_KEYRING_URL" || { echo "pass --build-arg CUDA_KEYRING_URL=<NVIDIA's cuda-keyring .deb for debian12 x86_64> (see the comment above)" >&2; exit 1; }
 ADD ${CUDA_KEYRING_URL} /tmp/cuda-keyring.deb
@@ -66,7 +70,8 @@ FROM cuda-repo AS runtime
 ARG DOCA_URL
 ARG DOCA_KEY_URL
 RUN test -n "$DOCA_URL" -a -n "$DOCA_KEY_URL" || { echo "pass --build-arg DOCA_URL=<NVIDIA's DOCA-Host repository for debian12 x86_64> and DOCA_KEY_URL=<its GPG key> (see the comment above)" >&2; exit 1; }
-ADD ${DOCA_KEY_URL} /usr/share/keyrings/doca.asc
+# Readable by apt's _apt user (ADD of a URL makes the file 0600).
+ADD --chmod=644 ${DOCA_KEY_URL} /usr/share/keyrings/doca.asc
 RUN echo "deb [signed-by=/usr/share/keyrings/doca.asc] ${DOCA_URL} ./" > /etc/apt/sources.list.d/doca.list
 # Only the shared libraries the binaries load (./tandem's RUNTIME_PACKAGES),
 # the CUDA runtime and UCX; no compiler, no headers.

@@ -206,9 +206,23 @@ TEST_F(HelmChartTest, DashboardsAndAlertRulesComeFromTheDashboardsDirectory) {
   ASSERT_TRUE(objects.count("PrometheusRule/tandem"));
   json rules = apiserver::yamlToJson(shell("cat " + kSource + "/dashboards/alerts.yaml").out);
   EXPECT_EQ(objects["PrometheusRule/tandem"]["spec"]["groups"], rules["groups"]);
-  EXPECT_TRUE(objects.count("ServiceMonitor/tandem-operator"));
+  ASSERT_TRUE(objects.count("ServiceMonitor/tandem-operator"));
+  // The operator's series carry each pool's namespace: Prometheus must keep it.
+  EXPECT_EQ(objects["ServiceMonitor/tandem-operator"]["spec"]["endpoints"][0]["honorLabels"], true);
   ASSERT_TRUE(objects.count("PodMonitor/tandem-pools"));
   EXPECT_EQ(objects["PodMonitor/tandem-pools"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], "tandem");
+  // runbook_url made absolute with metrics.prometheusRule.runbookBaseUrl.
+  auto linked = render("--set metrics.prometheusRule.enabled=true "
+                       "--set metrics.prometheusRule.runbookBaseUrl=https://docs.example/tandem/");
+  size_t links = 0;
+  for (const json& group : linked["PrometheusRule/tandem"]["spec"]["groups"]) {
+    for (const json& rule : group["rules"]) {
+      const std::string url = rule["annotations"]["runbook_url"];
+      EXPECT_EQ(url.rfind("https://docs.example/tandem/docs/user-guide.md#alert-", 0), 0u) << url;
+      ++links;
+    }
+  }
+  EXPECT_GE(links, 10u);
   // Off by default: no Prometheus Operator CRDs needed for a plain install.
   auto plain = render("");
   EXPECT_FALSE(plain.count("PrometheusRule/tandem"));
@@ -240,6 +254,7 @@ TEST_F(HelmChartTest, ValuesThatBreakTheSchemaAreRefusedNamingTheField) {
       {"operator: {resources: {limits: {memory: lots}}}", "operator.resources.limits.memory"},
       {"image: {pullPolicy: Sometimes}", "image.pullPolicy"},
       {"metrics: {serviceMonitor: {interval: soon}}", "metrics.serviceMonitor.interval"},
+      {"metrics: {prometheusRule: {runbookBaseUrl: docs}}", "metrics.prometheusRule.runbookBaseUrl"},
       {"service: {port: 70000}", "service.port"},
       {"dashboard: {enabled: true}", "Additional property dashboard is not allowed"},
   };
@@ -251,6 +266,14 @@ TEST_F(HelmChartTest, ValuesThatBreakTheSchemaAreRefusedNamingTheField) {
     EXPECT_THAT(r.out, HasSubstr("values don't meet the specifications of the schema")) << c.values;
     EXPECT_THAT(r.out, HasSubstr(c.field)) << c.values;
   }
+  // Two operators without leader election would both reconcile: refused.
+  Shell le = helm("template tandem " + kChart + " --set operator.leaderElection=false");
+  EXPECT_NE(le.rc, 0);
+  EXPECT_THAT(le.out, HasSubstr("operator.replicas is 2 but operator.leaderElection is false"));
+  auto single = render("--set operator.leaderElection=false --set operator.replicas=1");
+  EXPECT_THAT(single["Deployment/tandem"]["spec"]["template"]["spec"]["containers"][0]["args"].dump(),
+              HasSubstr("--leader-elect=false"));
+  EXPECT_FALSE(single.count("Lease/tandem"));
   // serviceAccount.create=false needs a name.
   Shell r = helm("template tandem " + kChart + " --set serviceAccount.create=false");
   EXPECT_NE(r.rc, 0);
