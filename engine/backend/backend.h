@@ -95,10 +95,15 @@ class Backend {
   // out may equal x.
   virtual void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) = 0;
 
-  // Rotates x [rows, num_heads * head_dim] in place, row r at position positions[r] (host, [rows]).
-  // See kernel_math.h for the convention (HF rotate_half). head_dim is even.
+  // Rotates x [rows, num_heads * head_dim] in place, row r at position positions[r] (host, [rows]):
+  // dimension i with i + head_dim/2 by the angle positions[r] * inv_freq[i] (inv_freq host,
+  // [head_dim / 2]; ropeInverseFrequencies in model_config.h makes it from rope_theta and
+  // rope_scaling). See kernel_math.h for the convention (HF rotate_half). head_dim is even.
   virtual void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
-                    float theta) = 0;
+                    std::span<const float> inv_freq) = 0;
+
+  // y[r, :] += bias for each of `rows` rows of width `dim` (a projection's bias, e.g. Qwen2's q/k/v).
+  virtual void addBias(float* y, const float* bias, int32_t rows, int32_t dim) = 0;
 
   // out[i] = silu(gate[i]) * up[i] for i < n. out may equal gate or up.
   virtual void swiglu(const float* gate, const float* up, float* out, int64_t n) = 0;

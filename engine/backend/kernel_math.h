@@ -80,11 +80,18 @@ TANDEM_HD inline float ropeAngle(int32_t pos, int32_t i, int32_t head_dim, float
   return static_cast<float>(pos) * ropeInvFreq(i, head_dim, theta);
 }
 
-// cos and sin of the angle for (pos, i); one pair serves every head of the token.
-TANDEM_HD inline void ropeCosSin(int32_t pos, int32_t i, int32_t head_dim, float theta, float* c, float* s) {
-  const double angle = ropeAngle(pos, i, head_dim, theta);
+// cos and sin of the angle pos * inv_freq (rounded to fp32 like HF's
+// position · inv_freq product); one pair serves every head of the token.
+// inv_freq may be ropeInvFreq's or a scaled one (rope_scaling llama3).
+TANDEM_HD inline void ropeCosSinFreq(int32_t pos, float inv_freq, float* c, float* s) {
+  const double angle = static_cast<float>(pos) * inv_freq;
   *c = static_cast<float>(cos(angle));
   *s = static_cast<float>(sin(angle));
+}
+
+// cos and sin of the angle for (pos, i) of plain RoPE.
+TANDEM_HD inline void ropeCosSin(int32_t pos, int32_t i, int32_t head_dim, float theta, float* c, float* s) {
+  ropeCosSinFreq(pos, ropeInvFreq(i, head_dim, theta), c, s);
 }
 
 // Rotates one head's vector x[head_dim] in place, given cos[head_dim/2] and

@@ -50,6 +50,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<c
   if (c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(strCat("model config: head_dim must be even for RoPE, got ", c.head_dim));
   }
+  const ArchSpec* arch = findArchSpec(c.architecture);
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(strCat("model config: unsupported architecture ", c.architecture,
+                                             " (supported: ", supportedArchitectures(), ")"));
+  }
   const size_t hidden = static_cast<size_t>(c.hidden_size);
   TANDEM_RETURN_IF_ERROR(checkSize(weights->embed, product(c.vocab_size, c.hidden_size), "embed_tokens"));
   TANDEM_RETURN_IF_ERROR(checkSize(weights->final_norm, hidden, "norm"));
@@ -70,12 +75,24 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<c
     TANDEM_RETURN_IF_ERROR(checkSize(l.w_gate, product(c.intermediate_size, c.hidden_size), p + "gate_proj"));
     TANDEM_RETURN_IF_ERROR(checkSize(l.w_up, product(c.intermediate_size, c.hidden_size), p + "up_proj"));
     TANDEM_RETURN_IF_ERROR(checkSize(l.w_down, product(c.hidden_size, c.intermediate_size), p + "down_proj"));
+    // The architecture's extra tensors: present exactly when it has them.
+    const size_t q_bias = arch->qkv_bias ? static_cast<size_t>(c.qDim()) : 0;
+    const size_t kv_bias = arch->qkv_bias ? static_cast<size_t>(c.kvDim()) : 0;
+    const size_t qk_norm = arch->qk_norm ? static_cast<size_t>(c.head_dim) : 0;
+    TANDEM_RETURN_IF_ERROR(checkSize(l.bq, q_bias, p + "q_proj.bias"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.bk, kv_bias, p + "k_proj.bias"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.bv, kv_bias, p + "v_proj.bias"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.q_norm, qk_norm, p + "q_norm"));
+    TANDEM_RETURN_IF_ERROR(checkSize(l.k_norm, qk_norm, p + "k_norm"));
   }
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), backend));
 }
 
 LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend)
-    : weights_(std::move(weights)), backend_(backend) {
+    : weights_(std::move(weights)),
+      backend_(backend),
+      arch_(weights_->config.arch()),
+      rope_inv_freq_(ropeInverseFrequencies(weights_->config)) {
   const ModelConfig& c = weights_->config;
   for (const LayerWeights& l : weights_->layers) {
     projections_.push_back({.wq = backend_.prepareWeight(l.wq.data(), c.qDim(), c.hidden_size),
@@ -160,6 +177,26 @@ int32_t LlamaModel::prepareBatch(std::span<const SequenceChunk> batch) {
   return rows;
 }
 
+void LlamaModel::queryKeyValue(int layer, int32_t rows) {
+  const ModelConfig& c = config();
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const LayerProjections& p = projections_[static_cast<size_t>(layer)];
+  backend_.gemm(h_.data(), *p.wq, q_.data(), rows, false);
+  backend_.gemm(h_.data(), *p.wk, k_.data(), rows, false);
+  backend_.gemm(h_.data(), *p.wv, v_.data(), rows, false);
+  if (arch_.qkv_bias) {  // Qwen2
+    backend_.addBias(q_.data(), w.bq.data(), rows, c.qDim());
+    backend_.addBias(k_.data(), w.bk.data(), rows, c.kvDim());
+    backend_.addBias(v_.data(), w.bv.data(), rows, c.kvDim());
+  }
+  if (arch_.qk_norm) {  // Qwen3: every head's vector normed over head_dim, before RoPE
+    backend_.rmsNorm(q_.data(), w.q_norm.data(), q_.data(), rows * c.num_heads, c.head_dim, c.rms_norm_eps);
+    backend_.rmsNorm(k_.data(), w.k_norm.data(), k_.data(), rows * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+  }
+  backend_.rope(q_.data(), rows, c.num_heads, c.head_dim, positions_.data(), rope_inv_freq_);
+  backend_.rope(k_.data(), rows, c.num_kv_heads, c.head_dim, positions_.data(), rope_inv_freq_);
+}
+
 void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<const ChunkDesc> chunks, int32_t rows,
                              const KvStorage& kv) {
   const ModelConfig& c = config();
@@ -200,12 +237,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
     backend_.rmsNorm(x_.data(), w.attn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-    const LayerProjections& p = projections_[static_cast<size_t>(layer)];
-    backend_.gemm(h_.data(), *p.wq, q_.data(), rows, false);
-    backend_.gemm(h_.data(), *p.wk, k_.data(), rows, false);
-    backend_.gemm(h_.data(), *p.wv, v_.data(), rows, false);
-    backend_.rope(q_.data(), rows, c.num_heads, c.head_dim, positions_.data(), c.rope_theta);
-    backend_.rope(k_.data(), rows, c.num_kv_heads, c.head_dim, positions_.data(), c.rope_theta);
+    queryKeyValue(layer, rows);
     backend_.writeKv(layer, k_.data(), v_.data(), chunks_, kv);
     if (on_layer != nullptr && *on_layer) (*on_layer)(layer);
 

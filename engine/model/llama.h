@@ -2,6 +2,12 @@
 // The Llama decoder forward pass over a batch of sequence chunks, on a Backend,
 // reading and writing a paged KV cache.
 //
+// One forward pass serves every supported family (model_config.h): the
+// config's ArchSpec, fixed at create(), adds q/k/v biases (Qwen2) or q/k
+// RMSNorm per head (Qwen3) in queryKeyValue(), and RoPE rotates by the
+// config's inverse frequencies (plain, or rope_scaling llama3). Everything
+// else is Llama's.
+//
 // One forward() is one engine step: any mix of prefill chunks and single-token
 // decodes. All the step's tokens go through each projection together as one
 // [total_tokens, hidden] GEMM (that is where CPU throughput comes from);
@@ -76,6 +82,9 @@ class LlamaModel {
                         const std::vector<float>* logits) const;
   // Fills chunks_, positions_, tokens_ and logit_rows_ for the batch; returns the total token count.
   int32_t prepareBatch(std::span<const SequenceChunk> batch);
+  // q_, k_, v_ of `rows` rows from the normed input h_: projections, the
+  // architecture's biases and q/k norms, and RoPE of q and k.
+  void queryKeyValue(int layer, int32_t rows);
   // Attention (reading the cache), output projection and MLP of one layer for
   // `rows` rows: q [rows, num_heads * head_dim] rotated queries, x [rows, hidden]
   // residual stream, updated in place.
@@ -84,6 +93,8 @@ class LlamaModel {
 
   std::shared_ptr<const ModelWeights> weights_;
   Backend& backend_;
+  const ArchSpec& arch_;              // config().arch(), checked known by create()
+  std::vector<float> rope_inv_freq_;  // [head_dim / 2] ropeInverseFrequencies(config())
   // The projections in the backend's layout, made once by create().
   struct LayerProjections {
     std::unique_ptr<PreparedWeight> wq, wk, wv, wo, w_gate, w_up, w_down;

@@ -1,11 +1,14 @@
 #include "engine/model/model_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <numbers>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/kernel_math.h"
 #include "src/common/strings.h"
 
 namespace tandem::engine {
@@ -14,8 +17,22 @@ namespace {
 using Json = nlohmann::json;
 
 // Architectures whose checkpoints have exactly the tensors and math this
-// engine implements (RMSNorm, RoPE, GQA attention without biases, SwiGLU).
-constexpr std::string_view kSupportedArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM"};
+// engine implements (RMSNorm, RoPE, GQA attention, SwiGLU), and what each
+// adds (model_config.h). The first one is the default.
+constexpr ArchSpec kArchSpecs[] = {
+    {.architecture = "LlamaForCausalLM", .model_type = "llama", .sliding_window_caps_context = true},
+    {.architecture = "MistralForCausalLM", .model_type = "mistral", .sliding_window_caps_context = true},
+    {.architecture = "Qwen2ForCausalLM",
+     .model_type = "qwen2",
+     .qkv_bias = true,
+     .has_use_sliding_window = true,
+     .reads_attention_bias = false},
+    {.architecture = "Qwen3ForCausalLM",
+     .model_type = "qwen3",
+     .qk_norm = true,
+     .has_use_sliding_window = true,
+     .head_dim_required = true},
+};
 constexpr std::string_view kSupportedDtypes[] = {"float32", "bfloat16", "float16"};
 
 std::string describe(const Json& j) {
@@ -30,10 +47,14 @@ std::string describe(const Json& j) {
 // earlier fields).
 class FieldReader {
  public:
-  FieldReader(const Json& root, std::string_view source) : root_(root), source_(source) {}
+  // `prefix` names a nested object in messages ("rope_scaling.").
+  FieldReader(const Json& root, std::string_view source, std::string_view prefix = "")
+      : root_(root), source_(source), prefix_(prefix) {}
+
+  std::string_view source() const { return source_; }
 
   absl::Status error(std::string_view field, std::string_view what) const {
-    return absl::InvalidArgumentError(strCat(source_, ": ", field, ": ", what));
+    return absl::InvalidArgumentError(strCat(source_, ": ", prefix_, field, ": ", what));
   }
 
   // Absent and null both mean "use the default": HF writes null for unset ids.
@@ -117,6 +138,7 @@ class FieldReader {
 
   const Json& root_;
   std::string_view source_;
+  std::string_view prefix_;
 };
 
 absl::Status readArchitecture(const FieldReader& r, ModelConfig* c) {
@@ -128,16 +150,81 @@ absl::Status readArchitecture(const FieldReader& r, ModelConfig* c) {
   for (const Json& a : *arch) {
     if (!a.is_string()) return r.error("architectures", strCat("expected list of strings, got ", describe(a)));
     const auto& name = a.get_ref<const std::string&>();
-    for (std::string_view supported : kSupportedArchitectures) {
-      if (name == supported) {
-        c->architecture = name;
-        return absl::OkStatus();
-      }
+    if (findArchSpec(name) != nullptr) {
+      c->architecture = name;
+      return absl::OkStatus();
     }
     seen += seen.empty() ? name : strCat(", ", name);
   }
-  return r.error("architectures", strCat("unsupported architecture [", seen,
-                                         "]; this engine runs LlamaForCausalLM and MistralForCausalLM"));
+  return r.error("architectures",
+                 strCat("unsupported architecture [", seen, "]; this engine runs ", supportedArchitectures()));
+}
+
+// rope_scaling: null/absent or {"rope_type" (or the older "type"): "default"}
+// is plain RoPE; "llama3" needs all four of its fields; any other type is
+// refused by name.
+absl::Status readRopeScaling(const FieldReader& r, RopeScaling* out) {
+  const Json* j = r.get("rope_scaling");
+  if (j == nullptr) return absl::OkStatus();
+  if (!j->is_object()) return r.error("rope_scaling", strCat("expected an object or null, got ", describe(*j)));
+  std::string type_key = "rope_type";
+  auto type = j->find(type_key);
+  if (type == j->end() || type->is_null()) {
+    type_key = "type";
+    type = j->find(type_key);
+  }
+  if (type == j->end() || type->is_null()) {
+    return r.error("rope_scaling", strCat("missing rope_type (supported: llama3), got ", j->dump()));
+  }
+  const std::string field = strCat("rope_scaling.", type_key);
+  if (!type->is_string()) return r.error(field, strCat("expected string, got ", describe(*type)));
+  const auto& name = type->get_ref<const std::string&>();
+  if (name == "default") return absl::OkStatus();
+  if (name != "llama3") return r.error(field, strCat("\"", name, "\" is not supported (supported: llama3)"));
+
+  FieldReader sub(*j, r.source(), "rope_scaling.");
+  auto number = [&](std::string_view key, float* v) -> absl::Status {
+    if (sub.get(key) == nullptr) return sub.error(key, "required for rope_type \"llama3\"");
+    return sub.optionalPositiveFloat(key, v);
+  };
+  RopeScaling s;
+  s.type = RopeScaling::Type::kLlama3;
+  TANDEM_RETURN_IF_ERROR(number("factor", &s.factor));
+  TANDEM_RETURN_IF_ERROR(number("low_freq_factor", &s.low_freq_factor));
+  TANDEM_RETURN_IF_ERROR(number("high_freq_factor", &s.high_freq_factor));
+  if (sub.get("original_max_position_embeddings") == nullptr) {
+    return sub.error("original_max_position_embeddings", "required for rope_type \"llama3\"");
+  }
+  TANDEM_RETURN_IF_ERROR(sub.requiredPositive("original_max_position_embeddings", &s.original_max_position_embeddings));
+  // The smoothing band divides by their difference.
+  if (!(s.high_freq_factor > s.low_freq_factor)) {
+    return sub.error("high_freq_factor", strCat("must be greater than low_freq_factor (", s.low_freq_factor, "), got ",
+                                                s.high_freq_factor));
+  }
+  *out = s;
+  return absl::OkStatus();
+}
+
+// Sliding-window attention is not implemented. Mistral's window caps the
+// context (below, in parseModelConfig); Qwen2/3 switch it on with
+// use_sliding_window (and newer Qwen3 configs per layer with layer_types).
+absl::Status rejectSlidingWindow(const FieldReader& r, const ArchSpec& arch) {
+  if (!arch.has_use_sliding_window) return absl::OkStatus();
+  bool on = false;
+  TANDEM_RETURN_IF_ERROR(r.optionalBool("use_sliding_window", &on));
+  if (on) {
+    return r.error("use_sliding_window",
+                   "sliding-window attention is not supported (set it to false to run with full attention)");
+  }
+  if (const Json* types = r.get("layer_types"); types != nullptr) {
+    if (!types->is_array()) return r.error("layer_types", strCat("expected list of strings, got ", describe(*types)));
+    for (const Json& t : *types) {
+      if (t != "full_attention") {
+        return r.error("layer_types", strCat("only \"full_attention\" layers are supported, got ", t.dump()));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status readDtype(const FieldReader& r, ModelConfig* c) {
@@ -162,14 +249,12 @@ absl::Status readDtype(const FieldReader& r, ModelConfig* c) {
 
 // Features of the Llama config family that change the math. Silently
 // ignoring them would produce a model that runs but says the wrong things.
-absl::Status rejectUnsupportedFeatures(const FieldReader& r) {
+absl::Status rejectUnsupportedFeatures(const FieldReader& r, const ArchSpec& arch) {
   for (std::string_view flag : {"attention_bias", "mlp_bias"}) {
+    if (flag == "attention_bias" && !arch.reads_attention_bias) continue;
     bool on = false;
     TANDEM_RETURN_IF_ERROR(r.optionalBool(flag, &on));
-    if (on) return r.error(flag, "biases in projections are not supported");
-  }
-  if (const Json* scaling = r.get("rope_scaling"); scaling != nullptr) {
-    return r.error("rope_scaling", strCat("not supported (got ", scaling->dump(), ")"));
+    if (on) return r.error(flag, strCat("biases in projections are not supported for ", arch.architecture));
   }
   if (const Json* act = r.get("hidden_act"); act != nullptr && *act != "silu") {
     return r.error("hidden_act", strCat("only \"silu\" (SwiGLU) is supported, got ", act->dump()));
@@ -183,6 +268,9 @@ absl::Status validateShape(const FieldReader& r, ModelConfig* c) {
                    strCat("must divide num_attention_heads (", c->num_heads, "), got ", c->num_kv_heads));
   }
   if (r.get("head_dim") == nullptr) {
+    // Qwen3Config's default head_dim (128) is not hidden_size / heads; real
+    // Qwen3 configs always say it, and guessing would be wrong either way.
+    if (c->arch().head_dim_required) return r.error("head_dim", strCat("required for ", c->architecture));
     if (c->hidden_size % c->num_heads != 0) {
       return r.error("num_attention_heads", strCat("must divide hidden_size (", c->hidden_size,
                                                    ") when head_dim is absent, got ", c->num_heads));
@@ -207,6 +295,56 @@ double floatForJson(float v) {
 }
 
 }  // namespace
+
+const ArchSpec* findArchSpec(std::string_view architecture) {
+  for (const ArchSpec& spec : kArchSpecs) {
+    if (spec.architecture == architecture) return &spec;
+  }
+  return nullptr;
+}
+
+std::string supportedArchitectures() {
+  std::string out;
+  for (const ArchSpec& spec : kArchSpecs)
+    out += out.empty() ? std::string(spec.architecture) : strCat(", ", spec.architecture);
+  return out;
+}
+
+const ArchSpec& ModelConfig::arch() const {
+  const ArchSpec* spec = findArchSpec(architecture);
+  return spec != nullptr ? *spec : kArchSpecs[0];
+}
+
+std::vector<float> ropeInverseFrequencies(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) inv_freq[static_cast<size_t>(i)] = kmath::ropeInvFreq(i, c.head_dim, c.rope_theta);
+  if (c.rope_scaling.type != RopeScaling::Type::kLlama3) return inv_freq;
+  // HF _compute_llama3_parameters, operation for operation in fp32 (its
+  // Python scalars meet fp32 tensors, so they are rounded to fp32 first).
+  const RopeScaling& s = c.rope_scaling;
+  const auto old_context = static_cast<float>(s.original_max_position_embeddings);
+  const auto low_freq_wavelen = static_cast<float>(static_cast<double>(s.original_max_position_embeddings) /
+                                                   static_cast<double>(s.low_freq_factor));
+  const auto high_freq_wavelen = static_cast<float>(static_cast<double>(s.original_max_position_embeddings) /
+                                                    static_cast<double>(s.high_freq_factor));
+  const auto band =
+      static_cast<float>(static_cast<double>(s.high_freq_factor) - static_cast<double>(s.low_freq_factor));
+  const auto two_pi = static_cast<float>(2.0 * std::numbers::pi);
+  for (float& f : inv_freq) {
+    const float wavelen = two_pi / f;
+    if (wavelen > low_freq_wavelen) {
+      f = f / s.factor;  // low frequencies: stretched by factor
+    } else if (!(wavelen < high_freq_wavelen)) {
+      // The band between: interpolated.
+      const float smooth = (old_context / wavelen - s.low_freq_factor) / band;
+      const float a = (1.0f - smooth) * f / s.factor;
+      const float b = smooth * f;
+      f = a + b;
+    }
+  }
+  return inv_freq;
+}
 
 absl::StatusOr<ModelConfig> parseModelConfig(std::string_view json_text, std::string_view source) {
   Json root;
@@ -239,15 +377,20 @@ absl::StatusOr<ModelConfig> parseModelConfig(std::string_view json_text, std::st
   TANDEM_RETURN_IF_ERROR(r.optionalTokenId("bos_token_id", &c.bos_token_id));
   TANDEM_RETURN_IF_ERROR(r.optionalTokenId("eos_token_id", &c.eos_token_id));
   TANDEM_RETURN_IF_ERROR(readDtype(r, &c));
-  TANDEM_RETURN_IF_ERROR(rejectUnsupportedFeatures(r));
+  TANDEM_RETURN_IF_ERROR(readRopeScaling(r, &c.rope_scaling));
+  TANDEM_RETURN_IF_ERROR(rejectUnsupportedFeatures(r, c.arch()));
+  TANDEM_RETURN_IF_ERROR(rejectSlidingWindow(r, c.arch()));
   TANDEM_RETURN_IF_ERROR(validateShape(r, &c));
 
   // Mistral-style sliding-window attention is not implemented; capping the
   // context at the window keeps full attention exact for every position the
-  // engine will accept.
-  int window = 0;
-  TANDEM_RETURN_IF_ERROR(r.optionalPositive("sliding_window", &window));
-  if (window > 0 && window < c.max_position_embeddings) c.max_position_embeddings = window;
+  // engine will accept. (Qwen2/3 carry a sliding_window number that only
+  // use_sliding_window switches on; rejectSlidingWindow refused that.)
+  if (c.arch().sliding_window_caps_context) {
+    int window = 0;
+    TANDEM_RETURN_IF_ERROR(r.optionalPositive("sliding_window", &window));
+    if (window > 0 && window < c.max_position_embeddings) c.max_position_embeddings = window;
+  }
 
   if (c.bos_token_id >= c.vocab_size) {
     return r.error("bos_token_id", strCat("must be < vocab_size (", c.vocab_size, "), got ", c.bos_token_id));
@@ -261,7 +404,7 @@ absl::StatusOr<ModelConfig> parseModelConfig(std::string_view json_text, std::st
 std::string modelConfigToJson(const ModelConfig& c) {
   nlohmann::ordered_json j;
   j["architectures"] = {c.architecture};
-  j["model_type"] = c.architecture == "MistralForCausalLM" ? "mistral" : "llama";
+  j["model_type"] = c.arch().model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -272,6 +415,14 @@ std::string modelConfigToJson(const ModelConfig& c) {
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = floatForJson(c.rms_norm_eps);
   j["rope_theta"] = floatForJson(c.rope_theta);
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", floatForJson(c.rope_scaling.factor)},
+                         {"low_freq_factor", floatForJson(c.rope_scaling.low_freq_factor)},
+                         {"high_freq_factor", floatForJson(c.rope_scaling.high_freq_factor)},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  if (c.arch().has_use_sliding_window) j["use_sliding_window"] = false;
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id;

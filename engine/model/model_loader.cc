@@ -119,6 +119,15 @@ void forEachTensor(W& w, F&& f) {
     f(layerName(i, "self_attn.k_proj.weight"), std::vector<int64_t>{kv, hidden}, l.wk);
     f(layerName(i, "self_attn.v_proj.weight"), std::vector<int64_t>{kv, hidden}, l.wv);
     f(layerName(i, "self_attn.o_proj.weight"), std::vector<int64_t>{hidden, q}, l.wo);
+    if (c.arch().qkv_bias) {  // Qwen2
+      f(layerName(i, "self_attn.q_proj.bias"), std::vector<int64_t>{q}, l.bq);
+      f(layerName(i, "self_attn.k_proj.bias"), std::vector<int64_t>{kv}, l.bk);
+      f(layerName(i, "self_attn.v_proj.bias"), std::vector<int64_t>{kv}, l.bv);
+    }
+    if (c.arch().qk_norm) {  // Qwen3
+      f(layerName(i, "self_attn.q_norm.weight"), std::vector<int64_t>{c.head_dim}, l.q_norm);
+      f(layerName(i, "self_attn.k_norm.weight"), std::vector<int64_t>{c.head_dim}, l.k_norm);
+    }
     f(layerName(i, "post_attention_layernorm.weight"), std::vector<int64_t>{hidden}, l.ffn_norm);
     f(layerName(i, "mlp.gate_proj.weight"), std::vector<int64_t>{inter, hidden}, l.w_gate);
     f(layerName(i, "mlp.up_proj.weight"), std::vector<int64_t>{inter, hidden}, l.w_up);

@@ -1,6 +1,7 @@
 #include "engine/model/weights.h"
 
 #include <cmath>
+#include <utility>
 
 namespace tandem::engine {
 namespace {
@@ -33,9 +34,16 @@ std::vector<float> randomMatrix(Rng& rng, int rows, int cols, double stddev) {
   return m;
 }
 
+std::vector<float> randomGains(Rng& rng, int n) {
+  std::vector<float> g(static_cast<size_t>(n));
+  for (float& x : g) x = static_cast<float>(1.0 + 0.2 * rng.normal());
+  return g;
+}
+
 }  // namespace
 
-std::unique_ptr<ModelWeights> makeRandomWeights(const ModelConfig& c, uint64_t seed) {
+std::unique_ptr<ModelWeights> makeRandomWeights(const ModelConfig& c, uint64_t seed,
+                                                const RandomWeightOptions& options) {
   auto w = std::make_unique<ModelWeights>();
   w->config = c;
   Rng rng(seed);
@@ -65,6 +73,26 @@ std::unique_ptr<ModelWeights> makeRandomWeights(const ModelConfig& c, uint64_t s
   }
   w->final_norm.assign(static_cast<size_t>(c.hidden_size), 1.0f);
   if (!c.tie_word_embeddings) w->lm_head = randomMatrix(rng, c.vocab_size, c.hidden_size, in_hidden);
+
+  Rng extra(seed ^ 0x5bd1e9955bd1e995ULL);
+  for (LayerWeights& l : w->layers) {
+    if (options.random_norm_gains) {
+      l.attn_norm = randomGains(extra, c.hidden_size);
+      l.ffn_norm = randomGains(extra, c.hidden_size);
+    }
+    if (c.arch().qkv_bias) {
+      l.bq = randomMatrix(extra, 1, c.qDim(), 0.5);
+      l.bk = randomMatrix(extra, 1, c.kvDim(), 0.5);
+      l.bv = randomMatrix(extra, 1, c.kvDim(), 0.5);
+    }
+    if (c.arch().qk_norm) {
+      l.q_norm = options.random_norm_gains ? randomGains(extra, c.head_dim)
+                                           : std::vector<float>(static_cast<size_t>(c.head_dim), 1.0f);
+      l.k_norm = options.random_norm_gains ? randomGains(extra, c.head_dim)
+                                           : std::vector<float>(static_cast<size_t>(c.head_dim), 1.0f);
+    }
+  }
+  if (options.random_norm_gains) w->final_norm = randomGains(extra, c.hidden_size);
   return w;
 }
 
@@ -86,6 +114,62 @@ ModelConfig tinyModelConfig() {
   c.eos_token_id = 2;
   c.torch_dtype = "float32";
   return c;
+}
+
+std::optional<ModelConfig> smallArchConfig(std::string_view family) {
+  ModelConfig c = tinyModelConfig();
+  c.vocab_size = 300;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-6f;
+  if (family == "llama3") {
+    // Llama 3.2's shape in miniature. With head_dim 16 and rope_theta 5e5 the
+    // wavelengths are 6.3, 33, 168, 872, ...: original_max_position_embeddings
+    // 64 puts dimension 0 in the high band (unchanged), 1 in the smoothed band
+    // and 2..7 in the low band (divided by factor), so all three branches of
+    // the llama3 adjustment show in the logits.
+    c.architecture = "LlamaForCausalLM";
+    c.hidden_size = 64;
+    c.intermediate_size = 160;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.rope_theta = 500000.0f;
+    c.rope_scaling = {.type = RopeScaling::Type::kLlama3,
+                      .factor = 8.0f,
+                      .low_freq_factor = 1.0f,
+                      .high_freq_factor = 4.0f,
+                      .original_max_position_embeddings = 64};
+    c.tie_word_embeddings = true;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    return c;
+  }
+  if (family == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.hidden_size = 96;
+    c.intermediate_size = 224;
+    c.num_layers = 3;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 12;
+    c.rope_theta = 1000000.0f;
+    c.tie_word_embeddings = false;
+    return c;
+  }
+  if (family == "qwen3") {
+    c.architecture = "Qwen3ForCausalLM";
+    c.hidden_size = 64;
+    c.intermediate_size = 192;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;  // 8 heads * 16 = 128 != hidden 64
+    c.rope_theta = 1000000.0f;
+    c.tie_word_embeddings = true;
+    return c;
+  }
+  return std::nullopt;
 }
 
 }  // namespace tandem::engine

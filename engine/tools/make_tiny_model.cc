@@ -1,8 +1,10 @@
 // tandem-make-model: writes the built-in tiny model (tinyModelConfig() with
-// makeRandomWeights()) as a Hugging Face model directory that
-// loadModelWeights() and loadTokenizer() read back:
+// makeRandomWeights()), or a small random checkpoint of another supported
+// family (smallArchConfig(): Llama 3.x, Qwen2, Qwen3 in their real tensor
+// names and shapes, with random norm gains), as a Hugging Face model
+// directory that loadModelWeights() and loadTokenizer() read back:
 //
-//   tandem-make-model --out DIR [--seed N] [--dtype float32|bfloat16]
+//   tandem-make-model --out DIR [--seed N] [--dtype float32|bfloat16] [--arch tiny|llama3|qwen2|qwen3]
 //
 // Deterministic: the same seed and dtype give byte-identical files on every
 // machine. Exit status 0 on success, 1 when writing fails, 2 on bad flags.
@@ -22,15 +24,17 @@ namespace {
 constexpr uint64_t kDefaultSeed = 1234;
 
 constexpr const char* kUsage =
-    "usage: tandem-make-model --out DIR [--seed N] [--dtype float32|bfloat16]\n"
+    "usage: tandem-make-model --out DIR [--seed N] [--dtype float32|bfloat16] [--arch A]\n"
     "  --out DIR      directory to write config.json, model.safetensors, tokenizer_config.json\n"
     "  --seed N       random seed for the weights (unsigned integer, default 1234)\n"
-    "  --dtype T      float32 (default) or bfloat16\n";
+    "  --dtype T      float32 (default) or bfloat16\n"
+    "  --arch A       tiny (default: the built-in tiny Llama), llama3, qwen2 or qwen3\n";
 
 struct Flags {
   std::string out;
   uint64_t seed = kDefaultSeed;
   tandem::engine::DType dtype = tandem::engine::DType::kF32;
+  std::string arch = "tiny";
 };
 
 struct ParseResult {
@@ -50,7 +54,7 @@ ParseResult parseFlags(int argc, char** argv) {
       name = arg.substr(0, eq);
       value = arg.substr(eq + 1);
     }
-    if (name != "--out" && name != "--seed" && name != "--dtype") {
+    if (name != "--out" && name != "--seed" && name != "--dtype" && name != "--arch") {
       return {std::nullopt, "unknown flag " + std::string(arg)};
     }
     if (!value) {
@@ -67,6 +71,12 @@ ParseResult parseFlags(int argc, char** argv) {
       if (ec != std::errc() || ptr != end || value->empty()) {
         return {std::nullopt, "--seed: expected an unsigned integer, got \"" + std::string(*value) + "\""};
       }
+    } else if (name == "--arch") {
+      if (*value != "tiny" && !tandem::engine::smallArchConfig(*value)) {
+        return {std::nullopt, "--arch: expected tiny, " + std::string(tandem::engine::kSmallArchFamilies) + ", got \"" +
+                                  std::string(*value) + "\""};
+      }
+      flags.arch = std::string(*value);
     } else if (*value == "float32") {
       flags.dtype = tandem::engine::DType::kF32;
     } else if (*value == "bfloat16") {
@@ -92,13 +102,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Flags& flags = *parsed.flags;
-  auto weights = tandem::engine::makeRandomWeights(tandem::engine::tinyModelConfig(), flags.seed);
+  auto weights = flags.arch == "tiny" ? tandem::engine::makeRandomWeights(tandem::engine::tinyModelConfig(), flags.seed)
+                                      : tandem::engine::makeRandomWeights(*tandem::engine::smallArchConfig(flags.arch),
+                                                                          flags.seed, {.random_norm_gains = true});
   absl::Status status = tandem::engine::writeModelDir(flags.out, *weights, flags.dtype);
   if (!status.ok()) {
     std::fprintf(stderr, "tandem-make-model: %s\n", std::string(status.message()).c_str());
     return 1;
   }
-  std::printf("wrote the tiny model (seed %llu, %s) to %s\n", static_cast<unsigned long long>(flags.seed),
+  std::printf("wrote the %s model (seed %llu, %s) to %s\n", flags.arch.c_str(),
+              static_cast<unsigned long long>(flags.seed),
               flags.dtype == tandem::engine::DType::kBF16 ? "bfloat16" : "float32", flags.out.c_str());
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -227,11 +228,10 @@ void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_
   elementwise_->rms_norm(x, weight, out, 0, rows, dim, eps);
 }
 
-void CpuBackend::growRopeTable(int32_t positions, int32_t head_dim, float theta) {
-  const int32_t half = head_dim / 2;
-  if (theta != rope_theta_ || head_dim != rope_head_dim_) {
-    rope_theta_ = theta;
-    rope_head_dim_ = head_dim;
+void CpuBackend::growRopeTable(int32_t positions, std::span<const float> inv_freq) {
+  const auto half = static_cast<int32_t>(inv_freq.size());
+  if (!std::equal(inv_freq.begin(), inv_freq.end(), rope_inv_freq_.begin(), rope_inv_freq_.end())) {
+    rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
     rope_cos_.clear();
     rope_sin_.clear();
   }
@@ -242,24 +242,25 @@ void CpuBackend::growRopeTable(int32_t positions, int32_t head_dim, float theta)
   for (size_t p = cached; p < static_cast<size_t>(positions); ++p) {
     for (int32_t i = 0; i < half; ++i) {
       const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
-      kmath::ropeCosSin(static_cast<int32_t>(p), i, head_dim, theta, &rope_cos_[at], &rope_sin_[at]);
+      kmath::ropeCosSinFreq(static_cast<int32_t>(p), inv_freq[static_cast<size_t>(i)], &rope_cos_[at], &rope_sin_[at]);
     }
   }
 }
 
 void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
-                      float theta) {
+                      std::span<const float> inv_freq) {
   const ScopedTimer timer(&stats_.elementwise_time);
   const int32_t half = head_dim / 2;
+  assert(inv_freq.size() == static_cast<size_t>(half));
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
   if (max_pos < kRopeTablePositions) {
-    growRopeTable(max_pos + 1, head_dim, theta);
+    growRopeTable(max_pos + 1, inv_freq);
     elementwise_->rope(x, 0, rows, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
     return;
   }
   // Some position is past the table: cos/sin of those rows are computed here.
-  growRopeTable(kRopeTablePositions, head_dim, theta);
+  growRopeTable(kRopeTablePositions, inv_freq);
   growTo(cos_, static_cast<size_t>(half));
   growTo(sin_, static_cast<size_t>(half));
   const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
@@ -269,12 +270,21 @@ void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_di
       elementwise_->rope(x, r, r + 1, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
       continue;
     }
-    for (int32_t i = 0; i < half; ++i) kmath::ropeCosSin(pos, i, head_dim, theta, &cos_[i], &sin_[i]);
+    for (int32_t i = 0; i < half; ++i) kmath::ropeCosSinFreq(pos, inv_freq[static_cast<size_t>(i)], &cos_[i], &sin_[i]);
     float* xr = x + static_cast<size_t>(r) * row_width;
     for (int32_t h = 0; h < num_heads; ++h) {
       kmath::ropeRotateHead(xr + static_cast<size_t>(h) * static_cast<size_t>(head_dim), cos_.data(), sin_.data(),
                             head_dim);
     }
+  }
+}
+
+void CpuBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
+  const ScopedTimer timer(&stats_.elementwise_time);
+  // One add per element: the same bits at any vector width.
+  for (int32_t r = 0; r < rows; ++r) {
+    float* yr = y + static_cast<size_t>(r) * static_cast<size_t>(dim);
+    for (int32_t i = 0; i < dim; ++i) yr[i] += bias[i];
   }
 }
 

@@ -40,7 +40,8 @@ class CpuBackend final : public Backend {
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
   void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
-            float theta) override;
+            std::span<const float> inv_freq) override;
+  void addBias(float* y, const float* bias, int32_t rows, int32_t dim) override;
   void swiglu(const float* gate, const float* up, float* out, int64_t n) override;
   void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) override;
   void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
@@ -57,8 +58,8 @@ class CpuBackend final : public Backend {
   struct ElementwiseKernels;  // swiglu, rmsNorm and rope rows of one SIMD level (cpu_backend.cc)
 
  private:
-  // Makes the RoPE table cover positions [0, positions) for theta and head_dim.
-  void growRopeTable(int32_t positions, int32_t head_dim, float theta);
+  // Makes the RoPE table cover positions [0, positions) for inv_freq.
+  void growRopeTable(int32_t positions, std::span<const float> inv_freq);
 
   BackendStats stats_;
   WorkerPool pool_;
@@ -66,17 +67,15 @@ class CpuBackend final : public Backend {
   PagedAttention attention_;               // runs on pool_, at gemm_'s level
   const ElementwiseKernels* elementwise_;  // of gemm_'s SIMD level
   // Scratch, grown on demand and reused (no allocation once warmed up).
-  std::vector<float> cos_;    // [head_dim / 2] RoPE of one row past the table
-  std::vector<float> sin_;    // [head_dim / 2]
-  // RoPE cos/sin (kmath::ropeCosSin, so the same bits) of positions
-  // [0, size / (head_dim / 2)), for rope_theta_ and rope_head_dim_; grown on
-  // demand up to kRopeTablePositions (pow, cos and sin per row were most of
-  // rope's time).
+  std::vector<float> cos_;  // [head_dim / 2] RoPE of one row past the table
+  std::vector<float> sin_;  // [head_dim / 2]
+  // RoPE cos/sin (kmath::ropeCosSinFreq, so the same bits) of positions
+  // [0, size / (head_dim / 2)), for rope_inv_freq_; grown on demand up to
+  // kRopeTablePositions (pow, cos and sin per row were most of rope's time).
   static constexpr int32_t kRopeTablePositions = 1 << 15;
-  float rope_theta_ = 0;
-  int32_t rope_head_dim_ = 0;
-  std::vector<float> rope_cos_;  // [position][head_dim / 2]
-  std::vector<float> rope_sin_;  // [position][head_dim / 2]
+  std::vector<float> rope_inv_freq_;  // [head_dim / 2] the table's frequencies
+  std::vector<float> rope_cos_;       // [position][head_dim / 2]
+  std::vector<float> rope_sin_;       // [position][head_dim / 2]
 };
 
 std::unique_ptr<Backend> makeCpuBackend();

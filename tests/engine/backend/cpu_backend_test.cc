@@ -22,6 +22,13 @@ std::string lowerAscii(std::string s) {
   return s;
 }
 
+// Plain RoPE's inverse frequencies (what ropeInverseFrequencies gives without rope_scaling).
+std::vector<float> invFreq(int head_dim, float theta) {
+  std::vector<float> f(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) f[static_cast<size_t>(i)] = kmath::ropeInvFreq(i, head_dim, theta);
+  return f;
+}
+
 std::vector<float> randomVector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-scale, scale);
@@ -280,7 +287,7 @@ TEST(CpuBackend, RopeMatchesFormulaPerRowPosition) {
   const auto x = randomVector(rows * heads * head_dim, 7);
   const std::vector<int32_t> positions = {0, 1, 17, 250};
   std::vector<float> y = x;
-  backend.rope(y.data(), rows, heads, head_dim, positions.data(), theta);
+  backend.rope(y.data(), rows, heads, head_dim, positions.data(), invFreq(head_dim, theta));
   const int half = head_dim / 2;
   for (int r = 0; r < rows; ++r) {
     for (int h = 0; h < heads; ++h) {
@@ -297,23 +304,40 @@ TEST(CpuBackend, RopeMatchesFormulaPerRowPosition) {
 }
 
 // rope caches cos/sin per position; the bits must be kmath's, in any order
-// of positions, beyond the cache's range, and after theta changes.
+// of positions, beyond the cache's range, and after the frequencies change
+// (theta, or a scaled set like rope_scaling llama3's).
 TEST(CpuBackend, RopeIsBitwiseKernelMath) {
   CpuBackend backend;
   const int heads = 2, head_dim = 8, half = head_dim / 2;
   const std::vector<int32_t> positions = {300, 0, 7, 299, 100000, 7};
-  for (float theta : {10000.0f, 500000.0f}) {
+  std::vector<float> scaled = invFreq(head_dim, 500000.0f);
+  for (size_t i = 1; i < scaled.size(); ++i) scaled[i] /= 8.0f;
+  for (const auto& freq : {invFreq(head_dim, 10000.0f), invFreq(head_dim, 500000.0f), scaled}) {
     const auto x = randomVector(positions.size() * heads * head_dim, 12);
     std::vector<float> got = x;
-    backend.rope(got.data(), static_cast<int32_t>(positions.size()), heads, head_dim, positions.data(), theta);
+    backend.rope(got.data(), static_cast<int32_t>(positions.size()), heads, head_dim, positions.data(), freq);
     std::vector<float> want = x;
     for (size_t r = 0; r < positions.size(); ++r) {
       float c[half], sn[half];
-      for (int i = 0; i < half; ++i) kmath::ropeCosSin(positions[r], i, head_dim, theta, &c[i], &sn[i]);
+      for (int i = 0; i < half; ++i) kmath::ropeCosSinFreq(positions[r], freq[static_cast<size_t>(i)], &c[i], &sn[i]);
       for (int h = 0; h < heads; ++h) kmath::ropeRotateHead(want.data() + (r * heads + h) * head_dim, c, sn, head_dim);
     }
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << theta;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << freq[1];
   }
+  // Plain frequencies give kmath::ropeCosSin's bits (the Llama 2 path is unchanged).
+  float c1, s1, c2, s2;
+  kmath::ropeCosSin(299, 3, head_dim, 10000.0f, &c1, &s1);
+  kmath::ropeCosSinFreq(299, invFreq(head_dim, 10000.0f)[3], &c2, &s2);
+  EXPECT_EQ(c1, c2);
+  EXPECT_EQ(s1, s2);
+}
+
+TEST(CpuBackend, AddBiasAddsToEveryRow) {
+  CpuBackend backend;
+  std::vector<float> y = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> bias = {0.5f, -1, 2};
+  backend.addBias(y.data(), bias.data(), 2, 3);
+  EXPECT_EQ(y, (std::vector<float>{1.5f, 1, 5, 4.5f, 4, 8}));
 }
 
 TEST(CpuBackend, SwigluMatchesFormula) {
@@ -390,7 +414,8 @@ TEST(CpuBackend, RmsNormAndRopeAreBitwiseStableAcrossCallsAndLevels) {
   CpuBackend reference;
   std::vector<float> want_rope = x;
   for (int r = 0; r < rows; ++r) {
-    reference.rope(want_rope.data() + r * dim, 1, heads, head_dim, &positions[static_cast<size_t>(r)], 10000.0f);
+    reference.rope(want_rope.data() + r * dim, 1, heads, head_dim, &positions[static_cast<size_t>(r)],
+                   invFreq(head_dim, 10000.0f));
   }
   for (SimdLevel level : {SimdLevel::kAuto, SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
     if (!simdLevelSupported(level)) continue;
@@ -399,7 +424,7 @@ TEST(CpuBackend, RmsNormAndRopeAreBitwiseStableAcrossCallsAndLevels) {
     backend.rmsNorm(x.data(), weight.data(), norm.data(), rows, dim, 1e-5f);
     EXPECT_EQ(std::memcmp(norm.data(), want_norm.data(), norm.size() * sizeof(float)), 0) << static_cast<int>(level);
     std::vector<float> rotated = x;
-    backend.rope(rotated.data(), rows, heads, head_dim, positions.data(), 10000.0f);
+    backend.rope(rotated.data(), rows, heads, head_dim, positions.data(), invFreq(head_dim, 10000.0f));
     EXPECT_EQ(std::memcmp(rotated.data(), want_rope.data(), rotated.size() * sizeof(float)), 0)
         << static_cast<int>(level);
   }

@@ -10,6 +10,7 @@
 #include "engine/model/model_loader.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
+#include "src/common/strings.h"
 #include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::engine {
@@ -96,6 +97,30 @@ TEST_F(MakeTinyModelTest, SeedAndDtypeChangeTheOutput) {
   }
 }
 
+// --arch writes each family's checkpoint in its real tensor names, loadable
+// and deterministic.
+TEST_F(MakeTinyModelTest, ArchFamiliesWriteLoadableCheckpoints) {
+  for (std::string_view family : {"llama3", "qwen2", "qwen3"}) {
+    ScratchDir a, b;
+    const std::string args = strCat(" --seed 9 --arch ", family);
+    RunResult first = run("--out " + a.path() + args);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    EXPECT_THAT(first.output, HasSubstr(strCat("wrote the ", family, " model")));
+    ASSERT_EQ(run("--out " + b.path() + args).exit_code, 0);
+    for (const char* file : kFiles) {
+      EXPECT_EQ(testing::readBytes(a.file(file)), testing::readBytes(b.file(file))) << family << " " << file;
+    }
+    auto weights = loadModelWeights(a.path());
+    ASSERT_TRUE(weights.ok()) << family << ": " << weights.status();
+    const ModelConfig want = *smallArchConfig(family);
+    EXPECT_EQ((*weights)->config.architecture, want.architecture);
+    EXPECT_EQ((*weights)->config.rope_scaling.type, want.rope_scaling.type);
+    EXPECT_EQ((*weights)->layers[0].bq.size(), want.arch().qkv_bias ? static_cast<size_t>(want.qDim()) : 0u);
+    EXPECT_EQ((*weights)->layers[1].k_norm.size(), want.arch().qk_norm ? static_cast<size_t>(want.head_dim) : 0u);
+    EXPECT_TRUE(loadTokenizer(a.path(), (*weights)->config).ok()) << family;
+  }
+}
+
 TEST_F(MakeTinyModelTest, BadFlagsExitNonZeroWithAMessage) {
   struct Case {
     std::string args;
@@ -107,6 +132,7 @@ TEST_F(MakeTinyModelTest, BadFlagsExitNonZeroWithAMessage) {
       {"--out " + scratch_.path() + " --seed -1", "--seed: expected an unsigned integer"},
       {"--out " + scratch_.path() + " --dtype int8", "--dtype: expected float32 or bfloat16, got \"int8\""},
       {"--out " + scratch_.path() + " --sed 3", "unknown flag --sed"},
+      {"--out " + scratch_.path() + " --arch gemma", "--arch: expected tiny, llama3, qwen2, qwen3, got \"gemma\""},
       {"--out", "--out needs a value"},
   };
   for (const Case& c : cases) {

@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <numbers>
 #include <string>
+#include <vector>
 
 #include "engine/model/weights.h"
 
@@ -94,6 +97,115 @@ TEST(ModelConfigTest, DefaultsForAbsentOptionalFields) {
   EXPECT_EQ(config->bos_token_id, 1);
   EXPECT_EQ(config->eos_token_id, 2);
   EXPECT_EQ(config->torch_dtype, "float32");
+}
+
+// config.json of meta-llama/Llama-3.2-1B, Qwen/Qwen2.5-0.5B-Instruct and
+// Qwen/Qwen3-0.6B as published.
+constexpr std::string_view kLlama32Config = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+constexpr std::string_view kQwen25Config = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+  "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+  "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+constexpr std::string_view kQwen3Config = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+  "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+  "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ModelConfigTest, Llama32ConfigWithLlama3RopeScaling) {
+  auto config = parseModelConfig(kLlama32Config);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->arch().architecture, "LlamaForCausalLM");
+  EXPECT_FALSE(config->arch().qkv_bias);
+  EXPECT_FALSE(config->arch().qk_norm);
+  EXPECT_EQ(config->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(config->rope_scaling.factor, 32.0f);
+  EXPECT_EQ(config->rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(config->rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(config->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+  EXPECT_TRUE(config->tie_word_embeddings);
+
+  // _compute_llama3_parameters, in double here: wavelengths above 8192
+  // (8192 / low_freq_factor) divided by 32, below 2048 kept, between blended.
+  const std::vector<float> inv_freq = ropeInverseFrequencies(*config);
+  ASSERT_EQ(inv_freq.size(), 32u);
+  int low = 0, mid = 0, high = 0;
+  for (int i = 0; i < 32; ++i) {
+    const double f = std::pow(500000.0, -2.0 * i / 64);
+    const double wavelen = 2 * std::numbers::pi / f;
+    double want = f;
+    if (wavelen > 8192) {
+      want = f / 32, ++low;
+    } else if (wavelen >= 2048) {
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      want = (1 - smooth) * f / 32 + smooth * f, ++mid;
+    } else {
+      ++high;
+    }
+    EXPECT_NEAR(inv_freq[static_cast<size_t>(i)], want, 1e-6 * want) << i;
+  }
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+  EXPECT_GT(high, 0);
+  // Without rope_scaling: plain theta^(-2i/d).
+  ModelConfig plain = *config;
+  plain.rope_scaling = {};
+  EXPECT_EQ(ropeInverseFrequencies(plain)[31], static_cast<float>(std::pow(500000.0, -62.0 / 64)));
+}
+
+TEST(ModelConfigTest, Qwen25ConfigHasBiasesAndNoSlidingWindow) {
+  auto config = parseModelConfig(kQwen25Config);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->arch().architecture, "Qwen2ForCausalLM");
+  EXPECT_TRUE(config->arch().qkv_bias);
+  EXPECT_FALSE(config->arch().qk_norm);
+  EXPECT_EQ(config->head_dim, 64);  // 896 / 14
+  // sliding_window is only a number while use_sliding_window is false.
+  EXPECT_EQ(config->max_position_embeddings, 32768);
+  EXPECT_EQ(config->rope_scaling.type, RopeScaling::Type::kNone);
+  // Qwen2's modelling code ignores attention_bias (its biases are always there).
+  EXPECT_TRUE(parseModelConfig(minimalWith(R"("architectures": ["Qwen2ForCausalLM"], "attention_bias": true)")).ok());
+}
+
+TEST(ModelConfigTest, Qwen3ConfigHasQkNormAndItsOwnHeadDim) {
+  auto config = parseModelConfig(kQwen3Config);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->arch().architecture, "Qwen3ForCausalLM");
+  EXPECT_FALSE(config->arch().qkv_bias);
+  EXPECT_TRUE(config->arch().qk_norm);
+  EXPECT_EQ(config->head_dim, 128);  // != 1024 / 16
+  EXPECT_EQ(config->qDim(), 2048);
+  EXPECT_EQ(config->max_position_embeddings, 40960);
+  EXPECT_FLOAT_EQ(config->rope_theta, 1e6f);
+}
+
+TEST(ModelConfigTest, FamilyConfigsRoundTripThroughJson) {
+  for (std::string_view family : {"llama3", "qwen2", "qwen3"}) {
+    const ModelConfig c = *smallArchConfig(family);
+    auto back = parseModelConfig(modelConfigToJson(c));
+    ASSERT_TRUE(back.ok()) << family << ": " << back.status();
+    EXPECT_EQ(back->architecture, c.architecture) << family;
+    EXPECT_EQ(back->head_dim, c.head_dim) << family;
+    EXPECT_EQ(back->rope_scaling.type, c.rope_scaling.type) << family;
+    EXPECT_EQ(back->rope_scaling.original_max_position_embeddings, c.rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(ropeInverseFrequencies(*back), ropeInverseFrequencies(c)) << family;
+  }
 }
 
 TEST(ModelConfigTest, OptionalFieldsOverrideDefaults) {
@@ -235,8 +347,47 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"EosOutOfVocab", minimalWith(R"("eos_token_id": [5000])"), "eos_token_id: must be < vocab_size (1000)"},
         BadCase{"EmptyEosList", minimalWith(R"("eos_token_id": [])"),
                 "eos_token_id: expected an integer or a non-empty list"},
-        BadCase{"RopeScaling", minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
-                "rope_scaling: not supported"},
+        // Llama 3.x: rope_scaling llama3 needs all its fields; other types are refused by name.
+        BadCase{"RopeScalingLlama3MissingField",
+                minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
+                "config.json: rope_scaling.low_freq_factor: required for rope_type \"llama3\""},
+        BadCase{"RopeScalingLlama3MissingContext",
+                minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0})"),
+                "config.json: rope_scaling.original_max_position_embeddings: required for rope_type \"llama3\""},
+        BadCase{"RopeScalingLlama3EmptyBand",
+                minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+                "config.json: rope_scaling.high_freq_factor: must be greater than low_freq_factor (4)"},
+        BadCase{"RopeScalingYarnOldKey", minimalWith(R"("rope_scaling": {"type": "yarn", "factor": 4.0})"),
+                "config.json: rope_scaling.type: \"yarn\" is not supported (supported: llama3)"},
+        BadCase{"RopeScalingLinear", minimalWith(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})"),
+                "config.json: rope_scaling.rope_type: \"linear\" is not supported (supported: llama3)"},
+        BadCase{"RopeScalingNoType", minimalWith(R"("rope_scaling": {"factor": 2.0})"),
+                "config.json: rope_scaling: missing rope_type (supported: llama3)"},
+        BadCase{"UnsupportedArchitectureGemma", minimalWith(R"("architectures": ["Gemma2ForCausalLM"])"),
+                "config.json: architectures: unsupported architecture [Gemma2ForCausalLM]; this engine runs "
+                "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"},
+        // Qwen2/2.5 and Qwen3: sliding-window attention switched on, per model or per layer.
+        BadCase{"Qwen2SlidingWindowOn",
+                minimalWith(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true,
+                               "sliding_window": 4096)"),
+                "config.json: use_sliding_window: sliding-window attention is not supported"},
+        BadCase{"Qwen3SlidingWindowOn",
+                minimalWith(R"("architectures": ["Qwen3ForCausalLM"], "head_dim": 32, "use_sliding_window": true)"),
+                "config.json: use_sliding_window: sliding-window attention is not supported"},
+        BadCase{"Qwen3SlidingLayer", minimalWith(R"("architectures": ["Qwen3ForCausalLM"], "head_dim": 32,
+                               "layer_types": ["full_attention", "sliding_attention"])"),
+                "config.json: layer_types: only \"full_attention\" layers are supported, got \"sliding_attention\""},
+        BadCase{"Qwen3AttentionBias",
+                minimalWith(R"("architectures": ["Qwen3ForCausalLM"], "head_dim": 32, "attention_bias": true)"),
+                "config.json: attention_bias: biases in projections are not supported for Qwen3ForCausalLM"},
+        BadCase{"Qwen3HeadDimMissing", minimalWith(R"("architectures": ["Qwen3ForCausalLM"])"),
+                "config.json: head_dim: required for Qwen3ForCausalLM"},
+        BadCase{"Qwen2RopeScalingYarn", minimalWith(R"("architectures": ["Qwen2ForCausalLM"],
+                               "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 32768})"),
+                "config.json: rope_scaling.type: \"yarn\" is not supported (supported: llama3)"},
         BadCase{"AttentionBias", minimalWith(R"("attention_bias": true)"), "attention_bias: biases"},
         BadCase{"HiddenAct", minimalWith(R"("hidden_act": "gelu")"), "hidden_act: only \"silu\""},
         BadCase{"HugeInteger", minimalWith(R"("intermediate_size": 99999999999)"), "intermediate_size: out of range"}),
