@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/model/bpe_tokenizer.h"
 #include "engine/model/files.h"
 #include "engine/model/sentencepiece_shim.h"
 #include "src/common/strings.h"
@@ -110,9 +111,23 @@ std::string IncrementalDecoder::finish() {
 // ---- loadTokenizer ----
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> loadTokenizer(const std::string& model_dir, const ModelConfig& config) {
+  const std::string json_path = strCat(model_dir, "/tokenizer.json");
   const std::string sp_path = strCat(model_dir, "/tokenizer.model");
   const std::string config_path = strCat(model_dir, "/tokenizer_config.json");
 
+  if (fileExists(json_path)) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> bpe,
+                            BpeTokenizer::open(json_path, fileExists(config_path) ? config_path : ""));
+    if (bpe->vocabSize() > config.vocab_size) {
+      return absl::InvalidArgumentError(strCat(json_path, ": tokenizer has ", bpe->vocabSize(),
+                                               " ids but config.json vocab_size is ", config.vocab_size));
+    }
+    if (bpe->eosId() < 0) {
+      return absl::InvalidArgumentError(
+          strCat(config_path, ": eos_token: missing (the engine needs an end-of-sequence token to stop)"));
+    }
+    return std::unique_ptr<Tokenizer>(std::move(bpe));
+  }
   if (fileExists(sp_path)) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceTokenizer> sp, SentencePieceTokenizer::open(sp_path));
     if (sp->vocabSize() > config.vocab_size) {
@@ -144,13 +159,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> loadTokenizer(const std::string& mode
     }
     found = strCat("tokenizer_config.json has tokenizer_class ", cls == j.end() ? std::string("(none)") : cls->dump());
   }
-  std::string hint;
-  if (fileExists(strCat(model_dir, "/tokenizer.json"))) {
-    hint = " (tokenizer.json, a Hugging Face fast tokenizer, is not supported)";
-  }
-  return absl::NotFoundError(strCat(model_dir, ": no usable tokenizer: looked for tokenizer.model (SentencePiece) and ",
-                                    "tokenizer_config.json with \"tokenizer_class\": \"", kByteTokenizerClass, "\"; ",
-                                    found, hint));
+  return absl::NotFoundError(strCat(model_dir, ": no usable tokenizer: looked for tokenizer.json (byte-level BPE), ",
+                                    "tokenizer.model (SentencePiece) and tokenizer_config.json with ",
+                                    "\"tokenizer_class\": \"", kByteTokenizerClass, "\"; ", found));
 }
 
 }  // namespace tandem::engine

@@ -7,8 +7,9 @@
 //   for (TokenId t : generated) send(stream.push(t));           // complete UTF-8 only
 //   send(stream.finish());
 //
-// Two implementations: ByteTokenizer (the built-in tiny model; byte_tokenizer.cc)
-// and SentencePieceTokenizer (Llama-2-family tokenizer.model). Chat templates
+// Three implementations: ByteTokenizer (the built-in tiny model; byte_tokenizer.cc),
+// SentencePieceTokenizer (Llama-2-family tokenizer.model) and BpeTokenizer
+// (Hugging Face tokenizer.json, byte-level BPE: Llama 3, Qwen; bpe_tokenizer.h). Chat templates
 // live elsewhere. All const methods are thread-safe.
 
 #include <memory>
@@ -133,12 +134,14 @@ class IncrementalDecoder {
   size_t read_ = 0;
 };
 
-// Picks the tokenizer for a model directory:
+// Picks the tokenizer for a model directory, the first that exists:
+//   tokenizer.json (+ tokenizer_config.json)              -> BpeTokenizer (bpe_tokenizer.h)
 //   tokenizer.model                                       -> SentencePieceTokenizer
 //   tokenizer_config.json with "tokenizer_class": "TandemByteTokenizer" -> ByteTokenizer
 // otherwise an error saying what was looked for and what was found. Also
 // checks the tokenizer against `config`: its vocabulary must fit in
-// vocab_size, and the byte tokenizer's <s>/</s> must match bos/eos_token_id.
+// vocab_size, a BpeTokenizer needs tokenizer_config.json's eos_token, and
+// the byte tokenizer's <s>/</s> must match bos/eos_token_id.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> loadTokenizer(const std::string& model_dir,
                                                                        const ModelConfig& config);
 

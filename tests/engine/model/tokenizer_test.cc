@@ -252,14 +252,13 @@ TEST(LoadTokenizerTest, ErrorsSayWhatWasLookedFor) {
   ASSERT_FALSE(none.ok());
   EXPECT_TRUE(absl::IsNotFound(none.status()));
   EXPECT_THAT(std::string(none.status().message()),
-              HasSubstr("no usable tokenizer: looked for tokenizer.model (SentencePiece) and tokenizer_config.json "
-                        "with \"tokenizer_class\": \"TandemByteTokenizer\"; neither file exists"));
+              HasSubstr("no usable tokenizer: looked for tokenizer.json (byte-level BPE), tokenizer.model "
+                        "(SentencePiece) and tokenizer_config.json with \"tokenizer_class\": \"TandemByteTokenizer\"; "
+                        "neither file exists"));
 
   testing::writeText(model.file("tokenizer_config.json"), R"({"tokenizer_class": "LlamaTokenizerFast"})");
-  testing::writeText(model.file("tokenizer.json"), "{}");
   std::string error(loadTokenizer(model.path(), tinyModelConfig()).status().message());
   EXPECT_THAT(error, HasSubstr("tokenizer_config.json has tokenizer_class \"LlamaTokenizerFast\""));
-  EXPECT_THAT(error, HasSubstr("tokenizer.json, a Hugging Face fast tokenizer, is not supported"));
 
   testing::writeText(model.file("tokenizer_config.json"), "{not json");
   EXPECT_THAT(std::string(loadTokenizer(model.path(), tinyModelConfig()).status().message()),
@@ -268,6 +267,11 @@ TEST(LoadTokenizerTest, ErrorsSayWhatWasLookedFor) {
   testing::writeText(model.file("tokenizer.model"), "this is not a protobuf");
   error = std::string(loadTokenizer(model.path(), tinyModelConfig()).status().message());
   EXPECT_THAT(error, HasSubstr("tokenizer.model: not a SentencePiece model"));
+
+  // tokenizer.json comes first, and its errors are its own.
+  testing::writeText(model.file("tokenizer.json"), "{}");
+  error = std::string(loadTokenizer(model.path(), tinyModelConfig()).status().message());
+  EXPECT_THAT(error, HasSubstr("tokenizer.json: pre_tokenizer: missing"));
 }
 
 }  // namespace
