@@ -180,6 +180,10 @@ void Autoscaler::stop() {
   stopping_.store(true);
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // A replica that no longer plans (lost the lease, stopping) exports no
+  // planner series: the leader's are the only ones Prometheus sees.
+  for (auto* family : {&desired_, &inputs_, &slo_targets_}) family->removeMatching({});
+  decisions_.removeMatching({});
 }
 
 void Autoscaler::loop() {
@@ -206,7 +210,14 @@ void Autoscaler::loop() {
       }
       live[key] = std::move(st);
     }
-    pools_state_ = std::move(live);  // deleted pools are forgotten
+    for (const auto& [key, st] : pools_state_) {  // deleted pools are forgotten, their series too
+      if (live.count(key)) continue;
+      const auto [ns, name] = k8s::splitObjectKey(key);
+      const metrics::Labels pool = {{"namespace", std::string(ns)}, {"pool", std::string(name)}};
+      for (auto* family : {&desired_, &inputs_, &slo_targets_}) family->removeMatching(pool);
+      decisions_.removeMatching(pool);
+    }
+    pools_state_ = std::move(live);
     l.lock();
   }
 }

@@ -172,6 +172,10 @@ void Reconciler::stop() {
   queue_.shutDown();
   for (std::thread& t : workers_) t.join();
   workers_.clear();
+  // Not leading (or stopping): the leader's pool series are the only ones
+  // exported. After the workers, so none sets one again.
+  pool_replicas_.removeMatching({});
+  pool_ready_replicas_.removeMatching({});
   for (auto* i : {&pools_, &deployments_, &services_, &config_maps_, &service_accounts_, &roles_, &role_bindings_,
                   &pods_}) {
     if (*i) (*i)->stop();
@@ -262,7 +266,13 @@ absl::Status Reconciler::ensurePoolKey(const PoolSpec& pool, const k8s::ObjectRe
 
 absl::Status Reconciler::reconcile(const std::string& key, std::string* result) {
   std::optional<json> pool = pools_->cache().getByKey(key);
-  if (!pool || pool->contains("/metadata/deletionTimestamp"_json_pointer)) return absl::OkStatus();
+  if (!pool || pool->contains("/metadata/deletionTimestamp"_json_pointer)) {
+    const auto [ns, name] = k8s::splitObjectKey(key);  // its series go with it
+    const metrics::Labels labels = {{"namespace", std::string(ns)}, {"pool", std::string(name)}};
+    pool_replicas_.removeMatching(labels);
+    pool_ready_replicas_.removeMatching(labels);
+    return absl::OkStatus();
+  }
   const k8s::ObjectReference ref = k8s::ObjectReference::of(*pool);
   const auto [ns, name] = k8s::splitObjectKey(key);
   const std::string now = k8s::formatTime(SystemClock::instance().wallNow());

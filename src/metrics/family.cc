@@ -105,6 +105,29 @@ void Family<T>::remove(T* child) {
 }
 
 template <typename T>
+size_t Family<T>::removeMatching(const Labels& subset) {
+  absl::MutexLock lock(&mu_);
+  size_t removed = 0;
+  for (auto it = children_.begin(); it != children_.end();) {
+    bool match = true;
+    for (const auto& [name, value] : subset) {
+      auto label = it->first.find(name);
+      if (label == it->first.end() || label->second != value) {
+        match = false;
+        break;
+      }
+    }
+    if (match) {
+      it = children_.erase(it);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+template <typename T>
 bool Family<T>::has(const Labels& labels) const {
   Labels merged = options_.constLabels;
   for (const auto& [name, value] : labels) {

@@ -94,6 +94,11 @@ class Family final : public FamilyBase {
   // it dangles. Does nothing if `child` is not in this family.
   void remove(T* child);
 
+  // Destroys every child whose labels include all of `subset` (every child
+  // for an empty subset), e.g. a deleted pool's {namespace, pool}. Returns
+  // how many went; references held to them dangle.
+  size_t removeMatching(const Labels& subset);
+
   // True if a child with `labels` (without the constant labels) exists.
   bool has(const Labels& labels) const;
 

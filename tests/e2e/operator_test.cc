@@ -112,13 +112,20 @@ TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothing
       << kubectl("get events").output;
   EXPECT_TRUE(eventually([&] { return get("deploy tiny-router", "{.spec.replicas}") == "1"; }));
 
-  // Deleted: nothing is left.
+  // Deleted: nothing is left, its series included.
+  const std::string series = "tandem_pool_ready_replicas{namespace=\"default\",pool=\"tiny\"";
+  EXPECT_THAT(shell("curl -s -m 5 http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics").output,
+              HasSubstr(series));
   auto del = kubectl("delete tpool tiny --timeout=60s");
   EXPECT_EQ(del.rc, 0) << del.output;
   EXPECT_TRUE(eventually([&] { return get("pods,deploy,svc,cm -l app.kubernetes.io/instance=tiny", "{.items[*].metadata.name}").empty(); }, 120))
       << kubectl("get pods,deploy,svc,cm -l app.kubernetes.io/instance=tiny").output;
   EXPECT_EQ(shell("pgrep -f 'tandem-agent --config /etc/tandem/agent[.]yaml' | wc -l").output, "0\n")
       << "an agent process outlived its pool";
+  EXPECT_TRUE(eventually([&] {
+    return shell("curl -s -m 5 http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics").output.find(series) ==
+           std::string::npos;
+  })) << "the deleted pool's series are still exported";
 }
 
 TEST_F(OperatorTest, InvalidPoolsAreRefusedNamingTheFieldOrReportedAsDegraded) {

@@ -68,6 +68,22 @@ TEST(FamilyTest, RemoveDropsChild) {
   EXPECT_EQ(f.add({{"k", "a"}}).value(), 0);
 }
 
+TEST(FamilyTest, RemoveMatchingDropsEveryChildWithTheLabels) {
+  Registry registry;
+  Family<Gauge>& f = buildGauge().name("tandem_pool_replicas").help("h").registerOn(registry);
+  f.add({{"namespace", "a"}, {"pool", "p"}, {"role", "decode"}}).set(2);
+  f.add({{"namespace", "a"}, {"pool", "p"}, {"role", "prefill"}}).set(1);
+  f.add({{"namespace", "b"}, {"pool", "p"}, {"role", "decode"}}).set(3);
+  f.add({{"namespace", "a"}, {"pool", "q"}, {"role", "decode"}}).set(4);
+  EXPECT_EQ(f.removeMatching({{"namespace", "a"}, {"pool", "p"}}), 2u);
+  EXPECT_FALSE(f.has({{"namespace", "a"}, {"pool", "p"}, {"role", "decode"}}));
+  EXPECT_TRUE(f.has({{"namespace", "b"}, {"pool", "p"}, {"role", "decode"}}));
+  EXPECT_TRUE(f.has({{"namespace", "a"}, {"pool", "q"}, {"role", "decode"}}));
+  EXPECT_EQ(f.removeMatching({{"namespace", "a"}, {"pool", "missing"}}), 0u);
+  EXPECT_EQ(f.removeMatching({}), 2u);  // every child
+  EXPECT_TRUE(collectFamily(f).empty());
+}
+
 TEST(FamilyTest, HistogramChildrenUseBuilderBuckets) {
   Registry registry;
   Family<Histogram>& f = buildHistogram().name("lat_seconds").buckets({1, 2}).registerOn(registry);
