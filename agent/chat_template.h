@@ -11,13 +11,23 @@
 //     <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST]
 //     A system message with no user turn still opens an instruction block.
 //
-// Jinja templates from tokenizer_config.json are not evaluated. Pure
-// functions; thread-safe.
+// A model whose tokenizer_config.json has a `chat_template` (Llama 3,
+// Qwen, ...) is rendered with that template instead (ChatTemplate below),
+// by the Jinja subset in src/jinja, byte-identical to Hugging Face's
+// apply_chat_template. Pure functions; thread-safe.
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/model/tokenizer.h"
+#include "src/common/clock.h"
+#include "src/common/status.h"
+#include "src/jinja/template.h"
 
 namespace tandem::agent {
 
@@ -30,5 +40,47 @@ struct ChatMessage {
 // The prompt tokens of `messages` in `format`, <s> included.
 std::vector<TokenId> renderChat(engine::ChatFormat format, const std::vector<ChatMessage>& messages,
                                 const engine::Tokenizer& tokenizer);
+
+// A model's own chat template, parsed once when the model loads and shared
+// read-only by every request (rendering is thread-safe).
+struct ChatTemplate {
+  // tokenizer_config.json's `chat_template`: the string, or from the list
+  // form [{name, template}] the one named "default".
+  std::shared_ptr<const jinja::Template> default_template;
+  // The list form's "tool_use" template, used when the request has tools;
+  // null: default_template serves those too.
+  std::shared_ptr<const jinja::Template> tool_use_template;
+  // bos_token / eos_token (a string or {"content": ...}); "" when absent.
+  std::string bos_token;
+  std::string eos_token;
+};
+
+// The chat template of a parsed tokenizer_config.json; nullopt when it has
+// none (the model keeps the tokenizer's ChatFormat). `where` names the file
+// in errors: a template that does not parse, a chat_template of the wrong
+// type, a list without "default".
+[[nodiscard]] absl::StatusOr<std::optional<ChatTemplate>> parseChatTemplate(const nlohmann::json& tokenizer_config,
+                                                                            std::string_view where);
+
+// parseChatTemplate of `model_dir`/tokenizer_config.json; nullopt also when
+// the directory has no such file (a tokenizer.model-only Llama 2).
+[[nodiscard]] absl::StatusOr<std::optional<ChatTemplate>> loadChatTemplate(const std::string& model_dir);
+
+// The prompt text of a chat request, as Hugging Face's apply_chat_template
+// renders it: the template sees `messages` as given (role, content as a
+// string or parts, tool_calls, tool_call_id, name, reasoning_content...),
+// `tools` (undefined when null or empty), add_generation_prompt=true,
+// bos_token, eos_token, and each key of `kwargs` (the request's
+// chat_template_kwargs, e.g. enable_thinking; an object or null).
+// strftime_now() formats `now` in UTC. Keys keep their order (ordered_json),
+// so `tools | tojson` prints the client's key order, as Python would.
+// Errors (InvalidArgument): the template's raise_exception message as is
+// (payload jinja::kRaisedPayload), or "chat_template:line:col: ..." for
+// anything else the template failed on. The text still has to be
+// tokenized (special tokens recognized, no BOS added: the template writes it).
+[[nodiscard]] absl::StatusOr<std::string> renderChatTemplate(const ChatTemplate& chat_template,
+                                                             const nlohmann::ordered_json& messages,
+                                                             const nlohmann::ordered_json& tools,
+                                                             const nlohmann::ordered_json& kwargs, WallTime now);
 
 }  // namespace tandem::agent
