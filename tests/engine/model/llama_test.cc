@@ -652,6 +652,21 @@ TEST(LlamaModel, CreateRejectsWeightsThatDoNotMatchTheConfig) {
   EXPECT_THAT(std::string(toStd(model.status().message())), HasSubstr("must divide num_attention_heads"));
 
   EXPECT_FALSE(LlamaModel::create(nullptr, backend).ok());
+
+  // A family's extra tensors are there exactly when its ArchSpec has them.
+  auto qwen2 = makeRandomWeights(*smallArchConfig("qwen2"), kSeed);
+  qwen2->layers[1].bv.clear();
+  model = LlamaModel::create(std::move(qwen2), backend);
+  EXPECT_THAT(std::string(toStd(model.status().message())), HasSubstr("layers.1.v_proj.bias has 0 floats"));
+  auto llama_with_norm = makeRandomWeights(tinyModelConfig(), kSeed);
+  llama_with_norm->layers[0].q_norm.assign(32, 1.0f);
+  model = LlamaModel::create(std::move(llama_with_norm), backend);
+  EXPECT_THAT(std::string(toStd(model.status().message())),
+              HasSubstr("layers.0.q_norm has 32 floats, config implies 0"));
+  ModelConfig gpt2 = tinyModelConfig();
+  gpt2.architecture = "GPT2LMHeadModel";
+  model = LlamaModel::create(makeRandomWeights(gpt2, kSeed), backend);
+  EXPECT_THAT(std::string(toStd(model.status().message())), HasSubstr("unsupported architecture GPT2LMHeadModel"));
 }
 
 TEST(LlamaModel, KvLayoutForCopiesTheModelShape) {
