@@ -205,7 +205,13 @@ struct AgentServer::Impl {
     }
     auto body = req.json();
     if (!body.ok()) return apiError({.status = 400, .message = std::string(toStd(body.status().message()))});
-    auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"));
+    // A chat template sees messages and tools in the client's key order.
+    std::optional<nlohmann::ordered_json> ordered;
+    if (endpoint == Endpoint::kChat && limits.chat_template) {
+      ordered = nlohmann::ordered_json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
+    }
+    auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"),
+                               ordered ? &*ordered : nullptr);
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     ParsedRequest p = std::move(std::get<ParsedRequest>(parsed));
     if (auto e = refuse(p)) return apiError(*e);
@@ -348,10 +354,13 @@ struct AgentServer::Impl {
     cpu_simd = std::string(engine::simdLevelName(backend->simdLevel()));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
+    TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
     limits = {.model_name = config.model_name,
               .max_model_len = engine->options().max_model_len,
               .default_max_tokens = config.default_max_tokens,
-              .chat_format = tokenizer->chatFormat()};
+              .chat_format = tokenizer->chatFormat(),
+              .chat_template = chat_template ? std::make_shared<const ChatTemplate>(std::move(*chat_template)) : nullptr,
+              .clock = &clock};
     max_live = engine->options().max_num_seqs + engine->options().max_waiting;
     engine_options = engine->options();  // resolved, immutable: read on HTTP threads
     engine_options.kv_memory = nullptr;  // refers to start()'s KvSetup

@@ -175,13 +175,59 @@ std::optional<ApiError> parseMessage(const json& m, size_t index, ChatMessage* o
   return parseMessageText(*content, index, &out->content);
 }
 
-// Chat's `messages`, rendered in the served model's chat format.
-std::optional<ApiError> parseMessages(const json& body, const engine::Tokenizer& tok, engine::ChatFormat format,
+// Chat's `messages` through the model's own template (openai_request.h):
+// passed as given, so the template decides which roles and fields it
+// knows; what it refuses (raise_exception) or fails on is a 400.
+std::optional<ApiError> renderWithTemplate(const json& body, const nlohmann::ordered_json* ordered,
+                                           const engine::Tokenizer& tok, const ApiLimits& limits,
+                                           std::vector<TokenId>* prompt) {
+  const json& messages = body["messages"];
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string param = strCat("messages[", i, "]");
+    if (!m.is_object()) return invalidField(param, strCat("'", param, "' must be an object, got ", jsonTypeName(m)));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return invalidField(param + ".role", strCat("'", param, ".role' is required and must be a string"));
+    }
+  }
+  auto kwargs = body.find("chat_template_kwargs");
+  if (kwargs != body.end() && !kwargs->is_null() && !kwargs->is_object()) {
+    return invalidField("chat_template_kwargs",
+                        strCat("'chat_template_kwargs' must be an object, got ", jsonTypeName(*kwargs)));
+  }
+  // The client's key order when the caller kept it, else sorted keys.
+  auto field = [&](const char* key) -> nlohmann::ordered_json {
+    if (ordered != nullptr && ordered->is_object()) {
+      auto it = ordered->find(key);
+      return it == ordered->end() ? nlohmann::ordered_json() : *it;
+    }
+    auto it = body.find(key);
+    return it == body.end() ? nlohmann::ordered_json() : nlohmann::ordered_json(*it);
+  };
+  const WallTime now = limits.clock != nullptr ? limits.clock->wallNow() : WallTime();
+  absl::StatusOr<std::string> text =
+      renderChatTemplate(*limits.chat_template, field("messages"), field("tools"), field("chat_template_kwargs"), now);
+  if (!text.ok()) {
+    return invalidField("messages", strCat("the model's chat template refused the messages: ", text.status().message()));
+  }
+  // The template wrote <s> and the other special tokens itself (HF's
+  // apply_chat_template): no BOS is added here.
+  *prompt = tok.encode(*text);
+  return std::nullopt;
+}
+
+// Chat's `messages`, rendered with the model's chat template, else in the
+// tokenizer's chat format.
+std::optional<ApiError> parseMessages(const json& body, const nlohmann::ordered_json* ordered,
+                                      const engine::Tokenizer& tok, const ApiLimits& limits,
                                       std::vector<TokenId>* prompt) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) return invalidField("messages", "'messages' is required");
   if (!it->is_array()) return invalidField("messages", strCat("'messages' must be an array, got ", jsonTypeName(*it)));
   if (it->empty()) return invalidField("messages", "'messages' must contain at least one message");
+  if (limits.chat_template) return renderWithTemplate(body, ordered, tok, limits, prompt);
+  const engine::ChatFormat format = limits.chat_format;
   std::vector<ChatMessage> messages(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
     if (auto e = parseMessage((*it)[i], i, &messages[i])) return e;
@@ -341,7 +387,8 @@ std::optional<ApiError> parseSession(const json& body, const std::optional<std::
 }  // namespace
 
 std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const json& body, const engine::Tokenizer& tok,
-                                                   const ApiLimits& limits, std::optional<std::string> session_header) {
+                                                   const ApiLimits& limits, std::optional<std::string> session_header,
+                                                   const nlohmann::ordered_json* ordered_body) {
   if (!body.is_object()) {
     return invalidField("", strCat("the request body must be a JSON object, got ", jsonTypeName(body)));
   }
@@ -351,7 +398,7 @@ std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const json
   if (auto e = parseModel(body, limits, &r.model)) return *e;
   if (auto e = refuseUnsupported(body)) return *e;
   if (auto e = endpoint == Endpoint::kCompletions ? parsePrompt(body, tok, &spec.prompt)
-                                                  : parseMessages(body, tok, limits.chat_format, &spec.prompt)) {
+                                                  : parseMessages(body, ordered_body, tok, limits, &spec.prompt)) {
     return *e;
   }
   if (auto e = checkPromptLength(endpoint, spec.prompt, limits)) return *e;

@@ -24,12 +24,14 @@
 // messages, context length, max_tokens, sampling, stop, streaming, user), so a
 // body with several problems always gets the same one reported.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
+#include "agent/chat_template.h"
 #include "agent/openai_api.h"
 #include "engine/model/tokenizer.h"
 #include "engine/sched/request.h"
@@ -44,6 +46,13 @@ struct ApiLimits {
   // How chat messages become a prompt: the served tokenizer's chatFormat(),
   // read once at load (chat_template.h).
   engine::ChatFormat chat_format = engine::ChatFormat::kTandem;
+  // The model's own chat template (tokenizer_config.json), when it has one:
+  // chat requests are rendered with it (renderChatTemplate) instead of
+  // chat_format, and may use the roles it knows (tool, ...) and
+  // chat_template_kwargs. Null: chat_format.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  // strftime_now's clock for chat templates; not owned, set with chat_template.
+  const Clock* clock = nullptr;
 };
 
 // The longest session id accepted: ample for any client's ids (UUIDs,
@@ -64,8 +73,12 @@ struct ParsedRequest {
 // tokenizer turns prompt text (or rendered chat) into tokens.
 // `session_header` is the x-session-id header value, if any.
 // On error returns the ApiError to send (status, message naming the field).
+// `ordered_body`, when given, is the same body parsed with its key order
+// kept: a chat template then sees messages and tools in the client's order
+// (`tools | tojson` prints them as Python would); without it keys are sorted.
 std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const nlohmann::json& body,
                                                    const engine::Tokenizer& tokenizer, const ApiLimits& limits,
-                                                   std::optional<std::string> session_header);
+                                                   std::optional<std::string> session_header,
+                                                   const nlohmann::ordered_json* ordered_body = nullptr);
 
 }  // namespace tandem::agent
