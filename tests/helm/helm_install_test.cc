@@ -1,7 +1,8 @@
 // The chart installed by the real helm on the local cluster (label e2e;
 // root, one local cluster at a time): helm install -> the operator runs as
 // pods of the chart's Deployment, one of them leading -> an InferencePool
-// becomes Ready and serves a completion through its router -> helm upgrade
+// (examples/inferencepool-tiny.yaml) becomes Ready and serves a completion
+// through its router, under the chart's RBAC -> helm upgrade
 // with changed values rolls the operator -> helm uninstall leaves nothing
 // of the release but the CRD, which Helm documents it keeps.
 
@@ -73,11 +74,14 @@ TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
   EXPECT_EQ(seen, 2) << pods;
   EXPECT_EQ(leaders, 1) << pods;
 
-  // A pool, reconciled by the chart's operator.
-  apply("pool.yaml", "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: tiny}\nspec:\n"
-                     "  model: {name: tiny, path: " + dir_ + "/model}\n  image: ghcr.io/tandem-serving/tandem:dev\n"
-                     "  prefill: {args: [--kv-tls, \"posix,cma,tcp\"]}\n"
-                     "  decode: {replicas: 1, args: [--kv-tls, \"posix,cma,tcp\"]}\n");
+  // The local example pool, as a user applies it (its model directory is
+  // the node's path that ./tandem up writes in; here the test's model).
+  std::string example = readFile(kSource + "/examples/inferencepool-tiny.yaml");
+  const std::string placeholder = "path: TANDEM_MODEL_DIR";
+  const size_t at = example.find(placeholder);
+  ASSERT_NE(at, std::string::npos);
+  example.replace(at, placeholder.size(), "path: " + dir_ + "/model");
+  apply("inferencepool-tiny.yaml", example);
   ASSERT_TRUE(eventually([&] {
     return get("tpool tiny", "{.status.conditions[?(@.type==\"Ready\")].status}") == "True";
   }, 120)) << kubectl("get tpool tiny -o yaml").output << kubectl("get pods -o wide").output << operatorLogs();
@@ -120,8 +124,8 @@ TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
   EXPECT_EQ(kubectl("-n tandem-system rollout status deploy/tandem --timeout=60s").rc, 0);
   EXPECT_THAT(helm("history tandem -n tandem-system").output, HasSubstr("Upgrade complete"));
   // The pool is still served: the new operators took it over.
-  EXPECT_THAT(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"decode\":{\"replicas\":2}}}'").output, HasSubstr("patched"));
-  EXPECT_TRUE(eventually([&] { return get("tpool tiny", "{.status.decode.summary}") == "2/2"; }, 90))
+  EXPECT_THAT(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"decode\":{\"replicas\":1}}}'").output, HasSubstr("patched"));
+  EXPECT_TRUE(eventually([&] { return get("tpool tiny", "{.status.decode.summary}") == "1/1"; }, 90))
       << kubectl("get tpool tiny -o yaml").output << operatorLogs();
 
   // The pool goes first (its children with it), then the release.
