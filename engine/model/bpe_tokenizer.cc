@@ -95,8 +95,8 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
-constexpr size_t kMaxCachedWordBytes = 128;
-constexpr size_t kMaxCachedWords = 1 << 17;  // then the cache starts over
+constexpr size_t kMaxCachedWordBytes = 256;                    // as Hugging Face's BPE cache
+constexpr size_t kMaxCachedWords = 1 << 17;                    // then the cache starts over
 
 absl::Status bad(const std::string& file, std::string_view json_path, std::string_view what) {
   return absl::InvalidArgumentError(strCat(file, ": ", json_path, ": ", what));
@@ -782,6 +782,8 @@ void BpeTokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) c
   struct Candidate {
     int32_t rank;
     int pos;
+    TokenId left_id;  // the pair it was pushed for: stale once either side changed
+    TokenId right_id;
     TokenId new_id;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
@@ -791,17 +793,18 @@ void BpeTokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) c
     const int right = symbols[left].next;
     if (right < 0) return;
     auto it = merges.find(pairKey(symbols[left].id, symbols[right].id));
-    if (it != merges.end()) heap.push({it->second.rank, left, it->second.id});
+    if (it != merges.end()) heap.push({it->second.rank, left, symbols[left].id, symbols[right].id, it->second.id});
   };
   for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i);
   while (!heap.empty()) {
     const Candidate c = heap.top();
     heap.pop();
     Symbol& left = symbols[c.pos];
-    if (left.id < 0 || left.next < 0) continue;  // merged away, or now last
+    // A symbol's right neighbour changes only by merging into it, which
+    // changes its id; so equal ids mean the same pair.
+    if (left.id != c.left_id || left.next < 0) continue;  // merged away, merged, or now last
     Symbol& right = symbols[left.next];
-    auto it = merges.find(pairKey(left.id, right.id));
-    if (it == merges.end() || it->second.id != c.new_id || it->second.rank != c.rank) continue;  // stale
+    if (right.id != c.right_id) continue;
     left.id = c.new_id;
     const int gone = left.next;
     left.next = right.next;
