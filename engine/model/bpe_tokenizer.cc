@@ -3,14 +3,15 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
 #include <unicode/unistr.h>
+#include <unicode/utf8.h>
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -163,8 +164,24 @@ std::string utf8Lossy(std::string text) {
   return out;
 }
 
-bool isAsciiSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-bool isWordByte(unsigned char c) { return c >= 0x80 || std::isalnum(c) || c == '_'; }
+// The code point that starts at / ends before byte `i` of `s` (U+FFFD, or a
+// negative value from ICU, for invalid UTF-8), and its length in bytes.
+std::pair<UChar32, int32_t> charAt(std::string_view s, size_t i) {
+  int32_t at = static_cast<int32_t>(i);
+  UChar32 c;
+  U8_NEXT(s.data(), at, static_cast<int32_t>(s.size()), c);
+  return {c, at - static_cast<int32_t>(i)};
+}
+std::pair<UChar32, int32_t> charBefore(std::string_view s, size_t i) {
+  int32_t at = static_cast<int32_t>(i);
+  UChar32 c;
+  U8_PREV(s.data(), 0, at, c);
+  return {c, static_cast<int32_t>(i) - at};
+}
+// Rust's char::is_whitespace (White_Space) and the word characters of
+// Hugging Face's single_word check (alphanumeric or '_').
+bool isSpace(UChar32 c) { return c >= 0 && u_isUWhiteSpace(c); }
+bool isWordChar(UChar32 c) { return c == '_' || (c >= 0 && u_isalnum(c)); }
 
 struct AddedToken {
   std::string content;
@@ -210,12 +227,20 @@ class AddedTokenMatcher {
       }
       size_t before_end = i;
       if (hit->lstrip)
-        while (before_end > start && isAsciiSpace(text[before_end - 1])) --before_end;
+        while (before_end > start) {
+          auto [c, len] = charBefore(text, before_end);
+          if (!isSpace(c) || before_end - len < start) break;
+          before_end -= len;
+        }
       if (before_end > start) on_text(text.substr(start, before_end - start));
       on_token(*hit);
       i += hit->content.size();
       if (hit->rstrip)
-        while (i < text.size() && isAsciiSpace(text[i])) ++i;
+        while (i < text.size()) {
+          auto [c, len] = charAt(text, i);
+          if (!isSpace(c)) break;
+          i += len;
+        }
       start = i;
     }
     if (start < text.size()) on_text(text.substr(start));
@@ -225,8 +250,8 @@ class AddedTokenMatcher {
   static bool wordBoundaryOk(std::string_view text, size_t at, const AddedToken* t) {
     if (!t->single_word) return true;
     const size_t end = at + t->content.size();
-    const bool left_ok = at == 0 || !isWordByte(static_cast<unsigned char>(text[at - 1]));
-    const bool right_ok = end >= text.size() || !isWordByte(static_cast<unsigned char>(text[end]));
+    const bool left_ok = at == 0 || !isWordChar(charBefore(text, at).first);
+    const bool right_ok = end >= text.size() || !isWordChar(charAt(text, end).first);
     return left_ok && right_ok;
   }
 

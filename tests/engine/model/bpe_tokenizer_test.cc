@@ -9,9 +9,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/model/files.h"
+#include "engine/model/weights.h"
 #include "src/common/strings.h"
 #include "tests/engine/model/scratch_dir.h"
 
@@ -175,9 +177,27 @@ TEST_F(TinyBpeTest, AddedTokensMatchBeforeBpe) {
   // lstrip / rstrip swallow the whitespace beside the token.
   EXPECT_THAT(tok_->encode("he  <tool> \n lo"), ElementsAre(8, 20, 18));
   EXPECT_EQ(tok_->decode(tok_->encode("he  <tool> \n lo")), "he<tool>lo");
+  // Unicode whitespace too (Rust's char::is_whitespace): NBSP, U+3000.
+  EXPECT_THAT(tok_->encode("he\u00a0<tool>\u3000lo"), ElementsAre(8, 20, 18));
   // single_word: only where no word character touches it.
   EXPECT_THAT(tok_->encode("word!"), ElementsAre(21, 17));
   EXPECT_THAT(tok_->encode("wordo"), ElementsAre(5, 13, 7, 3));
+  EXPECT_THAT(tok_->encode("\xC3\xA9word"), ElementsAre(15, 16, 5, 13, 7));  // é is a letter
+  EXPECT_THAT(tok_->encode("\u3000word"), ElementsAre(21));                  // ideographic space
+}
+
+TEST_F(TinyBpeTest, ConcurrentEncodesAgree) {
+  const std::string text = "hello world! he<|end|>lo \xC3\xA9 hello wordo";
+  const std::vector<TokenId> want = tok_->encode(text);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) mismatches[t] += tok_->encode(text) != want;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_THAT(mismatches, ElementsAre(0, 0, 0, 0));
 }
 
 TEST_F(TinyBpeTest, OutOfRangeIdsDecodeToNothing) {
@@ -192,6 +212,24 @@ TEST_F(TinyBpeTest, IncrementalDecoderHoldsSplitCharactersBack) {
   EXPECT_EQ(stream.push(19), "");  // special
   EXPECT_EQ(stream.push(15), "");
   EXPECT_EQ(stream.finish(), "\xEF\xBF\xBD");
+}
+
+TEST_F(TinyBpeTest, LoadTokenizerPicksTokenizerJsonFirst) {
+  ModelConfig config = tinyModelConfig();
+  // Not read: tokenizer.json comes first.
+  testing::writeText(dir_.file("tokenizer.model"), "not a protobuf");
+  auto tok = loadTokenizer(dir_.path(), config);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_THAT((*tok)->encode("hello"), ElementsAre(11));
+  EXPECT_EQ((*tok)->eosId(), 19);
+
+  config.vocab_size = 20;
+  EXPECT_EQ(std::string(loadTokenizer(dir_.path(), config).status().message()),
+            dir_.file("tokenizer.json") + ": tokenizer has 23 ids but config.json vocab_size is 20");
+  config.vocab_size = 100;
+  testing::writeText(dir_.file("tokenizer_config.json"), R"({"eos_token": null})");
+  EXPECT_THAT(std::string(loadTokenizer(dir_.path(), config).status().message()),
+              HasSubstr("tokenizer_config.json: eos_token: missing"));
 }
 
 // ---- files refused, each with the file and the JSON path ----
