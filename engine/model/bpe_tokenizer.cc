@@ -317,7 +317,6 @@ struct BpeTokenizer::Impl {
   mutable absl::flat_hash_map<std::string, std::vector<TokenId>> cache ABSL_GUARDED_BY(cache_mu);
 
   std::string normalize(std::string_view text) const;
-  void encodeSegment(std::string_view text, std::vector<TokenId>& out, pcre2_match_data* md) const;
   void encodeSplit(std::string_view piece, size_t step, std::vector<TokenId>& out, pcre2_match_data* md) const;
   void encodeWord(std::string_view word, std::vector<TokenId>& out) const;
   void bpe(std::string_view word, std::vector<TokenId>& out) const;
@@ -698,21 +697,17 @@ std::vector<TokenId> BpeTokenizer::encode(std::string_view text) const {
       text,
       [&](std::string_view piece) {
         if (impl_->normalizers.empty()) {
-          impl_->encodeSegment(piece, ids, md);
+          impl_->encodeSplit(piece, 0, ids, md);
           return;
         }
         const std::string normalized = impl_->normalize(piece);
         impl_->normalized_matcher.split(
-            normalized, [&](std::string_view p) { impl_->encodeSegment(p, ids, md); },
+            normalized, [&](std::string_view p) { impl_->encodeSplit(p, 0, ids, md); },
             [&](const AddedToken& t) { ids.push_back(t.id); });
       },
       [&](const AddedToken& t) { ids.push_back(t.id); });
   if (md != nullptr) pcre2_match_data_free(md);
   return ids;
-}
-
-void BpeTokenizer::Impl::encodeSegment(std::string_view text, std::vector<TokenId>& out, pcre2_match_data* md) const {
-  encodeSplit(text, 0, out, md);
 }
 
 // Split number `step` in Isolated mode: every match is a piece, and so is
