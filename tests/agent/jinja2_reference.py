@@ -31,12 +31,17 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def render(case):
-    now = datetime.fromtimestamp(case.get("now", 0), timezone.utc)
+def environment(now):
+    """Hugging Face's apply_chat_template environment, its clock at `now`."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: now.strftime(fmt)
+    return env
+
+
+def render(case):
+    env = environment(datetime.fromtimestamp(case.get("now", 0), timezone.utc))
     try:
         return {"text": env.from_string(case["template"]).render(**case["context"])}
     except Raised as e:
