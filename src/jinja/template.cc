@@ -229,18 +229,20 @@ class Renderer {
         out_ += n.text;
         return Flow::kNormal;
       case Node::Kind::kOutput: {
-        TANDEM_ASSIGN_OR_RETURN(Value v, eval(*n.expr));
-        if (v.isString()) {
-          out_ += v.asString();
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* v, evalRef(*n.expr, tmp));
+        if (v->isString()) {
+          out_ += v->asString();
         } else {
-          out_ += v.str();
+          out_ += v->str();
         }
         return Flow::kNormal;
       }
       case Node::Kind::kIf:
         for (const auto& [cond, body] : n.branches) {
-          TANDEM_ASSIGN_OR_RETURN(Value c, eval(*cond));
-          if (c.truthy()) return renderBody(body);
+          Value tmp;
+          TANDEM_ASSIGN_OR_RETURN(const Value* c, evalRef(*cond, tmp));
+          if (c->truthy()) return renderBody(body);
         }
         return renderBody(n.else_body);
       case Node::Kind::kFor:
@@ -298,10 +300,18 @@ class Renderer {
   }
 
   absl::StatusOr<Flow> renderFor(const Node& n) {
-    TANDEM_ASSIGN_OR_RETURN(Value seq, eval(*n.expr));
-    std::optional<Array> items = iterate(seq);
-    if (!items) return error(n.expr->pos, strCat("'", seq.typeName(), "' object is not iterable"));
-    auto all = std::make_shared<Array>(std::move(*items));
+    Value seq_tmp;
+    TANDEM_ASSIGN_OR_RETURN(const Value* seq, evalRef(*n.expr, seq_tmp));
+    // A list is iterated in place (shared, as Python's for shares it);
+    // other iterables are listed first.
+    std::shared_ptr<const Array> all;
+    if (seq->isArray()) {
+      all = seq->arrayPtr();
+    } else {
+      std::optional<Array> items = iterate(*seq);
+      if (!items) return error(n.expr->pos, strCat("'", seq->typeName(), "' object is not iterable"));
+      all = std::make_shared<const Array>(std::move(*items));
+    }
     if (n.cond) {  // `for x in xs if c`: loop.* count the items kept
       auto kept = std::make_shared<Array>();
       for (const Value& item : *all) {
@@ -317,18 +327,26 @@ class Renderer {
     if (all->empty()) return renderBody(n.else_body);
     ++loop_depth_;
     absl::StatusOr<Flow> result = Flow::kNormal;
+    // One frame for the loop, emptied per iteration (keeping its capacity):
+    // each iteration starts with only `loop` and the targets bound.
+    frames_.emplace_back();
+    std::shared_ptr<LoopInfo> info;
     for (size_t i = 0; i < all->size(); ++i) {
-      frames_.emplace_back();
-      auto info = std::make_shared<LoopInfo>();
-      info->items = all;
+      frames_.back().clear();
+      // Reuse the LoopInfo unless the template kept the previous `loop`
+      // (e.g. in a namespace attribute).
+      if (info == nullptr || info.use_count() > 1) {
+        info = std::make_shared<LoopInfo>();
+        info->items = all;
+      }
       info->index = i;
-      assign("loop", Value(Value::LoopPtr(std::move(info))));
+      assign("loop", Value(Value::LoopPtr(info)));
       absl::Status s = bindTargets(n, (*all)[i]);
       if (!s.ok()) result = s;
       if (result.ok()) result = renderBody(n.body);
-      frames_.pop_back();
       if (!result.ok() || *result == Flow::kBreak) break;
     }
+    frames_.pop_back();
     --loop_depth_;
     if (!result.ok()) return result.status();
     return Flow::kNormal;
@@ -336,18 +354,92 @@ class Renderer {
 
   // ---- expressions ----
 
+  // Evaluates `e` without copying where it can: the result points at a
+  // literal, a variable or an item of a list, dict or namespace reachable
+  // from one (valid for the rest of the statement, as nothing is assigned
+  // while an expression is evaluated), else at `tmp`, which then holds the
+  // computed value.
+  absl::StatusOr<const Value*> evalRef(const Expr& e, Value& tmp) {
+    switch (e.kind) {
+      case Expr::Kind::kLiteral:
+        return &e.value;
+      case Expr::Kind::kName:
+        if (const Value* v = lookup(e.name)) return v;
+        tmp = evalUnboundName(e);
+        return &tmp;
+      case Expr::Kind::kGetAttr: {
+        Value obj_tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* obj, evalRef(*e.args[0], obj_tmp));
+        if (const Value* v = storedAttr(*obj, e.name)) return keepOrCopy(v, obj == &obj_tmp, tmp);
+        TANDEM_ASSIGN_OR_RETURN(tmp, getAttr(e.pos, *obj, e.name));
+        return &tmp;
+      }
+      case Expr::Kind::kGetItem: {
+        Value obj_tmp, key_tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* obj, evalRef(*e.args[0], obj_tmp));
+        TANDEM_ASSIGN_OR_RETURN(const Value* key, evalRef(*e.args[1], key_tmp));
+        if (const Value* v = storedItem(*obj, *key)) return keepOrCopy(v, obj == &obj_tmp, tmp);
+        TANDEM_ASSIGN_OR_RETURN(tmp, getItem(e.pos, *obj, *key));
+        return &tmp;
+      }
+      default:
+        break;
+    }
+    TANDEM_ASSIGN_OR_RETURN(tmp, eval(e));
+    return &tmp;
+  }
+
+  // `v` points into a container of the parent value; when that parent is a
+  // temporary about to go, `v` is copied into `tmp`.
+  static const Value* keepOrCopy(const Value* v, bool parent_is_temporary, Value& tmp) {
+    if (!parent_is_temporary) return v;
+    tmp = *v;
+    return &tmp;
+  }
+
+  // obj.name where it is a stored dict item or namespace attribute (what
+  // getAttr would return), else null.
+  static const Value* storedAttr(const Value& obj, std::string_view name) {
+    if (obj.isObject()) return isDictMethod(name) ? nullptr : obj.asObject().find(name);
+    if (obj.isNamespace()) return obj.asNamespace().attrs->find(name);
+    return nullptr;
+  }
+
+  // obj[key] where it is a stored dict item or list item (what getItem
+  // would return), else null.
+  static const Value* storedItem(const Value& obj, const Value& key) {
+    if (obj.isObject() && key.isString()) return obj.asObject().find(key.asString());
+    if (obj.isArray() && (key.isInt() || key.isBool())) {
+      const Array& a = obj.asArray();
+      const auto n = static_cast<int64_t>(a.size());
+      int64_t i = key.asInt();
+      if (i < 0) i += n;
+      return i >= 0 && i < n ? &a[static_cast<size_t>(i)] : nullptr;
+    }
+    return nullptr;
+  }
+
+  // A name no frame or variable binds: a global function, else undefined.
+  static Value evalUnboundName(const Expr& e) {
+    if (isGlobal(e.name)) {
+      auto c = std::make_shared<Callable>();
+      c->name = e.name;
+      return Value(Value::CallablePtr(std::move(c)));
+    }
+    return Value::undefined(strCat("'", e.name, "' is undefined"));
+  }
+
   absl::StatusOr<Value> eval(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return e.value;
-      case Expr::Kind::kName: {
-        if (const Value* v = lookup(e.name)) return *v;
-        if (isGlobal(e.name)) {
-          auto c = std::make_shared<Callable>();
-          c->name = e.name;
-          return Value(Value::CallablePtr(std::move(c)));
-        }
-        return Value::undefined(strCat("'", e.name, "' is undefined"));
+      case Expr::Kind::kName:
+      case Expr::Kind::kGetAttr:
+      case Expr::Kind::kGetItem: {
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* v, evalRef(e, tmp));
+        if (v == &tmp) return tmp;
+        return *v;
       }
       case Expr::Kind::kList:
       case Expr::Kind::kTuple: {
@@ -369,15 +461,6 @@ class Renderer {
         }
         return Value(std::move(o));
       }
-      case Expr::Kind::kGetAttr: {
-        TANDEM_ASSIGN_OR_RETURN(Value obj, eval(*e.args[0]));
-        return getAttr(e.pos, obj, e.name);
-      }
-      case Expr::Kind::kGetItem: {
-        TANDEM_ASSIGN_OR_RETURN(Value obj, eval(*e.args[0]));
-        TANDEM_ASSIGN_OR_RETURN(Value key, eval(*e.args[1]));
-        return getItem(e.pos, obj, key);
-      }
       case Expr::Kind::kSlice:
         return evalSlice(e);
       case Expr::Kind::kCall:
@@ -385,14 +468,16 @@ class Renderer {
       case Expr::Kind::kFilter:
         return evalFilter(e);
       case Expr::Kind::kTest: {
-        TANDEM_ASSIGN_OR_RETURN(Value subject, eval(*e.args[0]));
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* subject, evalRef(*e.args[0], tmp));
         TANDEM_ASSIGN_OR_RETURN(Args args, evalArgs(e, 1));
-        TANDEM_ASSIGN_OR_RETURN(bool r, applyTest(e.pos, e.name, subject, args));
+        TANDEM_ASSIGN_OR_RETURN(bool r, applyTest(e.pos, e.name, *subject, args));
         return Value(r != e.negated);
       }
       case Expr::Kind::kNot: {
-        TANDEM_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
-        return Value(!v.truthy());
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* v, evalRef(*e.args[0], tmp));
+        return Value(!v->truthy());
       }
       case Expr::Kind::kNeg:
       case Expr::Kind::kPos: {
@@ -406,33 +491,51 @@ class Renderer {
         return v.isFloat() ? Value(-v.asDouble()) : Value(-v.asInt());
       }
       case Expr::Kind::kBinary: {
-        TANDEM_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
-        TANDEM_ASSIGN_OR_RETURN(Value b, eval(*e.args[1]));
-        return binary(e.pos, e.name, a, b);
+        Value a_tmp, b_tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* a, evalRef(*e.args[0], a_tmp));
+        TANDEM_ASSIGN_OR_RETURN(const Value* b, evalRef(*e.args[1], b_tmp));
+        if (e.name == "+" && a == &a_tmp && a->isString() && b->isString()) {
+          // A computed left string grows in place, so a + b + c + ... builds
+          // one string rather than one per +.
+          std::string s = std::move(a_tmp).takeString();
+          s += b->asString();
+          return Value(std::move(s));
+        }
+        return binary(e.pos, e.name, *a, *b);
       }
       case Expr::Kind::kCompare: {
-        TANDEM_ASSIGN_OR_RETURN(Value left, eval(*e.args[0]));
+        Value left_tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* left, evalRef(*e.args[0], left_tmp));
         for (size_t i = 0; i < e.ops.size(); ++i) {
-          TANDEM_ASSIGN_OR_RETURN(Value right, eval(*e.args[i + 1]));
-          TANDEM_ASSIGN_OR_RETURN(bool r, compare(e.args[i + 1]->pos, e.ops[i], left, right));
+          Value right_tmp;
+          TANDEM_ASSIGN_OR_RETURN(const Value* right, evalRef(*e.args[i + 1], right_tmp));
+          TANDEM_ASSIGN_OR_RETURN(bool r, compare(e.args[i + 1]->pos, e.ops[i], *left, *right));
           if (!r) return Value(false);
-          left = std::move(right);
+          if (right == &right_tmp) {
+            left_tmp = std::move(right_tmp);
+            left = &left_tmp;
+          } else {
+            left = right;
+          }
         }
         return Value(true);
       }
       case Expr::Kind::kAnd: {
-        TANDEM_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
-        if (!a.truthy()) return a;
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* a, evalRef(*e.args[0], tmp));
+        if (!a->truthy()) return *a;
         return eval(*e.args[1]);
       }
       case Expr::Kind::kOr: {
-        TANDEM_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
-        if (a.truthy()) return a;
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* a, evalRef(*e.args[0], tmp));
+        if (a->truthy()) return *a;
         return eval(*e.args[1]);
       }
       case Expr::Kind::kCondExpr: {
-        TANDEM_ASSIGN_OR_RETURN(Value c, eval(*e.args[1]));
-        if (c.truthy()) return eval(*e.args[0]);
+        Value tmp;
+        TANDEM_ASSIGN_OR_RETURN(const Value* c, evalRef(*e.args[1], tmp));
+        if (c->truthy()) return eval(*e.args[0]);
         if (!e.args[2]) return Value::undefined("the inline if expression evaluated to false and no else was given");
         return eval(*e.args[2]);
       }
@@ -527,7 +630,9 @@ class Renderer {
   }
 
   absl::StatusOr<Value> evalSlice(const Expr& e) {
-    TANDEM_ASSIGN_OR_RETURN(Value obj, eval(*e.args[0]));
+    Value obj_tmp;
+    TANDEM_ASSIGN_OR_RETURN(const Value* obj_ref, evalRef(*e.args[0], obj_tmp));
+    const Value& obj = *obj_ref;
     TANDEM_RETURN_IF_ERROR(failIfUndefined(e.pos, obj));
     std::optional<int64_t> parts[3];
     for (int i = 0; i < 3; ++i) {
@@ -677,7 +782,29 @@ class Renderer {
   // ---- calls ----
 
   absl::StatusOr<Value> evalCall(const Expr& e) {
-    TANDEM_ASSIGN_OR_RETURN(Value callee, eval(*e.args[0]));
+    const Expr& callee_expr = *e.args[0];
+    if (callee_expr.kind == Expr::Kind::kGetAttr) {
+      // A method call (s.startswith(x), d.get(k)) calls on the object in
+      // place, without binding a copy of it.
+      Value self_tmp;
+      TANDEM_ASSIGN_OR_RETURN(const Value* self, evalRef(*callee_expr.args[0], self_tmp));
+      if (self->isString() && isStrMethod(callee_expr.name)) {
+        TANDEM_ASSIGN_OR_RETURN(Args args, evalArgs(e, 1));
+        return callStrMethod(e.pos, self->asString(), callee_expr.name, args);
+      }
+      if (self->isObject() && isDictMethod(callee_expr.name)) {
+        TANDEM_ASSIGN_OR_RETURN(Args args, evalArgs(e, 1));
+        return callDictMethod(e.pos, self->asObject(), callee_expr.name, args);
+      }
+      TANDEM_ASSIGN_OR_RETURN(Value callee, getAttr(callee_expr.pos, *self, callee_expr.name));
+      return callValue(e, callee);
+    }
+    TANDEM_ASSIGN_OR_RETURN(Value callee, eval(callee_expr));
+    return callValue(e, callee);
+  }
+
+  // Calls `callee`, the value of e.args[0], with e's arguments.
+  absl::StatusOr<Value> callValue(const Expr& e, const Value& callee) {
     TANDEM_RETURN_IF_ERROR(failIfUndefined(e.pos, callee));
     if (!callee.isCallable()) return error(e.pos, strCat("'", callee.typeName(), "' object is not callable"));
     TANDEM_ASSIGN_OR_RETURN(Args args, evalArgs(e, 1));
@@ -900,9 +1027,10 @@ class Renderer {
   // ---- filters ----
 
   absl::StatusOr<Value> evalFilter(const Expr& e) {
-    TANDEM_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
+    Value tmp;
+    TANDEM_ASSIGN_OR_RETURN(const Value* v, evalRef(*e.args[0], tmp));
     TANDEM_ASSIGN_OR_RETURN(Args args, evalArgs(e, 1));
-    return applyFilter(e.pos, e.name, v, args);
+    return applyFilter(e.pos, e.name, *v, args);
   }
 
   absl::StatusOr<Array> sequenceOf(SourcePos p, const Value& v, std::string_view filter) {

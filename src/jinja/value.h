@@ -108,6 +108,8 @@ class Value {
   int64_t asInt() const { return isBool() ? int64_t{asBool()} : std::get<int64_t>(v_); }
   double asDouble() const { return isFloat() ? std::get<double>(v_) : static_cast<double>(asInt()); }
   const std::string& asString() const { return std::get<std::string>(v_); }
+  // Moves the string out (call only if isString()); the Value is left an empty string.
+  std::string takeString() && { return std::move(std::get<std::string>(v_)); }
   const Array& asArray() const { return *std::get<ArrayPtr>(v_); }
   const ArrayPtr& arrayPtr() const { return std::get<ArrayPtr>(v_); }
   const Object& asObject() const { return *std::get<ObjectPtr>(v_); }
