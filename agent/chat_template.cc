@@ -87,8 +87,10 @@ absl::StatusOr<std::optional<ChatTemplate>> parseChatTemplate(const nlohmann::js
   auto it = config.find("chat_template");
   if (it == config.end() || it->is_null()) return std::nullopt;
   ChatTemplate t;
+  std::string tools_source;  // the source of the template that renders tools
   if (it->is_string()) {
     TANDEM_ASSIGN_OR_RETURN(t.default_template, parseTemplate(*it, where, "chat_template"));
+    tools_source = it->get<std::string>();
   } else if (it->is_array()) {
     // [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
     for (size_t i = 0; i < it->size(); ++i) {
@@ -101,6 +103,7 @@ absl::StatusOr<std::optional<ChatTemplate>> parseChatTemplate(const nlohmann::js
       if (name != "default" && name != "tool_use") continue;
       TANDEM_ASSIGN_OR_RETURN(auto parsed, parseTemplate(e["template"], where, strCat(what, " (", name, ")")));
       (name == "default" ? t.default_template : t.tool_use_template) = std::move(parsed);
+      if (name == "tool_use" || tools_source.empty()) tools_source = e["template"].get<std::string>();
     }
     if (!t.default_template) {
       return absl::InvalidArgumentError(strCat(where, ": chat_template lists no template named \"default\""));
@@ -111,6 +114,7 @@ absl::StatusOr<std::optional<ChatTemplate>> parseChatTemplate(const nlohmann::js
   }
   t.bos_token = specialToken(config, "bos_token");
   t.eos_token = specialToken(config, "eos_token");
+  t.tool_call_format = toolCallFormatOf(tools_source);
   return t;
 }
 

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/tool_calls.h"
 #include "engine/model/tokenizer.h"
 #include "src/common/clock.h"
 #include "src/common/status.h"
@@ -53,6 +54,9 @@ struct ChatTemplate {
   // bos_token / eos_token (a string or {"content": ...}); "" when absent.
   std::string bos_token;
   std::string eos_token;
+  // How the model writes tool calls, read off the template that renders
+  // tools (tool_use_template, else default_template): tool_calls.h.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 // The chat template of a parsed tokenizer_config.json; nullopt when it has
