@@ -229,6 +229,10 @@ class Renderer {
         out_ += n.text;
         return Flow::kNormal;
       case Node::Kind::kOutput: {
+        if (isStringSum(*n.expr)) {
+          TANDEM_RETURN_IF_ERROR(appendStringSum(*n.expr));
+          return Flow::kNormal;
+        }
         Value tmp;
         TANDEM_ASSIGN_OR_RETURN(const Value* v, evalRef(*n.expr, tmp));
         if (v->isString()) {
@@ -269,6 +273,32 @@ class Renderer {
         return renderBody(n.body);
     }
     return Flow::kNormal;
+  }
+
+  // Whether `e` is 'literal' + x + y + ...: every partial sum is then a
+  // string (or an error), so its parts can go to the output one by one.
+  static bool isStringSum(const Expr& e) {
+    const Expr* x = &e;
+    while (x->kind == Expr::Kind::kBinary && x->name == "+") x = x->args[0].get();
+    return x != &e && x->kind == Expr::Kind::kLiteral && x->value.isString();
+  }
+
+  // Appends the value of `e`, an isStringSum or part of one, to the output.
+  absl::Status appendStringSum(const Expr& e) {
+    if (e.kind != Expr::Kind::kBinary || e.name != "+") {  // the leftmost literal
+      out_ += e.value.asString();
+      return absl::OkStatus();
+    }
+    TANDEM_RETURN_IF_ERROR(appendStringSum(*e.args[0]));
+    Value tmp;
+    TANDEM_ASSIGN_OR_RETURN(const Value* b, evalRef(*e.args[1], tmp));
+    if (b->isString()) {
+      out_ += b->asString();
+      return absl::OkStatus();
+    }
+    // str + non-str: binary() gives Python's error.
+    absl::StatusOr<Value> r = binary(e.pos, e.name, Value(std::string()), *b);
+    return r.ok() ? error(e.pos, "unsupported operand for +") : r.status();
   }
 
   absl::StatusOr<Flow> renderSet(const Node& n) {
@@ -667,7 +697,7 @@ class Renderer {
 
   // ---- operators ----
 
-  absl::StatusOr<Value> binary(SourcePos p, const std::string& op, const Value& a, const Value& b) {
+  absl::StatusOr<Value> binary(SourcePos p, std::string_view op, const Value& a, const Value& b) {
     if (op == "~") return Value(a.str() + b.str());
     TANDEM_RETURN_IF_ERROR(failIfUndefined(p, a));
     TANDEM_RETURN_IF_ERROR(failIfUndefined(p, b));
@@ -753,7 +783,7 @@ class Renderer {
     return error(p, strCat("argument of type '", seq.typeName(), "' is not iterable"));
   }
 
-  absl::StatusOr<bool> compare(SourcePos p, const std::string& op, const Value& a, const Value& b) {
+  absl::StatusOr<bool> compare(SourcePos p, std::string_view op, const Value& a, const Value& b) {
     if (op == "==") return a.equals(b);
     if (op == "!=") return !a.equals(b);
     if (op == "in") return contains(p, a, b);
@@ -822,7 +852,7 @@ class Renderer {
     return v->asString();
   }
 
-  absl::StatusOr<Value> callGlobal(SourcePos p, const std::string& name, const Args& args) {
+  absl::StatusOr<Value> callGlobal(SourcePos p, std::string_view name, const Args& args) {
     if (name == "raise_exception") {
       const Value* msg = args.get(0, "message");
       absl::Status s = absl::InvalidArgumentError(msg ? msg->str() : "");
@@ -869,7 +899,7 @@ class Renderer {
     return error(p, strCat("unknown function ", name));
   }
 
-  absl::StatusOr<Value> callStrMethod(SourcePos p, const std::string& s, const std::string& name, const Args& args) {
+  absl::StatusOr<Value> callStrMethod(SourcePos p, const std::string& s, std::string_view name, const Args& args) {
     if (name == "startswith" || name == "endswith") {
       const Value* arg = args.get(0, "prefix");
       if (arg == nullptr) return error(p, strCat(name, "() takes one argument"));
@@ -1001,7 +1031,7 @@ class Renderer {
     return error(p, strCat("str.", name, "() is not supported"));
   }
 
-  absl::StatusOr<Value> callDictMethod(SourcePos p, const Object& o, const std::string& name, const Args& args) {
+  absl::StatusOr<Value> callDictMethod(SourcePos p, const Object& o, std::string_view name, const Args& args) {
     if (name == "items") {
       Array out;
       for (const auto& [k, v] : o.items) out.push_back(makeList(Array{Value(k), v}));
@@ -1052,7 +1082,7 @@ class Renderer {
     }
   }
 
-  absl::StatusOr<Value> applyFilter(SourcePos p, const std::string& name, const Value& v, const Args& args) {
+  absl::StatusOr<Value> applyFilter(SourcePos p, std::string_view name, const Value& v, const Args& args) {
     if (name == "trim") return Value(stripChars(v.str(), args.get(0, "chars"), true, true));
     if (name == "string") return v.isString() ? v : Value(v.str());
     if (name == "upper") return Value(asciiUpper(v.str()));
@@ -1149,7 +1179,7 @@ class Renderer {
     return error(p, strCat("the filter '", name, "' is not supported"));
   }
 
-  absl::StatusOr<Value> numberFilter(SourcePos p, const std::string& name, const Value& v, const Args& args) {
+  absl::StatusOr<Value> numberFilter(SourcePos p, std::string_view name, const Value& v, const Args& args) {
     if (name == "abs") {
       if (!v.isNumber()) return error(p, strCat("filter 'abs': bad operand type '", v.typeName(), "'"));
       return v.isFloat() ? Value(std::fabs(v.asDouble())) : Value(static_cast<int64_t>(std::llabs(v.asInt())));
@@ -1168,7 +1198,7 @@ class Renderer {
     return name == "int" ? Value(int64_t{0}) : Value(0.0);
   }
 
-  absl::StatusOr<Value> selectFilter(SourcePos p, const std::string& name, const Value& v, const Args& args) {
+  absl::StatusOr<Value> selectFilter(SourcePos p, std::string_view name, const Value& v, const Args& args) {
     TANDEM_ASSIGN_OR_RETURN(Array items, sequenceOf(p, v, name));
     const bool by_attr = name == "selectattr" || name == "rejectattr";
     const bool keep_if = name == "selectattr" || name == "select";
@@ -1227,7 +1257,7 @@ class Renderer {
 
   // ---- tests ----
 
-  absl::StatusOr<bool> applyTest(SourcePos p, const std::string& name, const Value& v, const Args& args) {
+  absl::StatusOr<bool> applyTest(SourcePos p, std::string_view name, const Value& v, const Args& args) {
     if (name == "defined") return !v.isUndefined();
     if (name == "undefined") return v.isUndefined();
     if (name == "none") return v.isNone();
