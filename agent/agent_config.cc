@@ -391,6 +391,27 @@ void addLogOptions(std::vector<Option>& o) {
   o.push_back(stringOption("log-format", "log", "format", "text or json", &AgentConfig::log_format, {"text", "json"}));
 }
 
+// test: hooks for tests of the whole serving path, refused without
+// --allow-test-hooks (validateAgentConfig).
+void addTestHookOptions(std::vector<Option>& o) {
+  o.push_back({"allow-test-hooks", "test", "allow_test_hooks", "true: allow the test hooks below (never in production)",
+               [](const AgentConfig& c) { return std::string(c.allow_test_hooks ? "true" : "false"); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 if (v != "true" && v != "false") {
+                   return absl::InvalidArgumentError(
+                       strCat("--allow-test-hooks: expected true or false, got \"", v, "\""));
+                 }
+                 c.allow_test_hooks = v == "true";
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) { m.field("allow_test_hooks", &c.allow_test_hooks); }});
+  o.push_back(stringOption("scripted-output", "test", "scripted_output",
+                           "test hook: replies are this file's text (its tokens in order, then EOS) instead of sampled "
+                           "tokens; lines <|next_reply|> separate the replies of requests 1, 2, ... (then again from "
+                           "the first); needs --allow-test-hooks true",
+                           &AgentConfig::scripted_output_file));
+}
+
 // Every option, in --help order.
 const std::vector<Option>& options() {
   static const std::vector<Option> opts = [] {
@@ -404,6 +425,7 @@ const std::vector<Option>& options() {
     addKvOptions(o);
     addRouterOptions(o);
     addLogOptions(o);
+    addTestHookOptions(o);
     return o;
   }();
   return opts;
@@ -560,6 +582,10 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
     TANDEM_RETURN_IF_ERROR(
         atLeast({{"--api-keys-reload-interval (api_keys.reload_interval)", c.api_keys_reload_interval}},
                 std::chrono::milliseconds(100), "100ms"));
+  }
+  if (!c.scripted_output_file.empty() && !c.allow_test_hooks) {
+    return absl::InvalidArgumentError(
+        "--scripted-output (test.scripted_output) is a test hook: it needs --allow-test-hooks true as well");
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(

@@ -69,6 +69,12 @@ struct AgentConfig {
   std::chrono::nanoseconds api_keys_reload_interval = std::chrono::seconds(5);
   ApiKeyLimits api_key_limits;
   std::string trace_file;             // per-request trace lines: "" off, "-" stdout, else a file (appended)
+  // Test hooks (docs/agent.md): each is refused unless allow_test_hooks is
+  // set too, so none can be on by accident in production.
+  bool allow_test_hooks = false;
+  // Replies are this file's text, then EOS (several: split at lines
+  // "<|next_reply|>", request k gets reply k; EngineOptions::scripted_replies).
+  std::string scripted_output_file;
   // The worker-state stream (GET /internal/v1/events; docs/routing.md).
   std::chrono::nanoseconds events_load_interval = std::chrono::milliseconds(50);  // load deltas at most this often
   std::chrono::nanoseconds events_heartbeat = std::chrono::milliseconds(500);            // an idle stream's heartbeat; 0: none

@@ -19,6 +19,7 @@
 #include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/engine_loop.h"
+#include "engine/model/files.h"
 #include "engine/model/model_fingerprint.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/tokenizer.h"
@@ -40,6 +41,20 @@ std::string newId(std::string_view prefix) {
 
 int64_t unixSeconds(WallTime t) {
   return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
+}
+
+// --scripted-output's replies: the file's text, split at each line that is
+// exactly kScriptedReplySeparator (docs/agent.md).
+constexpr std::string_view kScriptedReplySeparator = "\n<|next_reply|>\n";
+
+std::vector<std::string> splitScriptedReplies(std::string_view script) {
+  std::vector<std::string> replies;
+  for (size_t pos = 0;;) {
+    const size_t sep = script.find(kScriptedReplySeparator, pos);
+    replies.emplace_back(script.substr(pos, sep == std::string_view::npos ? std::string_view::npos : sep - pos));
+    if (sep == std::string_view::npos) return replies;
+    pos = sep + kScriptedReplySeparator.size();
+  }
 }
 
 bool isPdRole(AgentRole role) { return role == AgentRole::kPrefill || role == AgentRole::kDecode; }
@@ -341,6 +356,14 @@ struct AgentServer::Impl {
     engine::EngineOptions options = config.engine;
     TANDEM_ASSIGN_OR_RETURN(model_fingerprint, fingerprintModel());
     options.block_hash_root = blockHashRoot(model_fingerprint, config.cache_salt);
+    if (!config.scripted_output_file.empty()) {  // validateAgentConfig: only with --allow-test-hooks
+      TANDEM_ASSIGN_OR_RETURN(const std::string script, engine::readFile(config.scripted_output_file));
+      for (const std::string& reply : splitScriptedReplies(script)) {
+        options.scripted_replies.push_back(tokenizer->encode(reply));
+      }
+      log.warn("test hook on: every reply is scripted",
+               {{"scripted_output", config.scripted_output_file}, {"replies", options.scripted_replies.size()}});
+    }
     if (isPdRole(config.role)) {
       options.kv_memory = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
         TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));

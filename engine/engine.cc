@@ -400,6 +400,12 @@ StepStats Engine::currentStats() const {
 }
 
 void Engine::sample(Sequence* seq, std::span<const float> logits) {
+  if (!options_.scripted_replies.empty()) {
+    const auto& reply = options_.scripted_replies[(seq->id.value() - 1) % options_.scripted_replies.size()];
+    const auto n = static_cast<size_t>(seq->numOutputTokens());
+    acceptToken(seq, n < reply.size() ? reply[n] : static_cast<TokenId>(weights_->config.eos_token_id));
+    return;
+  }
   acceptToken(seq, sampleToken(logits, seq->spec.sampling, seq->rng, &sample_scratch_));
 }
 

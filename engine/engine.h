@@ -68,6 +68,12 @@ struct EngineOptions {
   // UCX allocated, so a shared-memory peer can map it); the memory must be
   // that large and 64-byte aligned, or create() fails with the reason.
   std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_memory;
+  // Test hook (tandem-agent --scripted-output, which needs
+  // --allow-test-hooks): when not empty, request k (k = 1, 2, ... in
+  // submission order) replies scripted_replies[(k - 1) % size]: its n-th
+  // output token is the reply's n-th instead of a sampled one, then EOS.
+  // The model still runs every step; only sampling is replaced.
+  std::vector<std::vector<TokenId>> scripted_replies;
 };
 
 // What one step did, for the agent's metrics. Hit rates are derived by the
