@@ -59,6 +59,17 @@ trace:
   EXPECT_EQ(c->trace_file, "-");
 }
 
+TEST(AgentConfigTest, ScriptedOutputNeedsAllowTestHooks) {
+  auto refused = parse({"--model-dir", "m", "--scripted-output", "/tmp/reply.txt"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--allow-test-hooks"), std::string_view::npos) << refused.status();
+  EXPECT_FALSE(parse({"--model-dir", "m", "--scripted-output", "r", "--allow-test-hooks", "false"}).ok());
+  auto allowed = parse({"--model-dir", "m", "--scripted-output", "r", "--allow-test-hooks", "true"});
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(allowed->scripted_output_file, "r");
+  EXPECT_FALSE(parse({"--model-dir", "m", "--allow-test-hooks", "yes"}).ok());
+}
+
 TEST(AgentConfigTest, RouterRole) {
   auto c = parse({"--model-dir", "m", "--role", "router", "--decode-workers", "10.0.0.2:8100,10.0.0.3:8100",
                   "--prefill-workers", "10.0.0.1:8100", "--route-sticky-weight", "3.5", "--route-migrate-after", "4"});
