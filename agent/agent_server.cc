@@ -15,6 +15,7 @@
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
 #include "agent/routing_headers.h"
+#include "agent/tool_calls.h"
 #include "agent/trace.h"
 #include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
@@ -115,6 +116,11 @@ struct AgentServer::Impl {
     RouteHint route;                            // role decode: the router's decision, if any (routing_headers.h)
     std::string text;                           // unary: the text so far
     std::optional<OpenAiStreamEncoder> stream;  // streamed: its encoder
+    // Chat with tools: which calls the reply may hold and how the model
+    // writes them; streamed, what holds back text that may be a call.
+    ToolRules tools;
+    ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+    std::optional<ToolCallStream> tool_stream;
     // The API key's concurrency slot: released when the request finishes,
     // before its last bytes go out, or with the call if it never ran.
     ApiKeyGrant grant;
@@ -148,6 +154,30 @@ struct AgentServer::Impl {
                                    {"finish_reason", engine::finishReasonName(u.finish_reason)},
                                    {"prompt_tokens", u.num_prompt_tokens},
                                    {"output_tokens", u.num_output_tokens}});
+  }
+
+  // The calls in a finished reply, if it is valid tool-call output for
+  // the call's tools (tool_calls.h); other text is the client's as is.
+  std::optional<ToolCallOutput> readToolCalls(const Call& call, const std::string& text) {
+    if (call.tools.names.empty()) return std::nullopt;
+    std::optional<ToolCallOutput> out = parseToolCalls(call.tool_call_format, text, call.tools);
+    if (!out) logUnreadToolCall(call, text);
+    return out;
+  }
+
+  // A reply shaped like a tool call that is not a valid one goes out as
+  // text; the log says why a client got text.
+  void logUnreadToolCall(const Call& call, const std::string& text) {
+    if (!looksLikeToolCall(call.tool_call_format, text)) return;
+    log.debug("reply returned as text: not a valid tool call for the request's tools",
+              {{"request_id", call.id}, {"text", text.substr(0, 512)}});
+  }
+
+  // OpenAI's tool_calls array of `calls`, each with a new id.
+  static json toolCallsJson(const std::vector<ToolCall>& calls) {
+    json out = json::array();
+    for (const ToolCall& c : calls) out.push_back(toolCallJson(newId("call_"), c.name, c.arguments));
+    return out;
   }
 
   // Why a parsed request cannot be admitted now (draining is checked
@@ -240,7 +270,10 @@ struct AgentServer::Impl {
     call->session = p.spec.session ? p.spec.session->value() : "";
     call->route = std::get<RouteHint>(std::move(route));
     call->grant = std::get<ApiKeyGrant>(std::move(auth));
+    call->tools = std::move(p.tools);
+    call->tool_call_format = p.tool_call_format;
     if (!p.stream) return unary(call, std::move(p.spec));
+    if (!call->tools.names.empty()) call->tool_stream.emplace(call->tool_call_format, call->tools);
     call->stream.emplace(OpenAiStreamEncoder::Options{.endpoint = endpoint,
                                                       .id = call->id,
                                                       .created = call->created,
@@ -260,9 +293,15 @@ struct AgentServer::Impl {
           r->respond(apiError(errorForFinish(u, info.failure)));
           return;
         }
-        r->respond(http::Response::json(
-            200, completionBody(call->endpoint, call->id, call->created, limits.model_name, call->text,
-                                openAiFinishReason(u.finish_reason), {u.num_prompt_tokens, u.num_output_tokens})));
+        const Usage usage{u.num_prompt_tokens, u.num_output_tokens};
+        if (std::optional<ToolCallOutput> calls = readToolCalls(*call, call->text)) {
+          r->respond(http::Response::json(
+              200, completionBody(call->endpoint, call->id, call->created, limits.model_name, calls->content,
+                                  "tool_calls", usage, toolCallsJson(calls->calls))));
+          return;
+        }
+        r->respond(http::Response::json(200, completionBody(call->endpoint, call->id, call->created, limits.model_name,
+                                                            call->text, openAiFinishReason(u.finish_reason), usage)));
       });
       // Deadline or disconnect: end the request in the engine, freeing its blocks.
       r->context().onCancel([this, handle] { loop->cancel(handle); });
@@ -273,12 +312,13 @@ struct AgentServer::Impl {
     return http::Response::sse([this, call, spec = std::move(spec)](std::shared_ptr<http::SseWriter> w) mutable {
       auto handle = submit(*call, std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
         OpenAiStreamEncoder& encoder = *call->stream;
-        std::string bytes = encoder.text(u.text_delta);
+        std::string bytes =
+            encoder.text(call->tool_stream ? call->tool_stream->feed(u.text_delta) : std::string(u.text_delta));
         if (u.finished) {
           finished(*call, u, info);
           call->grant.release();
           if (isNormalFinish(u.finish_reason)) {
-            bytes += encoder.finish(u.finish_reason, {u.num_prompt_tokens, u.num_output_tokens});
+            bytes += finishStream(*call, u);
           } else if (u.finish_reason != engine::FinishReason::kCancelled || !w->cancelled()) {
             bytes += encoder.fail(errorForFinish(u, info.failure));
           } else {
@@ -290,6 +330,26 @@ struct AgentServer::Impl {
       });
       w->context().onCancel([this, handle] { loop->cancel(handle); });
     });
+  }
+
+  // A stream's normal end: the text held back as a possible tool call
+  // goes out as calls (finish_reason tool_calls) or as text.
+  std::string finishStream(Call& call, const engine::RequestUpdate& u) {
+    OpenAiStreamEncoder& encoder = *call.stream;
+    const Usage usage{u.num_prompt_tokens, u.num_output_tokens};
+    if (!call.tool_stream) return encoder.finish(u.finish_reason, usage);
+    std::string rest;
+    std::optional<ToolCallOutput> calls = call.tool_stream->finish(&rest);
+    if (!calls) {
+      logUnreadToolCall(call, rest);
+      return encoder.text(rest) + encoder.finish(u.finish_reason, usage);
+    }
+    std::string bytes = encoder.text(calls->content);
+    for (size_t i = 0; i < calls->calls.size(); ++i) {
+      const ToolCall& c = calls->calls[i];
+      bytes += encoder.toolCall(static_cast<int>(i), newId("call_"), c.name, c.arguments);
+    }
+    return bytes + encoder.finish("tool_calls", usage);
   }
 
   http::Routes routes() {

@@ -96,10 +96,15 @@ json Usage::toJson() const {
 }
 
 json completionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                    const std::string& text, std::string_view finish_reason, const Usage& usage) {
+                    const std::string& text, std::string_view finish_reason, const Usage& usage,
+                    const json& tool_calls) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason}};
   if (endpoint == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (tool_calls.is_array()) {
+      if (text.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = tool_calls;
+    }
   } else {
     choice["text"] = text;
     choice["logprobs"] = nullptr;
@@ -127,6 +132,22 @@ json chunkBody(Endpoint endpoint, const std::string& id, int64_t created, const 
   }
   json out = {{"id", id},
               {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})}};
+  if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json toolCallJson(const std::string& call_id, const std::string& name, const std::string& arguments) {
+  return {{"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
+}
+
+json toolCallChunkBody(const std::string& id, int64_t created, const std::string& model, const json& tool_call_delta,
+                       bool include_usage) {
+  json choice = {{"index", 0}, {"finish_reason", nullptr}, {"delta", {{"tool_calls", json::array({tool_call_delta})}}}};
+  json out = {{"id", id},
+              {"object", "chat.completion.chunk"},
               {"created", created},
               {"model", model},
               {"choices", json::array({choice})}};

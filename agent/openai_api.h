@@ -51,12 +51,20 @@ struct Usage {
   int completion_tokens = 0;
   nlohmann::json toJson() const;
 };
+// `tool_calls` (chat): null, or the reply's calls (toolCallJson each); with
+// calls, a reply without other text has "content": null.
 nlohmann::json completionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                              const std::string& text, std::string_view finish_reason, const Usage& usage);
+                              const std::string& text, std::string_view finish_reason, const Usage& usage,
+                              const nlohmann::json& tool_calls = nullptr);
+// One tool call of a chat reply: {"id", "type": "function", "function": {"name", "arguments"}}.
+nlohmann::json toolCallJson(const std::string& call_id, const std::string& name, const std::string& arguments);
 // One streamed chunk. `finish_reason` empty: null. `role_chunk`: the chat
 // stream's first chunk, carrying {"role":"assistant"}.
 nlohmann::json chunkBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                          const std::string& text, std::string_view finish_reason, bool role_chunk, bool include_usage);
+// A chat chunk whose delta is {"tool_calls": [tool_call_delta]}.
+nlohmann::json toolCallChunkBody(const std::string& id, int64_t created, const std::string& model,
+                                 const nlohmann::json& tool_call_delta, bool include_usage);
 // The final usage-only chunk of stream_options.include_usage.
 nlohmann::json usageChunkBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                               const Usage& usage);

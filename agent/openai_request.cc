@@ -6,6 +6,7 @@
 
 #include "agent/chat_template.h"
 #include "agent/openai_fields.h"
+#include "agent/openai_tools.h"
 #include "src/common/strings.h"
 
 namespace tandem::agent {
@@ -45,9 +46,8 @@ bool isNoOp(std::string_view key, const json& v) {
   if (key == "echo" || key == "logprobs") return v.is_boolean() && !v.get<bool>();
   if (key == "top_logprobs") return v.is_number_integer() && v == json(0);
   if (key == "suffix") return isStringEqual(v, "");
-  if (key == "tools" || key == "functions") return v.is_array() && v.empty();
+  if (key == "functions") return v.is_array() && v.empty();
   if (key == "logit_bias") return v.is_object() && v.empty();
-  if (key == "tool_choice") return isStringEqual(v, "none");
   if (key == "response_format") {
     if (!v.is_object()) return false;
     auto type = v.find("type");
@@ -56,11 +56,20 @@ bool isNoOp(std::string_view key, const json& v) {
   return false;
 }
 
-// Features this server does not have (tools, logprobs, best_of, ...) and
-// n > 1: refused rather than ignored, unless the value leaves them off.
-std::optional<ApiError> refuseUnsupported(const json& body) {
-  for (const char* key : {"best_of", "echo", "logprobs", "top_logprobs", "suffix", "tools", "functions", "logit_bias",
-                          "tool_choice", "response_format"}) {
+// Features this server does not have (logprobs, best_of, the legacy
+// functions, ...) and n > 1: refused rather than ignored, unless the value
+// leaves them off. Tools are chat's (openai_tools.h).
+std::optional<ApiError> refuseUnsupported(Endpoint endpoint, const json& body) {
+  if (endpoint == Endpoint::kCompletions) {
+    for (const char* key : {"tools", "tool_choice"}) {
+      auto it = body.find(key);
+      if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty()) && !isStringEqual(*it, "none")) {
+        return invalidField(key, strCat("'", key, "' is only supported on /v1/chat/completions"));
+      }
+    }
+  }
+  for (const char* key :
+       {"best_of", "echo", "logprobs", "top_logprobs", "suffix", "functions", "logit_bias", "response_format"}) {
     auto it = body.find(key);
     if (it != body.end() && !isNoOp(key, *it)) {
       return invalidField(key, strCat("'", key, "' is not supported by this server"));
@@ -180,7 +189,7 @@ std::optional<ApiError> parseMessage(const json& m, size_t index, ChatMessage* o
 // knows; what it refuses (raise_exception) or fails on is a 400.
 std::optional<ApiError> renderWithTemplate(const json& body, const nlohmann::ordered_json* ordered,
                                            const engine::Tokenizer& tok, const ApiLimits& limits,
-                                           std::vector<TokenId>* prompt) {
+                                           const ToolRequest& tools, std::vector<TokenId>* prompt) {
   const json& messages = body["messages"];
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -205,9 +214,12 @@ std::optional<ApiError> renderWithTemplate(const json& body, const nlohmann::ord
     auto it = body.find(key);
     return it == body.end() ? nlohmann::ordered_json() : nlohmann::ordered_json(*it);
   };
+  nlohmann::ordered_json ordered_messages = field("messages");
+  if (auto e = prepareToolMessages(&ordered_messages)) return e;
   const WallTime now = limits.clock != nullptr ? limits.clock->wallNow() : WallTime();
-  absl::StatusOr<std::string> text =
-      renderChatTemplate(*limits.chat_template, field("messages"), field("tools"), field("chat_template_kwargs"), now);
+  absl::StatusOr<std::string> text = renderChatTemplate(*limits.chat_template, ordered_messages,
+                                                        tools.give_tools ? field("tools") : nlohmann::ordered_json(),
+                                                        field("chat_template_kwargs"), now);
   if (!text.ok()) {
     return invalidField("messages", strCat("the model's chat template refused the messages: ", text.status().message()));
   }
@@ -220,13 +232,13 @@ std::optional<ApiError> renderWithTemplate(const json& body, const nlohmann::ord
 // Chat's `messages`, rendered with the model's chat template, else in the
 // tokenizer's chat format.
 std::optional<ApiError> parseMessages(const json& body, const nlohmann::ordered_json* ordered,
-                                      const engine::Tokenizer& tok, const ApiLimits& limits,
+                                      const engine::Tokenizer& tok, const ApiLimits& limits, const ToolRequest& tools,
                                       std::vector<TokenId>* prompt) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) return invalidField("messages", "'messages' is required");
   if (!it->is_array()) return invalidField("messages", strCat("'messages' must be an array, got ", jsonTypeName(*it)));
   if (it->empty()) return invalidField("messages", "'messages' must contain at least one message");
-  if (limits.chat_template) return renderWithTemplate(body, ordered, tok, limits, prompt);
+  if (limits.chat_template) return renderWithTemplate(body, ordered, tok, limits, tools, prompt);
   const engine::ChatFormat format = limits.chat_format;
   std::vector<ChatMessage> messages(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
@@ -396,9 +408,16 @@ std::variant<ParsedRequest, ApiError> parseRequest(Endpoint endpoint, const json
   r.endpoint = endpoint;
   engine::RequestSpec& spec = r.spec;
   if (auto e = parseModel(body, limits, &r.model)) return *e;
-  if (auto e = refuseUnsupported(body)) return *e;
-  if (auto e = endpoint == Endpoint::kCompletions ? parsePrompt(body, tok, &spec.prompt)
-                                                  : parseMessages(body, ordered_body, tok, limits, &spec.prompt)) {
+  if (auto e = refuseUnsupported(endpoint, body)) return *e;
+  ToolRequest tools;
+  if (endpoint == Endpoint::kChat) {
+    if (auto e = parseToolRequest(body, limits.chat_template != nullptr, &tools)) return *e;
+    r.tools = tools.rules;
+    r.tool_call_format = limits.chat_template ? limits.chat_template->tool_call_format : ToolCallFormat::kNone;
+  }
+  if (auto e = endpoint == Endpoint::kCompletions
+                   ? parsePrompt(body, tok, &spec.prompt)
+                   : parseMessages(body, ordered_body, tok, limits, tools, &spec.prompt)) {
     return *e;
   }
   if (auto e = checkPromptLength(endpoint, spec.prompt, limits)) return *e;

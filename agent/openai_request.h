@@ -4,12 +4,14 @@
 //
 // Supported request fields (both endpoints unless noted):
 //   model (required), prompt (completions: string, [string] or [token ids]),
-//   messages (chat: [{role: system|user|assistant, content: string | [{type:"text", text}]}]),
+//   messages (chat: [{role: system|user|assistant, content: string | [{type:"text", text}]}];
+//   with a chat template, whatever roles and fields it renders),
+//   tools, tool_choice, parallel_tool_calls (chat; openai_tools.h),
 //   max_tokens / max_completion_tokens (chat), temperature [0, 2], top_p (0, 1],
 //   top_k (extension, >= 0), seed, stop (string or up to 4 strings), user,
 //   n (only 1), stream, stream_options.include_usage, ignore_eos (extension).
 // Known-but-unsupported fields with non-default values (best_of > 1, echo,
-// logprobs, top_logprobs, suffix, tools, functions, logit_bias) are refused
+// logprobs, top_logprobs, suffix, functions, logit_bias) are refused
 // with 400 rather than silently ignored. Other unknown fields are ignored, as
 // most OpenAI-compatible servers do.
 //
@@ -20,7 +22,7 @@
 // would inject headers, or a whole request, into the router's request to D)
 // or is longer than kMaxSessionIdBytes.
 //
-// Errors are checked in a fixed order (model, unsupported features, prompt or
+// Errors are checked in a fixed order (model, unsupported features, tools, prompt or
 // messages, context length, max_tokens, sampling, stop, streaming, user), so a
 // body with several problems always gets the same one reported.
 
@@ -67,6 +69,10 @@ struct ParsedRequest {
   engine::RequestSpec spec;
   bool stream = false;
   bool include_usage = false;
+  // Chat: which tool calls the reply may hold, and how the model writes
+  // them (tool_calls.h); rules.names empty: the reply is plain text.
+  ToolRules tools;
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 // Parses and validates a request body against the model and limits. The

@@ -30,10 +30,28 @@ std::string OpenAiStreamEncoder::text(std::string_view delta) {
   return out;
 }
 
-std::string OpenAiStreamEncoder::finish(engine::FinishReason reason, const Usage& usage) {
+std::string OpenAiStreamEncoder::toolCall(int index, const std::string& call_id, const std::string& name,
+                                          const std::string& arguments) {
   if (ended_) return "";
   std::string out = roleChunk();
-  out += chunk("", openAiFinishReason(reason));
+  const nlohmann::json first = {
+      {"index", index}, {"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", ""}}}};
+  const nlohmann::json args = {{"index", index}, {"function", {{"arguments", arguments}}}};
+  for (const nlohmann::json* delta : {&first, &args}) {
+    out += http::formatSseEvent(
+        toolCallChunkBody(options_.id, options_.created, options_.model, *delta, options_.include_usage).dump());
+  }
+  return out;
+}
+
+std::string OpenAiStreamEncoder::finish(engine::FinishReason reason, const Usage& usage) {
+  return finish(openAiFinishReason(reason), usage);
+}
+
+std::string OpenAiStreamEncoder::finish(std::string_view finish_reason, const Usage& usage) {
+  if (ended_) return "";
+  std::string out = roleChunk();
+  out += chunk("", finish_reason);
   if (options_.include_usage) {
     out += http::formatSseEvent(
         usageChunkBody(options_.endpoint, options_.id, options_.created, options_.model, usage).dump());

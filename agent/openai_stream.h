@@ -5,7 +5,10 @@
 //
 //   data: {"choices":[{"delta":{"role":"assistant","content":""}, ...}]}   chat only, before the first text
 //   data: {"choices":[{"delta":{"content":"Hel"}, ...}]}                   one chunk per text delta
-//   data: {"choices":[{"delta":{}, "finish_reason":"stop"}], ...}          the finish chunk
+//   data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_…","type":"function",
+//          "function":{"name":"f","arguments":""}}]}, ...}]}              a tool call's first chunk (chat)
+//   data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{…}"}}]}, ...}]}
+//   data: {"choices":[{"delta":{}, "finish_reason":"stop"}], ...}          the finish chunk ("tool_calls" after calls)
 //   data: {"choices":[], "usage":{...}}                                    with stream_options.include_usage
 //   data: [DONE]
 //
@@ -42,9 +45,14 @@ class OpenAiStreamEncoder {
   // Newly generated text; "" for empty text. A chat stream's first text is
   // preceded by its role chunk.
   std::string text(std::string_view delta);
+  // Chat: tool call number `index` (0, 1, ... in order), as OpenAI streams
+  // one: a chunk with its id, type and name, then its arguments.
+  std::string toolCall(int index, const std::string& call_id, const std::string& name, const std::string& arguments);
   // A normal end (isNormalFinish(reason)): the role chunk if none was sent
   // yet (chat), the finish chunk, the usage chunk (include_usage), [DONE].
   std::string finish(engine::FinishReason reason, const Usage& usage);
+  // The same with OpenAI's finish_reason given ("tool_calls").
+  std::string finish(std::string_view finish_reason, const Usage& usage);
   // An end by failure: the error event, [DONE].
   std::string fail(const ApiError& error);
   // An end with nothing left to tell (the client is gone): [DONE] only.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/model/model_loader.h"
 #include "engine/model/weights.h"
@@ -67,6 +68,21 @@ inline const std::string& tinyModelDir() {
     return d;
   }();
   return dir;
+}
+
+// A copy of the tiny model in `name` whose tokenizer_config.json has
+// `chat_template`, so the agent renders chats with it.
+inline std::string tinyModelWithChatTemplate(const std::string& name, const std::string& chat_template) {
+  const std::filesystem::path dir = testScratchDir() / name;
+  std::filesystem::create_directories(dir);
+  for (const auto& f : std::filesystem::directory_iterator(tinyModelDir())) {
+    std::filesystem::copy(f.path(), dir / f.path().filename(), std::filesystem::copy_options::overwrite_existing);
+  }
+  std::ifstream in(dir / "tokenizer_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["chat_template"] = chat_template;
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  return dir.string();
 }
 
 class AgentProcess {

@@ -3,9 +3,6 @@
 // model's byte tokenizer makes one token per character, so usage's
 // prompt_tokens tells exactly which text the template produced.
 
-#include <filesystem>
-#include <fstream>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -30,18 +27,8 @@ constexpr const char* kTemplate =
 class ChatTemplateAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::filesystem::path dir = testing::testScratchDir() / "tiny-with-template";
-    std::filesystem::create_directories(dir);
-    for (const auto& f : std::filesystem::directory_iterator(testing::tinyModelDir())) {
-      std::filesystem::copy(f.path(), dir / f.path().filename(), std::filesystem::copy_options::overwrite_existing);
-    }
-    std::ifstream in(dir / "tokenizer_config.json");
-    json config = json::parse(in);
-    config["chat_template"] = kTemplate;
-    std::ofstream(dir / "tokenizer_config.json") << config.dump();
-
     AgentConfig c;
-    c.model_dir = dir.string();
+    c.model_dir = testing::tinyModelWithChatTemplate("tiny-with-template", kTemplate);
     c.model_name = "tiny";
     c.port = 0;
     c.request_timeout = std::chrono::seconds(5);

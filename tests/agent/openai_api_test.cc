@@ -160,7 +160,7 @@ TEST_F(OpenAiApiTest, BadInputsGetStatusParamAndMessage) {
   bad(Endpoint::kCompletions, with(base_c, "best_of", 2), 400, "best_of", "not supported");
   bad(Endpoint::kCompletions, with(base_c, "echo", 1), 400, "echo", "not supported");
   bad(Endpoint::kCompletions, with(base_c, "echo", true), 400, "echo", "not supported");
-  bad(Endpoint::kChat, with(base_m, "tool_choice", "auto"), 400, "tool_choice", "not supported");
+  bad(Endpoint::kChat, with(base_m, "tool_choice", "auto"), 400, "tool_choice", "needs 'tools'");
   bad(Endpoint::kChat, with(base_m, "response_format", {{"type", "json_object"}}), 400, "response_format",
       "not supported");
   bad(Endpoint::kChat, with(base_m, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "hi"}}}}}}),

@@ -24,6 +24,25 @@ std::vector<std::string> events(const std::string& bytes) {
   return out;
 }
 
+TEST(OpenAiStreamEncoderTest, ToolCallsAsOpenAiStreamsThem) {
+  OpenAiStreamEncoder enc = encoder(Endpoint::kChat);
+  std::string bytes = enc.toolCall(0, "call_a", "get_time", R"({"tz":"UTC"})");
+  bytes += enc.toolCall(1, "call_b", "get_weather", "{}");
+  bytes += enc.finish("tool_calls", {3, 9});
+  std::vector<std::string> got = events(bytes);
+  ASSERT_EQ(got.size(), 7u) << bytes;  // role, two chunks per call, finish, [DONE]
+  EXPECT_EQ(json::parse(got[0])["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
+  EXPECT_EQ(json::parse(got[1])["choices"][0]["delta"],
+            json::parse(R"({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                            "function": {"name": "get_time", "arguments": ""}}]})"));
+  EXPECT_EQ(json::parse(got[2])["choices"][0]["delta"],
+            json::parse(R"({"tool_calls": [{"index": 0, "function": {"arguments": "{\"tz\":\"UTC\"}"}}]})"));
+  EXPECT_EQ(json::parse(got[3])["choices"][0]["delta"]["tool_calls"][0]["index"], 1);
+  EXPECT_EQ(json::parse(got[3])["choices"][0]["delta"]["tool_calls"][0]["id"], "call_b");
+  EXPECT_EQ(json::parse(got[5])["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(got[6], "[DONE]");
+}
+
 TEST(OpenAiStreamEncoderTest, ChatStreamStartsWithRoleAndEndsWithFinishThenDone) {
   OpenAiStreamEncoder enc = encoder(Endpoint::kChat);
   std::string bytes = enc.text("Hel");
