@@ -247,6 +247,18 @@ constexpr const char* kToolTemplate = R"JINJA({{- bos_token }}
 {%- endif %}
 )JINJA";
 
+// Which tool-call format each template's replies are read in (tool_calls.h).
+TEST(ChatTemplateReferenceTest, ToolCallFormatFromTheTemplate) {
+  auto format = [](const nlohmann::json& config) {
+    auto t = parseChatTemplate(config, "tokenizer_config.json");
+    EXPECT_TRUE(t.ok() && t->has_value()) << config.dump().substr(0, 200);
+    return t.ok() && t->has_value() ? (*t)->tool_call_format : ToolCallFormat::kNone;
+  };
+  EXPECT_EQ(format(realConfig("qwen3")), ToolCallFormat::kHermes);
+  EXPECT_EQ(format(nlohmann::json{{"chat_template", kToolTemplate}}), ToolCallFormat::kLlamaJson);
+  EXPECT_EQ(format(realConfig("llama3")), ToolCallFormat::kNone);  // renders no tools
+}
+
 TEST(ChatTemplateReferenceTest, ToolTemplateRaisesAsJinja2) {
   nlohmann::json config = {{"chat_template", kToolTemplate}, {"bos_token", {{"content", "<|begin_of_text|>"}}},
                            {"eos_token", "<|eot_id|>"}};
