@@ -45,6 +45,9 @@ struct Expr {
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;  // kCompare
+  // kGetAttr: the message of the Undefined that a dict without attribute
+  // `name` gives, made once at parse time.
+  std::shared_ptr<const std::string> missing_in_dict;
 };
 
 struct Node;

@@ -550,6 +550,7 @@ class Parser {
         }
         auto e = makeExpr(Expr::Kind::kGetAttr, pos);
         TANDEM_ASSIGN_OR_RETURN(e->name, expectName("an attribute name after '.'"));
+        e->missing_in_dict = std::make_shared<const std::string>(strCat("'dict object' has no attribute '", e->name, "'"));
         e->args.push_back(std::move(node));
         node = std::move(e);
       } else if (isOp("[")) {

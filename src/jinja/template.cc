@@ -401,6 +401,10 @@ class Renderer {
         Value obj_tmp;
         TANDEM_ASSIGN_OR_RETURN(const Value* obj, evalRef(*e.args[0], obj_tmp));
         if (const Value* v = storedAttr(*obj, e.name)) return keepOrCopy(v, obj == &obj_tmp, tmp);
+        if (obj->isObject() && e.missing_in_dict != nullptr && !isDictMethod(e.name)) {  // as getAttr's noAttribute, with the message made once
+          tmp = Value::undefined(e.missing_in_dict);
+          return &tmp;
+        }
         TANDEM_ASSIGN_OR_RETURN(tmp, getAttr(e.pos, *obj, e.name));
         return &tmp;
       }
@@ -676,10 +680,10 @@ class Renderer {
     if (step == 0) return error(e.pos, "slice step cannot be zero");
     if (obj.isArray()) {
       const Array& a = obj.asArray();
+      const std::vector<int64_t> indices = sliceIndices(static_cast<int64_t>(a.size()), parts[0], parts[1], step);
       Array out;
-      for (int64_t i : sliceIndices(static_cast<int64_t>(a.size()), parts[0], parts[1], step)) {
-        out.push_back(a[static_cast<size_t>(i)]);
-      }
+      out.reserve(indices.size());
+      for (int64_t i : indices) out.push_back(a[static_cast<size_t>(i)]);
       return makeList(std::move(out));
     }
     if (obj.isString()) {

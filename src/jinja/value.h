@@ -38,9 +38,10 @@ struct Object {
 // Jinja2's default Undefined: prints as "", is falsy, iterates as empty;
 // anything else (attribute, subscript, arithmetic) is an error carrying
 // `hint`, Jinja2's message ("'x' is undefined", "'dict object' has no
-// attribute 'y'").
+// attribute 'y'"). The message is shared, so an Undefined copies cheaply
+// and a template can make its common ones once (Expr::missing_in_dict).
 struct Undefined {
-  std::string hint;
+  std::shared_ptr<const std::string> hint;  // null: no message
 };
 struct None {};
 
@@ -85,7 +86,8 @@ class Value {
   Value(Namespace n) : v_(std::move(n)) {}
   Value(LoopPtr l) : v_(std::move(l)) {}
   Value(CallablePtr c) : v_(std::move(c)) {}
-  static Value undefined(std::string hint) { return Value(Storage(Undefined{std::move(hint)})); }
+  static Value undefined(std::string hint) { return undefined(std::make_shared<const std::string>(std::move(hint))); }
+  static Value undefined(std::shared_ptr<const std::string> hint) { return Value(Storage(Undefined{std::move(hint)})); }
 
   static Value fromJson(const nlohmann::ordered_json& j);
   static Value fromJson(const nlohmann::json& j);
@@ -116,7 +118,11 @@ class Value {
   const Namespace& asNamespace() const { return std::get<Namespace>(v_); }
   const LoopInfo& asLoop() const { return *std::get<LoopPtr>(v_); }
   const Callable& asCallable() const { return *std::get<CallablePtr>(v_); }
-  const std::string& undefinedHint() const { return std::get<Undefined>(v_).hint; }
+  const std::string& undefinedHint() const {
+    static const std::string kNoHint;
+    const auto& hint = std::get<Undefined>(v_).hint;
+    return hint ? *hint : kNoHint;
+  }
 
   // Python's bool(): "", [], {}, 0, None and Undefined are false.
   bool truthy() const;
