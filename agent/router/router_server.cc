@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/chat_template.h"
 #include "agent/discovery.h"
 #include "agent/openai_api.h"
 #include "agent/openai_http.h"
@@ -286,7 +287,13 @@ struct RouterServer::Impl {
     }
     auto body = req.json();
     if (!body.ok()) return apiError({.status = 400, .message = std::string(toStd(body.status().message()))});
-    auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"));
+    // A chat template sees messages and tools in the client's key order (as on the workers).
+    std::optional<nlohmann::ordered_json> ordered;
+    if (endpoint == Endpoint::kChat && limits.chat_template) {
+      ordered = nlohmann::ordered_json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
+    }
+    auto parsed = parseRequest(endpoint, *body, *tokenizer, limits, req.header("x-session-id"),
+                               ordered ? &*ordered : nullptr);
     if (auto* e = std::get_if<ApiError>(&parsed)) return apiError(*e);
     const ParsedRequest& p = std::get<ParsedRequest>(parsed);
     std::optional<HashSpec> hash = core.hashSpec();
@@ -427,10 +434,16 @@ absl::Status loadModel(RouterServer::Impl& impl) {
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok, engine::loadTokenizer(config.model_dir, mc));
   impl.tokenizer = std::move(tok);
   const int max_len = config.engine.max_model_len > 0 ? config.engine.max_model_len : mc.max_position_embeddings;
+  // The workers' chat template, so chats (tools included) are checked and
+  // tokenized for routing as the workers will render them.
+  TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
   impl.limits = {.model_name = config.model_name,
                  .max_model_len = max_len,
                  .default_max_tokens = config.default_max_tokens,
-                 .chat_format = impl.tokenizer->chatFormat()};
+                 .chat_format = impl.tokenizer->chatFormat(),
+                 .chat_template =
+                     chat_template ? std::make_shared<const ChatTemplate>(std::move(*chat_template)) : nullptr,
+                 .clock = &impl.clock};
   return absl::OkStatus();
 }
 

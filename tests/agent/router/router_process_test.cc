@@ -246,6 +246,36 @@ TEST_F(RouterProcessTest, StreamsAreRelayedChunkByChunk) {
   EXPECT_GE(metricValue(m, "tandem_router_tpot_seconds_count"), 1);
 }
 
+// The router checks and tokenizes chats with the workers' chat template, so
+// a chat with tools passes it (and a bad tool is refused there), and the
+// worker's tool call comes back through it.
+TEST_F(RouterProcessTest, ToolCallsPassThroughTheRouter) {
+  const std::string model = tinyModelWithChatTemplate(
+      "tools-router/tiny",
+      "{# replies: <tool_call> blocks #}{% if tools %}<tools>{{ tools | length }}</tools>{% endif %}"
+      "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}");
+  const std::string script = (testScratchDir() / "tools-router" / "reply.txt").string();
+  std::ofstream(script) << "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>";
+  auto d0 = startWorker("d0", {"--model-dir", model, "--allow-test-hooks", "true", "--scripted-output", script});
+  ASSERT_TRUE(d0);
+  auto router = startRouter({hostPort(*d0)}, {"--model-dir", model});
+  ASSERT_TRUE(router);
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "time?"}}}},
+               {"tools", {{{"type", "function"}, {"function", {{"name", "get_time"}}}}}}};
+  auto r = http::httpPost(router->url("/v1/chat/completions"), body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json choice = (*r->json())["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << r->body;
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_time") << r->body;
+  body["tools"][0]["function"].erase("name");
+  auto bad = http::httpPost(router->url("/v1/chat/completions"), body);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_EQ((*bad->json())["error"]["param"], "tools[0].function.name") << bad->body;
+}
+
 TEST_F(RouterProcessTest, RouterRefusesBadInputWithTheAgentsErrors) {
   auto d0 = startWorker("d0");
   ASSERT_TRUE(d0);
