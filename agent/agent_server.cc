@@ -312,8 +312,9 @@ struct AgentServer::Impl {
     return http::Response::sse([this, call, spec = std::move(spec)](std::shared_ptr<http::SseWriter> w) mutable {
       auto handle = submit(*call, std::move(spec), [this, call, w](const engine::RequestUpdate& u, const PdInfo& info) {
         OpenAiStreamEncoder& encoder = *call->stream;
-        std::string bytes =
-            encoder.text(call->tool_stream ? call->tool_stream->feed(u.text_delta) : std::string(u.text_delta));
+        // With tools, text that may be a call is held back (tool_calls.h).
+        std::string bytes = call->tool_stream ? encoder.text(call->tool_stream->feed(u.text_delta))
+                                              : encoder.text(u.text_delta);
         if (u.finished) {
           finished(*call, u, info);
           call->grant.release();
