@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent_server.h"
+#include "agent/chat_template.h"
 #include "src/common/clock.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
@@ -82,6 +83,29 @@ TEST_F(ChatTemplateAgentTest, BadKwargsAreA400) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_NE(r->body.find("chat_template_kwargs"), std::string::npos) << r->body;
+}
+
+// A model directory whose template uses a construct the engine does not
+// have: the agent refuses to start, naming the file, the line and column,
+// and the construct (a bad model directory gets a clear error, not a
+// template that renders something else).
+TEST(ChatTemplateModelDirTest, AnUnsupportedConstructStopsTheAgentNamingFileLineAndConstruct) {
+  const std::string dir =
+      testing::tinyModelWithChatTemplate("tiny-with-macro", "{% for m in messages %}{{ m.content }}{% endfor %}\n"
+                                                            "{% macro greet(name) %}hi {{ name }}{% endmacro %}");
+  auto loaded = loadChatTemplate(dir);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find(dir + "/tokenizer_config.json"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find(":2:"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("\"macro\" block is not supported"), std::string::npos) << loaded.status();
+  AgentConfig c;
+  c.model_dir = dir;
+  c.model_name = "tiny";
+  c.port = 0;
+  FakeClock clock;
+  auto server = AgentServer::start(c, clock);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("macro"), std::string::npos) << server.status();
 }
 
 }  // namespace
