@@ -178,9 +178,14 @@ void Impl::connReady(ConnId id) {
     c->second.rkey_at_ready.reset();
     unpackRkey(id, c->second, packed);
   }
+  // unpackRkey and a failed send may drop the connection (erasing `c`):
+  // look it up again after each step.
+  c = conns.find(id);
+  if (c == conns.end()) return;
   std::vector<std::vector<uint8_t>> queued = std::move(c->second.queued);
   for (auto& m : queued) doSend(id, std::move(m));
-  if (c->second.close_when_ready) dropConn(id, absl::OkStatus(), /*flush=*/true);
+  c = conns.find(id);
+  if (c != conns.end() && c->second.close_when_ready) dropConn(id, absl::OkStatus(), /*flush=*/true);
 }
 
 void Impl::closeConn(ConnId id) {
