@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/apiserver/json_util.h"
+#include "tests/testing/command.h"
 
 namespace tandem {
 namespace {
@@ -28,22 +29,10 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using nlohmann::json;
 
-struct Shell {
-  int rc = -1;
-  std::string out;
-};
+using Shell = testutil::CommandResult;
 
-Shell shell(const std::string& command) {
-  Shell r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// A command line's status and its standard output and error together.
+Shell shell(const std::string& command) { return testutil::runCommand(command + " 2>&1"); }
 
 const std::string kSource = TANDEM_SOURCE_DIR;
 const std::string kChart = kSource + "/helm/tandem";
@@ -68,7 +57,7 @@ class HelmChartTest : public ::testing::Test {
   // `helm template` of the chart; the objects it renders, by "Kind/name".
   std::map<std::string, json> render(const std::string& args) {
     Shell r = helm("template tandem " + kChart + " --namespace tandem-system " + args);
-    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.status, 0) << r.out;
     std::map<std::string, json> objects;
     size_t at = 0;
     while (at < r.out.size()) {
@@ -111,13 +100,13 @@ std::vector<std::string> dashboardFiles() {
 
 TEST_F(HelmChartTest, LintsStrictWithTheDefaultsAndEveryExampleValuesFile) {
   Shell r = helm("lint --strict " + kChart);
-  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("1 chart(s) linted, 0 chart(s) failed"));
   const auto examples = exampleValues();
   ASSERT_GE(examples.size(), 2u) << "examples/helm should hold the local and the GPU values";
   for (const std::string& values : examples) {
     r = helm("lint --strict " + kChart + " -f " + values);
-    EXPECT_EQ(r.rc, 0) << values << ":\n" << r.out;
+    EXPECT_EQ(r.status, 0) << values << ":\n" << r.out;
     auto objects = render("-f " + values);
     EXPECT_TRUE(objects.count("Deployment/tandem")) << values;
   }
@@ -231,7 +220,7 @@ TEST_F(HelmChartTest, DashboardsAndAlertRulesComeFromTheDashboardsDirectory) {
 
 TEST_F(HelmChartTest, TheCrdIsTheRepositorysOne) {
   Shell r = helm("show crds " + kChart);
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.status, 0) << r.out;
   std::ifstream in(kSource + "/crds/inferencepool.yaml");
   std::string crd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(r.out, HasSubstr(crd));
@@ -262,13 +251,13 @@ TEST_F(HelmChartTest, ValuesThatBreakTheSchemaAreRefusedNamingTheField) {
   for (const Case& c : cases) {
     const std::string file = writeValues("bad" + std::to_string(i++) + ".yaml", c.values + "\n");
     Shell r = helm("template tandem " + kChart + " -f " + file);
-    EXPECT_NE(r.rc, 0) << c.values << " was accepted";
+    EXPECT_NE(r.status, 0) << c.values << " was accepted";
     EXPECT_THAT(r.out, HasSubstr("values don't meet the specifications of the schema")) << c.values;
     EXPECT_THAT(r.out, HasSubstr(c.field)) << c.values;
   }
   // Two operators without leader election would both reconcile: refused.
   Shell le = helm("template tandem " + kChart + " --set operator.leaderElection=false");
-  EXPECT_NE(le.rc, 0);
+  EXPECT_NE(le.status, 0);
   EXPECT_THAT(le.out, HasSubstr("operator.replicas is 2 but operator.leaderElection is false"));
   auto single = render("--set operator.leaderElection=false --set operator.replicas=1");
   EXPECT_THAT(single["Deployment/tandem"]["spec"]["template"]["spec"]["containers"][0]["args"].dump(),
@@ -276,7 +265,7 @@ TEST_F(HelmChartTest, ValuesThatBreakTheSchemaAreRefusedNamingTheField) {
   EXPECT_FALSE(single.count("Lease/tandem"));
   // serviceAccount.create=false needs a name.
   Shell r = helm("template tandem " + kChart + " --set serviceAccount.create=false");
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.out, HasSubstr("serviceAccount.name is required when serviceAccount.create is false"));
 }
 

@@ -31,6 +31,7 @@
 #include "src/common/strings.h"
 #include "src/http/client.h"
 #include "src/http/server.h"
+#include "tests/testing/command.h"
 #include "tests/testing/slow_clients.h"
 #include "tests/testing/spawn.h"
 #include "tests/testing/wait.h"
@@ -150,13 +151,8 @@ TEST_F(OperatorListenerProcessTest, ClosesSlowAndIdleConnectionsAtTheHeaderDeadl
 TEST(OperatorFlagsTest, BadFlagsAreRefusedNamingThem) {
   const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-operator";
   auto run = [&](const std::string& args) {
-    std::string out;
-    FILE* p = popen((exe + " " + args + " 2>&1").c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int status = p != nullptr ? pclose(p) : -1;
-    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+    testutil::CommandResult r = testutil::runCommand(exe + " " + args + " 2>&1");
+    return std::pair{r.status, r.out};
   };
   struct Case {
     std::string args, message;

@@ -1,4 +1,5 @@
 #include "engine/model/bpe_tokenizer.h"
+#include "tests/testing/command.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -323,22 +324,8 @@ TEST_F(BadFileTest, ConfigTokensMustExist) {
 
 // ---- tandem-tokenize ----
 
-struct ShellResult {
-  int status = -1;
-  std::string out;
-};
-
-ShellResult runShell(const std::string& command) {
-  ShellResult r;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using ShellResult = testutil::CommandResult;
+constexpr auto runShell = testutil::runCommand;
 
 TEST_F(TinyBpeTest, TokenizeTool) {
   const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
