@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU smoke test: builds the CUDA kernels and their device check with
+# `./tandem check cuda` (build-cuda/), then runs build-cuda/bin/tandem-gpu-kernel-check,
+# which runs every portable kernel on the GPU and on the CPU executor and
+# compares them (bitwise; attention within 1e-5 relative), and prints each
+# kernel's throughput.
+#
+# For whoever first has a machine with an NVIDIA GPU (built for compute
+# capability 9.0: H100/H200) and the CUDA toolkit at /usr/local/cuda (or
+# CUDACXX=/path/to/nvcc). This project's machines have no GPU, so this script
+# has NEVER RUN end to end: expect to debug it. Exit status: the check's
+# (0 all PASS, 1 a FAIL or CUDA error, 2 no CUDA device), or the build's.
+# docs/cuda-build.md says what has and has not been run.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHECK="$ROOT/build-cuda/bin/tandem-gpu-kernel-check"
+
+echo "gpu-smoke: building: $ROOT/tandem check cuda"
+"$ROOT/tandem" check cuda
+
+if command -v nvidia-smi >/dev/null; then
+  echo "gpu-smoke: nvidia-smi -L:"
+  nvidia-smi -L || true  # informational; the check itself reports a missing device
+fi
+
+echo "gpu-smoke: running: $CHECK"
+status=0
+"$CHECK" || status=$?
+echo "gpu-smoke: $CHECK exited $status"
+exit "$status"

@@ -1,0 +1,390 @@
+// tandem-gpu-kernel-check: runs every portable kernel (engine/backend/cuda/
+// kernels.h) on the GPU through cuda_kernels.h's launches and on the CPU
+// executor (the reference every test uses), on the same inputs, and compares:
+// bitwise for rmsNorm, rope, swiglu, addBias, gatherRows and writeKv (their
+// contract), within 1e-5 relative (|gpu - cpu| / max(1, |cpu|)) for
+// attention (split + combine). Then times each kernel with CUDA events.
+//
+//   tandem-gpu-kernel-check
+//
+// Prints one PASS/FAIL line per kernel with the largest difference, and one
+// throughput line per kernel. Exit status 0 when all pass, 1 on any FAIL or
+// CUDA error, 2 when there is no CUDA device. This project's machines have no
+// GPU: the program has been compiled and linked, never run on one
+// (docs/cuda-build.md).
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend/cuda/cpu_executor.h"
+#include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/backend/cuda/kernels.h"
+#include "engine/backend/kernel_math.h"
+
+namespace {
+
+namespace gpu = tandem::gpu;
+namespace kmath = tandem::engine::kmath;
+
+constexpr double kAttentionTolerance = 1e-5;
+constexpr int kWarmupLaunches = 3;
+constexpr int kTimedLaunches = 50;
+
+// Exits 1 naming the call that failed: a CUDA error here is the machine's or
+// the launch's, and no later result would mean anything.
+void checkCuda(int code, const char* what) {
+  if (code == 0) return;
+  std::fprintf(stderr, "CUDA error in %s: %s (%d)\n", what, gpu::cudaErrorText(code), code);
+  std::exit(1);
+}
+
+// Device memory holding a copy of a host vector; freed on scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : size_(host.size()) {
+    checkCuda(cudaMalloc(reinterpret_cast<void**>(&ptr_), bytes()), "cudaMalloc");
+    checkCuda(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return ptr_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  std::vector<T> download() const {
+    std::vector<T> host(size_);
+    checkCuda(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    return host;
+  }
+
+ private:
+  size_t size_;
+  T* ptr_ = nullptr;
+};
+
+std::mt19937 rng(20240601);  // fixed: a failure reproduces
+
+std::vector<float> randomFloats(size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> randomInts(size_t n, int32_t lo, int32_t hi) {
+  std::uniform_int_distribution<int32_t> dist(lo, hi);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(rng);
+  return v;
+}
+
+// Runs the kernel on the CPU executor; false (with a FAIL line) if it refused.
+template <typename Args>
+bool runOnCpu(const char* name, const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args) {
+  gpu::CpuExecutor executor(gpu::CpuExecutor::Options{});
+  const absl::Status status = executor.launch(config, kernel, args);
+  if (status.ok()) return true;
+  std::printf("FAIL %-16s the CPU executor refused the launch: %s\n", name, std::string(status.message()).c_str());
+  return false;
+}
+
+// Compares the GPU's result with the CPU executor's; prints the verdict line.
+bool compare(const char* name, const std::vector<float>& on_gpu, const std::vector<float>& on_cpu, bool bitwise) {
+  double max_abs = 0.0, max_rel = 0.0;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    const double g = on_gpu[i], c = on_cpu[i];
+    // A NaN on one side only is an infinite difference; NaN on both, none.
+    const double diff = std::isnan(g) != std::isnan(c) ? INFINITY : (std::isnan(c) ? 0.0 : std::fabs(g - c));
+    const double rel = diff / std::max(1.0, std::fabs(c));
+    max_abs = std::max(max_abs, diff);
+    max_rel = std::max(max_rel, rel);
+    const bool differs = bitwise ? std::memcmp(&on_gpu[i], &on_cpu[i], sizeof(float)) != 0 : !(rel <= kAttentionTolerance);
+    if (differs) ++mismatches;
+  }
+  const bool pass = mismatches == 0;
+  std::printf("%s %-16s %s: %zu of %zu values differ, max |diff| %.3g, max relative %.3g\n", pass ? "PASS" : "FAIL",
+              name, bitwise ? "bitwise" : "within 1e-5 relative", mismatches, on_cpu.size(), max_abs, max_rel);
+  return pass;
+}
+
+// Times `launch` (one kernel launch, or several) over kTimedLaunches with CUDA
+// events; prints GB/s for `bytes` moved per launch, and launches/s.
+void timeKernel(const char* name, double bytes, const std::function<int()>& launch) {
+  for (int i = 0; i < kWarmupLaunches; ++i) checkCuda(launch(), name);
+  cudaEvent_t start, stop;
+  checkCuda(cudaEventCreate(&start), "cudaEventCreate");
+  checkCuda(cudaEventCreate(&stop), "cudaEventCreate");
+  checkCuda(cudaEventRecord(start), "cudaEventRecord");
+  for (int i = 0; i < kTimedLaunches; ++i) checkCuda(launch(), name);
+  checkCuda(cudaEventRecord(stop), "cudaEventRecord");
+  checkCuda(cudaEventSynchronize(stop), name);
+  float ms = 0.0f;
+  checkCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double seconds = ms / 1e3 / kTimedLaunches;
+  std::printf("     %-16s %.1f GB/s, %.0f launches/s (%.2f us each, %.2f MB moved per launch)\n", name,
+              bytes / seconds / 1e9, 1.0 / seconds, seconds * 1e6, bytes / 1e6);
+}
+
+bool checkRmsNorm() {
+  const int32_t rows = 64, dim = 4099;  // not a multiple of 8: the tail path too
+  const auto x = randomFloats(static_cast<size_t>(rows) * dim, -3.0f, 3.0f);
+  const auto weight = randomFloats(dim, 0.5f, 1.5f);
+  std::vector<float> cpu_out(x.size());
+  const auto config = gpu::rmsNormLaunch(rows);
+  if (!runOnCpu("rmsNorm", config, &gpu::rmsNormKernel,
+                gpu::RmsNormArgs{x.data(), weight.data(), cpu_out.data(), rows, dim, 1e-5f})) {
+    return false;
+  }
+  DeviceBuffer<float> d_x(x), d_w(weight), d_out(std::vector<float>(x.size()));
+  const gpu::RmsNormArgs args{d_x.get(), d_w.get(), d_out.get(), rows, dim, 1e-5f};
+  checkCuda(gpu::launchRmsNorm(config, args, nullptr), "rmsNorm");
+  checkCuda(cudaDeviceSynchronize(), "rmsNorm");
+  const bool pass = compare("rmsNorm", d_out.download(), cpu_out, true);
+  timeKernel("rmsNorm", 2.0 * d_x.bytes() + d_w.bytes(), [&] { return gpu::launchRmsNorm(config, args, nullptr); });
+  return pass;
+}
+
+bool checkRope() {
+  const int32_t rows = 64, num_heads = 32, head_dim = 128, half = head_dim / 2, table_positions = 4096;
+  auto x = randomFloats(static_cast<size_t>(rows) * num_heads * head_dim, -2.0f, 2.0f);
+  const auto positions = randomInts(rows, 0, table_positions - 1);
+  std::vector<float> cos_t(static_cast<size_t>(table_positions) * half), sin_t(cos_t.size());
+  for (int32_t p = 0; p < table_positions; ++p) {
+    for (int32_t i = 0; i < half; ++i) {
+      const size_t at = static_cast<size_t>(p) * half + i;
+      kmath::ropeCosSinFreq(p, kmath::ropeInvFreq(i, head_dim, 500000.0f), &cos_t[at], &sin_t[at]);
+    }
+  }
+  DeviceBuffer<float> d_x(x), d_cos(cos_t), d_sin(sin_t);
+  DeviceBuffer<int32_t> d_pos(positions);
+  const auto config = gpu::ropeLaunch(rows);
+  if (!runOnCpu("rope", config, &gpu::ropeKernel,
+                gpu::RopeArgs{x.data(), positions.data(), cos_t.data(), sin_t.data(), rows, num_heads, head_dim})) {
+    return false;
+  }
+  const gpu::RopeArgs args{d_x.get(), d_pos.get(), d_cos.get(), d_sin.get(), rows, num_heads, head_dim};
+  checkCuda(gpu::launchRope(config, args, nullptr), "rope");
+  checkCuda(cudaDeviceSynchronize(), "rope");
+  const bool pass = compare("rope", d_x.download(), x, true);
+  // Rotates in place again each launch: the timing does not need the bits.
+  timeKernel("rope", 2.0 * d_x.bytes() + 2.0 * rows * half * sizeof(float),
+             [&] { return gpu::launchRope(config, args, nullptr); });
+  return pass;
+}
+
+bool checkSwiglu() {
+  const int64_t n = (int64_t{1} << 18) + 7;  // not a multiple of the block
+  const auto gate = randomFloats(static_cast<size_t>(n), -20.0f, 20.0f);
+  const auto up = randomFloats(static_cast<size_t>(n), -2.0f, 2.0f);
+  std::vector<float> cpu_out(gate.size());
+  const auto config = gpu::elementwiseLaunch(n);
+  if (!runOnCpu("swiglu", config, &gpu::swigluKernel, gpu::SwigluArgs{gate.data(), up.data(), cpu_out.data(), n})) {
+    return false;
+  }
+  DeviceBuffer<float> d_gate(gate), d_up(up), d_out(std::vector<float>(gate.size()));
+  const gpu::SwigluArgs args{d_gate.get(), d_up.get(), d_out.get(), n};
+  checkCuda(gpu::launchSwiglu(config, args, nullptr), "swiglu");
+  checkCuda(cudaDeviceSynchronize(), "swiglu");
+  const bool pass = compare("swiglu", d_out.download(), cpu_out, true);
+  timeKernel("swiglu", 3.0 * d_gate.bytes(), [&] { return gpu::launchSwiglu(config, args, nullptr); });
+  return pass;
+}
+
+bool checkAddBias() {
+  const int32_t rows = 64, dim = 4103;
+  auto y = randomFloats(static_cast<size_t>(rows) * dim, -2.0f, 2.0f);
+  const auto bias = randomFloats(dim, -1.0f, 1.0f);
+  DeviceBuffer<float> d_y(y), d_bias(bias);
+  const auto config = gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim);
+  if (!runOnCpu("addBias", config, &gpu::addBiasKernel, gpu::AddBiasArgs{y.data(), bias.data(), rows, dim})) {
+    return false;
+  }
+  const gpu::AddBiasArgs args{d_y.get(), d_bias.get(), rows, dim};
+  checkCuda(gpu::launchAddBias(config, args, nullptr), "addBias");
+  checkCuda(cudaDeviceSynchronize(), "addBias");
+  const bool pass = compare("addBias", d_y.download(), y, true);
+  timeKernel("addBias", 2.0 * d_y.bytes() + d_bias.bytes(), [&] { return gpu::launchAddBias(config, args, nullptr); });
+  return pass;
+}
+
+bool checkGatherRows() {
+  const int32_t src_rows = 100, num_rows = 64, dim = 4096;
+  const auto src = randomFloats(static_cast<size_t>(src_rows) * dim, -2.0f, 2.0f);
+  const auto rows = randomInts(num_rows, 0, src_rows - 1);  // repeats are fine: reads only
+  std::vector<float> cpu_dst(static_cast<size_t>(num_rows) * dim);
+  const auto config = gpu::gatherRowsLaunch(num_rows);
+  if (!runOnCpu("gatherRows", config, &gpu::gatherRowsKernel,
+                gpu::GatherRowsArgs{src.data(), rows.data(), cpu_dst.data(), num_rows, dim})) {
+    return false;
+  }
+  DeviceBuffer<float> d_src(src), d_dst(std::vector<float>(cpu_dst.size()));
+  DeviceBuffer<int32_t> d_rows(rows);
+  const gpu::GatherRowsArgs args{d_src.get(), d_rows.get(), d_dst.get(), num_rows, dim};
+  checkCuda(gpu::launchGatherRows(config, args, nullptr), "gatherRows");
+  checkCuda(cudaDeviceSynchronize(), "gatherRows");
+  const bool pass = compare("gatherRows", d_dst.download(), cpu_dst, true);
+  timeKernel("gatherRows", 2.0 * d_dst.bytes(), [&] { return gpu::launchGatherRows(config, args, nullptr); });
+  return pass;
+}
+
+// A paged KV pool as KvStorage lays it out (kmath::kvOffset).
+struct KvShape {
+  int32_t layers = 2, layer = 1, num_blocks = 64, block_size = 16, num_kv_heads = 2, head_dim = 128;
+  size_t poolFloats() const {
+    return static_cast<size_t>(layers) * num_blocks * 2 * block_size * num_kv_heads * head_dim;
+  }
+};
+
+bool checkWriteKv() {
+  const KvShape s;
+  const int32_t rows = 40, width = s.num_kv_heads * s.head_dim;
+  const auto k = randomFloats(static_cast<size_t>(rows) * width, -2.0f, 2.0f);
+  const auto v = randomFloats(k.size(), -2.0f, 2.0f);
+  auto kv = randomFloats(s.poolFloats(), -1.0f, 1.0f);  // what the rows do not overwrite stays
+  // Distinct (block, slot) per row, as the scheduler guarantees: two rows
+  // writing one slot would race on the GPU.
+  std::vector<int32_t> blocks(static_cast<size_t>(s.num_blocks));
+  for (int32_t b = 0; b < s.num_blocks; ++b) blocks[static_cast<size_t>(b)] = b;
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  std::vector<int32_t> row_block(rows), row_slot(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    row_block[static_cast<size_t>(r)] = blocks[static_cast<size_t>(r / s.block_size)];
+    row_slot[static_cast<size_t>(r)] = (r * 7) % s.block_size;
+  }
+  DeviceBuffer<float> d_k(k), d_v(v), d_kv(kv);
+  DeviceBuffer<int32_t> d_block(row_block), d_slot(row_slot);
+  const auto config = gpu::writeKvLaunch(rows);
+  if (!runOnCpu("writeKv", config, &gpu::writeKvKernel,
+                gpu::WriteKvArgs{k.data(), v.data(), kv.data(), row_block.data(), row_slot.data(), rows, s.layer,
+                                 s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim})) {
+    return false;
+  }
+  const gpu::WriteKvArgs args{d_k.get(), d_v.get(),      d_kv.get(),   d_block.get(), d_slot.get(),
+                              rows,      s.layer,        s.num_blocks, s.block_size,  s.num_kv_heads,
+                              s.head_dim};
+  checkCuda(gpu::launchWriteKv(config, args, nullptr), "writeKv");
+  checkCuda(cudaDeviceSynchronize(), "writeKv");
+  const bool pass = compare("writeKv", d_kv.download(), kv, true);  // the whole pool
+  timeKernel("writeKv", 4.0 * d_k.bytes(), [&] { return gpu::launchWriteKv(config, args, nullptr); });
+  return pass;
+}
+
+// Two chunks, as KernelBackend::attention builds them: a prefill of 5 rows
+// from position 0 (one split each) and a decode row at position 1300 (three
+// splits of 448 keys), GQA 8 query heads over 2 KV heads.
+bool checkAttention() {
+  const KvShape s;
+  const int32_t num_heads = 8;
+  struct Chunk {
+    int32_t start_pos, num_rows;
+  };
+  const Chunk chunks[] = {{0, 5}, {1300, 1}};
+  std::vector<int32_t> block_tables, row_pos, row_table, row_split;
+  int32_t splits = 0, max_splits = 1;
+  for (const Chunk& c : chunks) {
+    const auto table_at = static_cast<int32_t>(block_tables.size());
+    const int32_t blocks = kmath::blocksFor(c.start_pos + c.num_rows, s.block_size);
+    // Blocks may repeat across tables: attention only reads the pool.
+    const auto table = randomInts(static_cast<size_t>(blocks), 0, s.num_blocks - 1);
+    block_tables.insert(block_tables.end(), table.begin(), table.end());
+    for (int32_t r = 0; r < c.num_rows; ++r) {
+      const int32_t n = gpu::attentionSplits(kmath::visibleKeys(c.start_pos, r));
+      row_pos.push_back(c.start_pos + r);
+      row_table.push_back(table_at);
+      row_split.push_back(splits);
+      splits += n;
+      max_splits = std::max(max_splits, n);
+    }
+  }
+  const auto rows = static_cast<int32_t>(row_pos.size());
+  const auto q = randomFloats(static_cast<size_t>(rows) * num_heads * s.head_dim, -1.0f, 1.0f);
+  const auto kv = randomFloats(s.poolFloats(), -1.0f, 1.0f);
+  std::vector<float> cpu_out(q.size()), cpu_partial(static_cast<size_t>(splits) * num_heads *
+                                                    static_cast<size_t>(gpu::attentionPartialFloats(s.head_dim)));
+  const gpu::AttentionArgs cpu_args{q.data(),
+                                    cpu_out.data(),
+                                    kv.data(),
+                                    block_tables.data(),
+                                    row_pos.data(),
+                                    row_table.data(),
+                                    row_split.data(),
+                                    cpu_partial.data(),
+                                    rows,
+                                    s.layer,
+                                    s.num_blocks,
+                                    s.block_size,
+                                    num_heads,
+                                    s.num_kv_heads,
+                                    s.head_dim,
+                                    kmath::attentionScale(s.head_dim)};
+  const auto split_config = gpu::attentionSplitLaunch(rows, num_heads, max_splits, s.head_dim);
+  const auto combine_config = gpu::attentionCombineLaunch(rows, num_heads);
+  if (!runOnCpu("attention", split_config, &gpu::attentionSplitKernel, cpu_args) ||
+      !runOnCpu("attention", combine_config, &gpu::attentionCombineKernel, cpu_args)) {
+    return false;
+  }
+  DeviceBuffer<float> d_q(q), d_out(std::vector<float>(q.size())), d_kv(kv),
+      d_partial(std::vector<float>(cpu_partial.size()));
+  DeviceBuffer<int32_t> d_tables(block_tables), d_pos(row_pos), d_table(row_table), d_split(row_split);
+  gpu::AttentionArgs args = cpu_args;
+  args.q = d_q.get();
+  args.out = d_out.get();
+  args.kv = d_kv.get();
+  args.block_tables = d_tables.get();
+  args.row_pos = d_pos.get();
+  args.row_table = d_table.get();
+  args.row_split = d_split.get();
+  args.partial = d_partial.get();
+  const auto launch = [&] {
+    const int code = gpu::launchAttentionSplit(split_config, args, nullptr);
+    return code != 0 ? code : gpu::launchAttentionCombine(combine_config, args, nullptr);
+  };
+  checkCuda(launch(), "attention");
+  checkCuda(cudaDeviceSynchronize(), "attention");
+  const bool pass = compare("attention", d_out.download(), cpu_out, false);
+  // Each (row, query head) reads K and V of its visible keys.
+  double kv_bytes = 0.0;
+  for (int32_t p : row_pos) kv_bytes += 2.0 * (p + 1) * s.head_dim * sizeof(float) * num_heads;
+  timeKernel("attention", kv_bytes + 2.0 * d_q.bytes(), launch);
+  return pass;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: cudaGetDeviceCount %s\n",
+                 err != cudaSuccess ? (std::string("failed: ") + cudaGetErrorString(err)).c_str()
+                                    : "found 0 devices (no error)");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  checkCuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("device 0: %s, compute capability %d.%d, %d device(s)\n", prop.name, prop.major, prop.minor, devices);
+  if (prop.major * 10 + prop.minor != 90) {
+    std::printf("note: built for compute capability 9.0 (H100/H200) only; on another device the launches fail\n");
+  }
+  bool all_pass = true;
+  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAddBias, checkGatherRows, checkWriteKv,
+                          checkAttention}) {
+    all_pass = check() && all_pass;
+  }
+  std::printf("%s\n", all_pass ? "all kernels PASS" : "some kernels FAIL");
+  return all_pass ? 0 : 1;
+}
