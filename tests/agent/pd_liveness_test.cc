@@ -82,6 +82,30 @@ std::vector<json> traces(const AgentProcess& d) {
   return out;
 }
 
+// The trace line of the request `r` answered. The agent writes it after the
+// reply has gone out, so it may lag the reply on a loaded machine: wait for it.
+json traceOf(const AgentProcess& d, const Reply& r) {
+  const json id = r.body.is_object() ? r.body.value("id", json()) : json();
+  json found;
+  const bool seen = waitFor([&] {
+    for (const json& t : traces(d)) {
+      if (t.is_object() && !id.is_null() && t.value("request_id", json()) == id) {
+        found = t;
+        return true;
+      }
+    }
+    return false;
+  });
+  if (!seen) ADD_FAILURE() << "no trace line for request " << id.dump() << " in " << d.trace();
+  return found;
+}
+
+// Every trace line once there are at least `n`.
+std::vector<json> tracesOnce(const AgentProcess& d, size_t n) {
+  EXPECT_TRUE(waitFor([&] { return traces(d).size() >= n; })) << d.trace();
+  return traces(d);
+}
+
 double peerState(const AgentProcess& d, const AgentProcess& p, const std::string& state) {
   return seriesValue(scrape(d), "tandem_kv_prefill_peer_state",
                      {"peer=\"" + kvAddress(p) + "\"", "state=\"" + state + "\""});
@@ -143,7 +167,7 @@ TEST_F(PdLivenessTest, RequestsForAStoppedPrefillAgentMoveToTheOther) {
   EXPECT_EQ(peerState(*d_, *p2_, "healthy"), 1);
   EXPECT_EQ(prefillsServed(*p2_), 4);
   int moved = 0;
-  for (const json& t : traces(*d_)) {
+  for (const json& t : tracesOnce(*d_, 5)) {  // warm up, 3 concurrent, after
     if (t["moved_from_peer"] == kvAddress(*p1_)) {
       ++moved;
       EXPECT_EQ(t["prefill_peer"], kvAddress(*p2_)) << t.dump();
@@ -182,13 +206,15 @@ TEST_F(PdLivenessTest, WithTheOnlyPrefillAgentStoppedDecodeComputesThePromptItse
     if (i == 0) {
       EXPECT_EQ(r.body["choices"][0]["text"], reference.body["choices"][0]["text"]);
     }
-    EXPECT_EQ(traces(*d_).back()["path"], "fallback") << traces(*d_).back().dump();
+    const json t = traceOf(*d_, r);
+    EXPECT_EQ(t["path"], "fallback") << t.dump();
   }
   EXPECT_GE(seriesValue(scrape(*d_), "tandem_kv_prefill_failovers_total", {"reason=\"suspect\"", "to=\"local\""}), 1);
   ASSERT_EQ(kill(p1_->pid(), SIGCONT), 0);
   EXPECT_TRUE(waitFor([&] { return peerState(*d_, *p1_, "healthy") == 1; })) << scrape(*d_);
-  ASSERT_EQ(complete(*d_, "after SIGCONT").status, 200);
-  EXPECT_EQ(traces(*d_).back()["path"], "disagg");
+  const Reply back = complete(*d_, "after SIGCONT");
+  ASSERT_EQ(back.status, 200);
+  EXPECT_EQ(traceOf(*d_, back)["path"], "disagg");
   expectNoBlocksHeld(*d_);
   expectNoBlocksHeld(*p1_);
 }
@@ -209,7 +235,7 @@ TEST_F(PdLivenessTest, AnAcceptedPrefillThatNeverFinishesMovesAtItsDeadline) {
   EXPECT_EQ(r.status, 200) << r.body.dump() << d_->log();
   EXPECT_GE(r.took, std::chrono::milliseconds(1500));
   EXPECT_LT(r.took, kBound);
-  const json t = traces(*d_).back();
+  const json t = traceOf(*d_, r);
   EXPECT_EQ(t["moved_from_peer"], kvAddress(*p1_)) << t.dump();
   EXPECT_EQ(t["prefill_peer"], kvAddress(*p2_)) << t.dump();
   EXPECT_EQ(t["path"], "disagg");
@@ -221,7 +247,7 @@ TEST_F(PdLivenessTest, AnAcceptedPrefillThatNeverFinishesMovesAtItsDeadline) {
   const double before = prefillsServed(*p1_);
   const Reply next = complete(*d_, "the next request", kvAddress(*p1_));
   EXPECT_EQ(next.status, 200) << next.body.dump();
-  EXPECT_EQ(traces(*d_).back()["prefill_peer"], kvAddress(*p1_));
+  EXPECT_EQ(traceOf(*d_, next)["prefill_peer"], kvAddress(*p1_));
   EXPECT_GE(prefillsServed(*p1_), before + 1);
   for (const AgentProcess* a : {d_.get(), p1_.get(), p2_.get()}) expectNoBlocksHeld(*a);
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*p1_), "tandem_kv_leases_active{") == 0; }));

@@ -156,9 +156,12 @@ class DashboardsE2eTest : public OperatorTest {
         if (!groups.is_array()) groups = json::array();
         groups.push_back({{"targets", {"127.0.0.1:" + std::to_string(metrics_port_)}}, {"labels", json::object()}});
         if (groups.dump() != last) {
-          last = groups.dump();
-          std::ofstream(merged_targets_ + ".tmp") << last;
-          std::filesystem::rename(merged_targets_ + ".tmp", merged_targets_);
+          // Atomically (a rename); a failed write is tried again next round,
+          // never thrown out of this thread.
+          std::ofstream(merged_targets_ + ".tmp") << groups.dump();
+          std::error_code ec;
+          std::filesystem::rename(merged_targets_ + ".tmp", merged_targets_, ec);
+          last = ec ? std::string() : groups.dump();
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
       }
@@ -171,10 +174,11 @@ class DashboardsE2eTest : public OperatorTest {
     return {"--prometheus-url", prometheus_->url()};
   }
   void TearDown() override {
-    OperatorTest::TearDown();
-    prometheus_.reset();
+    // The merger writes into the test's directory, which the fixture removes.
     merging_ = false;
     if (merger_.joinable()) merger_.join();
+    prometheus_.reset();
+    OperatorTest::TearDown();
   }
 
   // Prometheus' answer to an instant query (status, and the data on success).
