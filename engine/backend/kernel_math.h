@@ -4,17 +4,23 @@
 // Everything here is a pure function of its arguments and marked TANDEM_HD, so
 // the CUDA kernels call exactly the code that the CPU backend runs and that the
 // CPU tests cover (DESIGN.md §6: the GPU cannot be exercised here). Keep it
-// header-only, free of the standard library beyond <cmath>/<cstdint>, and free
+// header-only, free of the standard library beyond <cmath>/<cstdint>/<cstring>, and free
 // of anything that allocates or throws.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define TANDEM_HD __host__ __device__
+// Not __forceinline__: it expands to `__inline__ __attribute__((always_inline))`,
+// and the uses also say `inline` (for the host), which nvcc rejects as a
+// duplicate specifier.
+#define TANDEM_HD_ALWAYS_INLINE __host__ __device__ __attribute__((always_inline))
 #else
 #define TANDEM_HD
+#define TANDEM_HD_ALWAYS_INLINE [[gnu::always_inline]]
 #endif
 
 namespace tandem::engine::kmath {
@@ -110,5 +116,53 @@ TANDEM_HD inline void ropeRotateHead(float* x, const float* cos_t, const float* 
 
 // SiLU(gate) * up, the SwiGLU of Llama's MLP.
 TANDEM_HD inline float swiglu(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+
+// ---- e^x from IEEE operations only -------------------------------------------
+// + - * / and fma are exactly rounded everywhere, so this gives the same bits
+// on every CPU, at every SIMD width and on a GPU, unlike the libraries' expf
+// (glibc's scalar and vector variants round differently from each other and
+// from CUDA's). The CPU backend's SwiGLU and the portable kernels use it.
+// x is clamped to [-87, 88] (results in [1.6e-38, 1.7e38]: no overflow, no
+// subnormals; e^-inf is therefore 1.6e-38, not 0: callers that mask use 0
+// themselves). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, Cephes
+// expf's polynomial for e^r (relative error ~1e-7), 2^n added to the exponent.
+
+TANDEM_HD_ALWAYS_INLINE inline int32_t floatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_int(f);
+#else
+  int32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+#endif
+}
+
+TANDEM_HD_ALWAYS_INLINE inline float floatFromBits(int32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+TANDEM_HD_ALWAYS_INLINE inline float expIeee(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = fmaf(x, 1.44269504088896341f, kRound) - kRound;
+  float r = fmaf(n, -0.693359375f, x);  // ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in n * it
+  r = fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  const float e_r = fmaf(p, r * r, r) + 1.0f;
+  const int32_t bits =
+      floatBits(e_r) + static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(n)) << 23);
+  return floatFromBits(bits);
+}
 
 }  // namespace tandem::engine::kmath

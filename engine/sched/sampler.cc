@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include "engine/sched/sampler_math.h"
+
 namespace tandem::engine {
 namespace {
 
@@ -36,16 +38,8 @@ uint64_t SamplerRng::next() {
 
 namespace {
 
-// Candidate `id` as a 64-bit word: a sort key in the upper half (ascending
-// keys are logits descending; the float's bits mapped to an unsigned integer
-// of the same order, -0 folded into +0 since they are equal logits) and the
-// id in the lower half.
-uint64_t candidate(float logit, TokenId id) {
-  uint32_t bits = std::bit_cast<uint32_t>(logit + 0.0f);
-  bits = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;  // ascending with the logit
-  return (static_cast<uint64_t>(~bits) << 32) | static_cast<uint32_t>(id);
-}
-TokenId idOf(uint64_t c) { return static_cast<TokenId>(static_cast<uint32_t>(c)); }
+using sampling::candidateId;
+using sampling::candidateKey;
 
 // Sorts candidates given in id order into the sampling order: logit
 // descending, ties by id ascending. A stable LSD radix sort on the key byte
@@ -69,50 +63,6 @@ void sortCandidates(std::vector<uint64_t>& v, std::vector<uint64_t>& tmp) {
   }
 }
 
-// The steps both samplers share, so that they do the same arithmetic.
-
-// s.probs[i] = exp((logit of candidate i - max_logit) / T) for the first
-// `keep` candidates of s.order; returns their sum, added in that order.
-double weightCandidates(std::span<const float> logits, size_t keep, double max_logit, double inv_t, SamplerScratch& s) {
-  s.probs.resize(keep);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    s.probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(idOf(s.order[i]))]) - max_logit) * inv_t);
-    sum += s.probs[i];
-  }
-  return sum;
-}
-
-// The shortest prefix of probs[0, keep) whose normalised mass reaches
-// top_p, or all `keep` if none does (*reached says which).
-size_t topPPrefix(const std::vector<double>& probs, size_t keep, double sum, float top_p, bool* reached) {
-  double acc = 0;
-  size_t n = 0;
-  bool hit = false;
-  while (n < keep && !hit) {
-    acc += probs[n] / sum;
-    ++n;
-    hit = acc >= static_cast<double>(top_p);
-  }
-  *reached = hit;
-  return n;
-}
-
-double sumOf(const std::vector<double>& probs, size_t n) {
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += probs[i];
-  return sum;
-}
-
-// The first i < n at which r minus probs[0..i] drops below 0; n if none.
-size_t walk(const std::vector<double>& probs, size_t n, double r) {
-  for (size_t i = 0; i < n; ++i) {
-    r -= probs[i];
-    if (r < 0) return i;
-  }
-  return n;
-}
-
 // The definition of temperature / top-k / top-p sampling, over the whole
 // vocabulary, given the one uniform draw u:
 //   candidates in order (logit descending, id ascending), the first top_k kept;
@@ -122,35 +72,37 @@ size_t walk(const std::vector<double>& probs, size_t n, double r) {
 // sampleToken gives exactly this token without sorting or exponentiating
 // candidates that cannot change it, and falls back to this where they could.
 // (Sorting all candidates and keeping the first top_k is the same as sorting
-// the top_k: the order is total.)
+// the top_k: the order is total.) The arithmetic is sampler_math.h's, which
+// the GPU sampling kernel shares.
 TokenId sampleExact(std::span<const float> logits, const SamplingParams& p, double u, SamplerScratch& s) {
   const size_t vocab = logits.size();
   s.order.resize(vocab);
-  for (size_t i = 0; i < vocab; ++i) s.order[i] = candidate(logits[i], static_cast<TokenId>(i));
+  for (size_t i = 0; i < vocab; ++i) s.order[i] = candidateKey(logits[i], static_cast<TokenId>(i));
   sortCandidates(s.order, s.tmp);
   size_t keep = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab ? static_cast<size_t>(p.top_k) : vocab;
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
-  const double max_logit = logits[static_cast<size_t>(idOf(s.order[0]))];
-  double sum = weightCandidates(logits, keep, max_logit, inv_t, s);
+  const double max_logit = logits[static_cast<size_t>(candidateId(s.order[0]))];
+  s.probs.resize(keep);
+  double sum = sampling::weightCandidates(logits.data(), s.order.data(), keep, max_logit, inv_t, s.probs.data());
   if (p.top_p < 1.0f) {
     bool reached;
-    keep = topPPrefix(s.probs, keep, sum, p.top_p, &reached);
-    sum = sumOf(s.probs, keep);
+    keep = sampling::topPPrefix(s.probs.data(), keep, sum, p.top_p, &reached);
+    sum = sampling::sumOf(s.probs.data(), keep);
   }
-  const size_t i = walk(s.probs, keep, u * sum);
-  return idOf(s.order[i < keep ? i : keep - 1]);
+  const size_t i = sampling::walk(s.probs.data(), keep, u * sum);
+  return candidateId(s.order[i < keep ? i : keep - 1]);
 }
-
-// A candidate whose exponent argument (logit - max) / T is below this has
-// p < 2^-54 (e^-40 ~ 4e-18). The top candidate's p is exactly 1, so every sum
-// of p's is >= 1, and adding such a p rounds back to the same double: it
-// changes neither the sum nor the top-p prefix. Only a draw that walks past
-// every larger candidate could pick it; sampleToken then falls back to sampleExact.
-constexpr double kNegligibleExponent = -40.0;
 
 }  // namespace
 
 TokenId sampleToken(std::span<const float> logits, const SamplingParams& p, SamplerRng& rng, SamplerScratch* scratch) {
+  // The one draw (nothing else reads rng); greedy draws nothing.
+  const double u = p.temperature <= 0.0f ? 0.0 : rng.uniform();
+  return sampleTokenWithDraw(logits, p, u, scratch);
+}
+
+TokenId sampleTokenWithDraw(std::span<const float> logits, const SamplingParams& p, double u,
+                            SamplerScratch* scratch) {
   const int vocab = static_cast<int>(logits.size());
   if (p.temperature <= 0.0f) {
     int best = 0;
@@ -162,7 +114,6 @@ TokenId sampleToken(std::span<const float> logits, const SamplingParams& p, Samp
   // sampleExact, without its full sort and its exp per vocabulary entry: only
   // candidates that are not negligible are sorted and exponentiated.
   SamplerScratch& s = *scratch;
-  const double u = rng.uniform();  // the one draw (nothing else reads rng)
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   float max = logits[0];
   for (int i = 1; i < vocab; ++i) max = logits[static_cast<size_t>(i)] > max ? logits[static_cast<size_t>(i)] : max;
@@ -170,26 +121,17 @@ TokenId sampleToken(std::span<const float> logits, const SamplingParams& p, Samp
   s.order.clear();
   for (int i = 0; i < vocab; ++i) {
     const float x = logits[static_cast<size_t>(i)];
-    if ((static_cast<double>(x) - max_logit) * inv_t >= kNegligibleExponent) s.order.push_back(candidate(x, i));
+    if ((static_cast<double>(x) - max_logit) * inv_t >= sampling::kNegligibleExponent) {
+      s.order.push_back(candidateKey(x, i));
+    }
   }
   if (s.order.empty()) return sampleExact(logits, p, u, s);  // NaN logits: the definition decides
   const size_t limit = p.top_k > 0 && p.top_k < vocab ? static_cast<size_t>(p.top_k) : static_cast<size_t>(vocab);
-  const size_t keep = std::min(limit, s.order.size());
-  // Whether sampleExact's kept candidates go on past ours (with negligible ones).
-  const bool truncated = keep < limit;
   sortCandidates(s.order, s.tmp);
-  double sum = weightCandidates(logits, keep, max_logit, inv_t, s);
-  size_t nucleus = keep;
-  if (p.top_p < 1.0f) {
-    bool reached;
-    nucleus = topPPrefix(s.probs, keep, sum, p.top_p, &reached);
-    if (!reached && truncated) return sampleExact(logits, p, u, s);
-    sum = sumOf(s.probs, nucleus);
-  }
-  if (const size_t i = walk(s.probs, nucleus, u * sum); i < nucleus) return idOf(s.order[i]);
-  // sampleExact would walk on into the negligible candidates when there are any.
-  if (truncated && nucleus == keep) return sampleExact(logits, p, u, s);
-  return idOf(s.order[nucleus - 1]);
+  s.probs.resize(std::min(limit, s.order.size()));
+  const int32_t token = sampling::pickFromSorted(logits.data(), s.order.data(), s.order.size(), limit, max_logit,
+                                                 inv_t, p.top_p, u, s.probs.data());
+  return token == sampling::kDecideExactly ? sampleExact(logits, p, u, s) : token;
 }
 
 }  // namespace tandem::engine

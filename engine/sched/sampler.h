@@ -39,4 +39,10 @@ struct SamplerScratch {
 TokenId sampleToken(std::span<const float> logits, const SamplingParams& params, SamplerRng& rng,
                     SamplerScratch* scratch);
 
+// The same with the draw given: `u` is what rng.uniform() would have
+// returned (ignored when greedy). For a device sampler that takes its draws
+// from the requests' SamplerRng on the host and leaves some rows to this.
+TokenId sampleTokenWithDraw(std::span<const float> logits, const SamplingParams& params, double u,
+                            SamplerScratch* scratch);
+
 }  // namespace tandem::engine

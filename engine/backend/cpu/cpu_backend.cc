@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "engine/backend/kernel_math.h"
+#include "engine/backend/scoped_timer.h"
 
 namespace tandem::engine {
 namespace {
@@ -38,59 +39,19 @@ void growTo(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Adds the wall time of its scope to *total. It reads the machine's clock,
-// not an injected Clock, on purpose: it measures how long the kernels
-// themselves take (BackendStats, for `./tandem bench engine`), which only
-// real time can say, and nothing the engine decides depends on it.
-class ScopedTimer {
- public:
-  explicit ScopedTimer(std::chrono::nanoseconds* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() { *total_ += std::chrono::steady_clock::now() - start_; }
-  ScopedTimer(const ScopedTimer&) = delete;
-  ScopedTimer& operator=(const ScopedTimer&) = delete;
-
- private:
-  std::chrono::nanoseconds* total_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 // ---- SwiGLU ----------------------------------------------------------------
-// kmath::swiglu's formula, gate / (1 + e^-gate) * up, with e^x computed from
-// IEEE operations only (+ - * / and fma, all exactly rounded), so that the
-// vectorised loop, its scalar remainder and every SIMD level below give the
-// same bits for the same element: a row's result never depends on where it
-// sits in the batch. (glibc's scalar expf was most of the MLP's non-GEMM
-// time, and its vector variants round differently from it. Like CUDA's expf,
-// this exp is not glibc's: results differ from kmath::swiglu in the last bits.)
-
-// e^x, x clamped to [-87, 88] (results in [1.6e-38, 1.7e38]: no overflow,
-// no subnormals). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, Cephes
-// expf's polynomial for e^r (relative error ~1e-7), 2^n added to the exponent.
-[[gnu::always_inline]] inline float expIeee(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = std::fma(x, 1.44269504088896341f, kRound) - kRound;
-  float r = std::fma(n, -0.693359375f, x);  // ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in n * it
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  const float e_r = std::fma(p, r * r, r) + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &e_r, sizeof(bits));
-  bits += static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(n)) << 23);
-  float result;
-  std::memcpy(&result, &bits, sizeof(result));
-  return result;
-}
+// kmath::swiglu's formula, gate / (1 + e^-gate) * up, with e^x from
+// kmath::expIeee (IEEE operations only), so that the vectorised loop, its
+// scalar remainder and every SIMD level below give the same bits for the same
+// element: a row's result never depends on where it sits in the batch; and
+// the portable CUDA kernels' SwiGLU gives the same bits too. (glibc's scalar
+// expf was most of the MLP's non-GEMM time, and its vector variants round
+// differently from it. Results differ from kmath::swiglu in the last bits.)
 
 [[gnu::always_inline]] inline void swigluLoop(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + expIeee(-g)) * up[i];
+    out[i] = g / (1.0f + kmath::expIeee(-g)) * up[i];
   }
 }
 

@@ -1,0 +1,215 @@
+#include "engine/backend/cuda/kernel_backend.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+
+#include <absl/strings/str_cat.h>
+
+#include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/sampling_kernel.h"
+#include "engine/backend/kernel_math.h"
+#include "engine/backend/scoped_timer.h"
+
+namespace tandem::engine {
+
+KernelBackend::KernelBackend(const KernelBackendOptions& options) : gemm_(options.gemm), executor_(options.executor) {}
+
+template <typename Args>
+void KernelBackend::launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args) {
+  if (!status_.ok()) return;
+  status_ = executor_.launch(config, kernel, args);
+}
+
+std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
+  return gemm_.prepareWeight(w, n, k);
+}
+
+void KernelBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
+  gemm_.gemm(x, w, y, m, accumulate);
+}
+
+void KernelBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  gemm_.gemm(x, w, y, m, n, k, accumulate);
+}
+
+void KernelBackend::logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) {
+  gemm_.logits(hidden, lm_head, logits_host, m);
+}
+
+
+void KernelBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  launch(gpu::rmsNormLaunch(rows), &gpu::rmsNormKernel, gpu::RmsNormArgs{x, weight, out, rows, dim, eps});
+}
+
+void KernelBackend::growRopeTable(int32_t positions, std::span<const float> inv_freq) {
+  const auto half = static_cast<int32_t>(inv_freq.size());
+  if (!std::equal(inv_freq.begin(), inv_freq.end(), rope_inv_freq_.begin(), rope_inv_freq_.end())) {
+    rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
+    rope_cos_.clear();
+    rope_sin_.clear();
+  }
+  const size_t cached = rope_cos_.size() / static_cast<size_t>(half);
+  if (static_cast<size_t>(positions) <= cached) return;
+  // Doubling, so a growing context does not refill the table every step.
+  const size_t target = std::max(static_cast<size_t>(positions), 2 * cached);
+  rope_cos_.resize(target * static_cast<size_t>(half));
+  rope_sin_.resize(rope_cos_.size());
+  for (size_t p = cached; p < target; ++p) {
+    for (int32_t i = 0; i < half; ++i) {
+      const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
+      kmath::ropeCosSinFreq(static_cast<int32_t>(p), inv_freq[static_cast<size_t>(i)], &rope_cos_[at], &rope_sin_[at]);
+    }
+  }
+}
+
+void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+                         std::span<const float> inv_freq) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  assert(inv_freq.size() == static_cast<size_t>(head_dim / 2));
+  int32_t max_pos = 0;
+  for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
+  growRopeTable(max_pos + 1, inv_freq);
+  launch(gpu::ropeLaunch(rows), &gpu::ropeKernel,
+         gpu::RopeArgs{x, positions, rope_cos_.data(), rope_sin_.data(), rows, num_heads, head_dim});
+}
+
+void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  launch(gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim), &gpu::addBiasKernel,
+         gpu::AddBiasArgs{y, bias, rows, dim});
+}
+
+void KernelBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  launch(gpu::elementwiseLaunch(n), &gpu::swigluKernel, gpu::SwigluArgs{gate, up, out, n});
+}
+
+void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  launch(gpu::gatherRowsLaunch(num_rows), &gpu::gatherRowsKernel, gpu::GatherRowsArgs{src, rows, dst, num_rows, dim});
+}
+
+void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
+                            KvStorage& kv) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  const KvLayout& layout = kv.layout();
+  row_block_.clear();
+  row_slot_.clear();
+  for (const ChunkDesc& c : chunks) {
+    for (int32_t r = 0; r < c.num_rows; ++r) {
+      const int32_t pos = c.start_pos + r;
+      row_block_.push_back(c.block_table[static_cast<size_t>(kmath::blockIndexOf(pos, layout.block_size))].value());
+      row_slot_.push_back(kmath::slotOf(pos, layout.block_size));
+    }
+  }
+  // Rows are grouped by chunk in order (backend.h): row r of the step is the r-th pushed.
+  const auto rows = static_cast<int32_t>(row_block_.size());
+  if (rows == 0) return;
+  launch(gpu::writeKvLaunch(rows), &gpu::writeKvKernel,
+         gpu::WriteKvArgs{k, v, kv.layerBlock(0, BlockId(0)), row_block_.data(), row_slot_.data(), rows, layer,
+                          layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim});
+}
+
+void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                              const AttentionShape& shape, float* out) {
+  const ScopedTimer t(&stats_.attention_time);
+  const KvLayout& layout = kv.layout();
+  if (shape.head_dim > gpu::kAttentionMaxHeadDim) {
+    status_.Update(absl::InvalidArgumentError(absl::StrCat("attention: head_dim ", shape.head_dim, " is over the ",
+                                                           gpu::kAttentionMaxHeadDim, " the kernel holds")));
+    return;
+  }
+  block_tables_.clear();
+  row_pos_.clear();
+  row_table_.clear();
+  row_split_.clear();
+  int32_t splits = 0, max_splits = 1;
+  for (const ChunkDesc& c : chunks) {
+    const auto table_at = static_cast<int32_t>(block_tables_.size());
+    for (BlockId b : c.block_table) block_tables_.push_back(b.value());
+    for (int32_t r = 0; r < c.num_rows; ++r) {
+      const int32_t pos = c.start_pos + r;
+      const int32_t s = gpu::attentionSplits(kmath::visibleKeys(c.start_pos, r));
+      row_pos_.push_back(pos);
+      row_table_.push_back(table_at);
+      row_split_.push_back(splits);
+      splits += s;
+      max_splits = std::max(max_splits, s);
+    }
+  }
+  const auto rows = static_cast<int32_t>(row_pos_.size());
+  if (rows == 0) return;
+  partial_.resize(static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
+                  static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
+  const gpu::AttentionArgs args{q,
+                                out,
+                                kv.layerBlock(0, BlockId(0)),
+                                block_tables_.data(),
+                                row_pos_.data(),
+                                row_table_.data(),
+                                row_split_.data(),
+                                partial_.data(),
+                                rows,
+                                layer,
+                                layout.num_blocks,
+                                layout.block_size,
+                                shape.num_heads,
+                                shape.num_kv_heads,
+                                shape.head_dim,
+                                kmath::attentionScale(shape.head_dim)};
+  launch(gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim), &gpu::attentionSplitKernel,
+         args);
+  launch(gpu::attentionCombineLaunch(rows, shape.num_heads), &gpu::attentionCombineKernel, args);
+}
+
+std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_t vocab,
+                                           std::span<const SamplingParams> params, std::span<const double> uniforms,
+                                           int* on_host) {
+  const auto rows = static_cast<int32_t>(params.size());
+  assert(logits.size() == static_cast<size_t>(rows) * static_cast<size_t>(vocab) && uniforms.size() == params.size());
+  std::vector<TokenId> tokens(params.size());
+  if (on_host != nullptr) *on_host = 0;
+  if (rows == 0) return tokens;
+  temperature_.clear();
+  top_p_.clear();
+  top_k_.clear();
+  for (const SamplingParams& p : params) {
+    temperature_.push_back(p.temperature);
+    top_p_.push_back(p.top_p);
+    top_k_.push_back(p.top_k);
+  }
+  sampled_.assign(params.size(), gpu::kSampleOnHost);
+  sample_probs_.resize(params.size() * gpu::kSampleMaxCandidates);
+  launch(gpu::sampleLaunch(rows), &gpu::sampleKernel,
+         gpu::SampleArgs{logits.data(), temperature_.data(), top_k_.data(), top_p_.data(), uniforms.data(),
+                         sample_probs_.data(), sampled_.data(), rows, vocab});
+  for (int32_t r = 0; r < rows; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    if (sampled_[i] != gpu::kSampleOnHost) {
+      tokens[i] = sampled_[i];
+      continue;
+    }
+    tokens[i] = sampleTokenWithDraw(logits.subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
+                                    params[i], uniforms[i], &sampler_scratch_);
+    if (on_host != nullptr) ++*on_host;
+  }
+  return tokens;
+}
+
+BackendStats KernelBackend::stats() const {
+  BackendStats s = stats_;
+  const BackendStats g = gemm_.stats();
+  s.gemm_calls = g.gemm_calls;
+  s.gemm_time = g.gemm_time;
+  s.gemm_flops = g.gemm_flops;
+  return s;
+}
+
+void KernelBackend::resetStats() {
+  stats_ = BackendStats{};
+  gemm_.resetStats();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,92 @@
+#pragma once
+// The CUDA backend's kernels (kernels.h) behind the Backend interface, run on
+// the CPU by the executor (cpu_executor.h): every call but the GEMMs launches
+// the same kernel source nvcc compiles for the GPU, with the same launch
+// shapes. The GEMMs (and logits) go to the CPU backend's GEMM, standing in for
+// cuBLAS. So the whole model can run through the GPU kernels here and be
+// compared with the CPU backend (tests/engine/backend/cuda), and the agent can
+// serve with it (`--device cuda-emulator`: slow, for checking the kernels end
+// to end, never for production).
+//
+// Memory is host memory, as everywhere on this backend; the per-call
+// metadata (row blocks and slots, positions, block tables) is built on the
+// host as a device backend builds what it uploads.
+//
+// Errors: Backend's calls return nothing, and a failed launch here is a
+// kernel bug (a launch shape the subset forbids, divergent barriers), never
+// bad input. The first one is kept (status()) and every later call does
+// nothing; tests check status() after each forward pass.
+//
+// Not thread-safe, like every Backend.
+
+#include <memory>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/cpu_executor.h"
+#include "engine/sched/sampler.h"
+#include "src/common/status.h"
+
+namespace tandem::engine {
+
+struct KernelBackendOptions {
+  gpu::CpuExecutor::Options executor = gpu::CpuExecutor::optionsFromEnvironment();
+  CpuBackendOptions gemm;  // the stand-in for cuBLAS
+};
+
+class KernelBackend : public Backend {
+ public:
+  explicit KernelBackend(const KernelBackendOptions& options = {});
+
+  // OK, or the first kernel launch that failed (see the header comment).
+  const absl::Status& status() const { return status_; }
+  const gpu::CpuExecutor& executor() const { return executor_; }
+
+  std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
+  void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
+  void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
+  void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
+  void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
+            std::span<const float> inv_freq) override;
+  void addBias(float* y, const float* bias, int32_t rows, int32_t dim) override;
+  void swiglu(const float* gate, const float* up, float* out, int64_t n) override;
+  void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) override;
+  void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
+               KvStorage& kv) override;
+  void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
+                 const AttentionShape& shape, float* out) override;
+  void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;
+  BackendStats stats() const override;
+  void resetStats() override;
+
+  // One token per row of logits [rows, vocab] by the sampling kernel
+  // (sampling_kernel.h): row r with params[r] and the draw uniforms[r] (its
+  // request's SamplerRng::uniform(), ignored when greedy). Rows the kernel
+  // leaves to the host are decided by sampleTokenWithDraw; `on_host`, when
+  // given, counts them. The same tokens as the CPU sampler's.
+  std::vector<TokenId> sample(std::span<const float> logits, int32_t vocab, std::span<const SamplingParams> params,
+                              std::span<const double> uniforms, int* on_host = nullptr);
+
+ private:
+  // Runs kernel(args) over `config` unless an earlier launch failed.
+  template <typename Args>
+  void launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args);
+  // The cos/sin table covers positions [0, positions) for `inv_freq`.
+  void growRopeTable(int32_t positions, std::span<const float> inv_freq);
+
+  CpuBackend gemm_;
+  gpu::CpuExecutor executor_;
+  absl::Status status_;
+  BackendStats stats_;  // attention and element-wise times; the GEMMs' are gemm_'s
+  std::vector<float> rope_inv_freq_, rope_cos_, rope_sin_;  // [positions][head_dim / 2]
+  // Per-call metadata, reused.
+  std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
+  std::vector<float> partial_;  // attention's split partials
+  std::vector<float> temperature_, top_p_;
+  std::vector<int32_t> top_k_, sampled_;
+  std::vector<double> sample_probs_;
+  SamplerScratch sampler_scratch_;
+};
+
+}  // namespace tandem::engine

@@ -1,0 +1,341 @@
+#pragma once
+// The forward pass's kernels, written once in the portable CUDA subset
+// (portable.h): nvcc compiles them for the GPU (cuda_backend.cu), the host
+// compiler for the CPU executor (kernel_backend.cc), where every test runs
+// them. Each kernel states its launch shape and what it guarantees against
+// the CPU backend (engine/backend/cpu): *bitwise* where the arithmetic is the
+// same sequence of IEEE operations by design, else the tolerance the tests
+// hold it to.
+//
+// All pointers are device memory (host memory under the executor); shapes
+// in the comments are [rows, width], row-major, as in backend.h.
+
+#include <cstdint>
+
+#include "engine/backend/cuda/portable.h"
+#include "engine/backend/kernel_math.h"
+
+namespace tandem::gpu {
+
+namespace kmath = ::tandem::engine::kmath;
+
+inline uint32_t ceilDiv(int64_t n, int64_t d) { return static_cast<uint32_t>((n + d - 1) / d); }
+
+// ---- RMSNorm: one block of 128 threads per row --------------------------------
+// Bitwise the CPU backend's: the sum of squares is its 8-lane dot (lane l
+// sums x[i]² for i = l mod 8 below the last multiple of 8, in order; the
+// lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), which is the xor-1, 2, 4
+// butterfly; then the tail), then (x * (1 / sqrt(mean + eps))) * weight.
+// Also the per-head q/k norm (rows = tokens x heads, dim = head_dim).
+
+struct RmsNormArgs {
+  const float* x;       // [rows, dim]
+  const float* weight;  // [dim]
+  float* out;           // [rows, dim]; may equal x
+  int32_t rows, dim;
+  float eps;
+};
+constexpr int kRmsNormThreads = 128;
+inline LaunchConfig rmsNormLaunch(int32_t rows) {
+  return {{static_cast<uint32_t>(rows), 1, 1}, {kRmsNormThreads, 1, 1}, sizeof(float)};
+}
+TANDEM_KERNEL rmsNormKernel(const RmsNormArgs a) {
+  const size_t row = static_cast<size_t>(blockX());
+  const float* x = a.x + row * static_cast<size_t>(a.dim);
+  float* out = a.out + row * static_cast<size_t>(a.dim);
+  float* inv_shared = sharedMemory<float>();
+  if (warpId() == 0) {
+    const int lane = laneId();
+    const int n8 = a.dim - a.dim % 8;
+    float acc = 0.0f;
+    if (lane < 8) {
+      for (int i = lane; i < n8; i += 8) acc += x[i] * x[i];
+    }
+    acc += shflXor(acc, 1);
+    acc += shflXor(acc, 2);
+    acc += shflXor(acc, 4);
+    if (lane == 0) {
+      float tail = 0.0f;
+      for (int i = n8; i < a.dim; ++i) tail += x[i] * x[i];
+      const float mean_sq = (acc + tail) / static_cast<float>(a.dim);
+      inv_shared[0] = 1.0f / sqrtf(mean_sq + a.eps);
+    }
+  }
+  syncThreads();
+  const float inv = inv_shared[0];
+  for (int i = threadX(); i < a.dim; i += blockDimX()) out[i] = (x[i] * inv) * a.weight[i];
+}
+
+// ---- RoPE: one block per row ------------------------------------------------
+// Bitwise the CPU backend's: cos/sin come from a table of
+// kmath::ropeCosSinFreq values the backend fills on the host (the same
+// function the CPU backend's table uses), the rotation is
+// kmath::ropeRotateHead's arithmetic.
+
+struct RopeArgs {
+  float* x;                  // [rows, num_heads * head_dim], rotated in place
+  const int32_t* positions;  // [rows]
+  const float* cos_table;    // [positions][head_dim / 2]
+  const float* sin_table;    // [positions][head_dim / 2]
+  int32_t rows, num_heads, head_dim;
+};
+constexpr int kRopeThreads = 128;
+inline LaunchConfig ropeLaunch(int32_t rows) { return {{static_cast<uint32_t>(rows), 1, 1}, {kRopeThreads, 1, 1}, 0}; }
+TANDEM_KERNEL ropeKernel(const RopeArgs a) {
+  const int row = blockX();
+  const int half = a.head_dim / 2;
+  const size_t table_row = static_cast<size_t>(a.positions[row]) * static_cast<size_t>(half);
+  float* xr = a.x + static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) * static_cast<size_t>(a.head_dim);
+  for (int j = threadX(); j < a.num_heads * half; j += blockDimX()) {
+    const int h = j / half, i = j % half;
+    float* xh = xr + static_cast<size_t>(h) * static_cast<size_t>(a.head_dim);
+    const float c = a.cos_table[table_row + static_cast<size_t>(i)];
+    const float s = a.sin_table[table_row + static_cast<size_t>(i)];
+    const float x0 = xh[i];
+    const float x1 = xh[i + half];
+    xh[i] = x0 * c - x1 * s;
+    xh[i + half] = x1 * c + x0 * s;
+  }
+}
+
+// ---- Element-wise: SwiGLU, bias, gather ---------------------------------------
+// Bitwise the CPU backend's (one operation per element; SwiGLU's e^x is
+// kmath::expIeee on both).
+
+constexpr int kElementwiseThreads = 256;
+// Grid-stride loops over at most this many blocks.
+constexpr uint32_t kMaxElementwiseBlocks = 4096;
+inline LaunchConfig elementwiseLaunch(int64_t n) {
+  uint32_t blocks = ceilDiv(n, kElementwiseThreads);
+  blocks = blocks < 1 ? 1 : (blocks > kMaxElementwiseBlocks ? kMaxElementwiseBlocks : blocks);
+  return {{blocks, 1, 1}, {kElementwiseThreads, 1, 1}, 0};
+}
+
+struct SwigluArgs {
+  const float* gate;  // [n]
+  const float* up;    // [n]
+  float* out;         // [n]; may equal gate or up
+  int64_t n;
+};
+TANDEM_KERNEL swigluKernel(const SwigluArgs a) {
+  const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.n; i += stride) {
+    const float g = a.gate[i];
+    a.out[i] = g / (1.0f + kmath::expIeee(-g)) * a.up[i];
+  }
+}
+
+struct AddBiasArgs {
+  float* y;           // [rows, dim]
+  const float* bias;  // [dim]
+  int32_t rows, dim;
+};
+TANDEM_KERNEL addBiasKernel(const AddBiasArgs a) {
+  const int64_t n = static_cast<int64_t>(a.rows) * a.dim;
+  const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < n; i += stride) {
+    a.y[i] += a.bias[i % a.dim];
+  }
+}
+
+struct GatherRowsArgs {
+  const float* src;     // [*, dim]
+  const int32_t* rows;  // [num_rows], indices into src
+  float* dst;           // [num_rows, dim]
+  int32_t num_rows, dim;
+};
+constexpr int kGatherThreads = 128;
+inline LaunchConfig gatherRowsLaunch(int32_t num_rows) {
+  return {{static_cast<uint32_t>(num_rows), 1, 1}, {kGatherThreads, 1, 1}, 0};
+}
+TANDEM_KERNEL gatherRowsKernel(const GatherRowsArgs a) {
+  const size_t r = static_cast<size_t>(blockX());
+  const float* src = a.src + static_cast<size_t>(a.rows[r]) * static_cast<size_t>(a.dim);
+  float* dst = a.dst + r * static_cast<size_t>(a.dim);
+  for (int i = threadX(); i < a.dim; i += blockDimX()) dst[i] = src[i];
+}
+
+// ---- KV write: one block per row --------------------------------------------
+// Row r's K and V (num_kv_heads * head_dim floats each) to its slot of the
+// paged pool, in KvStorage's layout (kmath::kvOffset). The host resolves each
+// row's block and slot from the chunks' block tables (row_block, row_slot).
+
+struct WriteKvArgs {
+  const float* k;            // [rows, num_kv_heads * head_dim]
+  const float* v;            // [rows, num_kv_heads * head_dim]
+  float* kv;                 // the pool: [layers][blocks][2][block_size][num_kv_heads][head_dim]
+  const int32_t* row_block;  // [rows]
+  const int32_t* row_slot;   // [rows]
+  int32_t rows, layer, num_blocks, block_size, num_kv_heads, head_dim;
+};
+constexpr int kWriteKvThreads = 128;
+inline LaunchConfig writeKvLaunch(int32_t rows) {
+  return {{static_cast<uint32_t>(rows), 1, 1}, {kWriteKvThreads, 1, 1}, 0};
+}
+TANDEM_KERNEL writeKvKernel(const WriteKvArgs a) {
+  const int r = blockX();
+  const int width = a.num_kv_heads * a.head_dim;
+  const size_t k_at = kmath::kvOffset(a.layer, a.row_block[r], false, a.row_slot[r], 0, a.num_blocks, a.block_size,
+                                      a.num_kv_heads, a.head_dim);
+  const size_t v_at = kmath::kvOffset(a.layer, a.row_block[r], true, a.row_slot[r], 0, a.num_blocks, a.block_size,
+                                      a.num_kv_heads, a.head_dim);
+  const size_t src = static_cast<size_t>(r) * static_cast<size_t>(width);
+  for (int i = threadX(); i < width; i += blockDimX()) {
+    a.kv[k_at + static_cast<size_t>(i)] = a.k[src + static_cast<size_t>(i)];
+    a.kv[v_at + static_cast<size_t>(i)] = a.v[src + static_cast<size_t>(i)];
+  }
+}
+
+// ---- Paged attention, split over the keys ----------------------------------
+// One warp per (query head, row, split). A row at position p sees keys
+// [0, p]; they are cut into attentionSplits(p + 1) splits of
+// attentionSplitKeys(p + 1) keys (a function of the row's own position only,
+// never of the batch: batch invariance), each split computed with an online
+// softmax over tiles of 32 keys into a partial (o, m, l), and the partials
+// merged in split order by attentionCombineKernel. Prefill rows (causal,
+// chunked) and decode rows take the same path, so a row's bits do not depend
+// on which kind of step computes it. GQA: query head h reads KV head
+// kmath::kvHeadFor(h). Per tile, in the same order on every lane:
+//   s_j = (q . k_j) * scale            (sequential over head_dim)
+//   m'  = max(m, s_0..s_31)            (sequential)
+//   p_j = expIeee(s_j - m')            (0 for keys past the row)
+//   l   = l * expIeee(m - m') + sum p_j   (sequential; the factor is 0 when m = -inf)
+//   o_d = o_d * that factor + sum_j p_j v_j[d]   (j in key order)
+// Not bitwise the CPU backend (whose softmax is base 2 over 64-key blocks
+// with a lazy rescale): the tests hold it within 2e-5 relative of it.
+
+constexpr int kAttentionThreads = kWarpSize;
+constexpr int kAttentionTile = kWarpSize;
+constexpr int kAttentionMaxHeadDim = 256;
+// Keys per split below which a row has one split, and the most splits a row
+// gets (bounds the partials' workspace).
+constexpr int32_t kAttentionSplitKeys = 512;
+constexpr int32_t kAttentionMaxSplits = 16;
+
+TANDEM_HD inline int32_t attentionSplits(int32_t visible) {
+  const int32_t s = (visible + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  return s < 1 ? 1 : (s > kAttentionMaxSplits ? kAttentionMaxSplits : s);
+}
+// Keys per split: a multiple of the tile, at least visible / splits.
+TANDEM_HD inline int32_t attentionSplitKeys(int32_t visible) {
+  const int32_t splits = attentionSplits(visible);
+  const int32_t per = (visible + splits - 1) / splits;
+  return (per + kAttentionTile - 1) / kAttentionTile * kAttentionTile;
+}
+// Floats of one (split, head) partial: o[head_dim], m, l.
+TANDEM_HD inline int32_t attentionPartialFloats(int32_t head_dim) { return head_dim + 2; }
+
+struct AttentionArgs {
+  const float* q;               // [rows, num_heads * head_dim], rotated
+  float* out;                   // [rows, num_heads * head_dim]
+  const float* kv;              // the pool (WriteKvArgs::kv)
+  const int32_t* block_tables;  // every row's chunk's block table, concatenated
+  const int32_t* row_pos;       // [rows] the row's position (it sees keys [0, row_pos])
+  const int32_t* row_table;     // [rows] where its block table starts in block_tables
+  const int32_t* row_split;     // [rows] its first split's index in `partial`
+  float* partial;               // [splits of all rows][num_heads][attentionPartialFloats]
+  int32_t rows, layer, num_blocks, block_size, num_heads, num_kv_heads, head_dim;
+  float scale;  // kmath::attentionScale(head_dim)
+};
+// Grid: x = query heads, y = rows, z = the most splits any row has.
+inline LaunchConfig attentionSplitLaunch(int32_t rows, int32_t num_heads, int32_t max_splits, int32_t head_dim) {
+  return {{static_cast<uint32_t>(num_heads), static_cast<uint32_t>(rows), static_cast<uint32_t>(max_splits)},
+          {kAttentionThreads, 1, 1},
+          (static_cast<size_t>(head_dim) + 2 * kAttentionTile) * sizeof(float)};
+}
+TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
+  const int h = blockX(), row = blockY(), split = blockZ();
+  const int32_t visible = a.row_pos[row] + 1;
+  if (split >= attentionSplits(visible)) return;  // the whole block: no barrier is left waiting
+  const int32_t split_keys = attentionSplitKeys(visible);
+  const int32_t k0 = split * split_keys;
+  const int32_t k1 = k0 + split_keys < visible ? k0 + split_keys : visible;
+  const int kv_head = kmath::kvHeadFor(h, a.num_heads, a.num_kv_heads);
+  const int lane = laneId();
+  const int hd = a.head_dim;
+  float* q = sharedMemory<float>();  // [head_dim]
+  float* s_tile = q + hd;            // [32] scores
+  float* p_tile = s_tile + kAttentionTile;  // [32] weights
+  const float* qg = a.q + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h)) *
+                              static_cast<size_t>(hd);
+  for (int i = lane; i < hd; i += kWarpSize) q[i] = qg[i];
+  syncThreads();
+  const int32_t* table = a.block_tables + a.row_table[row];
+  float o[kAttentionMaxHeadDim / kWarpSize];  // dims lane, lane + 32, ...
+  for (float& x : o) x = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int32_t t0 = k0; t0 < k1; t0 += kAttentionTile) {
+    const int32_t key = t0 + lane;
+    float s = -INFINITY;
+    if (key < k1) {
+      const float* k = a.kv + kmath::kvOffset(a.layer, table[kmath::blockIndexOf(key, a.block_size)], false,
+                                              kmath::slotOf(key, a.block_size), kv_head, a.num_blocks, a.block_size,
+                                              a.num_kv_heads, hd);
+      float acc = 0.0f;
+      for (int i = 0; i < hd; ++i) acc += q[i] * k[i];
+      s = acc * a.scale;
+    }
+    s_tile[lane] = s;
+    syncThreads();
+    float m_new = m;
+    for (int j = 0; j < kAttentionTile; ++j) m_new = fmaxf(m_new, s_tile[j]);
+    const float factor = m == -INFINITY ? 0.0f : kmath::expIeee(m - m_new);
+    p_tile[lane] = key < k1 ? kmath::expIeee(s - m_new) : 0.0f;
+    syncThreads();
+    l *= factor;
+    const int32_t keys = k1 - t0 < kAttentionTile ? k1 - t0 : kAttentionTile;
+    for (int j = 0; j < keys; ++j) l += p_tile[j];
+    for (int d = 0; d * kWarpSize < hd; ++d) o[d] *= factor;
+    for (int j = 0; j < keys; ++j) {
+      const int32_t kj = t0 + j;
+      const float* v = a.kv + kmath::kvOffset(a.layer, table[kmath::blockIndexOf(kj, a.block_size)], true,
+                                              kmath::slotOf(kj, a.block_size), kv_head, a.num_blocks, a.block_size,
+                                              a.num_kv_heads, hd);
+      const float p = p_tile[j];
+      for (int d = 0; d * kWarpSize + lane < hd; ++d) o[d] += p * v[d * kWarpSize + lane];
+    }
+    m = m_new;
+  }
+  float* part = a.partial + (static_cast<size_t>(a.row_split[row] + split) * static_cast<size_t>(a.num_heads) +
+                             static_cast<size_t>(h)) *
+                                static_cast<size_t>(attentionPartialFloats(hd));
+  for (int d = 0; d * kWarpSize + lane < hd; ++d) part[d * kWarpSize + lane] = o[d];
+  if (lane == 0) {
+    part[hd] = m;
+    part[hd + 1] = l;
+  }
+}
+
+// Grid: x = query heads, y = rows.
+inline LaunchConfig attentionCombineLaunch(int32_t rows, int32_t num_heads) {
+  return {{static_cast<uint32_t>(num_heads), static_cast<uint32_t>(rows), 1}, {kAttentionThreads, 1, 1}, 0};
+}
+// out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max_s m_s, in split
+// order. With one split the factor is exactly 1 (expIeee(0) = 1): out = o / l.
+TANDEM_KERNEL attentionCombineKernel(const AttentionArgs a) {
+  const int h = blockX(), row = blockY();
+  const int32_t splits = attentionSplits(a.row_pos[row] + 1);
+  const int hd = a.head_dim;
+  const size_t stride = static_cast<size_t>(a.num_heads) * static_cast<size_t>(attentionPartialFloats(hd));
+  const float* first = a.partial + static_cast<size_t>(a.row_split[row]) * stride +
+                       static_cast<size_t>(h) * static_cast<size_t>(attentionPartialFloats(hd));
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, first[static_cast<size_t>(s) * stride + static_cast<size_t>(hd)]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float* part = first + static_cast<size_t>(s) * stride;
+    if (part[hd + 1] > 0.0f) l += part[hd + 1] * kmath::expIeee(part[hd] - m);
+  }
+  float* out = a.out + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h)) *
+                           static_cast<size_t>(hd);
+  for (int d = laneId(); d < hd; d += kWarpSize) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* part = first + static_cast<size_t>(s) * stride;
+      if (part[hd + 1] > 0.0f) acc += part[d] * kmath::expIeee(part[hd] - m);
+    }
+    out[d] = acc / l;
+  }
+}
+
+}  // namespace tandem::gpu
