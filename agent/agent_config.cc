@@ -193,6 +193,10 @@ void addServerOptions(std::vector<Option>& o) {
   o.push_back(stringOption("cache-salt", "model", "cache_salt",
                            "tenant salt of the KV block hashes: agents of another salt never share KV (empty: none)",
                            &AgentConfig::cache_salt));
+  o.push_back(stringOption("device", "engine", "device",
+                           "compute device: cpu, cuda (a GPU) or cuda-emulator (the GPU kernels run on the CPU, "
+                           "slowly: for checking them end to end; docs/cuda.md)",
+                           &AgentConfig::device, {"cpu", "cuda", "cuda-emulator"}));
 }
 
 // engine: the EngineOptions the agent passes through.

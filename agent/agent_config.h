@@ -61,6 +61,9 @@ struct AgentConfig {
   std::chrono::nanoseconds drain_grace = std::chrono::seconds(30);      // SIGTERM: in-flight work may finish this long
   // The pool key's directory (docs/security.md); empty: insecure.
   std::string pool_key_dir;
+  // The engine's compute device: cpu | cuda | cuda-emulator (the CUDA
+  // kernels run on the CPU; docs/cuda.md).
+  std::string device = "cpu";
   std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
   // The public API's keys (docs/api-keys.md): the keys file ("": API keys
   // off, every request is served), how often it is re-read, and the limits

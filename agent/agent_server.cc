@@ -19,6 +19,7 @@
 #include "agent/trace.h"
 #include "agent/worker_events_http.h"
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/kernel_backend.h"
 #include "engine/engine_loop.h"
 #include "engine/model/files.h"
 #include "engine/model/model_fingerprint.h"
@@ -434,8 +435,7 @@ struct AgentServer::Impl {
     // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
     // value is a start-up error here (the backend itself would abort on it).
     TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
-    auto backend = std::make_unique<engine::CpuBackend>(engine::CpuBackendOptions{.simd = simd});
-    cpu_simd = std::string(engine::simdLevelName(backend->simdLevel()));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
     TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
@@ -449,6 +449,29 @@ struct AgentServer::Impl {
     engine_options = engine->options();  // resolved, immutable: read on HTTP threads
     engine_options.kv_memory = nullptr;  // refers to start()'s KvSetup
     return engine;
+  }
+
+  // The engine's backend for --device. The GPU kernels exist and are
+  // checked on the CPU (cuda-emulator); the CUDA Backend that runs them on a
+  // GPU does not yet (docs/cuda.md), so --device cuda is refused by name.
+  absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
+    const engine::CpuBackendOptions cpu{.simd = simd};
+    if (config.device == "cuda") {
+      return absl::FailedPreconditionError(
+          "--device cuda: this tandem-agent has no CUDA backend (the GPU kernels are written and checked on the CPU, "
+          "the backend that runs them on a GPU is not yet: docs/cuda.md); use --device cpu, or --device "
+          "cuda-emulator to serve through the GPU kernels on the CPU");
+    }
+    if (config.device == "cuda-emulator") {
+      log.warn("--device cuda-emulator: the GPU kernels run on the CPU executor, far slower than --device cpu",
+               {{"executor_shuffle", gpu::CpuExecutor::optionsFromEnvironment().shuffle}});
+      auto backend = std::make_unique<engine::KernelBackend>(engine::KernelBackendOptions{.gemm = cpu});
+      cpu_simd = std::string(engine::simdLevelName(engine::resolveSimdLevel(simd)));  // its GEMM's
+      return backend;
+    }
+    auto backend = std::make_unique<engine::CpuBackend>(cpu);
+    cpu_simd = std::string(engine::simdLevelName(backend->simdLevel()));
+    return backend;
   }
 
   // The operator's pinned fingerprint, or the model files' (read once: the
@@ -552,6 +575,7 @@ struct AgentServer::Impl {
                          {"kv_blocks", config.engine.num_blocks},
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd},
+                         {"device", config.device},
                          {"api_keys", api_keys ? "on" : "off"}});
     return absl::OkStatus();
   }

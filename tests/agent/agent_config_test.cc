@@ -156,6 +156,23 @@ TEST(AgentConfigTest, PrefillDeadlineSettingsFromYamlAndFlags) {
   EXPECT_EQ(c->prefill_assumed_rate, 250.0);
 }
 
+TEST(AgentConfigTest, DeviceFromFlagOrYamlAndOnlyTheKnownOnes) {
+  auto c = parse({"--model-dir", "m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "cpu");
+  c = parse({"--model-dir", "m", "--device", "cuda-emulator"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "cuda-emulator");
+  c = parse({"--config", writeFile("device.yaml", "model: {dir: m}\nengine: {device: cuda}\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "cuda");
+  c = parse({"--model-dir", "m", "--device", "gpu"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("--device: \"gpu\" is not one of: cpu, cuda, cuda-emulator"),
+            std::string::npos)
+      << c.status();
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),
