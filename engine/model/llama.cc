@@ -36,7 +36,7 @@ KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size) 
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelWeights> weights,
-                                                               Backend& backend) {
+                                                               Backend& backend, AllReducePartials all_reduce) {
   if (weights == nullptr) return absl::InvalidArgumentError("model weights: null");
   const ModelConfig& c = weights->config;
   if (c.num_layers <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.vocab_size <= 0 || c.num_heads <= 0 ||
@@ -85,12 +85,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<c
     TANDEM_RETURN_IF_ERROR(checkSize(l.q_norm, qk_norm, p + "q_norm"));
     TANDEM_RETURN_IF_ERROR(checkSize(l.k_norm, qk_norm, p + "k_norm"));
   }
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), backend));
+  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), backend, std::move(all_reduce)));
 }
 
-LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend)
+LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, AllReducePartials all_reduce)
     : weights_(std::move(weights)),
       backend_(backend),
+      all_reduce_(std::move(all_reduce)),
       arch_(weights_->config.arch()),
       rope_inv_freq_(ropeInverseFrequencies(weights_->config)) {
   const ModelConfig& c = weights_->config;
@@ -204,13 +205,27 @@ void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<cons
   const LayerProjections& p = projections_[static_cast<size_t>(layer)];
   const AttentionShape shape{.num_heads = c.num_heads, .num_kv_heads = c.num_kv_heads, .head_dim = c.head_dim};
   backend_.attention(layer, q, chunks, kv, shape, attn_.data());
-  // Residual adds are folded into the GEMMs (accumulate): x += attn · Woᵀ.
-  backend_.gemm(attn_.data(), *p.wo, x, rows, /*accumulate=*/true);
+  addProjection(attn_.data(), *p.wo, x, rows);  // x += attn · Woᵀ
   backend_.rmsNorm(x, w.ffn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
   backend_.gemm(h_.data(), *p.w_gate, gate_.data(), rows, false);
   backend_.gemm(h_.data(), *p.w_up, up_.data(), rows, false);
   backend_.swiglu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(rows) * c.intermediate_size);
-  backend_.gemm(gate_.data(), *p.w_down, x, rows, /*accumulate=*/true);
+  addProjection(gate_.data(), *p.w_down, x, rows);  // x += swiglu · W_downᵀ
+}
+
+void LlamaModel::addProjection(const float* in, const PreparedWeight& w, float* x, int32_t rows) {
+  if (!all_reduce_) {
+    // Residual adds are folded into the GEMMs (accumulate).
+    backend_.gemm(in, w, x, rows, /*accumulate=*/true);
+    return;
+  }
+  // Tensor parallel: this rank's product is a partial sum, so it must be
+  // summed across ranks before it meets the residual stream, which every rank
+  // holds whole. The buffers are host memory, hence the plain loop.
+  const int64_t n = static_cast<int64_t>(rows) * config().hidden_size;
+  backend_.gemm(in, w, partial_.data(), rows, /*accumulate=*/false);
+  all_reduce_(partial_.data(), n);
+  for (int64_t i = 0; i < n; ++i) x[i] += partial_[static_cast<size_t>(i)];
 }
 
 absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
@@ -230,6 +245,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   growTo(attn_, product(rows, c.qDim()));
   growTo(gate_, product(rows, c.intermediate_size));
   growTo(up_, product(rows, c.intermediate_size));
+  if (all_reduce_) growTo(partial_, product(rows, c.hidden_size));
   growTo(tail_x_, product(num_logits, c.hidden_size));
   growTo(tail_q_, product(num_logits, c.qDim()));
 

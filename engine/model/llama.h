@@ -20,6 +20,13 @@
 //
 // Not thread-safe: the engine thread owns the model (it keeps scratch buffers).
 // The weights are shared read-only and may back several models.
+//
+// Tensor parallelism (tensor_parallel.h): given an AllReducePartials, the
+// model is one rank's shard. Its o_proj and down_proj products are partial
+// sums over the rank's heads / intermediate slice; each goes into a scratch
+// buffer, the hook sums it across ranks, and only then is it added to the
+// residual stream. Without one (the default) the residual adds stay folded
+// into the GEMMs, exactly as before.
 
 #include <cstdint>
 #include <functional>
@@ -43,6 +50,12 @@ KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size);
 // they finish. Runs on the engine thread, inside forward(): keep it short.
 using LayerObserver = std::function<void(int layer)>;
 
+// Replaces partial[0, n) — one rank's [rows, hidden] share of a row-parallel
+// projection — with the sum of every rank's partial, the same bits on every
+// rank. Called by each rank's model at the same points of forward(), twice per
+// layer computed (after attention and after the MLP), from that rank's thread.
+using AllReducePartials = std::function<void(float* partial, int64_t n)>;
+
 struct SequenceChunk {
   std::span<const TokenId> tokens;       // tokens computed this step (non-empty)
   int32_t start_pos = 0;                 // position of tokens[0]; KV for [0, start_pos) is already in the cache
@@ -56,8 +69,11 @@ class LlamaModel {
   // and prepares the projections in the backend's layout (Backend::
   // prepareWeight: for the CPU backend a packed copy, so the model holds its
   // projection weights twice). The backend must outlive the model.
+  // `all_reduce` makes the model a tensor-parallel rank (see above); weights
+  // then hold that rank's shard (shardWeights) and its config the shard's heads.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> create(std::shared_ptr<const ModelWeights> weights,
-                                                                          Backend& backend);
+                                                                          Backend& backend,
+                                                                          AllReducePartials all_reduce = nullptr);
 
   const ModelConfig& config() const { return weights_->config; }
 
@@ -76,7 +92,7 @@ class LlamaModel {
                                      const LayerObserver* on_layer = nullptr);
 
  private:
-  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend);
+  LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, AllReducePartials all_reduce);
 
   absl::Status validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
                         const std::vector<float>* logits) const;
@@ -90,9 +106,13 @@ class LlamaModel {
   // residual stream, updated in place.
   void finishLayer(int layer, const float* q, float* x, std::span<const ChunkDesc> chunks, int32_t rows,
                    const KvStorage& kv);
+  // x [rows, hidden] += in · wᵀ, with `in` [rows, w's in_features]: folded into
+  // the GEMM, or (tensor parallel) summed across ranks first.
+  void addProjection(const float* in, const PreparedWeight& w, float* x, int32_t rows);
 
   std::shared_ptr<const ModelWeights> weights_;
   Backend& backend_;
+  AllReducePartials all_reduce_;      // null: not tensor parallel
   const ArchSpec& arch_;              // config().arch(), checked known by create()
   std::vector<float> rope_inv_freq_;  // [head_dim / 2] ropeInverseFrequencies(config())
   // The projections in the backend's layout, made once by create().
@@ -117,6 +137,7 @@ class LlamaModel {
   std::vector<float> attn_;             // [total_tokens, num_heads * head_dim]
   std::vector<float> gate_;             // [total_tokens, intermediate]
   std::vector<float> up_;               // [total_tokens, intermediate]
+  std::vector<float> partial_;          // [total_tokens, hidden] this rank's o_proj / down_proj share (TP only)
   std::vector<float> tail_x_;           // [num_want_logits, hidden] residual rows the last layer still needs
   std::vector<float> tail_q_;           // [num_want_logits, num_heads * head_dim] their queries
 };

@@ -33,11 +33,13 @@
 #include "engine/model/model_loader.h"
 #include "engine/model/weights.h"
 #include "src/common/strings.h"
+#include "tests/engine/model/random_tokens.h"
 #include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::engine {
 namespace {
 
+using testing::randomTokens;
 using testing::ScratchDir;
 
 constexpr uint64_t kSeed = 77;
@@ -47,14 +49,6 @@ constexpr int kMaxSequences = 8;
 // fp32 against fp32 with different summation orders (blocked GEMM and
 // online softmax here, BLAS and a full softmax there).
 constexpr double kRelTolerance = 1e-4;
-
-std::vector<TokenId> randomTokens(size_t n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<TokenId> t(n);
-  for (TokenId& x : t) x = dist(rng);
-  return t;
-}
 
 TokenId argmax(const std::vector<float>& v) {
   return static_cast<TokenId>(std::max_element(v.begin(), v.end()) - v.begin());

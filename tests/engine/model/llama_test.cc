@@ -19,25 +19,19 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "src/common/strings.h"
+#include "tests/engine/model/random_tokens.h"
 
 namespace tandem::engine {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::randomTokens;
 
 constexpr uint64_t kSeed = 20240611;
 
 std::shared_ptr<const ModelWeights> tinyWeights() {
   static const std::shared_ptr<const ModelWeights> weights = makeRandomWeights(tinyModelConfig(), kSeed);
   return weights;
-}
-
-std::vector<TokenId> randomTokens(size_t n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<TokenId> t(n);
-  for (TokenId& x : t) x = dist(rng);
-  return t;
 }
 
 std::vector<BlockId> blockRange(int32_t first, int32_t count) {
