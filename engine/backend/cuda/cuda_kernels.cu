@@ -47,6 +47,9 @@ int launchAttentionSplit(const LaunchConfig& config, const AttentionArgs& args, 
 int launchAttentionCombine(const LaunchConfig& config, const AttentionArgs& args, void* stream) {
   return launchKernel(&attentionCombineKernel, config, args, stream);
 }
+int launchSample(const LaunchConfig& config, const SampleArgs& args, void* stream) {
+  return launchKernel(&sampleKernel, config, args, stream);
+}
 
 const char* cudaErrorText(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 

@@ -11,6 +11,7 @@
 // errors of the kernel's execution surface at the next synchronization.
 
 #include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/sampling_kernel.h"
 
 namespace tandem::gpu {
 
@@ -22,6 +23,7 @@ int launchGatherRows(const LaunchConfig& config, const GatherRowsArgs& args, voi
 int launchWriteKv(const LaunchConfig& config, const WriteKvArgs& args, void* stream);
 int launchAttentionSplit(const LaunchConfig& config, const AttentionArgs& args, void* stream);
 int launchAttentionCombine(const LaunchConfig& config, const AttentionArgs& args, void* stream);
+int launchSample(const LaunchConfig& config, const SampleArgs& args, void* stream);
 
 // cudaGetErrorString of a code the launches (or any CUDA call) returned.
 const char* cudaErrorText(int code);
