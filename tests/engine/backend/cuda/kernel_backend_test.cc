@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -22,17 +21,12 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/llama.h"
 #include "engine/model/weights.h"
+#include "tests/engine/model/random_tokens.h"
 
 namespace tandem::engine {
 namespace {
 
-std::vector<TokenId> randomTokens(size_t n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<TokenId> t(n);
-  for (TokenId& x : t) x = dist(rng);
-  return t;
-}
+using testing::randomTokens;
 
 std::vector<BlockId> blockRange(int32_t first, int32_t count) {
   std::vector<BlockId> t;
