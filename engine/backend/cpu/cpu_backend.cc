@@ -189,25 +189,6 @@ void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_
   elementwise_->rms_norm(x, weight, out, 0, rows, dim, eps);
 }
 
-void CpuBackend::growRopeTable(int32_t positions, std::span<const float> inv_freq) {
-  const auto half = static_cast<int32_t>(inv_freq.size());
-  if (!std::equal(inv_freq.begin(), inv_freq.end(), rope_inv_freq_.begin(), rope_inv_freq_.end())) {
-    rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
-    rope_cos_.clear();
-    rope_sin_.clear();
-  }
-  const size_t cached = rope_cos_.size() / static_cast<size_t>(half);  // positions in the table
-  if (static_cast<size_t>(positions) <= cached) return;
-  rope_cos_.resize(static_cast<size_t>(positions) * static_cast<size_t>(half));
-  rope_sin_.resize(rope_cos_.size());
-  for (size_t p = cached; p < static_cast<size_t>(positions); ++p) {
-    for (int32_t i = 0; i < half; ++i) {
-      const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
-      kmath::ropeCosSinFreq(static_cast<int32_t>(p), inv_freq[static_cast<size_t>(i)], &rope_cos_[at], &rope_sin_[at]);
-    }
-  }
-}
-
 void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
                       std::span<const float> inv_freq) {
   const ScopedTimer timer(&stats_.elementwise_time);
@@ -216,19 +197,19 @@ void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_di
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
   if (max_pos < kRopeTablePositions) {
-    growRopeTable(max_pos + 1, inv_freq);
-    elementwise_->rope(x, 0, rows, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
+    rope_table_.grow(max_pos + 1, inv_freq);
+    elementwise_->rope(x, 0, rows, num_heads, head_dim, positions, rope_table_.cos(), rope_table_.sin());
     return;
   }
   // Some position is past the table: cos/sin of those rows are computed here.
-  growRopeTable(kRopeTablePositions, inv_freq);
+  rope_table_.grow(kRopeTablePositions, inv_freq);
   growTo(cos_, static_cast<size_t>(half));
   growTo(sin_, static_cast<size_t>(half));
   const size_t row_width = static_cast<size_t>(num_heads) * static_cast<size_t>(head_dim);
   for (int32_t r = 0; r < rows; ++r) {
     const int32_t pos = positions[r];
     if (pos < kRopeTablePositions) {
-      elementwise_->rope(x, r, r + 1, num_heads, head_dim, positions, rope_cos_.data(), rope_sin_.data());
+      elementwise_->rope(x, r, r + 1, num_heads, head_dim, positions, rope_table_.cos(), rope_table_.sin());
       continue;
     }
     for (int32_t i = 0; i < half; ++i) kmath::ropeCosSinFreq(pos, inv_freq[static_cast<size_t>(i)], &cos_[i], &sin_[i]);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/rope_table.h"
 #include "engine/backend/cpu/gemm.h"
 #include "engine/backend/cpu/paged_attention.h"
 #include "engine/backend/cpu/worker_pool.h"
@@ -58,9 +59,6 @@ class CpuBackend final : public Backend {
   struct ElementwiseKernels;  // swiglu, rmsNorm and rope rows of one SIMD level (cpu_backend.cc)
 
  private:
-  // Makes the RoPE table cover positions [0, positions) for inv_freq.
-  void growRopeTable(int32_t positions, std::span<const float> inv_freq);
-
   BackendStats stats_;
   WorkerPool pool_;
   Gemm gemm_;                              // runs on pool_
@@ -69,13 +67,10 @@ class CpuBackend final : public Backend {
   // Scratch, grown on demand and reused (no allocation once warmed up).
   std::vector<float> cos_;  // [head_dim / 2] RoPE of one row past the table
   std::vector<float> sin_;  // [head_dim / 2]
-  // RoPE cos/sin (kmath::ropeCosSinFreq, so the same bits) of positions
-  // [0, size / (head_dim / 2)), for rope_inv_freq_; grown on demand up to
-  // kRopeTablePositions (pow, cos and sin per row were most of rope's time).
+  // RoPE cos/sin of positions [0, kRopeTablePositions) at most; rows past
+  // it compute theirs (cos_, sin_).
   static constexpr int32_t kRopeTablePositions = 1 << 15;
-  std::vector<float> rope_inv_freq_;  // [head_dim / 2] the table's frequencies
-  std::vector<float> rope_cos_;       // [position][head_dim / 2]
-  std::vector<float> rope_sin_;       // [position][head_dim / 2]
+  RopeTable rope_table_;
 };
 
 std::unique_ptr<Backend> makeCpuBackend();

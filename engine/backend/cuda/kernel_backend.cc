@@ -43,36 +43,15 @@ void KernelBackend::rmsNorm(const float* x, const float* weight, float* out, int
   launch(gpu::rmsNormLaunch(rows), &gpu::rmsNormKernel, gpu::RmsNormArgs{x, weight, out, rows, dim, eps});
 }
 
-void KernelBackend::growRopeTable(int32_t positions, std::span<const float> inv_freq) {
-  const auto half = static_cast<int32_t>(inv_freq.size());
-  if (!std::equal(inv_freq.begin(), inv_freq.end(), rope_inv_freq_.begin(), rope_inv_freq_.end())) {
-    rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
-    rope_cos_.clear();
-    rope_sin_.clear();
-  }
-  const size_t cached = rope_cos_.size() / static_cast<size_t>(half);
-  if (static_cast<size_t>(positions) <= cached) return;
-  // Doubling, so a growing context does not refill the table every step.
-  const size_t target = std::max(static_cast<size_t>(positions), 2 * cached);
-  rope_cos_.resize(target * static_cast<size_t>(half));
-  rope_sin_.resize(rope_cos_.size());
-  for (size_t p = cached; p < target; ++p) {
-    for (int32_t i = 0; i < half; ++i) {
-      const size_t at = p * static_cast<size_t>(half) + static_cast<size_t>(i);
-      kmath::ropeCosSinFreq(static_cast<int32_t>(p), inv_freq[static_cast<size_t>(i)], &rope_cos_[at], &rope_sin_[at]);
-    }
-  }
-}
-
 void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
                          std::span<const float> inv_freq) {
   const ScopedTimer t(&stats_.elementwise_time);
   assert(inv_freq.size() == static_cast<size_t>(head_dim / 2));
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
-  growRopeTable(max_pos + 1, inv_freq);
+  rope_table_.grow(max_pos + 1, inv_freq);  // uploaded, on a GPU
   launch(gpu::ropeLaunch(rows), &gpu::ropeKernel,
-         gpu::RopeArgs{x, positions, rope_cos_.data(), rope_sin_.data(), rows, num_heads, head_dim});
+         gpu::RopeArgs{x, positions, rope_table_.cos(), rope_table_.sin(), rows, num_heads, head_dim});
 }
 
 void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {

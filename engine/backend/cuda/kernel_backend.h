@@ -24,6 +24,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/rope_table.h"
 #include "engine/backend/cuda/cpu_executor.h"
 #include "engine/sched/sampler.h"
 #include "src/common/status.h"
@@ -72,14 +73,12 @@ class KernelBackend : public Backend {
   // Runs kernel(args) over `config` unless an earlier launch failed.
   template <typename Args>
   void launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args);
-  // The cos/sin table covers positions [0, positions) for `inv_freq`.
-  void growRopeTable(int32_t positions, std::span<const float> inv_freq);
 
   CpuBackend gemm_;
   gpu::CpuExecutor executor_;
   absl::Status status_;
   BackendStats stats_;  // attention and element-wise times; the GEMMs' are gemm_'s
-  std::vector<float> rope_inv_freq_, rope_cos_, rope_sin_;  // [positions][head_dim / 2]
+  RopeTable rope_table_;  // the CPU backend's cos/sin bits
   // Per-call metadata, reused.
   std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
   std::vector<float> partial_;  // attention's split partials
