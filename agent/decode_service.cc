@@ -87,8 +87,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   std::unordered_map<uint64_t, Entry> transfers ABSL_GUARDED_BY(mu);  // by transfer id
   std::unordered_map<uint64_t, uint64_t> by_handle ABSL_GUARDED_BY(mu);
   // The prefill peers; a peer's `incompatible` says why it cannot serve
-  // this agent (its Hello showed another protocol version, model, hash root
-  // or KV layout): its transfers fail at once instead of waiting for a deadline.
+  // this agent (its Hello showed another protocol version, model, hash root,
+  // tensor-parallel shard or KV layout): its transfers fail at once instead
+  // of waiting for a deadline.
   PrefillPeers peers ABSL_GUARDED_BY(mu);
   std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
   uint64_t gets_counted ABSL_GUARDED_BY(mu) = 0;  // transport gets already in the metric
@@ -339,7 +340,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       metrics.rejected("unexpected_type");
       return;
     }
-    if (auto no = refusePeer(model, h)) {
+    if (auto no = refusePeer(model, layout, h)) {
       metrics.rejected(no->reason);
       return markIncompatible(p, c, std::move(no->message));
     }
@@ -811,7 +812,9 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   std::span<std::byte> region;
   env.loop.runOnLoop([&](engine::Engine& e) {
     raw->layout = e.kv().layout();
-    raw->model = {.fingerprint = options.model_fingerprint, .hash_root = e.blockHashRoot()};
+    raw->model = {.fingerprint = options.model_fingerprint,
+                  .hash_root = e.blockHashRoot(),
+                  .tensor_parallel = options.tensor_parallel};
     region = e.kvRegion();
   });
   raw->region = region.data();

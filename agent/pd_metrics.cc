@@ -51,7 +51,8 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
       rejected_(metrics::buildCounter()
                     .name("tandem_kv_control_messages_rejected_total")
                     .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, "
-                          "after_end, incompatible_version, fingerprint_mismatch, hash_root_mismatch.")
+                          "after_end, incompatible_version, fingerprint_mismatch, hash_root_mismatch, "
+                          "tensor_parallel_mismatch.")
                     .labels(labels)
                     .registerOn(r)),
       auth_failures_(metrics::buildCounter()
@@ -120,7 +121,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
     for (const char* to : {"peer", "local"}) failovers_.add({{"reason", reason}, {"to", to}});
   }
   for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "incompatible_version",
-                             "fingerprint_mismatch", "hash_root_mismatch"}) {
+                             "fingerprint_mismatch", "hash_root_mismatch", "tensor_parallel_mismatch"}) {
     rejected_.add({{"reason", reason}});
   }
   for (const char* reason : {"unknown_key", "bad_proof", "bad_challenge", "unauthenticated", "wrong_role",

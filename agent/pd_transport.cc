@@ -70,10 +70,24 @@ kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, cons
           .dtype = kvproto::KvDtype::kFloat32,
           .region_base = t.regionBase(),
           .rkey = t.packedRkey(),
-          .peer_name = std::move(name)};
+          .peer_name = std::move(name),
+          .tp_rank = model.tensor_parallel.rank,
+          .tp_world = model.tensor_parallel.world,
+          .kv_head_begin = model.tensor_parallel.kv_head_begin};
 }
 
-std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer) {
+namespace {
+
+// "rank 1 of 2, KV heads [4, 8)"
+std::string shardName(uint16_t rank, uint16_t world, uint16_t kv_head_begin, uint16_t num_kv_heads) {
+  return strCat("rank ", rank, " of ", world, ", KV heads [", kv_head_begin, ", ",
+                static_cast<uint32_t>(kv_head_begin) + num_kv_heads, ")");
+}
+
+}  // namespace
+
+std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const engine::KvLayout& layout,
+                                      const kvproto::Hello& peer) {
   if (!kvproto::compatibleVersion(peer.min_version, peer.max_version)) {
     return PeerRefusal{
         "incompatible_version",
@@ -92,6 +106,19 @@ std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::
         "hash_root_mismatch",
         strCat("the peer ", peer.peer_name, " chains block hashes from root ", engine::fingerprintHex(peer.hash_root),
                ", this agent from ", engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
+  }
+  // Checked before the layout: a rank's num_kv_heads is its share, so
+  // another shard would otherwise pass for another model's layout.
+  const TensorParallelShard& tp = mine.tensor_parallel;
+  const auto kv_heads = static_cast<uint16_t>(layout.num_kv_heads);
+  if (peer.tp_rank != tp.rank || peer.tp_world != tp.world || peer.kv_head_begin != tp.kv_head_begin ||
+      peer.num_kv_heads != kv_heads) {
+    return PeerRefusal{
+        "tensor_parallel_mismatch",
+        strCat("the peer ", peer.peer_name, " is tensor-parallel ",
+               shardName(peer.tp_rank, peer.tp_world, peer.kv_head_begin, peer.num_kv_heads), ", this agent ",
+               shardName(tp.rank, tp.world, tp.kv_head_begin, kv_heads),
+               ": a decode rank must pull from the prefill rank of the same rank and KV heads")};
   }
   return std::nullopt;
 }

@@ -31,16 +31,30 @@ namespace tandem::agent {
 
 class PdMetrics;
 
+// Which tensor-parallel shard of the model's KV an agent holds
+// (engine/model/tensor_parallel.h): rank `rank` of `world`, KV heads
+// [kv_head_begin, kv_head_begin + the layout's num_kv_heads). Sent in the
+// Hello, so a decode rank pulls only from the prefill rank with the same
+// heads. No agent runs tensor-parallel yet, so no flag sets it: every agent
+// is rank 0 of 1 holding all the KV heads.
+struct TensorParallelShard {
+  uint16_t rank = 0;
+  uint16_t world = 1;
+  uint16_t kv_head_begin = 0;
+};
+
 // What KV of this agent is KV of: P and D refuse a peer whose Hello
-// names another model or hash root (docs/pd.md).
+// names another model, hash root or tensor-parallel shard (docs/pd.md).
 struct ModelIdentity {
   uint64_t fingerprint = 0;              // engine/model/model_fingerprint.h, or the operator's --model-fingerprint
   BlockHash hash_root = kBlockHashRoot;  // blockHashRoot(fingerprint, --cache-salt): the engine's
+  TensorParallelShard tensor_parallel;   // PdOptions::tensor_parallel
 };
 
 struct PdOptions {
   transport::TransportOptions transport;
   uint64_t model_fingerprint = 0;                    // sent in the Hello; the hash root comes from the engine
+  TensorParallelShard tensor_parallel;               // sent in the Hello; the default until agents run TP
   std::chrono::milliseconds lease_ttl{30000};        // P: how long KV stays pinned without a Release
   // D: P must deliver all layers within this of the request (the ceiling;
   // once P accepted, prefill_deadline's work-proportional deadline may be earlier).
@@ -79,20 +93,23 @@ absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::s
                               const std::function<void(std::unique_ptr<transport::KvTransport>)>& hold);
 
 // The Hello that opens every connection: this side's protocol versions,
-// model identity, KV layout and region.
+// model identity (its tensor-parallel shard included), KV layout and region.
 kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, const engine::KvLayout& layout,
                         const transport::KvTransport& t, std::string name);
 
 // Why a peer whose Hello is `peer` cannot work with this side: no common
-// protocol version, another model fingerprint, or another hash root (another
-// --cache-salt). `reason` is the tandem_kv_control_messages_rejected_total
-// label (incompatible_version, fingerprint_mismatch, hash_root_mismatch);
+// protocol version, another model fingerprint, another hash root (another
+// --cache-salt), or another tensor-parallel rank, world size or KV-head
+// range than this side's (`mine` and `layout`'s num_kv_heads). `reason` is
+// the tandem_kv_control_messages_rejected_total label (incompatible_version,
+// fingerprint_mismatch, hash_root_mismatch, tensor_parallel_mismatch);
 // `message` names both sides' values.
 struct PeerRefusal {
   std::string_view reason;
   std::string message;
 };
-std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const kvproto::Hello& peer);
+std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const engine::KvLayout& layout,
+                                      const kvproto::Hello& peer);
 
 // The keys the KV handshake uses now: options.pool_keys', or the insecure key.
 std::shared_ptr<const auth::PoolKeys> currentPoolKeys(const PdOptions& options);

@@ -62,7 +62,8 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   std::deque<std::pair<MonoTime, Key>> ended_order ABSL_GUARDED_BY(mu);  // (forget after, transfer)
   std::set<Key> ended ABSL_GUARDED_BY(mu);
   // Decode agents whose Hello this side refused (another protocol version,
-  // model or hash root), with why: their prefill requests are aborted.
+  // model, hash root or tensor-parallel shard), with why: their prefill
+  // requests are aborted.
   std::unordered_map<ConnId, std::string> refused ABSL_GUARDED_BY(mu);
   // Each connection's handshake (src/auth/kv_handshake.h): nothing but the
   // handshake is taken from a connection until its acceptor authenticated().
@@ -367,7 +368,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   // Answers with this side's Hello in any case, so a refused decode agent
   // can name both sides' values too.
   void onHello(ConnId conn, const kvproto::Hello& h) {
-    if (auto no = refusePeer(model, h)) {
+    if (auto no = refusePeer(model, layout, h)) {
       log.error("refused a decode agent", {{"conn", conn}, {"reason", no->reason}, {"detail", no->message}});
       metrics.rejected(no->reason);
       absl::MutexLock lock(&mu);
@@ -406,7 +407,9 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
   Impl* raw = impl.get();
   env.loop.runOnLoop([&](engine::Engine& e) {
     raw->layout = e.kv().layout();
-    raw->model = {.fingerprint = options.model_fingerprint, .hash_root = e.blockHashRoot()};
+    raw->model = {.fingerprint = options.model_fingerprint,
+                  .hash_root = e.blockHashRoot(),
+                  .tensor_parallel = options.tensor_parallel};
     raw->kv = &e.kv();
     region = e.kvRegion();
   });

@@ -114,6 +114,9 @@ void encodeBody(const Hello& h, Writer& w) {
   w.put(h.region_base);
   w.bytes(h.rkey);
   w.bytes(h.peer_name);
+  w.put(h.tp_rank);  // version 5 (kFirstTensorParallelVersion)
+  w.put(h.tp_world);
+  w.put(h.kv_head_begin);
 }
 void encodeBody(const PrefillRequest& r, Writer& w) {
   w.put(r.deadline_ms);
@@ -285,6 +288,15 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
       h.region_base = r.get<uint64_t>("region_base");
       h.rkey = r.bytes("rkey", limits.max_string);
       h.peer_name = r.bytes("peer_name", limits.max_string);
+      if (version >= kFirstTensorParallelVersion) {  // before, every agent held all KV heads: the defaults
+        h.tp_rank = r.get<uint16_t>("tp_rank");
+        h.tp_world = r.get<uint16_t>("tp_world");
+        h.kv_head_begin = r.get<uint16_t>("kv_head_begin");
+        if (r.ok() && h.tp_world == 0) r.fail("tp_world is 0: a model runs on at least one rank");
+        if (r.ok() && h.tp_rank >= h.tp_world) {
+          r.fail(strCat("tp_rank ", h.tp_rank, " is outside the ", h.tp_world, " ranks [0, ", h.tp_world, ")"));
+        }
+      }
       if (version > kMaxVersion) r.skipRest();  // a newer sender's appended fields
       if (r.ok() && !knownRole(role)) r.fail(strCat("unknown role ", role));
       if (r.ok() && dtype != static_cast<uint16_t>(KvDtype::kFloat32)) r.fail(strCat("unsupported KV dtype ", dtype));

@@ -22,7 +22,11 @@
 //                     fingerprint and cache salt, src/common/block_hash.h),
 //                     u16 role (1 prefill, 2 decode), u16 num_layers, u32 num_blocks,
 //                     u16 block_size, u16 num_kv_heads, u16 head_dim, u16 dtype (1 = fp32),
-//                     u64 region_base, bytes rkey, bytes peer_name
+//                     u64 region_base, bytes rkey, bytes peer_name,
+//                     from version 5: u16 tp_rank, u16 tp_world, u16 kv_head_begin (the
+//                     sender is tensor-parallel rank tp_rank of tp_world and holds KV heads
+//                     [kv_head_begin, kv_head_begin + num_kv_heads) of the full model; a
+//                     Hello of version 3 or 4 decodes as rank 0 of 1 from head 0)
 //   kPrefillRequest   u32 deadline_ms, u32 lease_ms, list<u32> tokens,
 //                     f32 temperature, f32 top_p, u32 top_k, u64 seed, u8 has_seed
 //   kPrefillAccepted  u32 num_cached_tokens, u32 lease_ms (how long P keeps the blocks
@@ -58,7 +62,9 @@
 // common version the receiver refuses the peer, naming both ranges
 // (compatibleVersion). Every other message must carry a version this side
 // speaks. History: 2, LayerReady names a block range; 3, the Hello carries
-// the version range, model fingerprint and hash root.
+// the version range, model fingerprint and hash root; 4, connections open
+// with the authentication handshake; 5, the Hello carries the
+// tensor-parallel rank, world size and KV-head range.
 //
 // decode() checks everything a peer could get wrong — magic, version, type,
 // lengths (a count can never exceed the bytes that remain, and each is capped
@@ -80,10 +86,11 @@ namespace tandem::kvproto {
 
 inline constexpr uint32_t kMagic = 0x31564B54;
 inline constexpr uint16_t kMinVersion = 4;  // the oldest version this build speaks
-inline constexpr uint16_t kMaxVersion = 4;  // the newest; what it sends
+inline constexpr uint16_t kMaxVersion = 5;  // the newest; what it sends
 inline constexpr uint16_t kVersion = kMaxVersion;
 inline constexpr uint16_t kFirstRangedHelloVersion = 3;  // Hellos from here on start with the range
 inline constexpr uint16_t kFirstAuthVersion = 4;          // the first version with kAuthHello
+inline constexpr uint16_t kFirstTensorParallelVersion = 5;  // Hellos from here on carry the TP rank
 inline constexpr size_t kAuthNonceSize = 32;
 inline constexpr size_t kAuthMacSize = 32;  // HMAC-SHA-256
 inline constexpr size_t kHeaderSize = 24;
@@ -143,6 +150,13 @@ struct Hello {
   uint64_t region_base = 0;
   std::string rkey;
   std::string peer_name;
+  // Which tensor-parallel shard of the model's KV the sender holds, so a
+  // decode rank pulls from the prefill rank with the same KV heads
+  // (engine/model/tensor_parallel.h). An older peer's Hello gets these
+  // defaults: before version 5 every agent held all the KV heads.
+  uint16_t tp_rank = 0;
+  uint16_t tp_world = 1;
+  uint16_t kv_head_begin = 0;  // its KV heads: [kv_head_begin, kv_head_begin + num_kv_heads)
 };
 struct PrefillRequest {
   uint32_t deadline_ms = 0;

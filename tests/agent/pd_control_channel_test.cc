@@ -541,20 +541,22 @@ TEST(PdControlChannelTest, DecodeAgentStopsCleanlyWithATransferInFlight) {
 namespace tandem::agent {
 namespace {
 
-// A Hello from a peer of kvproto versions [5, 6] (its header says 6).
+// A Hello from a peer of kvproto versions [6, 7] (its header says 7), past
+// this build's [4, 5].
 std::vector<uint8_t> newerHello(const RawPeer& peer, kvproto::PeerRole role) {
   kvproto::Hello h = peer.hello(role);
-  h.min_version = 5;
-  h.max_version = 6;
+  h.min_version = 6;
+  h.max_version = 7;
   std::vector<uint8_t> wire = kvproto::encode({0, h});
-  wire[4] = 6;
+  wire[4] = 7;
   return wire;
 }
 
 // P answers every Hello with its own (so the peer can name both sides), but
 // refuses the prefill requests of a decode agent with no common protocol
-// version, another model fingerprint or another hash root (another salt):
-// each is counted and named; a matching peer is still served.
+// version, another model fingerprint, another hash root (another salt) or
+// another tensor-parallel shard: each is counted and named; a matching peer
+// is still served.
 TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) {
   auto p = startPrefill(kBlocks);
   ASSERT_NE(p, nullptr);
@@ -566,7 +568,7 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
   const std::vector<Case> cases = {
       {"incompatible_version",
        [](RawPeer& d, ConnId c) { d.t->send(c, newerHello(d, kvproto::PeerRole::kDecode)); },
-       {"[5, 6]", "[4, 4]"}},
+       {"[6, 7]", "[4, 5]"}},
       {"fingerprint_mismatch",
        [](RawPeer& d, ConnId c) {
          kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
@@ -581,6 +583,21 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
          d.send(c, 0, h);
        },
        {"--cache-salt"}},
+      // Rank 1 of 2 holds the upper half of the KV heads; this agent is
+      // rank 0 of 1 holding all of them.
+      {"tensor_parallel_mismatch",
+       [](RawPeer& d, ConnId c) {
+         kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
+         h.tp_rank = 1;
+         h.tp_world = 2;
+         h.num_kv_heads = static_cast<uint16_t>(tiny().num_kv_heads / 2);
+         h.kv_head_begin = h.num_kv_heads;
+         d.send(c, 0, h);
+       },
+       {"rank 1 of 2, KV heads [" + std::to_string(tiny().num_kv_heads / 2) + ", " +
+            std::to_string(tiny().num_kv_heads / 2 * 2) + ")",
+        "rank 0 of 1, KV heads [0, " + std::to_string(tiny().num_kv_heads) + ")",
+        "the prefill rank of the same rank and KV heads"}},
   };
   for (const Case& k : cases) {
     RawPeer d;
@@ -595,6 +612,9 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
     EXPECT_EQ(ph.max_version, kvproto::kMaxVersion);
     EXPECT_EQ(ph.model_fingerprint, kFingerprint);
     EXPECT_EQ(ph.hash_root, blockHashRoot(kFingerprint, "").value());
+    EXPECT_EQ(ph.tp_rank, 0);  // no agent runs tensor-parallel yet
+    EXPECT_EQ(ph.tp_world, 1);
+    EXPECT_EQ(ph.kv_head_begin, 0);
     d.send(c, 5, kvproto::PrefillRequest{.tokens = promptTokens(20)});
     auto abort = d.next(kvproto::MessageType::kAbort);
     ASSERT_TRUE(abort) << k.reason;
@@ -636,7 +656,7 @@ TEST(PdControlChannelTest, DecodeAgentRefusesAPrefillPeerOfAnotherVersion) {
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(r.code, "transfer_failed");
   EXPECT_TRUE(waitFor([&] { return rejected(*d, "incompatible_version") == 1; })) << scrape(*d);
-  EXPECT_NE(d->log().find("speaks kvproto versions [5, 6], this agent [4, 4]"), std::string::npos) << d->log();
+  EXPECT_NE(d->log().find("speaks kvproto versions [6, 7], this agent [4, 5]"), std::string::npos) << d->log();
   EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*d), "tandem_kv_blocks_free{") == kBlocks; }));
   EXPECT_EQ(d->stop(SIGTERM), 0) << d->log();
 }

@@ -49,12 +49,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto m = decode(in, {.max_tokens = 4096, .max_blocks = 4096, .num_blocks = 1024, .num_layers = 64});
   if (m.ok()) {
     std::vector<uint8_t> again = encode(*m);
-    // Encoding is canonical except for the header (version, reserved word)
-    // and the fields a newer version appended to its Hello (dropped).
+    // Encoding is canonical except for the header (version, reserved word),
+    // the fields a newer version appended to its Hello (dropped), and those
+    // an older Hello lacks (added with their defaults, at the end).
     const uint16_t version = static_cast<uint16_t>(data[4] | (data[5] << 8));
     const bool appended = version > kMaxVersion;
-    if (appended ? again.size() > size : again.size() != size) std::abort();
-    if (!std::equal(again.begin() + 24, again.end(), data + 24)) std::abort();
+    const bool older_hello = std::holds_alternative<Hello>(m->body) && version < kFirstTensorParallelVersion;
+    if (older_hello) {
+      if (again.size() != size + 6) std::abort();  // u16 tp_rank, tp_world, kv_head_begin
+      if (!std::equal(data + 24, data + size, again.begin() + 24)) std::abort();
+    } else {
+      if (appended ? again.size() > size : again.size() != size) std::abort();
+      if (!std::equal(again.begin() + 24, again.end(), data + 24)) std::abort();
+    }
     handshake(*m);
   }
   return 0;

@@ -59,7 +59,7 @@ TEST(KvProtoTest, HeaderLayoutIsAsDocumented) {
   std::vector<uint8_t> wire = encode({0x0102030405060708ULL, PrefillDone{.first_token = 5}});
   ASSERT_EQ(wire.size(), kHeaderSize + 4);
   EXPECT_EQ(std::string(wire.begin(), wire.begin() + 4), "TKV1");
-  EXPECT_EQ(wire[4], 4);  // version, little-endian
+  EXPECT_EQ(wire[4], 5);  // version, little-endian
   EXPECT_EQ(wire[6], static_cast<uint8_t>(MessageType::kPrefillDone));
   EXPECT_EQ(wire[8], 0x08);  // transfer id, little-endian
   EXPECT_EQ(wire[16], 4);    // payload length
@@ -88,9 +88,9 @@ TEST(KvProtoTest, BadHeadersAreRejectedWithReason) {
   EXPECT_NE(errorOf(bad).find("bad magic"), std::string::npos);
   bad = wire;
   bad[4] = 3;  // the previous version: connections were not authenticated
-  EXPECT_NE(errorOf(bad).find("unsupported version 3 (this agent speaks 4 to 4)"), std::string::npos);
-  bad[4] = 5;  // a later version, for a message other than the Hellos
-  EXPECT_NE(errorOf(bad).find("unsupported version 5"), std::string::npos);
+  EXPECT_NE(errorOf(bad).find("unsupported version 3 (this agent speaks 4 to 5)"), std::string::npos);
+  bad[4] = 6;  // a later version, for a message other than the Hellos
+  EXPECT_NE(errorOf(bad).find("unsupported version 6"), std::string::npos);
   bad = wire;
   bad[6] = 99;
   EXPECT_NE(errorOf(bad).find("unknown message type 99"), std::string::npos);
@@ -112,10 +112,10 @@ TEST(KvProtoTest, HelloCarriesVersionRangeFingerprintAndRoot) {
   EXPECT_EQ(wire[kHeaderSize + 2], kMaxVersion);
 }
 
-// `wire` as a version-5 sender would send it: header version 5 and eight
+// `wire` as a version-6 sender would send it: header version 6 and eight
 // bytes of fields appended to the payload.
 std::vector<uint8_t> asNewerVersion(std::vector<uint8_t> wire) {
-  wire[4] = 5;
+  wire[4] = kMaxVersion + 1;
   for (int i = 0; i < 8; ++i) wire.push_back(0xab);
   const uint32_t len = static_cast<uint32_t>(wire.size() - kHeaderSize);
   std::memcpy(wire.data() + 16, &len, 4);
@@ -125,12 +125,13 @@ std::vector<uint8_t> asNewerVersion(std::vector<uint8_t> wire) {
 TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
   // A newer peer's Hello still decodes,
   // so the receiver can name its range when it refuses it.
-  Hello newer{.min_version = 4, .max_version = 5, .peer_name = "p-new"};
+  Hello newer{.min_version = 5, .max_version = 6, .peer_name = "p-new", .tp_rank = 1, .tp_world = 2};
   std::vector<uint8_t> wire = asNewerVersion(encode({0, newer}));
   auto back = decode(wire);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(std::get<Hello>(back->body).max_version, 5);
+  EXPECT_EQ(std::get<Hello>(back->body).max_version, 6);
   EXPECT_EQ(std::get<Hello>(back->body).peer_name, "p-new");
+  EXPECT_EQ(std::get<Hello>(back->body).tp_rank, 1);  // the fields this build knows are read
   // Trailing bytes after a Hello of this version are still malformed.
   wire[4] = kMaxVersion;
   EXPECT_NE(errorOf(wire).find("unexpected bytes"), std::string::npos);
@@ -139,15 +140,80 @@ TEST(KvProtoTest, HelloOfAnyRangedVersionDecodes) {
             std::string::npos);
 }
 
+TEST(KvProtoTest, HelloCarriesTheTensorParallelShard) {
+  Hello h = std::get<Hello>(samples()[0].body);
+  h.tp_rank = 3;
+  h.tp_world = 4;
+  h.kv_head_begin = 6;
+  std::vector<uint8_t> wire = encode({0, h});
+  EXPECT_EQ(wire[4], kFirstTensorParallelVersion);
+  auto back = decode(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Hello& b = std::get<Hello>(back->body);
+  EXPECT_EQ(b.tp_rank, 3);
+  EXPECT_EQ(b.tp_world, 4);
+  EXPECT_EQ(b.kv_head_begin, 6);
+  EXPECT_EQ(b.num_kv_heads, 2);  // its heads: [6, 8)
+  EXPECT_EQ(b.peer_name, "p-0");
+  // The shard closes the payload: u16 rank, u16 world, u16 first KV head.
+  EXPECT_EQ(wire[wire.size() - 6], 3);
+  EXPECT_EQ(wire[wire.size() - 4], 4);
+  EXPECT_EQ(wire[wire.size() - 2], 6);
+}
+
+// `wire` (a Hello of this build) as a version-4 sender sent it: header
+// version 4, without the tensor-parallel fields version 5 appended.
+std::vector<uint8_t> asVersion4Hello(std::vector<uint8_t> wire) {
+  wire[4] = 4;
+  wire.resize(wire.size() - 6);
+  const uint32_t len = static_cast<uint32_t>(wire.size() - kHeaderSize);
+  std::memcpy(wire.data() + 16, &len, 4);
+  return wire;
+}
+
+TEST(KvProtoTest, VersionFourHelloDecodesAsRankZeroOfOne) {
+  Hello h = std::get<Hello>(samples()[0].body);
+  h.min_version = 4;
+  h.max_version = 4;
+  h.tp_rank = 1;  // not sent at version 4
+  h.tp_world = 2;
+  h.kv_head_begin = 1;
+  auto back = decode(asVersion4Hello(encode({0, h})));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Hello& b = std::get<Hello>(back->body);
+  EXPECT_EQ(b.max_version, 4);
+  EXPECT_EQ(b.peer_name, "p-0");
+  EXPECT_EQ(b.tp_rank, 0);  // before version 5 every agent held all the KV heads
+  EXPECT_EQ(b.tp_world, 1);
+  EXPECT_EQ(b.kv_head_begin, 0);
+  EXPECT_EQ(b.num_kv_heads, 2);
+  EXPECT_EQ(compatibleVersion(b.min_version, b.max_version), 4);  // and this build still talks to it
+}
+
+TEST(KvProtoTest, ImpossibleTensorParallelShardsAreRejected) {
+  Hello h = std::get<Hello>(samples()[0].body);
+  h.tp_world = 0;
+  h.tp_rank = 0;
+  EXPECT_NE(errorOf(encode({0, h})).find("tp_world is 0"), std::string::npos);
+  h.tp_world = 2;
+  h.tp_rank = 2;
+  EXPECT_NE(errorOf(encode({0, h})).find("tp_rank 2 is outside the 2 ranks [0, 2)"), std::string::npos);
+  h.tp_rank = 1;
+  EXPECT_TRUE(decode(encode({0, h})).ok());
+  // A v4 Hello cut short where the v5 fields would be is still complete.
+  h.tp_rank = 5;
+  EXPECT_TRUE(decode(asVersion4Hello(encode({0, h}))).ok());
+}
+
 TEST(KvProtoTest, AuthHelloOfAnyAuthVersionDecodes) {
-  // A newer peer's AuthHello (version 5, fields appended) decodes, so the
+  // A newer peer's AuthHello (version 6, fields appended) decodes, so the
   // acceptor can name its range; a v3 peer's first message (a Hello) decodes
   // too and is refused by the handshake, not as garbage.
-  AuthHello newer{.min_version = 4, .max_version = 5, .nonce = std::string(kAuthNonceSize, 'x'), .key_ids = {3}};
+  AuthHello newer{.min_version = 5, .max_version = 6, .nonce = std::string(kAuthNonceSize, 'x'), .key_ids = {3}};
   std::vector<uint8_t> wire = asNewerVersion(encode({0, newer}));
   auto back = decode(wire);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(std::get<AuthHello>(back->body).max_version, 5);
+  EXPECT_EQ(std::get<AuthHello>(back->body).max_version, 6);
   wire[4] = 3;  // before authentication existed: no such message
   EXPECT_NE(errorOf(wire).find("unsupported version 3"), std::string::npos);
 }
