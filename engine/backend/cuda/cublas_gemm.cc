@@ -1,0 +1,156 @@
+#include "engine/backend/cuda/cublas_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+namespace tandem::gpu {
+namespace {
+
+// Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is, read column-major, yᵀ[n, m] =
+// w(k x n stored, transposed) · xᵀ(k x m stored): A = w with op T, B = x
+// with op N, C = D = y with leading dimension n. No copies, no transposes.
+
+std::string cublasError(const char* call, cublasStatus_t s) {
+  return std::string(call) + ": " + cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")";
+}
+
+// A layout descriptor destroyed with its scope.
+class Layout {
+ public:
+  Layout(uint64_t rows, uint64_t cols, int64_t ld) {
+    status_ = cublasLtMatrixLayoutCreate(&layout_, CUDA_R_32F, rows, cols, ld);
+  }
+  ~Layout() {
+    if (status_ == CUBLAS_STATUS_SUCCESS) cublasLtMatrixLayoutDestroy(layout_);
+  }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+  cublasStatus_t status() const { return status_; }
+  cublasLtMatrixLayout_t get() const { return layout_; }
+
+ private:
+  cublasLtMatrixLayout_t layout_ = nullptr;
+  cublasStatus_t status_;
+};
+
+}  // namespace
+
+struct CublasGemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  void* workspace = nullptr;
+  std::map<std::pair<int32_t, int32_t>, cublasLtMatmulAlgo_t> algos;  // by (n, k)
+
+  ~Impl() {
+    if (workspace != nullptr) cudaFree(workspace);
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    if (handle != nullptr) cublasLtDestroy(handle);
+  }
+
+  // The pinned algorithm of (n, k): the heuristic's first for the reference
+  // batch, with split-K off and no reduction scheme.
+  std::string algoFor(int32_t n, int32_t k, cublasLtMatmulAlgo_t* out) {
+    if (auto it = algos.find({n, k}); it != algos.end()) {
+      *out = it->second;
+      return "";
+    }
+    const Layout a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k);
+    const Layout b(static_cast<uint64_t>(k), kReferenceRows, k);
+    const Layout c(static_cast<uint64_t>(n), kReferenceRows, n);
+    if (a.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", a.status());
+    if (b.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", b.status());
+    if (c.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", c.status());
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+    int found = 0;
+    if (cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, desc, a.get(), b.get(), c.get(), c.get(), preference,
+                                                          kCandidates, results, &found);
+        s != CUBLAS_STATUS_SUCCESS) {
+      return cublasError("cublasLtMatmulAlgoGetHeuristic", s);
+    }
+    for (int i = 0; i < found; ++i) {
+      cublasLtMatmulAlgo_t algo = results[i].algo;
+      const uint32_t one_split = 1;
+      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split,
+                                               sizeof(one_split)) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
+                                               sizeof(no_reduction)) != CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      cublasLtMatmulHeuristicResult_t checked = {};
+      if (cublasLtMatmulAlgoCheck(handle, desc, a.get(), b.get(), c.get(), c.get(), &algo, &checked) !=
+              CUBLAS_STATUS_SUCCESS ||
+          checked.workspaceSize > kWorkspaceBytes) {
+        continue;
+      }
+      algos.emplace(std::make_pair(n, k), algo);
+      *out = algo;
+      return "";
+    }
+    return "cuBLASLt offers no fp32 algorithm without split-K for n=" + std::to_string(n) +
+           ", k=" + std::to_string(k) + " (" + std::to_string(found) + " candidates)";
+  }
+};
+
+CublasGemm::CublasGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CublasGemm::~CublasGemm() = default;
+
+std::unique_ptr<CublasGemm> CublasGemm::create(std::string* error) {
+  auto impl = std::make_unique<Impl>();
+  if (cublasStatus_t s = cublasLtCreate(&impl->handle); s != CUBLAS_STATUS_SUCCESS) {
+    *error = cublasError("cublasLtCreate", s);
+    return nullptr;
+  }
+  if (cublasStatus_t s = cublasLtMatmulDescCreate(&impl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      s != CUBLAS_STATUS_SUCCESS) {
+    *error = cublasError("cublasLtMatmulDescCreate", s);
+    return nullptr;
+  }
+  const cublasOperation_t transpose = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  cublasLtMatmulDescSetAttribute(impl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain));
+  if (cublasStatus_t s = cublasLtMatmulPreferenceCreate(&impl->preference); s != CUBLAS_STATUS_SUCCESS) {
+    *error = cublasError("cublasLtMatmulPreferenceCreate", s);
+    return nullptr;
+  }
+  const size_t workspace = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(impl->preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                       sizeof(workspace));
+  if (cudaError_t e = cudaMalloc(&impl->workspace, kWorkspaceBytes); e != cudaSuccess) {
+    *error = std::string("cudaMalloc of the GEMM workspace: ") + cudaGetErrorString(e);
+    return nullptr;
+  }
+  return std::unique_ptr<CublasGemm>(new CublasGemm(std::move(impl)));
+}
+
+std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
+                            bool accumulate, void* stream) {
+  cublasLtMatmulAlgo_t algo;
+  if (std::string e = impl_->algoFor(n, k, &algo); !e.empty()) return e;
+  const Layout a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k);
+  const Layout b(static_cast<uint64_t>(k), static_cast<uint64_t>(m), k);
+  const Layout c(static_cast<uint64_t>(n), static_cast<uint64_t>(m), n);
+  if (a.status() != CUBLAS_STATUS_SUCCESS || b.status() != CUBLAS_STATUS_SUCCESS ||
+      c.status() != CUBLAS_STATUS_SUCCESS) {
+    return "cublasLtMatrixLayoutCreate failed for m=" + std::to_string(m);
+  }
+  cublasLtMatmulHeuristicResult_t checked = {};
+  if (cublasStatus_t s = cublasLtMatmulAlgoCheck(impl_->handle, impl_->desc, a.get(), b.get(), c.get(), c.get(),
+                                                 &algo, &checked);
+      s != CUBLAS_STATUS_SUCCESS) {
+    return cublasError("cublasLtMatmulAlgoCheck (the pinned algorithm for this m)", s);
+  }
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (cublasStatus_t s = cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, a.get(), x, b.get(), &beta, y, c.get(),
+                                        y, c.get(), &algo, impl_->workspace, kWorkspaceBytes,
+                                        static_cast<cudaStream_t>(stream));
+      s != CUBLAS_STATUS_SUCCESS) {
+    return cublasError("cublasLtMatmul", s);
+  }
+  return "";
+}
+
+}  // namespace tandem::gpu

@@ -1,0 +1,52 @@
+#pragma once
+// The CUDA backend's GEMM, y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when
+// accumulating), fp32 (CUBLAS_COMPUTE_32F: no TF32), row-major, device
+// pointers, through cuBLASLt with a *pinned* algorithm: for each weight shape
+// (n, k) one algorithm is chosen once (cuBLASLt's heuristic for a reference
+// batch), with split-K forced off and no reduction scheme, in a fixed
+// workspace, and then used for every batch size m. So each output element is
+// the same sequence of operations however many rows share the call: the
+// engine's batch invariance (docs/engine.md) on the GPU, where cuBLAS's
+// default per-shape choice would change a row's bits with the batch.
+//
+// This project's machines have no GPU: this compiles and links
+// (./tandem check cuda); tandem-gpu-kernel-check runs it against the CPU
+// GEMM and checks the batch invariance on the first machine with one
+// (docs/cuda-build.md). Not thread-safe: one engine thread owns it.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace tandem::gpu {
+
+class CublasGemm {
+ public:
+  // nullptr and *error set (naming the CUDA or cuBLAS call) when cuBLASLt
+  // or the workspace cannot be set up (no device, no memory).
+  static std::unique_ptr<CublasGemm> create(std::string* error);
+  ~CublasGemm();
+  CublasGemm(const CublasGemm&) = delete;
+  CublasGemm& operator=(const CublasGemm&) = delete;
+
+  // y = x · wᵀ (+ y): x [m, k], w [n, k], y [m, n], row-major, device memory,
+  // on `stream` (a cudaStream_t; nullptr: the default stream). Returns "" or
+  // what failed: no algorithm for (n, k) without split-K, or one that does
+  // not take this m.
+  std::string run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate,
+                  void* stream);
+
+  // Reference batch the algorithm of each shape is chosen for.
+  static constexpr int32_t kReferenceRows = 256;
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+ private:
+  struct Impl;
+  explicit CublasGemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::gpu
