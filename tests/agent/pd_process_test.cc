@@ -291,10 +291,14 @@ TEST(PdDirectTest, ShortSessionAppendIsComputedOnDecodeWithoutTransfer) {
     EXPECT_GE(r["kv_transfer_hidden_ms"].get<double>(), 0) << r.dump();
     EXPECT_LE(r["kv_transfer_hidden_ms"].get<double>(), r["kv_transfer_ms"].get<double>()) << r.dump();
     EXPECT_GE(r["kv_first_step_ms"].get<double>(), 0) << r.dump();
-    // The phases happen one after another inside D's TTFT (hidden transfer overlaps the prefill).
+    // The phases happen one after another inside D's TTFT (hidden transfer
+    // overlaps the prefill). Their end points are read on the transport's and
+    // the engine's threads, TTFT's on the engine's: on a loaded machine the
+    // sum can pass TTFT by the time between those reads (0.04 ms seen), so
+    // the bound allows half a millisecond.
     EXPECT_LE(r["kv_prefill_ms"].get<double>() + r["kv_transfer_ms"].get<double>() - r["kv_transfer_hidden_ms"].get<double>() +
                   r["kv_first_step_ms"].get<double>(),
-              r["ttft_ms"].get<double>() + 0.01)
+              r["ttft_ms"].get<double>() + 0.5)
         << r.dump();
   }
   EXPECT_TRUE(t[1]["kv_prefill_ms"].is_null());
