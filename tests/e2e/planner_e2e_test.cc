@@ -111,11 +111,15 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
   // replica is added. Ten clients keep P's queue from running dry when the
   // machine is loaded (each request is a curl process through the router
   // and D, whose overheads then grow as much as P's compute).
+  // Each prompt starts with its own number: P computes all of it (one
+  // prompt repeated is a prefix-cache hit on P after the first, which left P
+  // idle and the scale-up to chance).
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "word" + std::to_string(i) + " ";
+  std::atomic<int> prompt_number{0};
   int total_ok = 0, total_failed = 0;
   {
-    Load load([&] { return send(long_prompt, 1); }, 10);
+    Load load([&] { return send(std::to_string(prompt_number++) + " " + long_prompt, 1); }, 10);
     EXPECT_TRUE(eventually([&] { return replicas("prefill") == "2"; }, 120))
         << kubectl("get tpool tiny -o yaml").output << events() << operatorLog();
     EXPECT_THAT(events(), HasSubstr("prefill 1 -> 2 (ScaleUp)"));
