@@ -308,7 +308,7 @@ ScheduleResult Engine::schedule() {
     }
   }
   std::erase_if(plan.chunks, [](const ScheduledChunk& c) { return c.seq->state != SeqState::kRunning; });
-  for (auto [src, dst] : plan.block_copies) kv_->copyBlock(src, dst);
+  for (auto [src, dst] : plan.block_copies) backend_->copyKvBlock(*kv_, src, dst);
   // Imports admitted now: the importer learns where to write.
   for (Sequence* s : plan.imports) {
     if (s->state == SeqState::kRunning) reportKvBlocks(s, s->blocks.size());

@@ -120,6 +120,11 @@ class Backend {
   virtual void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                        KvStorage& kv) = 0;
 
+  // Copies every layer of block `src` into block `dst` of the cache
+  // (copy-on-write of a shared partial block). A device backend's cache
+  // lives in device memory, so the engine copies through the backend.
+  virtual void copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) = 0;
+
   // Paged causal attention for a batch of chunks (prefill chunks and
   // single-token decodes mixed). q: [num_rows_total, num_heads * head_dim],
   // already rotated; out: same shape. Row r of chunk c attends to positions

@@ -1,6 +1,7 @@
 #pragma once
-// A harness that drives a real Engine (tiny random-weight model, CPU backend)
-// step by step, checking the pool invariants after every step.
+// A harness that drives a real Engine (tiny random-weight model, the CPU
+// backend unless given another) step by step, checking the pool invariants
+// after every step.
 
 #include <gtest/gtest.h>
 
@@ -41,10 +42,10 @@ struct Outcome {
 
 class Harness {
  public:
-  explicit Harness(EngineOptions options, bool with_tokenizer = true) {
+  explicit Harness(EngineOptions options, bool with_tokenizer = true, std::unique_ptr<Backend> backend = nullptr) {
     std::shared_ptr<const Tokenizer> tok;
     if (with_tokenizer) tok = std::make_shared<ByteTokenizer>();
-    auto e = Engine::create(options, tinyWeights(), makeCpuBackend(), tok, clock);
+    auto e = Engine::create(options, tinyWeights(), backend ? std::move(backend) : makeCpuBackend(), tok, clock);
     EXPECT_TRUE(e.ok()) << e.status();
     engine = std::move(*e);
   }

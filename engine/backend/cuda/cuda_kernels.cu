@@ -41,6 +41,9 @@ int launchGatherRows(const LaunchConfig& config, const GatherRowsArgs& args, voi
 int launchWriteKv(const LaunchConfig& config, const WriteKvArgs& args, void* stream) {
   return launchKernel(&writeKvKernel, config, args, stream);
 }
+int launchCopyKvBlock(const LaunchConfig& config, const CopyKvBlockArgs& args, void* stream) {
+  return launchKernel(&copyKvBlockKernel, config, args, stream);
+}
 int launchAttentionSplit(const LaunchConfig& config, const AttentionArgs& args, void* stream) {
   return launchKernel(&attentionSplitKernel, config, args, stream);
 }

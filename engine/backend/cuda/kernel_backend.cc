@@ -91,6 +91,14 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
                           layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim});
 }
 
+void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  const KvLayout& layout = kv.layout();
+  launch(gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()), &gpu::copyKvBlockKernel,
+         gpu::CopyKvBlockArgs{kv.layerBlock(0, BlockId(0)), src.value(), dst.value(), layout.num_blocks,
+                              static_cast<int64_t>(layout.floatsPerLayerBlock())});
+}
+
 void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                               const AttentionShape& shape, float* out) {
   const ScopedTimer t(&stats_.attention_time);

@@ -55,6 +55,7 @@ class KernelBackend : public Backend {
   void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) override;
   void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                KvStorage& kv) override;
+  void copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                  const AttentionShape& shape, float* out) override;
   void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;

@@ -186,6 +186,32 @@ TANDEM_KERNEL writeKvKernel(const WriteKvArgs a) {
   }
 }
 
+// ---- KV block copy: copy-on-write of a shared partial block -----------------
+// Every layer's layer block of `src` into `dst` (KvStorage::copyBlock, whose
+// bits it must leave: a copy). Grid: x = slices of the layer block, y = layers.
+
+struct CopyKvBlockArgs {
+  float* kv;  // the pool (WriteKvArgs::kv)
+  int32_t src, dst, num_blocks;
+  int64_t floats_per_layer_block;  // KvLayout::floatsPerLayerBlock
+};
+constexpr int kCopyThreads = 256;
+inline LaunchConfig copyKvBlockLaunch(int32_t num_layers, size_t floats_per_layer_block) {
+  uint32_t slices = ceilDiv(static_cast<int64_t>(floats_per_layer_block), kCopyThreads);
+  slices = slices > kMaxElementwiseBlocks ? kMaxElementwiseBlocks : slices;
+  return {{slices, static_cast<uint32_t>(num_layers), 1}, {kCopyThreads, 1, 1}, 0};
+}
+TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
+  const size_t layer_base = static_cast<size_t>(blockY()) * static_cast<size_t>(a.num_blocks);
+  const float* from = a.kv + (layer_base + static_cast<size_t>(a.src)) * static_cast<size_t>(a.floats_per_layer_block);
+  float* to = a.kv + (layer_base + static_cast<size_t>(a.dst)) * static_cast<size_t>(a.floats_per_layer_block);
+  const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.floats_per_layer_block;
+       i += stride) {
+    to[i] = from[i];
+  }
+}
+
 // ---- Paged attention, split over the keys ----------------------------------
 // One warp per (query head, row, split). A row at position p sees keys
 // [0, p]; they are cut into attentionSplits(p + 1) splits of

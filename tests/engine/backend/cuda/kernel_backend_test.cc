@@ -21,6 +21,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/llama.h"
 #include "engine/model/weights.h"
+#include "tests/engine/engine_test_util.h"
 #include "tests/engine/model/random_tokens.h"
 
 namespace tandem::engine {
@@ -102,6 +103,41 @@ TEST_P(KernelBackendTest, ChunkedPrefillGivesTheOneShotBits) {
     }
   }
   EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+}
+
+// The engine on the kernels: the same prompt again reuses its cached blocks,
+// copying the shared partial last one through Backend::copyKvBlock (the copy
+// kernel), and a batch of prompts decodes; every token is the CPU engine's.
+TEST(KernelBackendEngineTest, TheEngineOnTheKernelsGivesTheCpuEnginesTokens) {
+  EngineOptions o;
+  o.num_blocks = 64;
+  o.block_size = 16;
+  o.max_num_batched_tokens = 256;
+  o.max_num_seqs = 8;
+  o.seed = 7;
+  std::mt19937 rng(11);
+  // 3 full blocks: run again, the whole prompt is cached and its last block is
+  // copied (its final token is computed again, writing into the copy).
+  const std::vector<TokenId> prompt = testing::randomPrompt(rng, 48);
+  const std::vector<TokenId> other = testing::randomPrompt(rng, 23);
+  auto run = [&](std::unique_ptr<Backend> backend) {
+    testing::Harness h(o, true, std::move(backend));
+    std::vector<std::vector<TokenId>> tokens;
+    const RequestId first = h.add(testing::greedy(prompt, 6));
+    h.runToCompletion();
+    const RequestId again = h.add(testing::greedy(prompt, 6));
+    const RequestId beside = h.add(testing::greedy(other, 9));
+    h.runToCompletion();
+    EXPECT_EQ(h.outcome(again).final.num_cached_tokens, 47) << "the second run did not reuse the cached blocks";
+    for (RequestId id : {first, again, beside}) tokens.push_back(h.outcome(id).tokens);
+    return tokens;
+  };
+  // A failed launch would leave the kernel backend doing nothing: the
+  // tokens would differ.
+  const auto on_kernels = run(std::make_unique<KernelBackend>());
+  const auto on_cpu = run(makeCpuBackend());
+  EXPECT_EQ(on_kernels, on_cpu);
+  EXPECT_EQ(on_kernels[0], on_kernels[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KernelBackendTest, ::testing::Values("tiny", "llama3", "qwen2", "qwen3"),

@@ -200,6 +200,17 @@ TEST_P(PagedKernelsTest, WriteKvIsBitwiseTheCpuBackends) {
   EXPECT_EQ(std::memcmp(a.bytes().data(), b.bytes().data(), a.bytes().size()), 0);
 }
 
+TEST_P(PagedKernelsTest, CopyKvBlockIsBitwiseKvStoragesCopy) {
+  KvStorage a(layout()), b(layout());
+  randomize(a, 65);
+  std::memcpy(b.bytes().data(), a.bytes().data(), a.bytes().size());
+  for (auto [src, dst] : {std::pair{3, 7}, {0, numBlocks() - 1}, {numBlocks() - 1, 1}}) {
+    a.copyBlock(BlockId(src), BlockId(dst));
+    gpu_.copyKvBlock(b, BlockId(src), BlockId(dst));
+  }
+  EXPECT_EQ(std::memcmp(a.bytes().data(), b.bytes().data(), a.bytes().size()), 0);
+}
+
 // The CPU backend's softmax is base 2 over 64-key blocks with a lazy rescale;
 // the kernel's is base e over 32-key tiles: the same math in a different
 // order and with different e^x approximations (both ~1e-7 relative), over up
@@ -273,6 +284,7 @@ TEST(KernelLaunchTest, EveryLaunchShapeFitsTheSupportedGpus) {
       {"elementwise", gpu::elementwiseLaunch(int64_t{1} << 31)},
       {"gatherRows", gpu::gatherRowsLaunch(8192)},
       {"writeKv", gpu::writeKvLaunch(8192)},
+      {"copyKvBlock", gpu::copyKvBlockLaunch(128, size_t{2} * 128 * 8 * 128)},
       {"attentionSplit", gpu::attentionSplitLaunch(8192, 128, gpu::kAttentionMaxSplits, gpu::kAttentionMaxHeadDim)},
       {"attentionCombine", gpu::attentionCombineLaunch(8192, 128)},
   };
