@@ -164,8 +164,12 @@ TEST(KvProtoTest, HelloCarriesTheTensorParallelShard) {
 // `wire` (a Hello of this build) as a version-4 sender sent it: header
 // version 4, without the tensor-parallel fields version 5 appended.
 std::vector<uint8_t> asVersion4Hello(std::vector<uint8_t> wire) {
+  if (wire.size() < kHeaderSize + 6) {
+    ADD_FAILURE() << "not a Hello: " << wire.size() << " bytes";
+    return wire;
+  }
   wire[4] = 4;
-  wire.resize(wire.size() - 6);
+  wire.erase(wire.end() - 6, wire.end());
   const uint32_t len = static_cast<uint32_t>(wire.size() - kHeaderSize);
   std::memcpy(wire.data() + 16, &len, 4);
   return wire;
