@@ -114,6 +114,7 @@ std::vector<std::vector<float>> runTp(TensorParallelModel& tp, const Script& s) 
     absl::Status st = tp.forward(b, l);
     for (int r = 1; r < tp.world(); ++r) {
       EXPECT_EQ(tp.rankLogits(r).size(), l->size());
+      if (l->empty()) continue;  // a step without logits (memcmp must not see their null data)
       EXPECT_EQ(std::memcmp(tp.rankLogits(r).data(), l->data(), l->size() * sizeof(float)), 0)
           << "rank " << r << "'s logits differ from rank 0's";
     }
