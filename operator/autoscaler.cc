@@ -107,6 +107,10 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   if (auto it = pool.router_policy.find("loadFloorWeight"); it != pool.router_policy.end() && it->is_number()) {
     c.base_knobs.load_floor_weight = it->get<double>();
   }
+  if (auto it = pool.router_policy.find("prefillOverloadTokens"); it != pool.router_policy.end() && it->is_number()) {
+    c.base_knobs.prefill_overload_tokens = static_cast<int64_t>(it->get<double>());
+    c.prefill_overload_from_pool = true;
+  }
   // The slower of the default and what this pool's pods took: a model that
   // loads in minutes is planned for as such.
   if (measured_startup_s) c.startup_s = std::max(c.startup_s, *measured_startup_s);
@@ -116,7 +120,8 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
 
 json routingConfigMap(const PoolSpec& pool, const json& pool_object, const planner::RoutingKnobs& knobs) {
   const json data = {{"directMaxSuffixTokens", knobs.direct_max_suffix_tokens},
-                     {"loadFloorWeight", knobs.load_floor_weight}};
+                     {"loadFloorWeight", knobs.load_floor_weight},
+                     {"prefillOverloadTokens", knobs.prefill_overload_tokens}};
   return {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},
           {"metadata",
@@ -457,8 +462,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
   if (!cs.ok()) log_.warn("writing the Autoscaling condition failed", {{"pool", key}, {"error", std::string(cs.message())}});
 
   // The routing knobs, when they change.
-  if (signals.missing.empty() && (!st.knobs || st.knobs->direct_max_suffix_tokens != d.knobs.direct_max_suffix_tokens ||
-                                  st.knobs->load_floor_weight != d.knobs.load_floor_weight)) {
+  if (signals.missing.empty() && (!st.knobs || *st.knobs != d.knobs)) {
     absl::Status s = client_
                          .apply(k8s::configMapsResource(), pool.ns, routingConfigMap(pool, object, d.knobs),
                                 k8s::ApplyOptions{.fieldManager = kFieldManager, .force = true})

@@ -59,7 +59,8 @@ struct AutoscalerOptions {
 planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<double> measured_startup_s);
 
 // The routing knobs' ConfigMap for a pool: "<pool>-routing", data
-// "knobs.json" = {"directMaxSuffixTokens": N, "loadFloorWeight": W},
+// "knobs.json" = {"directMaxSuffixTokens": N, "loadFloorWeight": W,
+// "prefillOverloadTokens": T},
 // owned by the pool.
 nlohmann::json routingConfigMap(const PoolSpec& pool, const nlohmann::json& pool_object,
                                 const planner::RoutingKnobs& knobs);

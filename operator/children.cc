@@ -94,7 +94,8 @@ json args(const PoolSpec& pool, Role role) {
                                      std::pair{"stickyWeight", "--route-sticky-weight"},
                                      std::pair{"loadFloorWeight", "--route-load-floor-weight"},
                                      std::pair{"queuePenalty", "--route-queue-penalty"},
-                                     std::pair{"directMaxSuffix", "--route-direct-max-suffix"}}) {
+                                     std::pair{"directMaxSuffix", "--route-direct-max-suffix"},
+                                     std::pair{"prefillOverloadTokens", "--route-prefill-overload-tokens"}}) {
       auto it = pool.router_policy.find(knob);
       if (it == pool.router_policy.end() || !it->is_number()) continue;
       a.push_back(flag);

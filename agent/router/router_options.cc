@@ -66,7 +66,7 @@ void addRouterOptions(std::vector<Option>& o) {
                              &AgentConfig::unserved_timeout));
   o.push_back(stringOption("routing-knobs", "router", "routing_knobs",
                            "router: a JSON file of routing knobs the planner sets (directMaxSuffixTokens, "
-                           "loadFloorWeight), re-read every 2 s; they override the --route-* values while it exists",
+                           "loadFloorWeight, prefillOverloadTokens), re-read every 2 s; they override the --route-* values while it exists",
                            &AgentConfig::routing_knobs_file));
   o.push_back(routingNumber("route-overlap-weight", "overlap_weight",
                             "router: score of holding the whole prompt prefix", &RouterConfig::overlap_weight, 0, 1e6));

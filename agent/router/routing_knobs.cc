@@ -31,9 +31,15 @@ absl::StatusOr<routing::RouterConfig> applyRoutingKnobs(const routing::RouterCon
         return absl::InvalidArgumentError(strCat("routing knobs: loadFloorWeight: expected a number in [0, 1e6], got ", v.dump()));
       }
       c.load_floor_weight = v.get<double>();
+    } else if (key == "prefillOverloadTokens") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{1'000'000'000'000}) {
+        return absl::InvalidArgumentError(
+            strCat("routing knobs: prefillOverloadTokens: expected an integer in [0, 1e12], got ", v.dump()));
+      }
+      c.prefill_overload_tokens = v.get<int64_t>();
     } else {
-      return absl::InvalidArgumentError(
-          strCat("routing knobs: unknown knob \"", key, "\" (known: directMaxSuffixTokens, loadFloorWeight)"));
+      return absl::InvalidArgumentError(strCat("routing knobs: unknown knob \"", key,
+                                               "\" (known: directMaxSuffixTokens, loadFloorWeight, prefillOverloadTokens)"));
     }
   }
   TANDEM_RETURN_IF_ERROR(routing::validateRouterConfig(c));
@@ -75,7 +81,8 @@ struct RoutingKnobsWatcher::Impl {
     log.info(content ? "routing knobs applied" : "routing knobs removed: the configured ones apply",
              {{"file", path},
               {"direct_max_suffix_tokens", c->direct_max_suffix_tokens},
-              {"load_floor_weight", c->load_floor_weight}});
+              {"load_floor_weight", c->load_floor_weight},
+              {"prefill_overload_tokens", c->prefill_overload_tokens}});
   }
 };
 

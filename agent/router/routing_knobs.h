@@ -7,7 +7,7 @@
 // configuration; a file that does not parse changes nothing and is logged
 // once (saying which knob and why).
 //
-//   {"directMaxSuffixTokens": 4096, "loadFloorWeight": 3}
+//   {"directMaxSuffixTokens": 4096, "loadFloorWeight": 3, "prefillOverloadTokens": 32000}
 
 #include <functional>
 #include <memory>

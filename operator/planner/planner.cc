@@ -438,6 +438,12 @@ RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const
   return k;
 }
 
+int64_t prefillOverloadTokens(double capacity_tokens_per_s, double ttft_target_s) {
+  const double tokens = 0.5 * capacity_tokens_per_s * ttft_target_s;
+  if (!(tokens > static_cast<double>(kMinPrefillOverloadTokens))) return kMinPrefillOverloadTokens;
+  return static_cast<int64_t>(std::min(tokens, 1e12));
+}
+
 Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   Decision d;
   for (PlanRole r : kPlanRoles) {
@@ -498,6 +504,9 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   }
   d.knobs = routingKnobs(pn.pressure, dn.pressure, c.base_knobs);
   if (d.decode.desired > d.decode.current) d.knobs.load_floor_weight *= 2;  // fill the new decode replicas first
+  if (!c.prefill_overload_from_pool && state.prefill.capacity) {
+    d.knobs.prefill_overload_tokens = prefillOverloadTokens(*state.prefill.capacity, c.ttft_target_s);
+  }
   return d;
 }
 

@@ -59,6 +59,11 @@ struct Bounds {
 struct RoutingKnobs {
   int64_t direct_max_suffix_tokens = 2048;
   double load_floor_weight = 1.5;
+  // The admission watermark: a prefill replica with more queued uncached
+  // prompt tokens than this is passed over while another is below it
+  // (by the routers).
+  int64_t prefill_overload_tokens = 65536;
+  bool operator==(const RoutingKnobs&) const = default;
 };
 
 struct PlannerConfig {
@@ -95,6 +100,10 @@ struct PlannerConfig {
   // The pool's own values of the knobs (spec.router.policy), which the
   // published ones scale.
   RoutingKnobs base_knobs;
+  // spec.router.policy.prefillOverloadTokens was set: the watermark is the
+  // pool's, published unchanged; otherwise the planner derives it from the
+  // measured prefill capacity (prefillOverloadTokens below).
+  bool prefill_overload_from_pool = false;
 };
 
 // InvalidArgument naming the field: targets > 0, ratios in [0, 1), bounds
@@ -226,5 +235,13 @@ Decision decide(const PlannerConfig& config, const Signals& signals, PlannerStat
 
 // The routing knobs for a decision's pressures, scaling `base`.
 RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const RoutingKnobs& base = {});
+
+// The admission watermark for a prefill replica that computes
+// `capacity_tokens_per_s` uncached prompt tokens per busy second: the queue
+// it clears in half the TTFT target (a request queued behind more is likely
+// to miss the target there while another replica has room), at least
+// kMinPrefillOverloadTokens so that one ordinary prompt never marks a replica.
+inline constexpr int64_t kMinPrefillOverloadTokens = 2048;
+int64_t prefillOverloadTokens(double capacity_tokens_per_s, double ttft_target_s);
 
 }  // namespace tandem::planner

@@ -17,7 +17,7 @@ PoolSpec pool() {
   auto p = parsePool(json::parse(R"({"metadata": {"name": "tiny", "namespace": "serving", "uid": "u-1"},
     "spec": {"model": {"name": "tiny", "path": "/srv/models/tiny"},
              "decode": {"args": ["--kv-tls", "posix,cma,tcp"]},
-             "router": {"policy": {"stickyWeight": 2.5, "directMaxSuffix": 128}}}})"));
+             "router": {"policy": {"stickyWeight": 2.5, "directMaxSuffix": 128, "prefillOverloadTokens": 20000}}}})"));
   EXPECT_TRUE(p.ok()) << p.status();
   return *p;
 }
@@ -60,7 +60,8 @@ TEST(ChildrenTest, AgentsFindEachOtherThroughTheHeadlessServices) {
   const json& rc = router["spec"]["template"]["spec"]["containers"][0];
   EXPECT_THAT(strings(rc["args"]), ::testing::IsSupersetOf({"--decode-service", "tiny-decode", "--prefill-service",
                                                             "tiny-prefill", "--route-sticky-weight", "2.5",
-                                                            "--route-direct-max-suffix", "128"}));
+                                                            "--route-direct-max-suffix", "128",
+                                                            "--route-prefill-overload-tokens", "20000"}));
   EXPECT_EQ(decode["spec"]["template"]["spec"]["serviceAccountName"], "tiny-agent");
   EXPECT_EQ(decode["spec"]["selector"]["matchLabels"], roleSelector(pool(), Role::kDecode));
   EXPECT_EQ(decode["spec"]["template"]["metadata"]["labels"]["serving.tandem.dev/role"], "decode");

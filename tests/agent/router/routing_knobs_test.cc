@@ -30,6 +30,20 @@ TEST(RoutingKnobsTest, KnobsOverrideTheBaseAndBadOnesSayWhich) {
               HasSubstr("loadFloorWeight: expected a number"));
 }
 
+TEST(RoutingKnobsTest, TheAdmissionWatermarkIsAKnobAndBadValuesSayWhy) {
+  routing::RouterConfig base;
+  auto c = applyRoutingKnobs(base, R"({"prefillOverloadTokens": 32000})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_overload_tokens, 32000);
+  EXPECT_EQ(c->direct_max_suffix_tokens, base.direct_max_suffix_tokens);
+  for (const char* bad : {R"({"prefillOverloadTokens": -1})", R"({"prefillOverloadTokens": 1.5})",
+                          R"({"prefillOverloadTokens": "lots"})", R"({"prefillOverloadTokens": 2000000000000})"}) {
+    EXPECT_THAT(applyRoutingKnobs(base, bad).status().message(),
+                HasSubstr("prefillOverloadTokens: expected an integer in [0, 1e12]"))
+        << bad;
+  }
+}
+
 TEST(RoutingKnobsTest, TheWatcherAppliesChangesKeepsTheLastGoodOnesAndRestoresTheBase) {
   const std::string path = ::testing::TempDir() + "/knobs-" + std::to_string(getpid()) + ".json";
   std::filesystem::remove(path);

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -504,6 +505,36 @@ TEST(PlannerTest, KnobsScaleThePoolsOwnValuesAndDefaultToTheRoutersOwn) {
   const RoutingKnobs base{.direct_max_suffix_tokens = 1000, .load_floor_weight = 0.5};
   EXPECT_EQ(routingKnobs(0.5, 0.5, base).direct_max_suffix_tokens, 1000) << "even pressure: the pool's own";
   EXPECT_EQ(routingKnobs(2.0, 0.5, base).direct_max_suffix_tokens, 4000);
+}
+
+TEST(PlannerTest, TheAdmissionWatermarkIsTheQueueAPrefillReplicaClearsInHalfTheTtftTarget) {
+  EXPECT_EQ(RoutingKnobs{}.prefill_overload_tokens, routing::RouterConfig{}.prefill_overload_tokens);
+  EXPECT_EQ(prefillOverloadTokens(16000, 4), 32000);
+  EXPECT_EQ(prefillOverloadTokens(100, 1), kMinPrefillOverloadTokens) << "one ordinary prompt never marks a replica";
+  EXPECT_EQ(prefillOverloadTokens(0, 4), kMinPrefillOverloadTokens);
+  EXPECT_EQ(prefillOverloadTokens(std::numeric_limits<double>::quiet_NaN(), 4), kMinPrefillOverloadTokens);
+
+  // In a run: the routers' default until a warm replica has computed a
+  // prompt, then the measured capacity (10,000 tokens/s) × half of 2 s.
+  const PlannerConfig c = config();
+  {
+    ToyPool pool(2, 2);
+    for (ToyPool::Replica& r : pool.prefill) r.created = 0;  // still starting: nothing measured
+    PlannerState state;
+    const Trial idle = run(pool, c, state, 1, constant(0), constant(5));
+    EXPECT_EQ(idle.decisions.back().knobs.prefill_overload_tokens, RoutingKnobs{}.prefill_overload_tokens)
+        << "nothing measured yet";
+    const Trial busy = run(pool, c, state, 3, constant(8000), constant(5), 10 * kInterval);
+    EXPECT_EQ(busy.decisions.back().knobs.prefill_overload_tokens, 10000) << "10,000 tokens/s × 2 s / 2";
+  }
+  // A pool that sets its own watermark keeps it.
+  PlannerConfig fixed = c;
+  fixed.base_knobs.prefill_overload_tokens = 7777;
+  fixed.prefill_overload_from_pool = true;
+  ToyPool pool(2, 2);
+  PlannerState state;
+  const Trial t = run(pool, fixed, state, 3, constant(8000), constant(5));
+  EXPECT_EQ(t.decisions.back().knobs.prefill_overload_tokens, 7777);
 }
 
 TEST(PlannerTest, ConfigErrorsNameTheField) {
