@@ -17,10 +17,11 @@
 # Package lists come from ./tandem (`./tandem packages ...`), the one list
 # the developers' machines install from; nothing here repeats them.
 #
-# GPUs: the build passes TANDEM_ENABLE_CUDA=ON, but the CUDA backend is a
-# later issue: until it lands the option builds nothing more and this image
-# runs the CPU backend (the CUDA runtime and CUDA-enabled UCX are already in
-# place for it).
+# GPUs: the build passes TANDEM_ENABLE_CUDA=ON, which adds the CUDA kernels
+# (libtandem_cuda, cuBLASLt GEMMs) and tandem-gpu-kernel-check (docs/cuda.md).
+# The agent does not serve on the GPU yet (`--device cuda` is refused with a
+# message; docs/cuda.md says what is missing): this image's agents run the CPU
+# backend, with the CUDA runtime, cuBLAS and CUDA-enabled UCX in place.
 
 # --- NVIDIA's CUDA repository for Debian 12 --------------------------------
 # Added with NVIDIA's keyring package, as NVIDIA's CUDA installation guide

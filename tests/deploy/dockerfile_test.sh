@@ -221,6 +221,14 @@ if [[ -n $entry ]]; then
     fail "ENTRYPOINT $entry is neither written nor copied in the final stage"
 fi
 
+# The CUDA build's binaries (./tandem check cuda), where one was built: the
+# NVIDIA libraries they load are in ./tandem's CUDA runtime list.
+if [[ -d $src/build-cuda/bin ]]; then
+  "$src/tests/deploy/cuda_runtime_libs.sh" "$src" "$src/build-cuda/bin" || fail "the CUDA build loads a library the image lacks"
+else
+  echo "note: no build-cuda/bin (./tandem check cuda builds it); the CUDA binaries' libraries are checked there"
+fi
+
 if command -v hadolint >/dev/null; then
   hadolint "$dockerfile" || fail "hadolint"
 else

@@ -103,7 +103,11 @@ TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
             "system:serviceaccount:tandem-system:tandem");
   for (const char* allowed : {"patch deployments -n default", "create deployments -n default", "watch pods -A",
                               "get secrets -n default", "update leases/tandem -n tandem-system",
-                              "patch inferencepools.serving.tandem.dev/status -n default"}) {
+                              "patch inferencepools.serving.tandem.dev/status -n default",
+                              // The planner: spec.<role>.replicas, the routing ConfigMap, events.
+                              "patch inferencepools.serving.tandem.dev -n default", "create configmaps -n default",
+                              "patch configmaps -n default", "create events.events.k8s.io -n default",
+                              "patch events.events.k8s.io -n default"}) {
     EXPECT_EQ(as_operator(std::string("auth can-i ") + allowed).output, "yes\n") << allowed;
   }
   for (const char* refused : {"list secrets -n default", "delete deployments -n default", "create leases -n tandem-system",
@@ -111,6 +115,23 @@ TEST_F(HelmInstallTest, InstallServeUpgradeUninstall) {
                               "create pods -n default", "get pods/log -n default"}) {
     EXPECT_EQ(as_operator(std::string("auth can-i ") + refused).output, "no\n") << refused;
   }
+  // The planner's writes as it makes them (autoscaling is off in this pool,
+  // so the operator never does): the replicas with its field manager (the
+  // values it already has: nothing scales) and the routing knobs'
+  // ConfigMap by server-side apply.
+  // (kubectl patch would GET the pool first, which the operator never does;
+  // its informer lists and watches.)
+  r = as_operator("apply --server-side --field-manager tandem-planner --force-conflicts -f " +
+                  writeTemp("planner-replicas.yaml",
+                            "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferencePool\n"
+                            "metadata: {name: tiny, namespace: default}\n"
+                            "spec: {prefill: {replicas: 1}, decode: {replicas: 2}}\n"));
+  EXPECT_EQ(r.rc, 0) << r.output;
+  r = as_operator("apply --server-side --field-manager tandem-planner --force-conflicts -f " +
+                  writeTemp("routing-knobs.yaml",
+                            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: rbac-check-routing, namespace: default}\n"
+                            "data: {knobs.json: '{\"loadFloorWeight\": 1.5}'}\n"));
+  EXPECT_EQ(r.rc, 0) << r.output;
   r = as_operator("get secrets -A");
   EXPECT_NE(r.rc, 0);
   EXPECT_THAT(r.output, HasSubstr("User \"system:serviceaccount:tandem-system:tandem\" cannot list resource "
