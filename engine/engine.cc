@@ -403,7 +403,7 @@ void Engine::sample(Sequence* seq, std::span<const float> logits) {
   if (!options_.scripted_replies.empty()) {
     const auto& reply = options_.scripted_replies[(seq->id.value() - 1) % options_.scripted_replies.size()];
     const auto n = static_cast<size_t>(seq->numOutputTokens());
-    acceptToken(seq, n < reply.size() ? reply[n] : static_cast<TokenId>(weights_->config.eos_token_id));
+    acceptToken(seq, n < reply.size() ? reply[n] : weights_->config.eos_token_ids.front());
     return;
   }
   acceptToken(seq, sampleToken(logits, seq->spec.sampling, seq->rng, &sample_scratch_));
@@ -457,7 +457,7 @@ void Engine::acceptToken(Sequence* seq, TokenId tok) {
   seq->chain.append(std::span<const TokenId>(&seq->tokens.back(), 1));
   seq->pending_tokens.push_back(tok);
 
-  const bool eos = !p.ignore_eos && tok == weights_->config.eos_token_id;
+  const bool eos = !p.ignore_eos && weights_->config.isEos(tok);
   if (!eos && appendText(seq)) return;  // a stop string matched: seq is gone
   if (eos) {
     finish(seq, FinishReason::kEos);

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -112,23 +113,35 @@ class FieldReader {
     return absl::OkStatus();
   }
 
-  // A token id, or (eos_token_id in newer configs) a list of them: the first
-  // one is the id the tokenizer appends; the engine stops on it.
+  // A token id >= 0 (null or absent: keep the default).
   absl::Status optionalTokenId(std::string_view field, TokenId* out) const {
     const Json* j = get(field);
     if (j == nullptr) return absl::OkStatus();
-    const Json* value = j;
-    if (j->is_array()) {
-      if (j->empty()) return error(field, "expected an integer or a non-empty list of integers, got []");
-      value = &(*j)[0];
+    return tokenIdValue(field, *j, out);
+  }
+
+  // eos_token_id: one id, or (Llama 3.1+, Qwen) a non-empty list of them.
+  absl::Status optionalTokenIds(std::string_view field, std::vector<TokenId>* out) const {
+    const Json* j = get(field);
+    if (j == nullptr) return absl::OkStatus();
+    if (!j->is_array()) {
+      out->assign(1, 0);
+      return tokenIdValue(field, *j, &out->front());
     }
-    TANDEM_ASSIGN_OR_RETURN(int id, intValue(field, *value));
+    if (j->empty()) return error(field, "expected an integer or a non-empty list of integers, got []");
+    out->assign(j->size(), 0);
+    for (size_t i = 0; i < j->size(); ++i) TANDEM_RETURN_IF_ERROR(tokenIdValue(field, (*j)[i], &(*out)[i]));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status tokenIdValue(std::string_view field, const Json& j, TokenId* out) const {
+    TANDEM_ASSIGN_OR_RETURN(int id, intValue(field, j));
     if (id < 0) return error(field, strCat("must be >= 0, got ", id));
     *out = id;
     return absl::OkStatus();
   }
 
- private:
   absl::Status positiveValue(std::string_view field, const Json& j, int* out) const {
     TANDEM_ASSIGN_OR_RETURN(int v, intValue(field, j));
     if (v <= 0) return error(field, strCat("must be positive, got ", v));
@@ -315,6 +328,10 @@ const ArchSpec& ModelConfig::arch() const {
   return spec != nullptr ? *spec : kArchSpecs[0];
 }
 
+bool ModelConfig::isEos(TokenId t) const {
+  return std::find(eos_token_ids.begin(), eos_token_ids.end(), t) != eos_token_ids.end();
+}
+
 std::vector<float> ropeInverseFrequencies(const ModelConfig& c) {
   const int half = c.head_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
@@ -375,7 +392,7 @@ absl::StatusOr<ModelConfig> parseModelConfig(std::string_view json_text, std::st
   TANDEM_RETURN_IF_ERROR(r.optionalPositive("max_position_embeddings", &c.max_position_embeddings));
   TANDEM_RETURN_IF_ERROR(r.optionalBool("tie_word_embeddings", &c.tie_word_embeddings));
   TANDEM_RETURN_IF_ERROR(r.optionalTokenId("bos_token_id", &c.bos_token_id));
-  TANDEM_RETURN_IF_ERROR(r.optionalTokenId("eos_token_id", &c.eos_token_id));
+  TANDEM_RETURN_IF_ERROR(r.optionalTokenIds("eos_token_id", &c.eos_token_ids));
   TANDEM_RETURN_IF_ERROR(readDtype(r, &c));
   TANDEM_RETURN_IF_ERROR(readRopeScaling(r, &c.rope_scaling));
   TANDEM_RETURN_IF_ERROR(rejectUnsupportedFeatures(r, c.arch()));
@@ -395,8 +412,10 @@ absl::StatusOr<ModelConfig> parseModelConfig(std::string_view json_text, std::st
   if (c.bos_token_id >= c.vocab_size) {
     return r.error("bos_token_id", strCat("must be < vocab_size (", c.vocab_size, "), got ", c.bos_token_id));
   }
-  if (c.eos_token_id >= c.vocab_size) {
-    return r.error("eos_token_id", strCat("must be < vocab_size (", c.vocab_size, "), got ", c.eos_token_id));
+  for (TokenId eos : c.eos_token_ids) {
+    if (eos >= c.vocab_size) {
+      return r.error("eos_token_id", strCat("must be < vocab_size (", c.vocab_size, "), got ", eos));
+    }
   }
   return c;
 }
@@ -426,7 +445,11 @@ std::string modelConfigToJson(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id;
-  j["eos_token_id"] = c.eos_token_id;
+  if (c.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = c.eos_token_ids.front();
+  } else {
+    j["eos_token_id"] = c.eos_token_ids;
+  }
   j["torch_dtype"] = c.torch_dtype;
   return j.dump(2) + "\n";
 }

@@ -77,11 +77,15 @@ struct ModelConfig {
   int max_position_embeddings = 0;  // max_position_embeddings
   bool tie_word_embeddings = false; // tie_word_embeddings
   TokenId bos_token_id = 1;         // bos_token_id
-  TokenId eos_token_id = 2;         // eos_token_id (first one when a list)
+  // eos_token_id: every id of a list (Llama 3.1 Instruct: <|end_of_text|>,
+  // <|eom_id|>, <|eot_id|>), a single id as a one-element list; never empty.
+  // Generation stops on any of them; the first is the tokenizer's own.
+  std::vector<TokenId> eos_token_ids = {2};
   std::string torch_dtype = "float32";  // torch_dtype: float32 | bfloat16 (weights are widened to fp32 on load)
 
   int qDim() const { return num_heads * head_dim; }    // width of the query projection
   int kvDim() const { return num_kv_heads * head_dim; } // width of each of the K and V projections
+  bool isEos(TokenId t) const;                          // t is one of eos_token_ids
   // The architecture's spec; the Llama one when `architecture` is unknown
   // (parseModelConfig never returns such a config).
   const ArchSpec& arch() const;

@@ -111,7 +111,7 @@ ModelConfig tinyModelConfig() {
   c.max_position_embeddings = 16384;
   c.tie_word_embeddings = false;
   c.bos_token_id = 1;
-  c.eos_token_id = 2;
+  c.eos_token_ids = {2};
   c.torch_dtype = "float32";
   return c;
 }
@@ -142,7 +142,7 @@ std::optional<ModelConfig> smallArchConfig(std::string_view family) {
                       .original_max_position_embeddings = 64};
     c.tie_word_embeddings = true;
     c.bos_token_id = 1;
-    c.eos_token_id = 2;
+    c.eos_token_ids = {2};
     return c;
   }
   if (family == "qwen2") {

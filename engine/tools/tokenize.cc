@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> openTokenizer(const std::string& path
     // No config.json: nothing to check the vocabulary against.
     config.vocab_size = std::numeric_limits<int>::max();
     config.bos_token_id = tandem::engine::ByteTokenizer::kBosId;
-    config.eos_token_id = tandem::engine::ByteTokenizer::kEosId;
+    config.eos_token_ids = {tandem::engine::ByteTokenizer::kEosId};
   }
   return tandem::engine::loadTokenizer(path, config);
 }

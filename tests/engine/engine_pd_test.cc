@@ -417,5 +417,24 @@ TEST(EnginePdTest, LeaseAndImportTogetherAreRejected) {
   EXPECT_EQ(h.outcome(id).final.reject_reason, RejectReason::kInvalid);
 }
 
+TEST(EnginePdTest, AnImportedFirstTokenOnTheEosListFinishes) {
+  // P samples with ignore_eos; D decides. A first token that is any id of
+  // config.json's eos_token_id list (here the third) ends the request at once.
+  ModelConfig config = tinyModelConfig();
+  config.eos_token_ids = {2, 7, 9};
+  Harness d(opts(), /*with_tokenizer=*/true, nullptr, makeRandomWeights(config, 1234));
+  std::mt19937 rng(33);
+  RequestSpec ds = greedy(randomPrompt(rng, 20), 8);
+  ds.import_kv = true;
+  ds.sampling.ignore_eos = false;
+  RequestId imp = d.add(ds);
+  d.step();
+  ASSERT_TRUE(d.engine->completeImport(imp, 9));
+  EXPECT_EQ(d.outcome(imp).final.finish_reason, FinishReason::kEos);
+  EXPECT_EQ(d.outcome(imp).tokens, std::vector<TokenId>{9});
+  d.runToCompletion();
+  EXPECT_EQ(d.engine->numAvailableBlocks(), opts().num_blocks);
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -215,6 +215,33 @@ TEST(EngineTest, EosFinishesUnlessIgnored) {
   GTEST_SKIP() << "no prompt produced </s> greedily in 200 attempts";
 }
 
+TEST(EngineTest, StopsOnEveryIdOfTheEosList) {
+  // Llama 3.1 Instruct lists <|end_of_text|>, <|eom_id|> and <|eot_id|>; a
+  // chat turn ends on the last. Here the list is {2, 7, 9} and scripted
+  // replies put one of them mid-reply.
+  ModelConfig config = tinyModelConfig();
+  config.eos_token_ids = {2, 7, 9};
+  std::shared_ptr<const ModelWeights> weights = makeRandomWeights(config, 1234);
+  for (TokenId eos : {2, 7, 9}) {
+    EngineOptions o = baseOptions();
+    o.scripted_replies = {{65, 66, eos, 67, 68}};
+    Harness h(o, /*with_tokenizer=*/true, nullptr, weights);
+    RequestSpec s = greedy({70, 71, 72}, 16);
+    s.sampling.ignore_eos = false;
+    RequestId r = h.add(s);
+    h.runToCompletion();
+    EXPECT_EQ(h.outcome(r).final.finish_reason, FinishReason::kEos) << eos;
+    EXPECT_EQ(h.outcome(r).tokens, (std::vector<TokenId>{65, 66, eos})) << eos;
+
+    // ignore_eos runs through every id of the list.
+    Harness ignoring(o, /*with_tokenizer=*/true, nullptr, weights);
+    RequestId r2 = ignoring.add(greedy({70, 71, 72}, 4));
+    ignoring.runToCompletion();
+    EXPECT_EQ(ignoring.outcome(r2).final.finish_reason, FinishReason::kLength) << eos;
+    EXPECT_EQ(ignoring.outcome(r2).tokens, (std::vector<TokenId>{65, 66, eos, 67})) << eos;
+  }
+}
+
 TEST(EngineTest, RejectionsAreTypedAndLeakNothing) {
   EngineOptions o = baseOptions();
   o.num_blocks = 8;  // 128 tokens

@@ -42,10 +42,13 @@ struct Outcome {
 
 class Harness {
  public:
-  explicit Harness(EngineOptions options, bool with_tokenizer = true, std::unique_ptr<Backend> backend = nullptr) {
+  // `weights`: tinyWeights() when null.
+  explicit Harness(EngineOptions options, bool with_tokenizer = true, std::unique_ptr<Backend> backend = nullptr,
+                   std::shared_ptr<const ModelWeights> weights = nullptr) {
     std::shared_ptr<const Tokenizer> tok;
     if (with_tokenizer) tok = std::make_shared<ByteTokenizer>();
-    auto e = Engine::create(options, tinyWeights(), backend ? std::move(backend) : makeCpuBackend(), tok, clock);
+    auto e = Engine::create(options, weights ? std::move(weights) : tinyWeights(),
+                            backend ? std::move(backend) : makeCpuBackend(), tok, clock);
     EXPECT_TRUE(e.ok()) << e.status();
     engine = std::move(*e);
   }

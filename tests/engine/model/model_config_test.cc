@@ -77,7 +77,7 @@ TEST(ModelConfigTest, ParsesLlama2_7b) {
   EXPECT_EQ(config->max_position_embeddings, 4096);
   EXPECT_FALSE(config->tie_word_embeddings);
   EXPECT_EQ(config->bos_token_id, 1);
-  EXPECT_EQ(config->eos_token_id, 2);
+  EXPECT_EQ(config->eos_token_ids, std::vector<TokenId>{2});
   EXPECT_EQ(config->torch_dtype, "float16");
   EXPECT_EQ(config->qDim(), 4096);
   EXPECT_EQ(config->kvDim(), 4096);
@@ -95,7 +95,7 @@ TEST(ModelConfigTest, DefaultsForAbsentOptionalFields) {
   EXPECT_FLOAT_EQ(config->rope_theta, 10000.0f);
   EXPECT_FALSE(config->tie_word_embeddings);
   EXPECT_EQ(config->bos_token_id, 1);
-  EXPECT_EQ(config->eos_token_id, 2);
+  EXPECT_EQ(config->eos_token_ids, std::vector<TokenId>{2});
   EXPECT_EQ(config->torch_dtype, "float32");
 }
 
@@ -169,6 +169,34 @@ TEST(ModelConfigTest, Llama32ConfigWithLlama3RopeScaling) {
   EXPECT_EQ(ropeInverseFrequencies(plain)[31], static_cast<float>(std::pow(500000.0, -62.0 / 64)));
 }
 
+// meta-llama/Llama-3.1-8B-Instruct's config.json as published: eos_token_id
+// lists <|end_of_text|>, <|eom_id|> and <|eot_id|>; a chat turn ends on the last.
+constexpr std::string_view kLlama31InstructConfig = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+TEST(ModelConfigTest, Llama31InstructKeepsEveryEosId) {
+  auto config = parseModelConfig(kLlama31InstructConfig);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->eos_token_ids, (std::vector<TokenId>{128001, 128008, 128009}));
+  EXPECT_TRUE(config->isEos(128001));
+  EXPECT_TRUE(config->isEos(128009));  // <|eot_id|>
+  EXPECT_FALSE(config->isEos(128000));
+  // A single id is a one-element list, and is written back as a single id.
+  auto single = parseModelConfig(kLlama32Config);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(single->eos_token_ids, std::vector<TokenId>{128001});
+  EXPECT_THAT(modelConfigToJson(*single), HasSubstr("\"eos_token_id\": 128001,\n"));
+  EXPECT_THAT(modelConfigToJson(*config), HasSubstr("\"eos_token_id\": [\n    128001,"));
+}
+
 TEST(ModelConfigTest, Qwen25ConfigHasBiasesAndNoSlidingWindow) {
   auto config = parseModelConfig(kQwen25Config);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -231,7 +259,7 @@ TEST(ModelConfigTest, OptionalFieldsOverrideDefaults) {
   EXPECT_FLOAT_EQ(config->rope_theta, 500000.0f);
   EXPECT_TRUE(config->tie_word_embeddings);
   EXPECT_EQ(config->bos_token_id, 100);
-  EXPECT_EQ(config->eos_token_id, 101);  // first of the list
+  EXPECT_EQ(config->eos_token_ids, (std::vector<TokenId>{101, 108}));  // every id of the list
   EXPECT_EQ(config->torch_dtype, "bfloat16");
   EXPECT_EQ(config->max_position_embeddings, 8192);
 }
@@ -260,7 +288,7 @@ TEST(ModelConfigTest, JsonRoundTrips) {
   odd.rope_theta = 1e6f;
   odd.head_dim = 64;
   odd.torch_dtype = "bfloat16";
-  odd.eos_token_id = 7;
+  odd.eos_token_ids = {7, 0, 9};
   for (const ModelConfig& original : {tiny, odd}) {
     std::string json = modelConfigToJson(original);
     EXPECT_THAT(json, HasSubstr("\"rms_norm_eps\": 1e-05"));  // written as people write it
@@ -279,7 +307,7 @@ TEST(ModelConfigTest, JsonRoundTrips) {
     EXPECT_EQ(back->max_position_embeddings, original.max_position_embeddings);
     EXPECT_EQ(back->tie_word_embeddings, original.tie_word_embeddings);
     EXPECT_EQ(back->bos_token_id, original.bos_token_id);
-    EXPECT_EQ(back->eos_token_id, original.eos_token_id);
+    EXPECT_EQ(back->eos_token_ids, original.eos_token_ids);
     EXPECT_EQ(back->torch_dtype, original.torch_dtype);
     EXPECT_EQ(modelConfigToJson(*back), json);
   }
@@ -347,6 +375,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"EosOutOfVocab", minimalWith(R"("eos_token_id": [5000])"), "eos_token_id: must be < vocab_size (1000)"},
         BadCase{"EmptyEosList", minimalWith(R"("eos_token_id": [])"),
                 "eos_token_id: expected an integer or a non-empty list"},
+        BadCase{"EosLaterIdOutOfVocab", minimalWith(R"("eos_token_id": [2, 7, 1000])"),
+                "config.json: eos_token_id: must be < vocab_size (1000), got 1000"},
+        BadCase{"EosNegative", minimalWith(R"("eos_token_id": -1)"), "config.json: eos_token_id: must be >= 0, got -1"},
+        BadCase{"EosNegativeInList", minimalWith(R"("eos_token_id": [2, -3])"),
+                "config.json: eos_token_id: must be >= 0, got -3"},
+        BadCase{"EosString", minimalWith(R"("eos_token_id": "</s>")"),
+                "config.json: eos_token_id: expected integer, got string \"</s>\""},
+        BadCase{"EosListOfStrings", minimalWith(R"("eos_token_id": [2, "<|eot_id|>"])"),
+                "config.json: eos_token_id: expected integer, got string"},
+        BadCase{"EosFloat", minimalWith(R"("eos_token_id": 2.5)"), "eos_token_id: expected integer, got floating-point"},
+        BadCase{"EosNestedList", minimalWith(R"("eos_token_id": [[2]])"), "eos_token_id: expected integer, got array"},
+        BadCase{"MlpBias", minimalWith(R"("mlp_bias": true)"), "config.json: mlp_bias: biases in projections are not supported"},
         // Llama 3.x: rope_scaling llama3 needs all its fields; other types are refused by name.
         BadCase{"RopeScalingLlama3MissingField",
                 minimalWith(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
