@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <utility>
@@ -564,6 +565,47 @@ absl::Status checkPostProcessor(const BpeTokenizer::Impl& impl, const Json& j, c
                     "BertProcessing, Sequence)"));
 }
 
+// The first step of `j` (a normalizer, pre-tokenizer or decoder) or of its
+// Sequence's steps whose type is one of `types`, as `path.type: "Type"`; ""
+// when there is none.
+std::string findStep(const Json& j, const std::string& path, std::initializer_list<std::string_view> types) {
+  if (!j.is_object()) return "";
+  auto type = j.find("type");
+  if (type != j.end() && type->is_string() && std::ranges::find(types, type->get_ref<const std::string&>()) != types.end()) {
+    return strCat(path, ".type: ", type->dump());
+  }
+  for (const char* key : {"normalizers", "pretokenizers", "decoders"}) {
+    auto list = j.find(key);
+    if (list == j.end() || !list->is_array()) continue;
+    for (size_t i = 0; i < list->size(); ++i) {
+      std::string found = findStep((*list)[i], strCat(path, ".", key, "[", i, "]"), types);
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
+// Where a tokenizer.json shows it was converted from SentencePiece (Llama 2,
+// Mistral: normalizer Prepend "▁", pre-tokenizer or decoder Metaspace,
+// decoder ByteFallback) and has no ByteLevel step; "" for any other file,
+// which is then read, and refused by name, as byte-level BPE.
+std::string sentencePieceStep(const Json& j) {
+  auto part = [&](const char* key) -> const Json& {
+    static const Json kNull;
+    auto it = j.find(key);
+    return it == j.end() ? kNull : *it;
+  };
+  if (!findStep(part("pre_tokenizer"), "pre_tokenizer", {"ByteLevel"}).empty() ||
+      !findStep(part("decoder"), "decoder", {"ByteLevel"}).empty()) {
+    return "";
+  }
+  for (const char* key : {"normalizer", "pre_tokenizer", "decoder"}) {
+    std::string found = findStep(part(key), key, {"Prepend", "Metaspace", "ByteFallback"});
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
 absl::StatusOr<Json> parseJsonFile(const std::string& path) {
   TANDEM_ASSIGN_OR_RETURN(std::string text, readFile(path));
   try {
@@ -603,6 +645,11 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::open(const std::stri
   auto impl = std::make_unique<Impl>();
   impl->file = tokenizer_json;
   if (!j.is_object()) return bad(impl->file, "(root)", "expected an object");
+  if (std::string step = sentencePieceStep(j); !step.empty()) {
+    return absl::FailedPreconditionError(
+        strCat(impl->file, ": ", step, ": a SentencePiece-style tokenizer.json (no ByteLevel step); only ",
+               "byte-level BPE is read from tokenizer.json"));
+  }
   static const Json kNull;
   auto field = [&](const char* key) -> const Json& {
     auto it = j.find(key);

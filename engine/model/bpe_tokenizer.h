@@ -62,7 +62,11 @@ class BpeTokenizer final : public Tokenizer {
  public:
   // `tokenizer_json`: the tokenizer.json to read. `tokenizer_config`: the
   // tokenizer_config.json beside it, or "" for none (then bosId() and eosId()
-  // are -1). Errors name the file and the JSON path of what is wrong.
+  // are -1). Errors name the file and the JSON path of what is wrong;
+  // FailedPrecondition (and no other error) says the file is a
+  // SentencePiece-style one (Llama 2, Mistral: a Prepend, Metaspace or
+  // ByteFallback step and no ByteLevel one), which loadTokenizer reads from
+  // tokenizer.model instead.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<BpeTokenizer>> open(const std::string& tokenizer_json,
                                                                           const std::string& tokenizer_config = "");
   ~BpeTokenizer() override;
@@ -73,8 +77,9 @@ class BpeTokenizer final : public Tokenizer {
   int vocabSize() const override;
   TokenId bosId() const override;
   TokenId eosId() const override;
-  // Byte-level BPE models bring their own chat template (tokenizer_config.json
-  // "chat_template"); until the agent renders it, they get Tandem's format.
+  // The format used only when tokenizer_config.json has no "chat_template":
+  // the agent renders a model's own template when it has one
+  // (agent/chat_template.h), as every Llama 3 / Qwen release does.
   ChatFormat chatFormat() const override { return ChatFormat::kTandem; }
 
   // The id of a vocabulary entry or added token, as written in the file

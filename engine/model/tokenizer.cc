@@ -115,18 +115,29 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> loadTokenizer(const std::string& mode
   const std::string sp_path = strCat(model_dir, "/tokenizer.model");
   const std::string config_path = strCat(model_dir, "/tokenizer_config.json");
 
+  // Llama 2 and Mistral repos ship a SentencePiece-style tokenizer.json next
+  // to tokenizer.model: that one is read from tokenizer.model. Any other
+  // tokenizer.json, broken or not, is the model's tokenizer.
   if (fileExists(json_path)) {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> bpe,
-                            BpeTokenizer::open(json_path, fileExists(config_path) ? config_path : ""));
-    if (bpe->vocabSize() > config.vocab_size) {
-      return absl::InvalidArgumentError(strCat(json_path, ": tokenizer has ", bpe->vocabSize(),
-                                               " ids but config.json vocab_size is ", config.vocab_size));
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe =
+        BpeTokenizer::open(json_path, fileExists(config_path) ? config_path : "");
+    if (absl::IsFailedPrecondition(bpe.status())) {
+      if (!fileExists(sp_path)) {
+        return absl::InvalidArgumentError(
+            strCat(bpe.status().message(), "; the directory has no tokenizer.model (SentencePiece) to read instead"));
+      }
+    } else {
+      if (!bpe.ok()) return bpe.status();
+      if ((*bpe)->vocabSize() > config.vocab_size) {
+        return absl::InvalidArgumentError(strCat(json_path, ": tokenizer has ", (*bpe)->vocabSize(),
+                                                 " ids but config.json vocab_size is ", config.vocab_size));
+      }
+      if ((*bpe)->eosId() < 0) {
+        return absl::InvalidArgumentError(
+            strCat(config_path, ": eos_token: missing (the engine needs an end-of-sequence token to stop)"));
+      }
+      return std::unique_ptr<Tokenizer>(std::move(*bpe));
     }
-    if (bpe->eosId() < 0) {
-      return absl::InvalidArgumentError(
-          strCat(config_path, ": eos_token: missing (the engine needs an end-of-sequence token to stop)"));
-    }
-    return std::unique_ptr<Tokenizer>(std::move(bpe));
   }
   if (fileExists(sp_path)) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceTokenizer> sp, SentencePieceTokenizer::open(sp_path));
@@ -150,10 +161,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> loadTokenizer(const std::string& mode
         return absl::InvalidArgumentError(strCat(config_path, ": ", kByteTokenizerClass, " needs vocab_size >= ",
                                                  ByteTokenizer::kVocabSize, ", config.json has ", config.vocab_size));
       }
-      if (config.bos_token_id != ByteTokenizer::kBosId || config.eos_token_id != ByteTokenizer::kEosId) {
+      if (config.bos_token_id != ByteTokenizer::kBosId || config.eos_token_ids.front() != ByteTokenizer::kEosId) {
         return absl::InvalidArgumentError(strCat(config_path, ": ", kByteTokenizerClass,
                                                  " has <s> = 1 and </s> = 2, but config.json says bos_token_id ",
-                                                 config.bos_token_id, ", eos_token_id ", config.eos_token_id));
+                                                 config.bos_token_id, ", eos_token_id ", config.eos_token_ids.front()));
       }
       return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
     }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -227,6 +228,79 @@ TEST_F(SentencePieceTest, LoadTokenizerPrefersTokenizerModel) {
               HasSubstr("tokenizer.model: tokenizer has 400 pieces but config.json vocab_size is 300"));
 }
 
+// The tokenizer.json that Hugging Face's Llama 2 and Mistral repos ship
+// beside tokenizer.model (converted from it), in miniature: BPE with
+// byte_fallback, a normalizer that writes "▁" for spaces, no pre-tokenizer,
+// and a decoder that undoes it. Not byte-level BPE.
+constexpr std::string_view kLlama2TokenizerJson = R"({
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [
+    {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "▁"},
+    {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+  "pre_tokenizer": null,
+  "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {}},
+  "decoder": {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+    {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+  "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+            "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x00>": 3, "▁": 4, "f": 5, "o": 6, "x": 7, "▁f": 8},
+            "merges": ["▁ f"]}
+})";
+
+TEST_F(SentencePieceTest, Llama2DirectoryReadsTokenizerModelBesideItsTokenizerJson) {
+  ScratchDir model;
+  std::filesystem::copy_file(modelPath(), model.file("tokenizer.model"));
+  testing::writeText(model.file("tokenizer.json"), std::string(kLlama2TokenizerJson));
+  testing::writeText(model.file("tokenizer_config.json"),
+                     R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>"})");
+  ModelConfig config = tinyModelConfig();
+  config.vocab_size = 512;
+  auto tok = loadTokenizer(model.path(), config);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_NE(dynamic_cast<SentencePieceTokenizer*>(tok->get()), nullptr);
+  EXPECT_EQ((*tok)->vocabSize(), kVocabSize);
+  EXPECT_EQ((*tok)->encode("the quick fox"), tok_->encode("the quick fox"));
+
+  // Without tokenizer.model the file is refused, naming it and the step.
+  std::filesystem::remove(model.file("tokenizer.model"));
+  auto alone = loadTokenizer(model.path(), config);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(std::string(alone.status().message()),
+              HasSubstr(model.file("tokenizer.json") +
+                        ": normalizer.normalizers[0].type: \"Prepend\": a SentencePiece-style tokenizer.json"));
+  EXPECT_THAT(std::string(alone.status().message()), HasSubstr("no tokenizer.model (SentencePiece)"));
+
+  // Mistral's newer files: a Metaspace pre-tokenizer and decoder.
+  std::filesystem::copy_file(modelPath(), model.file("tokenizer.model"));
+  std::string metaspace(kLlama2TokenizerJson);
+  const std::string normalizer_start = R"("normalizer": {)";
+  const size_t from = metaspace.find(normalizer_start);
+  const size_t to = metaspace.find(R"("pre_tokenizer": null,)");
+  metaspace.replace(from, to - from, R"("normalizer": null, )");
+  metaspace.replace(metaspace.find(R"("pre_tokenizer": null)"), std::string(R"("pre_tokenizer": null)").size(),
+                    R"("pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false})");
+  testing::writeText(model.file("tokenizer.json"), metaspace);
+  tok = loadTokenizer(model.path(), config);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_NE(dynamic_cast<SentencePieceTokenizer*>(tok->get()), nullptr);
+
+  // A byte-level tokenizer.json that is broken stays an error, tokenizer.model or not.
+  std::string broken(kLlama2TokenizerJson);
+  broken.replace(broken.find(R"("pre_tokenizer": null)"), std::string(R"("pre_tokenizer": null)").size(),
+                 R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})");
+  testing::writeText(model.file("tokenizer.json"), broken);
+  auto refused = loadTokenizer(model.path(), config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(model.file("tokenizer.json") + ": normalizer.normalizers[0].type: \"Prepend\" is not supported"));
+}
+
 TEST(LoadTokenizerTest, ByteTokenizerFromTokenizerConfig) {
   ScratchDir model;
   testing::writeText(model.file("tokenizer_config.json"), byteTokenizerConfigJson());
@@ -235,7 +309,7 @@ TEST(LoadTokenizerTest, ByteTokenizerFromTokenizerConfig) {
   EXPECT_NE(dynamic_cast<ByteTokenizer*>(tok->get()), nullptr);
 
   ModelConfig wrong_eos = tinyModelConfig();
-  wrong_eos.eos_token_id = 5;
+  wrong_eos.eos_token_ids = {5};
   auto mismatch = loadTokenizer(model.path(), wrong_eos);
   ASSERT_FALSE(mismatch.ok());
   EXPECT_THAT(std::string(mismatch.status().message()), HasSubstr("eos_token_id 5"));
