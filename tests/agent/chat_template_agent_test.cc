@@ -3,6 +3,7 @@
 // model's byte tokenizer makes one token per character, so usage's
 // prompt_tokens tells exactly which text the template produced.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,8 @@
 #include "src/common/clock.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
+#include "tests/engine/model/family_tokenizer.h"
+#include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::agent {
 namespace {
@@ -50,6 +53,30 @@ class ChatTemplateAgentTest : public ::testing::Test {
   std::unique_ptr<AgentServer> server_;
   std::string url_;
 };
+
+// A Llama 3 / Qwen2 / Qwen3 model directory whose chat template uses a
+// construct the Jinja subset refuses: the model does not load, and the error
+// names the file, the field and the construct.
+TEST(ChatTemplateLoadTest, UnsupportedConstructIsRefusedForEachFamily) {
+  for (std::string_view family : {"llama3", "qwen2", "qwen3"}) {
+    engine::testing::ScratchDir dir;
+    nlohmann::json config = engine::testing::familyTokenizerConfig(family);
+    engine::testing::writeTokenizerFiles(dir.path(), engine::testing::familyTokenizerJson(family), config);
+    auto good = loadChatTemplate(dir.path());
+    ASSERT_TRUE(good.ok()) << family << ": " << good.status();
+    ASSERT_TRUE(good->has_value()) << family;
+
+    config["chat_template"] = "{% macro turn(m) %}" + config["chat_template"].get<std::string>() + "{% endmacro %}";
+    engine::testing::writeTokenizerFiles(dir.path(), engine::testing::familyTokenizerJson(family), config);
+    auto bad = loadChatTemplate(dir.path());
+    ASSERT_FALSE(bad.ok()) << family << " loaded";
+    EXPECT_THAT(std::string(bad.status().message()),
+                ::testing::HasSubstr(dir.path() + "/tokenizer_config.json: chat_template: "))
+        << family;
+    EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("the \"macro\" block is not supported"))
+        << family;
+  }
+}
 
 TEST_F(ChatTemplateAgentTest, RendersTheModelsTemplate) {
   auto r = chat({{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", "hi"}}});

@@ -1,6 +1,7 @@
 // Bad model directories of each supported family (Llama 3.x, Qwen2, Qwen3):
-// loadModelWeights() refuses them with an error that names the file and the
-// field or tensor. Good directories are written with smallArchConfig() and
+// loadModelWeights() (and loadTokenizer() for tokenizer.json) refuses them
+// with an error that names the file and the field or tensor. The chat
+// template's side is in tests/agent/chat_template_agent_test.cc. Good directories are written with smallArchConfig() and
 // then broken one thing at a time.
 
 #include <gmock/gmock.h>
@@ -14,7 +15,9 @@
 
 #include "engine/model/model_loader.h"
 #include "engine/model/safetensors.h"
+#include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
+#include "tests/engine/model/family_tokenizer.h"
 #include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::engine {
@@ -119,6 +122,28 @@ TEST(BadModelDirTest, TheUnbrokenDirectoriesLoad) {
     writeBroken(scratch.path(), family, nullptr, nullptr);
     auto weights = loadModelWeights(scratch.path());
     EXPECT_TRUE(weights.ok()) << family << ": " << weights.status();
+  }
+}
+
+TEST(BadModelDirTest, TokenizerJsonWithoutMergesIsRefusedForEachFamily) {
+  for (std::string_view family : {"llama3", "qwen2", "qwen3"}) {
+    ScratchDir scratch;
+    writeBroken(scratch.path(), family, nullptr, nullptr);
+    const ModelConfig config = *smallArchConfig(family);
+    nlohmann::json tokenizer = testing::familyTokenizerJson(family);
+    testing::writeTokenizerFiles(scratch.path(), tokenizer, testing::familyTokenizerConfig(family));
+    auto good = loadTokenizer(scratch.path(), config);
+    ASSERT_TRUE(good.ok()) << family << ": " << good.status();
+    EXPECT_EQ((*good)->encode("hello"), (std::vector<TokenId>{258, 'o'})) << family;
+    EXPECT_EQ((*good)->eosId(), 282) << family;
+
+    tokenizer["model"].erase("merges");
+    testing::writeTokenizerFiles(scratch.path(), tokenizer, testing::familyTokenizerConfig(family));
+    auto bad = loadTokenizer(scratch.path(), config);
+    ASSERT_FALSE(bad.ok()) << family << " loaded";
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr(scratch.path() + "/tokenizer.json: model.merges: missing (expected an array)"))
+        << family;
   }
 }
 
