@@ -135,7 +135,9 @@ class IncrementalDecoder {
 };
 
 // Picks the tokenizer for a model directory, the first that exists:
-//   tokenizer.json (+ tokenizer_config.json)              -> BpeTokenizer (bpe_tokenizer.h)
+//   tokenizer.json (+ tokenizer_config.json)              -> BpeTokenizer (bpe_tokenizer.h),
+//     unless it is SentencePiece-style (Llama 2, Mistral) and tokenizer.model
+//     is there: then tokenizer.model; without it, an error naming the file
 //   tokenizer.model                                       -> SentencePieceTokenizer
 //   tokenizer_config.json with "tokenizer_class": "TandemByteTokenizer" -> ByteTokenizer
 // otherwise an error saying what was looked for and what was found. Also
