@@ -39,5 +39,7 @@ int Processor::pieceSize() const { return impl_->sp.GetPieceSize(); }
 int Processor::bosId() const { return impl_->sp.bos_id(); }
 int Processor::eosId() const { return impl_->sp.eos_id(); }
 int Processor::unkId() const { return impl_->sp.unk_id(); }
+std::string Processor::idToPiece(int id) const { return impl_->sp.IdToPiece(id); }
+bool Processor::isControl(int id) const { return impl_->sp.IsControl(id); }
 
 }  // namespace tandem::engine::spm

@@ -32,6 +32,12 @@ class Processor {
   int bosId() const;  // -1 when the model has none
   int eosId() const;  // -1 when the model has none
   int unkId() const;
+  // The piece of `id` as the model writes it ("<s>", "▁the", "<0x0A>");
+  // id in [0, pieceSize()).
+  std::string idToPiece(int id) const;
+  // A control piece (<s>, </s>, Mistral v0.3's [INST]): never produced by
+  // encode(), decodes to "".
+  bool isControl(int id) const;
 
  private:
   struct Impl;

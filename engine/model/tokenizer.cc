@@ -1,5 +1,7 @@
 #include "engine/model/tokenizer.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/model/bpe_tokenizer.h"
@@ -40,7 +42,23 @@ bool endsIncomplete(std::string_view s) {
 // ---- SentencePieceTokenizer ----
 
 SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<spm::Processor> processor)
-    : processor_(std::move(processor)) {}
+    : processor_(std::move(processor)) {
+  // Hugging Face's conversion of a SentencePiece model makes every control
+  // piece, and <unk>, a special added token: those are what its tokenizer
+  // cuts out of text. User-defined pieces libsentencepiece matches itself.
+  const int size = processor_->pieceSize();
+  for (int id = 0; id < size; ++id) {
+    if (!processor_->isControl(id) && id != processor_->unkId()) continue;
+    std::string piece = processor_->idToPiece(id);
+    if (piece.empty()) continue;
+    const auto first = static_cast<unsigned char>(piece[0]);
+    control_by_first_byte_[first].push_back({std::move(piece), id});
+  }
+  for (auto& list : control_by_first_byte_) {
+    std::stable_sort(list.begin(), list.end(),
+                     [](const ControlToken& a, const ControlToken& b) { return a.piece.size() > b.piece.size(); });
+  }
+}
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::open(const std::string& path) {
@@ -56,9 +74,37 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
   return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(processor)));
 }
 
+const SentencePieceTokenizer::ControlToken* SentencePieceTokenizer::controlTokenAt(std::string_view text,
+                                                                                   size_t at) const {
+  for (const ControlToken& c : control_by_first_byte_[static_cast<unsigned char>(text[at])]) {
+    if (text.substr(at).starts_with(c.piece)) return &c;
+  }
+  return nullptr;
+}
+
 std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text) const {
-  std::vector<int> ids = processor_->encode(text);
-  return std::vector<TokenId>(ids.begin(), ids.end());
+  std::vector<TokenId> out;
+  // Each run between control tokens is encoded on its own, so it gets
+  // SentencePiece's dummy prefix as in HF's (legacy) Llama tokenizer.
+  auto appendRun = [&](std::string_view run) {
+    if (run.empty()) return;
+    std::vector<int> ids = processor_->encode(run);
+    out.insert(out.end(), ids.begin(), ids.end());
+  };
+  size_t run_start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const ControlToken* control = controlTokenAt(text, i);
+    if (control == nullptr) {
+      ++i;
+      continue;
+    }
+    appendRun(text.substr(run_start, i - run_start));
+    out.push_back(control->id);
+    i += control->piece.size();
+    run_start = i;
+  }
+  appendRun(text.substr(run_start));
+  return out;
 }
 
 std::string SentencePieceTokenizer::decode(std::span<const TokenId> tokens) const {

@@ -12,6 +12,7 @@
 // (Hugging Face tokenizer.json, byte-level BPE: Llama 3, Qwen; bpe_tokenizer.h). Chat templates
 // live elsewhere. All const methods are thread-safe.
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,7 +41,10 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   // Text to ids. Never adds <s> or </s>: the caller prepends bosId() when
-  // the model expects it.
+  // the model expects it. SentencePieceTokenizer and BpeTokenizer turn
+  // special-token strings in the text ("<s>", "<|eot_id|>") into their ids,
+  // as Hugging Face's tokenizers do by default, so a chat template's
+  // rendered text tokenizes as in HF; ByteTokenizer spells them out.
   virtual std::vector<TokenId> encode(std::string_view text) const = 0;
   // Ids to text. Control tokens (<s>, </s>) decode to "". Ids outside the
   // tokenizer's vocabulary (models pad their embedding past it) decode to "".
@@ -84,6 +88,17 @@ std::string byteTokenizerConfigJson();
 // A SentencePiece model file (tokenizer.model of the Llama-2 family: BPE
 // with byte fallback), through libsentencepiece. Text the model has no piece
 // for is encoded as byte pieces (<0xE4>...) and decodes back exactly.
+//
+// Control tokens in the text are recognised, as Hugging Face's Llama
+// tokenizer does (chat templates write <s> and </s> into the prompt text):
+// the model's control pieces (<s>, </s>; Mistral v0.3's [INST]...) and its
+// <unk> piece are cut out of the text first, leftmost and longest at a
+// position, and become their ids; each run of text between them is encoded
+// by SentencePiece on its own, dummy prefix ("▁") included, as HF's
+// legacy Llama 2 tokenizer does:
+//   "<s>[INST] hi [/INST]" -> <s>, then SentencePiece on "[INST] hi [/INST]"
+//                          -> [1, ▁[, INST, ], ▁hi, ▁[, /, INST, ]] (Llama 2)
+// Text without control-token strings encodes exactly as libsentencepiece does.
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   // Errors when the file is missing or not a SentencePiece model, or when
@@ -99,8 +114,19 @@ class SentencePieceTokenizer final : public Tokenizer {
   ChatFormat chatFormat() const override { return ChatFormat::kLlama2; }
 
  private:
+  struct ControlToken {
+    std::string piece;  // "<s>"
+    TokenId id;
+  };
+
   explicit SentencePieceTokenizer(std::unique_ptr<spm::Processor> processor);
+  // The control token that starts at text[at], the longest if several; null if none.
+  const ControlToken* controlTokenAt(std::string_view text, size_t at) const;
+
   std::unique_ptr<spm::Processor> processor_;
+  // The control pieces and <unk>, indexed by their first byte, longest first
+  // within each list. Set in the constructor, then read-only.
+  std::array<std::vector<ControlToken>, 256> control_by_first_byte_;
 };
 
 // Turns a stream of tokens into a stream of text that never splits a UTF-8

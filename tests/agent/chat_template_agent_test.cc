@@ -1,7 +1,8 @@
 // A model directory whose tokenizer_config.json has a chat_template: the
 // agent (in-process, on loopback) renders chat requests with it. The tiny
 // model's byte tokenizer makes one token per character, so usage's
-// prompt_tokens tells exactly which text the template produced.
+// prompt_tokens tells exactly which text the template produced. A Llama 2
+// directory (SentencePiece) checks that the template's <s> is the one BOS.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,11 +10,15 @@
 
 #include "agent/agent_server.h"
 #include "agent/chat_template.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/tokenizer.h"
+#include "engine/model/weights.h"
 #include "src/common/clock.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
 #include "tests/engine/model/family_tokenizer.h"
 #include "tests/engine/model/scratch_dir.h"
+#include "tests/engine/model/sentencepiece_train_util.h"
 
 namespace tandem::agent {
 namespace {
@@ -133,6 +138,61 @@ TEST(ChatTemplateModelDirTest, AnUnsupportedConstructStopsTheAgentNamingFileLine
   auto server = AgentServer::start(c, clock);
   ASSERT_FALSE(server.ok());
   EXPECT_NE(server.status().message().find("macro"), std::string::npos) << server.status();
+}
+
+// A Llama 2 model directory: tokenizer.model (SentencePiece, trained here),
+// and a tokenizer_config.json whose chat template writes {{ bos_token }}
+// ("<s>") itself. The agent's prompt has that <s> as the one BOS id, and
+// the rest is "[INST] hi [/INST]" as SentencePiece encodes it: "<s>" spelled
+// out would take several byte pieces, a second BOS one more token.
+TEST(Llama2ChatTemplateAgentTest, TheTemplatesBosIsTheOnlyBos) {
+  engine::testing::ScratchDir dir;
+  std::string corpus;
+  for (int i = 0; i < 300; ++i) corpus += "hi there, tell me more about the cache and the engine.\n";
+  engine::testing::writeText(dir.file("corpus.txt"), corpus);
+  ASSERT_EQ(engine::testing::trainSentencePiece(
+                "--input=" + dir.file("corpus.txt") + " --model_prefix=" + dir.file("tokenizer") +
+                " --vocab_size=300 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true"
+                " --character_coverage=1.0 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 --num_threads=1"
+                " --minloglevel=2"),
+            "");
+  engine::ModelConfig model = engine::tinyModelConfig();
+  model.vocab_size = 512;
+  ASSERT_TRUE(engine::writeModelDir(dir.path(), *engine::makeRandomWeights(model, 7), engine::DType::kF32).ok());
+  const json tokenizer_config = {
+      {"tokenizer_class", "LlamaTokenizer"},
+      {"bos_token", "<s>"},
+      {"eos_token", "</s>"},
+      {"chat_template", "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"}};
+  engine::testing::writeText(dir.file("tokenizer_config.json"), tokenizer_config.dump());
+  auto tok = engine::SentencePieceTokenizer::open(dir.file("tokenizer.model"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const int want = 1 + static_cast<int>((*tok)->encode("[INST] hi [/INST]").size());
+
+  AgentConfig c;
+  c.model_dir = dir.path();
+  c.model_name = "llama";
+  c.port = 0;
+  c.request_timeout = std::chrono::seconds(5);
+  c.engine.seed = 1;
+  FakeClock clock;
+  auto server = AgentServer::start(c, clock);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string base = "http://127.0.0.1:" + std::to_string((*server)->port());
+
+  auto chat =
+      http::httpPost(base + "/v1/chat/completions",
+                     {{"model", "llama"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}});
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  EXPECT_EQ((*chat->json())["usage"]["prompt_tokens"], want) << chat->body;
+
+  // /v1/completions adds the BOS to plain text: the same prompt.
+  auto completion = http::httpPost(base + "/v1/completions",
+                                   {{"model", "llama"}, {"prompt", "[INST] hi [/INST]"}, {"max_tokens", 1}});
+  ASSERT_TRUE(completion.ok()) << completion.status();
+  ASSERT_EQ(completion->status, 200) << completion->body;
+  EXPECT_EQ((*completion->json())["usage"]["prompt_tokens"], want) << completion->body;
 }
 
 }  // namespace

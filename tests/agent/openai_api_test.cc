@@ -309,6 +309,52 @@ TEST_F(Llama2ChatTemplateTest, SystemPromptAloneStillOpensAnInstructionBlock) {
   EXPECT_EQ(got, piece("[INST] <<SYS>>\nbe brief\n<</SYS>>\n\n [/INST]"));
 }
 
+// A Llama 2 model directory with its own chat template: the template writes
+// <s> and </s> into the text, which the tokenizer turns into the control ids
+// (as HF's apply_chat_template does); no second <s> is added. The template
+// writes what the built-in Llama 2 format does, so the prompts are equal.
+TEST_F(Llama2ChatTemplateTest, AModelsTemplateWritesBosAndEosOnce) {
+  const json config = {{"bos_token", "<s>"},
+                       {"eos_token", "</s>"},
+                       {"chat_template",
+                        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                        "{% if not loop.first %}{{ bos_token }}{% endif %}[INST] {{ m['content'] }} [/INST]"
+                        "{% else %}{{ ' ' + m['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"}};
+  auto parsed = parseChatTemplate(config, "tokenizer_config.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(parsed->has_value());
+  ApiLimits limits{.model_name = "llama",
+                   .max_model_len = 4096,
+                   .default_max_tokens = 8,
+                   .chat_format = tok_->chatFormat(),
+                   .chat_template = std::make_shared<const ChatTemplate>(std::move(**parsed))};
+  auto render_with_template = [&](const json& messages) -> std::vector<TokenId> {
+    auto r = parseRequest(Endpoint::kChat, {{"model", "llama"}, {"messages", messages}}, *tok_, limits, {});
+    if (auto* e = std::get_if<ApiError>(&r)) {
+      ADD_FAILURE() << e->message;
+      return {};
+    }
+    return std::get<ParsedRequest>(r).spec.prompt;
+  };
+
+  const json one = {{{"role", "user"}, {"content", "hi"}}};
+  const std::vector<TokenId> got = render_with_template(one);
+  EXPECT_EQ(got, piece("[INST] hi [/INST]"));
+  ASSERT_GE(got.size(), 2u);
+  EXPECT_EQ(got[0], tok_->bosId());
+  EXPECT_NE(got[1], tok_->bosId()) << "<s> doubled";
+  EXPECT_EQ(tok_->decode(got), "[INST] hi [/INST]") << "no piece spells <s>";
+
+  const json turns = {{{"role", "user"}, {"content", "hi"}},
+                      {{"role", "assistant"}, {"content", "hi there"}},
+                      {{"role", "user"}, {"content", "tell me more"}}};
+  EXPECT_EQ(render_with_template(turns), render(turns));
+  EXPECT_EQ(render_with_template(turns), cat({piece("[INST] hi [/INST]"),
+                                              piece(" hi there ", false),
+                                              {tok_->eosId()},
+                                              piece("[INST] tell me more [/INST]")}));
+}
+
 // The format comes from ApiLimits (the tokenizer's declaration, read at
 // load), not from the tokenizer's type: each tokenizer declares its family,
 // and either format renders with any tokenizer.

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "engine/model/weights.h"
@@ -208,6 +209,76 @@ TEST_F(SentencePieceTest, OutOfVocabularyIdsDecodeToNothing) {
   padded.push_back(kVocabSize + 50);
   padded.insert(padded.begin(), -1);
   EXPECT_EQ(tok_->decode(padded), "fox");
+}
+
+// The ids of `parts` in order: a TokenId as is, a string as SentencePiece
+// encodes it on its own (dummy prefix included).
+std::vector<TokenId> joined(const Tokenizer& tok, std::initializer_list<std::variant<TokenId, std::string>> parts) {
+  std::vector<TokenId> out;
+  for (const auto& part : parts) {
+    if (const TokenId* id = std::get_if<TokenId>(&part)) {
+      out.push_back(*id);
+    } else {
+      std::vector<TokenId> ids = tok.encode(std::get<std::string>(part));
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+  }
+  return out;
+}
+
+// A chat template writes <s> and </s> into the prompt text: they become the
+// control ids, and each run between them is encoded on its own with its
+// dummy prefix, as HF's Llama 2 tokenizer (legacy) does:
+// "<s>[INST] hi [/INST]" -> [1, ▁[, INST, ], ▁hi, ▁[, /, INST, ]].
+TEST_F(SentencePieceTest, ControlTokensInTextBecomeTheirIds) {
+  const TokenId bos = 1, eos = 2, unk = 0;
+  EXPECT_EQ(tok_->encode("<s>[INST] hi [/INST]"), joined(*tok_, {bos, "[INST] hi [/INST]"}));
+  EXPECT_EQ(tok_->encode("the fox</s> the dog"), joined(*tok_, {"the fox", eos, " the dog"}));
+  EXPECT_EQ(tok_->encode("[INST] hi [/INST] hello </s><s>[INST] more [/INST]"),
+            joined(*tok_, {"[INST] hi [/INST] hello ", eos, bos, "[INST] more [/INST]"}));
+  EXPECT_EQ(tok_->encode("<s>"), std::vector<TokenId>{bos});
+  EXPECT_EQ(tok_->encode("<s><s></s>"), (std::vector<TokenId>{bos, bos, eos}));
+  EXPECT_EQ(tok_->encode("a<unk>b"), joined(*tok_, {"a", unk, "b"}));
+
+  // The run after a control token starts a word ("▁world"), unlike the same
+  // text in the middle of a run.
+  const std::vector<TokenId> world = tok_->encode("world");
+  const std::vector<TokenId> after = tok_->encode("<s>world");
+  EXPECT_EQ(std::vector<TokenId>(after.begin() + 1, after.end()), world);
+  EXPECT_NE(tok_->encode("helloworld"), joined(*tok_, {"hello", "world"}));
+
+  // No piece of the encoding spells a control token; decoding drops them.
+  for (TokenId id : tok_->encode("<s>hello</s>")) {
+    EXPECT_EQ(tok_->decode(std::vector<TokenId>{id}).find('<'), std::string::npos) << id;
+  }
+  EXPECT_EQ(tok_->decode(tok_->encode("<s>hello world</s>")), "hello world");
+
+  // Near misses are text: SentencePiece encodes them as before (byte pieces
+  // for '<', '/', '>'), and they round-trip.
+  for (std::string text : {"<s", "s>", "< s>", "<S>", "</s", "<<SYS>>\nbe brief\n<</SYS>>"}) {
+    std::vector<TokenId> ids = tok_->encode(text);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), bos) + std::count(ids.begin(), ids.end(), eos), 0) << text;
+    EXPECT_EQ(tok_->decode(ids), text);
+  }
+}
+
+// A model with more control pieces (Mistral v0.3's tokenizer.model has
+// [INST] and [/INST]): each is cut out of the text like <s>.
+TEST_F(SentencePieceTest, EveryControlPieceOfTheModelIsRecognised) {
+  ScratchDir model;
+  const std::string error = testing::trainSentencePiece(
+      strCat("--input=", dir_->file("corpus.txt"), " --model_prefix=", model.file("tokenizer"),
+             " --vocab_size=400 --model_type=bpe --byte_fallback=true --character_coverage=1.0 --unk_id=0 --bos_id=1"
+             " --eos_id=2 --pad_id=-1 --control_symbols=[INST],[/INST] --normalization_rule_name=identity"
+             " --remove_extra_whitespaces=false --add_dummy_prefix=true --num_threads=1 --minloglevel=2"));
+  ASSERT_EQ(error, "");
+  auto tok = SentencePieceTokenizer::open(model.file("tokenizer.model"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // Control symbols follow <unk>, <s>, </s>.
+  const TokenId inst = 3, end_inst = 4;
+  EXPECT_EQ((*tok)->decode(std::vector<TokenId>{inst, end_inst}), "");
+  EXPECT_EQ((*tok)->encode("<s>[INST] hello [/INST] world</s>"),
+            joined(**tok, {TokenId{1}, inst, " hello ", end_inst, " world", TokenId{2}}));
 }
 
 TEST_F(SentencePieceTest, LoadTokenizerPrefersTokenizerModel) {
