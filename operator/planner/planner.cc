@@ -78,6 +78,14 @@ struct Need {
   double pressure = 0;
   bool slo_missed = false;
   std::string why;
+  // Prefill: the pressure of the TTFT its own queue and compute explain
+  // (the model's TTFT, corrected, ÷ target), and whether it is behind: its
+  // queue more than it computes within the TTFT target, or the arrivals
+  // more than its Ready replicas compute.
+  double own_pressure = 0;
+  bool behind = false;
+  // Decode: full, with requests waiting to be admitted.
+  bool full_with_waiting = false;
 };
 
 // Least squares line through (x, y) samples: (intercept, slope), or
@@ -174,6 +182,8 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
     while (k < most && rs.correction * modelTtft(k, rate, 0, prompt, cap) > c.ttft_target_s * margin) ++k;
     return k > replicasFor(by_util) ? static_cast<double>(k) : by_util;
   };
+  n.own_pressure = std::isfinite(model_now) ? rs.correction * model_now / c.ttft_target_s : n.pressure;
+  n.behind = queue > cap * ready * c.ttft_target_s || s.uncached_prompt_tokens_per_s > cap * ready;
   n.up = fewest(1, queue + hidden);
   n.down = fewest(1 - c.scale_down_margin, queue);
   n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued",
@@ -208,7 +218,8 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   // Full, with requests waiting to be admitted: the demand is censored (a
   // full pool reads as "just full" however much more is asked), so it is
   // not estimated from the ratio: the pool doubles.
-  if (s.decode_kv_used_ratio - backlog >= kv_room && s.decode_waiting > 0) kv_up = std::max(kv_up, 2.0 * ready);
+  n.full_with_waiting = s.decode_kv_used_ratio - backlog >= kv_room && s.decode_waiting > 0;
+  if (n.full_with_waiting) kv_up = std::max(kv_up, 2.0 * ready);
   const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
   n.pressure = (s.decode_kv_used_ratio - backlog) / kv_room;
   double tpot_up = 0, tpot_down = 0;
@@ -470,6 +481,18 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     }
     d.knobs = c.base_knobs;
     return d;
+  }
+  // Requests wait on a full decode pool while prefill keeps up with its
+  // queue: the clients' TTFT is decode's to fix. Prefill's pressure is then
+  // what its own queue and compute explain (so its SLO guard does not hold
+  // replicas decode needs), and decode's is the clients' TTFT: under a GPU
+  // budget prefill gives way, where the TTFT alone would starve decode and
+  // never recover.
+  if (dn.full_with_waiting && !pn.behind && pn.pressure > dn.pressure) {
+    dn.pressure = pn.pressure;
+    dn.slo_missed = true;
+    pn.pressure = pn.own_pressure;
+    pn.slo_missed = pn.pressure > 1;
   }
   if (!state.since_s) state.since_s = s.at_s;
   d.prefill = decideRole(c, s, PlanRole::kPrefill, pn, state.prefill, state.since_s);

@@ -507,6 +507,49 @@ TEST(PlannerTest, KnobsScaleThePoolsOwnValuesAndDefaultToTheRoutersOwn) {
   EXPECT_EQ(routingKnobs(2.0, 0.5, base).direct_max_suffix_tokens, 4000);
 }
 
+TEST(PlannerTest, UnderABudgetAFullDecodePoolThatPrefillKeepsUpWithGetsTheGpus) {
+  // 15 warm prefill replicas compute 150k tokens/s for 60k arriving, their
+  // queue small; 5 decode replicas are full with 200 requests waiting for
+  // KV. The clients' TTFT (20 s for a 2 s target) is decode's doing: read
+  // as prefill's pressure, prefill would keep every replica (SLO missed: no
+  // scale-down) and the budget would refuse decode for good.
+  PlannerConfig c = config();
+  c.gpu_budget = 20;
+  c.decode = {1, 64};
+  Signals s;
+  s.at_s = 3000;
+  s.spec_prefill = 15;
+  s.spec_decode = 5;
+  for (int i = 0; i < 15; ++i) {
+    s.prefill.push_back({.name = "p" + std::to_string(i), .ready = true, .ready_for_s = 600, .capacity = 10000});
+  }
+  for (int i = 0; i < 5; ++i) s.decode.push_back({.name = "d" + std::to_string(i), .ready = true, .ready_for_s = 600});
+  s.uncached_prompt_tokens_per_s = 60000;
+  s.prefill_queue_tokens = s.prefill_queue_peak_tokens = 8000;
+  s.mean_uncached_prompt_tokens = 2000;
+  s.ttft_p95_s = 20;
+  s.tpot_p95_s = 0.03;
+  s.decode_running = 100;
+  s.decode_waiting = 200;
+  s.decode_kv_used_ratio = s.decode_kv_active_ratio = 0.99;
+  s.decode_kv_total_blocks = 5 * 512;
+  s.kv_block_tokens = 512;
+  PlannerState state;
+  const Decision d = decide(c, s, state);
+  EXPECT_GT(d.decode.desired, 5) << d.decode.message;
+  EXPECT_LT(d.prefill.desired, 15) << d.prefill.message;
+  EXPECT_LE(d.prefill.desired + d.decode.desired, 20);
+  EXPECT_GT(d.decode.pressure, d.prefill.pressure) << "the TTFT is decode's pressure now";
+
+  // Prefill that is behind (arrivals beyond what its replicas compute)
+  // keeps the TTFT as its own pressure: the waiting requests are its backlog.
+  s.uncached_prompt_tokens_per_s = 200000;
+  PlannerState behind_state;
+  const Decision b = decide(c, s, behind_state);
+  EXPECT_GT(b.prefill.pressure, b.decode.pressure) << b.prefill.message;
+  EXPECT_GE(b.prefill.desired, 15);
+}
+
 TEST(PlannerTest, TheAdmissionWatermarkIsTheQueueAPrefillReplicaClearsInHalfTheTtftTarget) {
   EXPECT_EQ(RoutingKnobs{}.prefill_overload_tokens, routing::RouterConfig{}.prefill_overload_tokens);
   EXPECT_EQ(prefillOverloadTokens(16000, 4), 32000);
