@@ -9,6 +9,13 @@
 // The engines are tandem-sim's model (EngineModel defaults), not hardware.
 //
 //   bench_planner --out FILE [--traces DIR] [--gpus 64] [--quick]
+//                 [--step-only] [--startup S] [--oracle] [--log]
+//
+// --step-only runs only the 2x step; --startup S only that start-up time;
+// --oracle adds, per start-up time, the recovery of the best fixed split
+// found in hindsight when asked for at the step's instant and at the first
+// decision after it (bounds for any policy; minutes each); --log prints the
+// planner's intervals and each interval's attainment around the step.
 //
 // --gpus 512 is the large configuration: its static sweep alone runs
 // for tens of minutes on two cores.
@@ -43,7 +50,8 @@ struct Runs {
   PoolSize best_size;
 };
 
-Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool with_best = true) {
+Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool with_best = true,
+            std::ostream* tandem_log = nullptr) {
   Runs r;
   if (with_best) {
     auto best = bestStatic(in, o, gpus);
@@ -58,7 +66,9 @@ Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool w
   auto interval = intervalPolicy({.profile = o.engine, .slo = o.slo, .gpu_budget = gpus, .initial = start});
   auto tandem = tandemPolicy({.config = simPlannerConfig(o, gpus, /*min_replicas=*/2), .initial = start});
   auto i = runSim(in, o, *interval);
-  auto t = runSim(in, o, *tandem);
+  SimOptions ot = o;
+  ot.log = tandem_log;
+  auto t = runSim(in, ot, *tandem);
   if (!i.ok() || !t.ok()) {
     std::cerr << "bench_planner: " << (i.ok() ? t.status() : i.status()) << "\n";
     std::exit(1);
@@ -140,15 +150,71 @@ int recovery(const SimResult& r, size_t step_interval) {
   return -1;
 }
 
+// Bounds on what any policy could do after a step it cannot foresee: it
+// asks for `after` (found by sweep in hindsight) from `act_at` on, `before`
+// until then: at the step's instant (no policy reacts sooner), or at the
+// first decision that sees it (no reactive policy reacts sooner). Replicas
+// still take the start-up time to come up.
+class StepOracle final : public ScalingPolicy {
+ public:
+  StepOracle(PoolSize before, PoolSize after, double act_at) : before_(before), after_(after), act_at_(act_at) {}
+  std::string name() const override { return "step-oracle"; }
+  PoolSize initial() const override { return before_; }
+  PoolSize decide(const planner::Signals& s) override { return s.at_s >= act_at_ ? after_ : before_; }
+
+ private:
+  PoolSize before_, after_;
+  double act_at_;
+};
+
+// The oracle's fastest recovery over the splits of `gpus` after the step
+// (fewest GPUs among equals): a coarse grid, then its neighbours.
+std::pair<int, PoolSize> oracleRecovery(const replay::ReplayInput& in, const SimOptions& o, int gpus, PoolSize before,
+                                        double act_at, size_t step_interval) {
+  int best = -1;
+  PoolSize best_size;
+  auto consider = [&](PoolSize after) {
+    if (after.prefill < 1 || after.decode < 1 || after.prefill + after.decode > gpus) return;
+    StepOracle policy(before, after, act_at);
+    auto r = runSim(in, o, policy);
+    if (!r.ok()) {
+      std::cerr << "bench_planner: " << r.status() << "\n";
+      std::exit(1);
+    }
+    const int rec = recovery(*r, step_interval);
+    if (rec < 0) return;
+    if (best < 0 || rec < best ||
+        (rec == best && after.prefill + after.decode < best_size.prefill + best_size.decode)) {
+      best = rec;
+      best_size = after;
+    }
+  };
+  for (int32_t p = before.prefill; p <= gpus; p += 4) {
+    for (int32_t d = before.decode; p + d <= gpus; d += 4) consider({p, d});
+  }
+  if (best >= 0) {
+    const PoolSize c = best_size;
+    for (int32_t dp = -2; dp <= 2; ++dp) {
+      for (int32_t dd = -2; dd <= 2; ++dd) consider({c.prefill + dp, c.decode + dd});
+    }
+  }
+  return {best, best_size};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string traces = std::string(TANDEM_SOURCE_DIR) + "/../shared/traces";
   int gpus = 64;
-  bool quick = false;
+  bool quick = false, step_only = false, oracle = false, log = false;
+  std::vector<double> startups = {10, 30, 60, 120, 300};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--traces" && i + 1 < argc) traces = argv[++i];
+    if (a == "--step-only") step_only = true;  // only the 2x step and the start-up sweep
+    if (a == "--oracle") oracle = true;  // also the oracles' recovery after the step (minutes per start-up time)
+    if (a == "--log") log = true;        // the planner's intervals around the step, on stderr
+    if (a == "--startup" && i + 1 < argc) startups = {std::atof(argv[++i])};  // one start-up time for the step
     if (a == "--gpus" && i + 1 < argc) gpus = std::atoi(argv[++i]);
     if (a == "--quick") quick = true;
   }
@@ -160,30 +226,32 @@ int main(int argc, char** argv) {
   SimOptions o;
   std::vector<bench::Result> results;
 
-  // 1. The Azure code trace, scaled so the best static split needs most of the GPUs.
-  auto azure = readAzureTrace(traces + "/azure_llm_2023_code.csv");
-  if (!azure.ok()) {
-    std::cerr << "bench_planner: " << azure.status() << " (--traces DIR: where azure_llm_2023_code.csv is)\n";
-    return 1;
-  }
-  const int azure_k = static_cast<int>(std::lround(12 * scale));
-  const auto azure_in = replay::prepareReplay(scaleLoad(*azure, azure_k));
-  report(results, "azure_x" + std::to_string(azure_k) + "_" + std::to_string(gpus) + "gpu", runAll(azure_in, o, gpus));
+  if (!step_only) {
+    // 1. The Azure code trace, scaled so the best static split needs most of the GPUs.
+    auto azure = readAzureTrace(traces + "/azure_llm_2023_code.csv");
+    if (!azure.ok()) {
+      std::cerr << "bench_planner: " << azure.status() << " (--traces DIR: where azure_llm_2023_code.csv is)\n";
+      return 1;
+    }
+    const int azure_k = static_cast<int>(std::lround(12 * scale));
+    const auto azure_in = replay::prepareReplay(scaleLoad(*azure, azure_k));
+    report(results, "azure_x" + std::to_string(azure_k) + "_" + std::to_string(gpus) + "gpu", runAll(azure_in, o, gpus));
 
-  // 2. Agentic coding sessions (DualPath 32K shape), likewise.
-  replay::GeneratorOptions g;
-  // 1,200 sessions per 64 GPUs: the smallest static split that meets the
-  // SLOs takes about 48 of the 64 (4:44; 4:36 collapses).
-  g.num_sessions = static_cast<int>(std::lround(quick ? 200 : 1200 * scale));
-  g.active_sessions = g.num_sessions / 2.0;
-  auto sessions = replay::generateSessions(g);
-  if (!sessions.ok()) {
-    std::cerr << "bench_planner: " << sessions.status() << "\n";
-    return 1;
+    // 2. Agentic coding sessions (DualPath 32K shape), likewise.
+    replay::GeneratorOptions g;
+    // 1,200 sessions per 64 GPUs: the smallest static split that meets the
+    // SLOs takes about 48 of the 64 (4:44; 4:36 collapses).
+    g.num_sessions = static_cast<int>(std::lround(quick ? 200 : 1200 * scale));
+    g.active_sessions = g.num_sessions / 2.0;
+    auto sessions = replay::generateSessions(g);
+    if (!sessions.ok()) {
+      std::cerr << "bench_planner: " << sessions.status() << "\n";
+      return 1;
+    }
+    const auto sessions_in = replay::prepareReplay(*sessions);
+    report(results, "sessions" + std::to_string(g.num_sessions) + "_" + std::to_string(gpus) + "gpu",
+           runAll(sessions_in, o, gpus));
   }
-  const auto sessions_in = replay::prepareReplay(*sessions);
-  report(results, "sessions" + std::to_string(g.num_sessions) + "_" + std::to_string(gpus) + "gpu",
-         runAll(sessions_in, o, gpus));
 
   // 3. A 2x step in load (20 min at r, then 2r at about 70% of the GPUs'
   // prefill capacity), and the replica start-up time swept.
@@ -192,10 +260,10 @@ int main(int argc, char** argv) {
   const auto step_in = replay::prepareReplay(
       poisson(2400, [&](double t) { return t < step_at ? base_rate : 2 * base_rate; }, 4000, 100, 7));
   const size_t step_interval = static_cast<size_t>(step_at / o.interval_s);
-  for (double startup : quick ? std::vector<double>{120} : std::vector<double>{10, 30, 60, 120, 300}) {
+  for (double startup : quick ? std::vector<double>{120} : startups) {
     SimOptions so = o;
     so.engine.startup_s = startup;
-    const Runs r = runAll(step_in, so, gpus, /*with_best=*/false);
+    const Runs r = runAll(step_in, so, gpus, /*with_best=*/false, log ? &std::cerr : nullptr);
     const std::string p = "step2x_startup" + std::to_string(static_cast<int>(startup)) + "s";
     std::fprintf(stderr, "%s: interval %.3f (recovery %d intervals) | tandem %.3f (recovery %d intervals), GPU-h %.2f vs %.2f\n",
                  p.c_str(), r.interval.slo_attainment, recovery(r.interval, step_interval), r.tandem.slo_attainment,
@@ -203,11 +271,32 @@ int main(int argc, char** argv) {
     results.push_back({.name = p + "_tandem_attainment_vs_interval", .value = r.tandem.slo_attainment, .unit = "share",
                        .reference = std::max(1e-3, r.interval.slo_attainment), .reference_name = "interval attainment"});
     const int rt = recovery(r.tandem, step_interval), ri = recovery(r.interval, step_interval);
+    if (log) {
+      for (size_t i = step_interval - 2; i < std::min(r.tandem.attainment_by_interval.size(), step_interval + 12); ++i) {
+        std::fprintf(stderr, "interval %zu (t=%.0f): tandem attainment %.3f\n", i, i * o.interval_s,
+                     r.tandem.attainment_by_interval[i]);
+      }
+    }
     results.push_back({.name = p + "_tandem_recovery_intervals_vs_interval",
                        .value = rt < 0 ? 999.0 : static_cast<double>(rt),
                        .unit = "intervals",
                        .reference = ri < 0 ? 999.0 : std::max(0.5, static_cast<double>(ri)),
                        .reference_name = "interval recovery (999: never)"});
+    if (oracle) {
+      // Before the step: the size the planner holds for the base load (21:4 at 64 GPUs).
+      const PoolSize before{static_cast<int32_t>(std::lround(21 * scale)), static_cast<int32_t>(std::lround(4 * scale))};
+      const auto [ro, size] = oracleRecovery(step_in, so, gpus, before, step_at, step_interval);
+      const auto [rr, rsize] = oracleRecovery(step_in, so, gpus, before, step_at + o.interval_s, step_interval);
+      std::fprintf(stderr,
+                   "%s: oracle recovery (the best split in hindsight) %d intervals at %d:%d when asked at the step, "
+                   "%d at %d:%d when asked at the first decision after it\n",
+                   p.c_str(), ro, size.prefill, size.decode, rr, rsize.prefill, rsize.decode);
+      results.push_back({.name = p + "_tandem_recovery_intervals_vs_reactive_oracle",
+                         .value = rt < 0 ? 999.0 : static_cast<double>(rt),
+                         .unit = "intervals",
+                         .reference = rr < 0 ? 999.0 : std::max(0.5, static_cast<double>(rr)),
+                         .reference_name = "reactive oracle recovery (999: never)"});
+    }
   }
   return bench::writeReport("planner", results, argc, argv);
 }
