@@ -43,10 +43,10 @@ using namespace tandem::sim;
 
 struct Runs {
   SimResult best, interval, tandem;
-  // The planner held to the GPUs the interval planner used on average (its
-  // budget), so its GPU-hours are at most the interval planner's.
+  // The planner held to a GPU budget at which its GPU-hours are at most the
+  // interval planner's: the GPUs that one used on average, or fewer.
   SimResult tandem_at_interval_gpus;
-  int interval_mean_gpus = 0;
+  int interval_mean_gpus = 0, tandem_budget = 0;
   PoolSize best_size;
 };
 
@@ -76,16 +76,23 @@ Runs runAll(const replay::ReplayInput& in, const SimOptions& o, int gpus, bool w
   r.interval = *i;
   r.tandem = *t;
   if (!with_best) return r;  // the step rows compare recovery only
+  // The planner's budget: the interval planner's mean GPUs, lowered while
+  // its GPU-hours are more than the interval planner's (a backlog lengthens
+  // a run, and GPU-hours with it), so the comparison is at equal or fewer
+  // GPU-hours.
   r.interval_mean_gpus = std::max(
       4, static_cast<int>(std::floor(i->gpu_hours * 3600 / std::max(1.0, i->duration_s))));
-  auto capped = tandemPolicy(
-      {.config = simPlannerConfig(o, r.interval_mean_gpus, 2), .initial = defaultInitialSize(r.interval_mean_gpus)});
-  auto c = runSim(in, o, *capped);
-  if (!c.ok()) {
-    std::cerr << "bench_planner: " << c.status() << "\n";
-    std::exit(1);
+  for (int budget = r.interval_mean_gpus;; --budget) {
+    auto capped = tandemPolicy({.config = simPlannerConfig(o, budget, 2), .initial = defaultInitialSize(budget)});
+    auto c = runSim(in, o, *capped);
+    if (!c.ok()) {
+      std::cerr << "bench_planner: " << c.status() << "\n";
+      std::exit(1);
+    }
+    r.tandem_at_interval_gpus = *c;
+    r.tandem_budget = budget;
+    if (c->gpu_hours <= i->gpu_hours || budget <= 4) break;
   }
-  r.tandem_at_interval_gpus = *c;
   return r;
 }
 
@@ -102,14 +109,14 @@ void report(std::vector<bench::Result>& out, const std::string& prefix, const Ru
                  .reference = std::max(1e-3, r.interval.slo_attainment), .reference_name = "interval attainment"});
   out.push_back({.name = prefix + "_tandem_gpu_hours_vs_interval", .value = r.tandem.gpu_hours, .unit = "GPU-h",
                  .reference = r.interval.gpu_hours, .reference_name = "interval GPU-hours"});
-  std::fprintf(stderr, "%s: at the interval planner's mean of %d GPUs: tandem %.3f GPU-h %.2f | interval %.3f GPU-h %.2f\n",
-               prefix.c_str(), r.interval_mean_gpus, r.tandem_at_interval_gpus.slo_attainment,
+  std::fprintf(stderr, "%s: held to %d GPUs (the interval planner's mean: %d): tandem %.3f GPU-h %.2f | interval %.3f GPU-h %.2f\n",
+               prefix.c_str(), r.tandem_budget, r.interval_mean_gpus, r.tandem_at_interval_gpus.slo_attainment,
                r.tandem_at_interval_gpus.gpu_hours, r.interval.slo_attainment, r.interval.gpu_hours);
   out.push_back({.name = prefix + "_tandem_attainment_vs_interval_at_its_gpus",
                  .value = r.tandem_at_interval_gpus.slo_attainment,
                  .unit = "share",
                  .reference = std::max(1e-3, r.interval.slo_attainment),
-                 .reference_name = "interval attainment (tandem held to interval's mean GPUs)"});
+                 .reference_name = "interval attainment (tandem held to at most interval's GPU-hours)"});
   out.push_back({.name = prefix + "_tandem_gpu_hours_vs_interval_at_its_gpus",
                  .value = r.tandem_at_interval_gpus.gpu_hours,
                  .unit = "GPU-h",
