@@ -335,6 +335,46 @@ RoleDecision decideRole(const PlannerConfig& c, const Signals& s, PlanRole role,
   return d;
 }
 
+// Neither role misses its SLO and both want more than the GPU budget: each
+// gets the same share of what it wants (a pressure far below 1 says little
+// about which role is short: a TPOT at a fourth of its target against a
+// TTFT at a tenth of its target, while prefill runs at 90 % of its compute,
+// would take prefill's last spare replica for decode's KV headroom, and a
+// prefill backlog then fills decode's KV with reservations, evicts resident
+// sessions and brings them back as whole prompts). Prefill's share is
+// rounded up, decode gets the rest; a share within a tenth (at least one
+// replica) of what prefill has keeps what it has, so noise in the needs
+// does not move replicas back and forth. False (nothing changed) when a
+// role's count stands (a user's edit) or the minimums alone do not fit.
+bool shareBudget(const PlannerConfig& c, const PlannerState& state, double s_at, Decision& d) {
+  RoleDecision& p = d.prefill;
+  RoleDecision& q = d.decode;
+  for (PlanRole r : kPlanRoles) {
+    const auto& until = state.role(r).manual_until_s;
+    if (d.role(r).reason == Reason::kManualOverride || (until && s_at < *until)) return false;
+  }
+  if (c.gpus_per_prefill <= 0 || c.gpus_per_decode <= 0) return false;
+  const double wanted = static_cast<double>(int64_t{p.desired} * c.gpus_per_prefill + int64_t{q.desired} * c.gpus_per_decode);
+  const double share = static_cast<double>(c.gpu_budget) / wanted;
+  const int32_t want_p = p.desired, want_d = q.desired;
+  int32_t np = std::min(want_p, std::max(c.prefill.min, static_cast<int32_t>(std::ceil(want_p * share))));
+  if (std::abs(np - p.current) <= std::max(1, p.current / 10) && p.current <= want_p) np = p.current;
+  const int64_t left = c.gpu_budget - int64_t{np} * c.gpus_per_prefill;
+  const int32_t nd = static_cast<int32_t>(std::min<int64_t>(want_d, left / c.gpus_per_decode));
+  if (nd < c.decode.min) return false;
+  p.desired = np;
+  q.desired = nd;
+  for (RoleDecision* rd : {&p, &q}) {
+    const int32_t wanted_role = rd == &p ? want_p : want_d;
+    if (rd->desired == wanted_role) continue;
+    rd->reason = Reason::kBudget;
+    rd->message = strCat(rd->current, " -> ", rd->desired, ": the GPU budget of ", c.gpu_budget, " gives each role ",
+                         num(100 * share), "% of what it wants (prefill ", want_p, ", decode ", want_d,
+                         "); neither misses its SLO");
+  }
+  return true;
+}
+
 // With a GPU budget, the role under less pressure gives way: first what it
 // holds beyond its own need, then the other role's growth, then below its
 // need (never below min).
@@ -345,6 +385,7 @@ void applyBudget(const PlannerConfig& c, const Need& pn, const Need& dn, const P
     return int64_t{d.prefill.desired} * c.gpus_per_prefill + int64_t{d.decode.desired} * c.gpus_per_decode;
   };
   if (total() <= c.gpu_budget) return;
+  if (pn.pressure < 1 && dn.pressure < 1 && shareBudget(c, state, s_at, d)) return;
   const PlanRole low = pn.pressure >= dn.pressure ? PlanRole::kDecode : PlanRole::kPrefill;
   double peak = 0;
   for (const auto& e : (low == PlanRole::kPrefill ? state.prefill : state.decode).recent_down) peak = std::max(peak, e.second);

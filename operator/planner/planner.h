@@ -226,6 +226,7 @@ struct PlannerState {
   // Recent (decode batch per replica, TPOT p95), for the TPOT line.
   std::vector<std::pair<double, double>> tpot_samples;
   RoleState& role(PlanRole r) { return r == PlanRole::kPrefill ? prefill : decode; }
+  const RoleState& role(PlanRole r) const { return r == PlanRole::kPrefill ? prefill : decode; }
 };
 
 // Decides one interval and updates `state` (remembered capacity,

@@ -550,6 +550,53 @@ TEST(PlannerTest, UnderABudgetAFullDecodePoolThatPrefillKeepsUpWithGetsTheGpus) 
   EXPECT_GE(b.prefill.desired, 15);
 }
 
+TEST(PlannerTest, UnderABudgetNeitherRoleMissingItsSloGetsTheSameShareOfWhatItWants) {
+  // Prefill (4 replicas of 10k tokens/s for 60k arriving) wants 8; decode
+  // (60 replicas, its working set at 95 % of the KV) wants more for its
+  // headroom. Neither misses its SLO (TTFT 0.7 s of 4, TPOT 14 ms of 50):
+  // by pressure alone decode (0.28) would keep all it has and take
+  // prefill's growth (0.18), leaving prefill at 150 % of its compute.
+  PlannerConfig c = config();
+  c.ttft_target_s = 4;
+  c.gpu_budget = 64;
+  c.prefill = {2, 64};
+  c.decode = {2, 128};
+  Signals s;
+  s.at_s = 3000;
+  s.spec_prefill = 4;
+  s.spec_decode = 60;
+  for (int i = 0; i < 4; ++i) {
+    s.prefill.push_back({.name = "p" + std::to_string(i), .ready = true, .ready_for_s = 600, .capacity = 10000});
+  }
+  for (int i = 0; i < 60; ++i) s.decode.push_back({.name = "d" + std::to_string(i), .ready = true, .ready_for_s = 600});
+  s.uncached_prompt_tokens_per_s = 60000;
+  s.prefill_queue_tokens = s.prefill_queue_peak_tokens = 4000;
+  s.mean_uncached_prompt_tokens = 2000;
+  s.ttft_p95_s = 0.7;
+  s.tpot_p95_s = 0.014;
+  s.decode_running = 120;
+  s.decode_kv_used_ratio = 0.2;
+  s.decode_kv_active_ratio = 0.95;
+  PlannerState state;
+  const Decision d = decide(c, s, state);
+  EXPECT_GE(d.prefill.desired, 6) << d.prefill.message;
+  EXPECT_LT(d.decode.desired, 60) << d.decode.message;
+  EXPECT_LE(d.prefill.desired + d.decode.desired, 64);
+  EXPECT_EQ(d.decode.reason, Reason::kBudget);
+  EXPECT_THAT(d.decode.message, HasSubstr("neither misses its SLO"));
+
+  // Next interval, the same wants: the shares stand (no back and forth).
+  Signals again = s;
+  again.at_s += kInterval;
+  again.spec_prefill = d.prefill.desired;
+  again.spec_decode = d.decode.desired;
+  again.prefill.resize(d.prefill.desired, s.prefill[0]);
+  again.decode.resize(d.decode.desired, s.decode[0]);
+  const Decision next = decide(c, again, state);
+  EXPECT_EQ(next.prefill.desired, d.prefill.desired) << next.prefill.message;
+  EXPECT_EQ(next.decode.desired, d.decode.desired) << next.decode.message;
+}
+
 TEST(PlannerTest, TheAdmissionWatermarkIsTheQueueAPrefillReplicaClearsInHalfTheTtftTarget) {
   EXPECT_EQ(RoutingKnobs{}.prefill_overload_tokens, routing::RouterConfig{}.prefill_overload_tokens);
   EXPECT_EQ(prefillOverloadTokens(16000, 4), 32000);
