@@ -507,6 +507,23 @@ TEST(PlannerTest, KnobsScaleThePoolsOwnValuesAndDefaultToTheRoutersOwn) {
   EXPECT_EQ(routingKnobs(2.0, 0.5, base).direct_max_suffix_tokens, 4000);
 }
 
+// One interval's signals of a pool of warm replicas (Ready for 10 minutes),
+// each prefill replica measured at `capacity` tokens/s; the load is the
+// caller's.
+Signals warmPool(int32_t prefill, int32_t decode, double capacity) {
+  Signals s;
+  s.at_s = 3000;
+  s.spec_prefill = prefill;
+  s.spec_decode = decode;
+  for (int32_t i = 0; i < prefill; ++i) {
+    s.prefill.push_back({.name = "p" + std::to_string(i), .ready = true, .ready_for_s = 600, .capacity = capacity});
+  }
+  for (int32_t i = 0; i < decode; ++i) {
+    s.decode.push_back({.name = "d" + std::to_string(i), .ready = true, .ready_for_s = 600});
+  }
+  return s;
+}
+
 TEST(PlannerTest, UnderABudgetAFullDecodePoolThatPrefillKeepsUpWithGetsTheGpus) {
   // 15 warm prefill replicas compute 150k tokens/s for 60k arriving, their
   // queue small; 5 decode replicas are full with 200 requests waiting for
@@ -516,14 +533,7 @@ TEST(PlannerTest, UnderABudgetAFullDecodePoolThatPrefillKeepsUpWithGetsTheGpus) 
   PlannerConfig c = config();
   c.gpu_budget = 20;
   c.decode = {1, 64};
-  Signals s;
-  s.at_s = 3000;
-  s.spec_prefill = 15;
-  s.spec_decode = 5;
-  for (int i = 0; i < 15; ++i) {
-    s.prefill.push_back({.name = "p" + std::to_string(i), .ready = true, .ready_for_s = 600, .capacity = 10000});
-  }
-  for (int i = 0; i < 5; ++i) s.decode.push_back({.name = "d" + std::to_string(i), .ready = true, .ready_for_s = 600});
+  Signals s = warmPool(15, 5, 10000);
   s.uncached_prompt_tokens_per_s = 60000;
   s.prefill_queue_tokens = s.prefill_queue_peak_tokens = 8000;
   s.mean_uncached_prompt_tokens = 2000;
@@ -561,14 +571,7 @@ TEST(PlannerTest, UnderABudgetNeitherRoleMissingItsSloGetsTheSameShareOfWhatItWa
   c.gpu_budget = 64;
   c.prefill = {2, 64};
   c.decode = {2, 128};
-  Signals s;
-  s.at_s = 3000;
-  s.spec_prefill = 4;
-  s.spec_decode = 60;
-  for (int i = 0; i < 4; ++i) {
-    s.prefill.push_back({.name = "p" + std::to_string(i), .ready = true, .ready_for_s = 600, .capacity = 10000});
-  }
-  for (int i = 0; i < 60; ++i) s.decode.push_back({.name = "d" + std::to_string(i), .ready = true, .ready_for_s = 600});
+  Signals s = warmPool(4, 60, 10000);
   s.uncached_prompt_tokens_per_s = 60000;
   s.prefill_queue_tokens = s.prefill_queue_peak_tokens = 4000;
   s.mean_uncached_prompt_tokens = 2000;
