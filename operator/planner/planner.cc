@@ -351,14 +351,21 @@ bool shareBudget(const PlannerConfig& c, const PlannerState& state, double s_at,
   RoleDecision& q = d.decode;
   for (PlanRole r : kPlanRoles) {
     const auto& until = state.role(r).manual_until_s;
-    if (d.role(r).reason == Reason::kManualOverride || (until && s_at < *until)) return false;
+    const Reason why = d.role(r).reason;
+    if (why == Reason::kManualOverride || why == Reason::kMissingData || (until && s_at < *until)) return false;
   }
   if (c.gpus_per_prefill <= 0 || c.gpus_per_decode <= 0) return false;
+  // The most prefill replicas that leave decode its minimum.
+  const int64_t most_p = (c.gpu_budget - int64_t{c.decode.min} * c.gpus_per_decode) / c.gpus_per_prefill;
+  if (most_p < c.prefill.min) return false;
   const double wanted = static_cast<double>(int64_t{p.desired} * c.gpus_per_prefill + int64_t{q.desired} * c.gpus_per_decode);
   const double share = static_cast<double>(c.gpu_budget) / wanted;
   const int32_t want_p = p.desired, want_d = q.desired;
   int32_t np = std::min(want_p, std::max(c.prefill.min, static_cast<int32_t>(std::ceil(want_p * share))));
-  if (std::abs(np - p.current) <= std::max(1, p.current / 10) && p.current <= want_p) np = p.current;
+  if (std::abs(np - p.current) <= std::max(1, p.current / 10) && p.current <= want_p && p.current >= c.prefill.min) {
+    np = p.current;
+  }
+  np = static_cast<int32_t>(std::min<int64_t>(np, most_p));
   const int64_t left = c.gpu_budget - int64_t{np} * c.gpus_per_prefill;
   const int32_t nd = static_cast<int32_t>(std::min<int64_t>(want_d, left / c.gpus_per_decode));
   if (nd < c.decode.min) return false;
@@ -493,7 +500,10 @@ RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const
 int64_t prefillOverloadTokens(double capacity_tokens_per_s, double ttft_target_s) {
   const double tokens = 0.5 * capacity_tokens_per_s * ttft_target_s;
   if (!(tokens > static_cast<double>(kMinPrefillOverloadTokens))) return kMinPrefillOverloadTokens;
-  return static_cast<int64_t>(std::min(tokens, 1e12));
+  // Two significant figures: the measured capacity moves a little every
+  // interval, and the routers' ConfigMap is written only when a knob changes.
+  const double unit = std::pow(10.0, std::floor(std::log10(tokens)) - 1);
+  return static_cast<int64_t>(std::min(std::round(tokens / unit) * unit, 1e12));
 }
 
 Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
@@ -529,7 +539,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   // replicas decode needs), and decode's is the clients' TTFT: under a GPU
   // budget prefill gives way, where the TTFT alone would starve decode and
   // never recover.
-  if (dn.full_with_waiting && !pn.behind && pn.pressure > dn.pressure) {
+  if (dn.full_with_waiting && pn.capacity > 0 && !pn.behind && pn.pressure > dn.pressure) {
     dn.pressure = pn.pressure;
     dn.slo_missed = true;
     pn.pressure = pn.own_pressure;

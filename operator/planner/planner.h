@@ -241,7 +241,8 @@ RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const
 // `capacity_tokens_per_s` uncached prompt tokens per busy second: the queue
 // it clears in half the TTFT target (a request queued behind more is likely
 // to miss the target there while another replica has room), at least
-// kMinPrefillOverloadTokens so that one ordinary prompt never marks a replica.
+// kMinPrefillOverloadTokens so that one ordinary prompt never marks a replica;
+// two significant figures (the ConfigMap is written when a knob changes).
 inline constexpr int64_t kMinPrefillOverloadTokens = 2048;
 int64_t prefillOverloadTokens(double capacity_tokens_per_s, double ttft_target_s);
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "agent/router/routing_knobs.h"
 #include "operator/pool.h"
 
 namespace tandem::op {
@@ -43,6 +44,12 @@ TEST(AutoscalerConfigTest, TheRoutingConfigMapCarriesEveryKnobTheRoutersRead) {
   EXPECT_EQ(cm["metadata"]["ownerReferences"][0]["uid"], "u-1");
   const json knobs = json::parse(cm["data"]["knobs.json"].get<std::string>());
   EXPECT_EQ(knobs, (json{{"directMaxSuffixTokens", 4096}, {"loadFloorWeight", 3.0}, {"prefillOverloadTokens", 32000}}));
+  // What the routers read from it (agent/router/routing_knobs.h).
+  auto applied = agent::applyRoutingKnobs(routing::RouterConfig{}, cm["data"]["knobs.json"].get<std::string>());
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->direct_max_suffix_tokens, 4096);
+  EXPECT_DOUBLE_EQ(applied->load_floor_weight, 3);
+  EXPECT_EQ(applied->prefill_overload_tokens, 32000);
 }
 
 }  // namespace

@@ -551,6 +551,16 @@ TEST(PlannerTest, UnderABudgetAFullDecodePoolThatPrefillKeepsUpWithGetsTheGpus) 
   EXPECT_LE(d.prefill.desired + d.decode.desired, 20);
   EXPECT_GT(d.decode.pressure, d.prefill.pressure) << "the TTFT is decode's pressure now";
 
+  // Prefill whose capacity nobody has measured yet (no replica has computed
+  // a prompt since the operator started) is not taken for keeping up: it
+  // is left as it is, not cut to its minimum for decode.
+  Signals unmeasured = s;
+  for (ReplicaSample& r : unmeasured.prefill) r.capacity.reset();
+  PlannerState fresh;
+  const Decision u = decide(c, unmeasured, fresh);
+  EXPECT_EQ(u.prefill.desired, 15) << u.prefill.message;
+  EXPECT_EQ(u.prefill.reason, Reason::kMissingData) << u.prefill.message;
+
   // Prefill that is behind (arrivals beyond what its replicas compute)
   // keeps the TTFT as its own pressure: the waiting requests are its backlog.
   s.uncached_prompt_tokens_per_s = 200000;
@@ -582,27 +592,56 @@ TEST(PlannerTest, UnderABudgetNeitherRoleMissingItsSloGetsTheSameShareOfWhatItWa
   s.decode_kv_active_ratio = 0.95;
   PlannerState state;
   const Decision d = decide(c, s, state);
-  EXPECT_GE(d.prefill.desired, 6) << d.prefill.message;
-  EXPECT_LT(d.decode.desired, 60) << d.decode.message;
-  EXPECT_LE(d.prefill.desired + d.decode.desired, 64);
+  // Prefill wants 8, decode 76 (its working set with headroom): 64 of 84,
+  // prefill's share rounded up (7), decode the rest (57).
+  EXPECT_EQ(d.prefill.desired, 7) << d.prefill.message;
+  EXPECT_EQ(d.decode.desired, 57) << d.decode.message;
   EXPECT_EQ(d.decode.reason, Reason::kBudget);
   EXPECT_THAT(d.decode.message, HasSubstr("neither misses its SLO"));
 
-  // Next interval, the same wants: the shares stand (no back and forth).
-  Signals again = s;
-  again.at_s += kInterval;
-  again.spec_prefill = d.prefill.desired;
-  again.spec_decode = d.decode.desired;
-  again.prefill.resize(d.prefill.desired, s.prefill[0]);
-  again.decode.resize(d.decode.desired, s.decode[0]);
-  const Decision next = decide(c, again, state);
-  EXPECT_EQ(next.prefill.desired, d.prefill.desired) << next.prefill.message;
-  EXPECT_EQ(next.decode.desired, d.decode.desired) << next.decode.message;
+  // A share within one replica of what prefill has keeps it (no back and
+  // forth on noise): with 8 prefill replicas, the share of 7 leaves 8.
+  auto with = [&](int32_t prefill, int32_t decode) {
+    Signals next = warmPool(prefill, decode, 10000);
+    next.at_s = s.at_s + kInterval;
+    next.uncached_prompt_tokens_per_s = s.uncached_prompt_tokens_per_s;
+    next.prefill_queue_tokens = next.prefill_queue_peak_tokens = s.prefill_queue_tokens;
+    next.mean_uncached_prompt_tokens = s.mean_uncached_prompt_tokens;
+    next.ttft_p95_s = s.ttft_p95_s;
+    next.tpot_p95_s = s.tpot_p95_s;
+    next.decode_running = s.decode_running;
+    next.decode_kv_used_ratio = s.decode_kv_used_ratio;
+    next.decode_kv_active_ratio = s.decode_kv_active_ratio;
+    return next;
+  };
+  PlannerState kept_state;
+  const Decision kept = decide(c, with(8, 56), kept_state);
+  EXPECT_EQ(kept.prefill.desired, 8) << kept.prefill.message;
+  EXPECT_LE(kept.prefill.desired + kept.decode.desired, 64);
+
+  // ... but never below prefill's minimum: with a minimum of 8 and 7
+  // replicas, prefill gets its 8.
+  PlannerConfig floor = c;
+  floor.prefill.min = 8;
+  PlannerState floor_state;
+  const Decision raised = decide(floor, with(7, 57), floor_state);
+  EXPECT_GE(raised.prefill.desired, 8) << raised.prefill.message;
+  EXPECT_LE(raised.prefill.desired + raised.decode.desired, 64);
+
+  // Decode pods of 2 GPUs: the shares still fit the budget.
+  PlannerConfig wide = c;
+  wide.gpus_per_decode = 2;
+  wide.decode.min = 0;
+  PlannerState wide_state;
+  const Decision w = decide(wide, with(8, 28), wide_state);
+  EXPECT_LE(w.prefill.desired + 2 * w.decode.desired, 64) << w.prefill.message << " | " << w.decode.message;
 }
 
 TEST(PlannerTest, TheAdmissionWatermarkIsTheQueueAPrefillReplicaClearsInHalfTheTtftTarget) {
   EXPECT_EQ(RoutingKnobs{}.prefill_overload_tokens, routing::RouterConfig{}.prefill_overload_tokens);
   EXPECT_EQ(prefillOverloadTokens(16000, 4), 32000);
+  EXPECT_EQ(prefillOverloadTokens(16100, 4), 32000) << "two significant figures";
+  EXPECT_EQ(prefillOverloadTokens(17400, 4), 35000);
   EXPECT_EQ(prefillOverloadTokens(100, 1), kMinPrefillOverloadTokens) << "one ordinary prompt never marks a replica";
   EXPECT_EQ(prefillOverloadTokens(0, 4), kMinPrefillOverloadTokens);
   EXPECT_EQ(prefillOverloadTokens(std::numeric_limits<double>::quiet_NaN(), 4), kMinPrefillOverloadTokens);
