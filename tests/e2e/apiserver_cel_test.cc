@@ -130,6 +130,24 @@ TEST(CelTest, TheInferencePoolRulesHold) {
               HasSubstr("the pool's name must be at most 40 characters"));
 }
 
+// The example pools a user applies (examples/*.yaml) keep the CRD's schema
+// and rules: the GPU one is applied by no end-to-end test (no GPU here).
+TEST(CelTest, TheExamplePoolsAreValid) {
+  const json crd = toJson(YAML::Load(slurp(std::string(TANDEM_SOURCE_DIR) + "/crds/inferencepool.yaml")));
+  const json& schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+  for (const char* name : {"inferencepool-tiny.yaml", "inferencepool-llama-gpu.yaml"}) {
+    const json pool = toJson(YAML::Load(slurp(std::string(TANDEM_SOURCE_DIR) + "/examples/" + name)));
+    ASSERT_EQ(pool.value("kind", ""), "InferencePool") << name;
+    std::string out;
+    for (const StatusCause& c : validateSchema(schema, pool)) out += c.field + ": " + c.message + "\n";
+    EXPECT_EQ(out, "") << name;
+    json pruned = pool;
+    std::string unknown;
+    for (const std::string& f : pruneUnknownFields(schema, pruned)) unknown += f + " ";
+    EXPECT_EQ(unknown, "") << name << ": fields the CRD does not know (kubectl would warn and drop them)";
+  }
+}
+
 TEST(CelTest, ASchemaWithARuleOutsideTheSubsetIsNamed) {
   const json schema = json::parse(R"json({"type": "object", "properties": {"spec": {"type": "object",
       "x-kubernetes-validations": [{"rule": "self.x.exists(y, y > 1)"}]}}})json");
