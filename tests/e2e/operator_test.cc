@@ -66,13 +66,17 @@ TEST_F(OperatorTest, APoolBecomesReadyServesScalesWhileStreamingAndLeavesNothing
   EXPECT_THAT(kubectl("get events").output, HasSubstr("decode: 1 -> 3 replicas"));
 
   // Streams long enough to outlast the scale-down here, whatever the build's
-  // speed (an ASan build decodes many times slower): about 8 s each at the
-  // measured rate (longer contexts decode slower still, well within the
-  // decode agents' 80 s drain).
-  const auto calibration = std::chrono::steady_clock::now();
-  EXPECT_THAT(complete(400, true, endpoint), HasSubstr("data: [DONE]"));
-  const double rate = 400 / std::chrono::duration<double>(std::chrono::steady_clock::now() - calibration).count();
-  const int stream_tokens = std::clamp(static_cast<int>(rate * 8), 1000, 6000);
+  // speed (an ASan build decodes many times slower): about 14 s each at the
+  // measured rate, the faster of two runs (a first one may still be warming
+  // and would make the streams end early); longer contexts decode slower
+  // still, well within the decode agents' 80 s drain.
+  double rate = 0;
+  for (int run = 0; run < 2; ++run) {
+    const auto calibration = std::chrono::steady_clock::now();
+    EXPECT_THAT(complete(400, true, endpoint), HasSubstr("data: [DONE]"));
+    rate = std::max(rate, 400 / std::chrono::duration<double>(std::chrono::steady_clock::now() - calibration).count());
+  }
+  const int stream_tokens = std::clamp(static_cast<int>(rate * 14), 1000, 6000);
 
   // 3 -> 1 while streams run: none fails, and the emptiest decode pods go.
   // Two streams run on one decode pod (called directly), one through the router.
