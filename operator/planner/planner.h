@@ -31,9 +31,10 @@
 // the quiet interval between two); never while the role's SLO is missed. Steps
 // are bounded, cooldowns are per direction, replicas still starting count as
 // capacity on the way, and a role with an unschedulable replica is never
-// grown. With a GPU budget, the role under less pressure (observed ÷ target)
-// gives way. Missing or stale signals: no action, and the decision names the
-// series.
+// grown. With a GPU budget, while neither role misses its SLO each gets the
+// same share of what it wants; otherwise the role under less pressure
+// (observed ÷ target) gives way. Missing or stale signals: no action, and
+// the decision names the series.
 
 #include <cstdint>
 #include <optional>

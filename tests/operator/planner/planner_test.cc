@@ -601,17 +601,15 @@ TEST(PlannerTest, UnderABudgetNeitherRoleMissingItsSloGetsTheSameShareOfWhatItWa
 
   // A share within one replica of what prefill has keeps it (no back and
   // forth on noise): with 8 prefill replicas, the share of 7 leaves 8.
+  // The same load on a pool of other sizes, an interval later.
   auto with = [&](int32_t prefill, int32_t decode) {
-    Signals next = warmPool(prefill, decode, 10000);
-    next.at_s = s.at_s + kInterval;
-    next.uncached_prompt_tokens_per_s = s.uncached_prompt_tokens_per_s;
-    next.prefill_queue_tokens = next.prefill_queue_peak_tokens = s.prefill_queue_tokens;
-    next.mean_uncached_prompt_tokens = s.mean_uncached_prompt_tokens;
-    next.ttft_p95_s = s.ttft_p95_s;
-    next.tpot_p95_s = s.tpot_p95_s;
-    next.decode_running = s.decode_running;
-    next.decode_kv_used_ratio = s.decode_kv_used_ratio;
-    next.decode_kv_active_ratio = s.decode_kv_active_ratio;
+    const Signals sized = warmPool(prefill, decode, 10000);
+    Signals next = s;
+    next.at_s += kInterval;
+    next.spec_prefill = sized.spec_prefill;
+    next.spec_decode = sized.spec_decode;
+    next.prefill = sized.prefill;
+    next.decode = sized.decode;
     return next;
   };
   PlannerState kept_state;
