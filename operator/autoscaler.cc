@@ -101,6 +101,7 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   c.scale_down_cooldown_s = a.scale_down_cooldown_s;
   c.warmup_s = a.warmup_s;
   c.interval_s = a.interval_s;
+  c.scale_up_check_s = a.scale_up_check_s.value_or(a.interval_s / 3);
   if (auto it = pool.router_policy.find("directMaxSuffix"); it != pool.router_policy.end() && it->is_number()) {
     c.base_knobs.direct_max_suffix_tokens = static_cast<int64_t>(it->get<double>());
   }
@@ -203,11 +204,13 @@ void Autoscaler::loop() {
       PoolState& st = pools_state_[key];
       const std::string uid = pool.value("/metadata/uid"_json_pointer, "");
       if (st.uid != uid) st = PoolState{.uid = uid};  // a new pool under an old name starts afresh
-      if (now >= st.next_s) {
+      const bool interval = now >= st.next_s;
+      const bool check = !interval && st.next_check_s > 0 && now >= st.next_check_s;
+      if (interval || check) {
         // What the API server or Prometheus hands over is input: one pool's
         // surprise must not stop the others' planning (or the operator).
         try {
-          planPool(pool, st, now);
+          planPool(pool, st, now, check);
         } catch (const std::exception& e) {
           log_.error("planning a pool failed; trying again in a minute", {{"pool", key}, {"error", e.what()}});
           st.next_s = now + 60;
@@ -304,14 +307,21 @@ absl::Status Autoscaler::writeCondition(const PoolSpec& pool, PoolState& state, 
   return absl::OkStatus();
 }
 
-void Autoscaler::planPool(const json& object, PoolState& st, double now) {
+void Autoscaler::planPool(const json& object, PoolState& st, double now, bool check) {
   absl::StatusOr<PoolSpec> parsed = parsePool(object);
   if (!parsed.ok()) {  // the reconciler reports it (Degraded)
     st.next_s = now + 30;
+    st.next_check_s = 0;
     return;
   }
   const PoolSpec& pool = *parsed;
   const AutoscalingSpec& a = pool.autoscaling;
+  const double check_every = a.scale_up_check_s.value_or(a.interval_s / 3);
+  st.next_check_s = check_every > 0 ? now + check_every : 0;
+  if (check && !a.enabled) {
+    st.next_check_s = 0;
+    return;
+  }
   const std::string key = k8s::objectKey(object);
   const json previous_status = object.value("status", json::object());
   if (!a.enabled) {
@@ -327,7 +337,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
     }
     return;
   }
-  st.next_s = now + a.interval_s;
+  if (!check) st.next_s = now + a.interval_s;
   if (!st.exported) {  // every reason from the start: increase() sees each one's first decision
     st.exported = true;
     for (planner::PlanRole r : planner::kPlanRoles) {
@@ -374,11 +384,14 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
   if (auto d = planner::measuredStartup(pods, planner::PlanRole::kDecode)) startup = std::max(startup.value_or(0), *d);
   const planner::PlannerConfig config = plannerConfigFor(pool, startup);
   const planner::PlannerState before = st.planner;
-  const planner::Decision d = planner::decide(config, signals, st.planner);
+  const planner::Decision d =
+      check ? planner::checkScaleUp(config, signals, st.planner) : planner::decide(config, signals, st.planner);
+  if (check && !d.acted()) return;  // holds are the intervals' to report
 
   for (planner::PlanRole r : planner::kPlanRoles) {
     const planner::RoleDecision& rd = d.role(r);
     desired_.add({{"namespace", pool.ns}, {"pool", pool.name}, {"role", planner::planRoleName(r)}}).set(rd.desired);
+    if (check && rd.desired == rd.current) continue;
     decisions_
         .add({{"namespace", pool.ns}, {"pool", pool.name}, {"role", planner::planRoleName(r)},
               {"reason", planner::reasonName(rd.reason)}})
@@ -428,17 +441,18 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
       if (rd.desired == rd.current) continue;
       event(k8s::EventType::kNormal, rd.desired > rd.current ? "ScaledUp" : "ScaledDown",
             strCat(planner::planRoleName(r), " ", rd.current, " -> ", rd.desired, " (", planner::reasonName(rd.reason),
-                   "): ", rd.message));
+                   "): ", check ? "checked between intervals: " : "", rd.message));
     }
     log_.info("scaled", {{"pool", key},
                          {"prefill", strCat(d.prefill.current, "->", d.prefill.desired)},
                          {"decode", strCat(d.decode.current, "->", d.decode.desired)},
                          {"prefill_reason", planner::reasonName(d.prefill.reason)},
-                         {"decode_reason", planner::reasonName(d.decode.reason)}});
+                         {"decode_reason", planner::reasonName(d.decode.reason)},
+                         {"between_intervals", check ? "true" : "false"}});
   }
   for (planner::PlanRole r : planner::kPlanRoles) {
     const planner::RoleDecision& rd = d.role(r);
-    if (rd.desired == rd.current && notable(rd.reason)) {
+    if (!check && rd.desired == rd.current && notable(rd.reason)) {
       event(rd.reason == planner::Reason::kManualOverride ? k8s::EventType::kNormal : k8s::EventType::kWarning,
             planner::reasonName(rd.reason), strCat(planner::planRoleName(r), ": ", rd.message));
     }
@@ -456,6 +470,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now) {
                          .status();
     if (!s.ok()) log_.warn("writing status.lastScaling failed", {{"pool", key}, {"error", std::string(s.message())}});
   }
+  if (check) return;  // the condition and the routing knobs are the intervals'
   absl::Status cs = signals.missing.empty()
                         ? writeCondition(pool, st, true, "Active", "the planner sizes prefill and decode", previous_status)
                         : writeCondition(pool, st, false, "MissingData", d.prefill.message, previous_status);

@@ -17,6 +17,10 @@
 //   5. exports tandem_planner_* metrics and each pool's SLO targets
 //      (tandem_pool_slo_target_seconds{slo}).
 //
+// Between two intervals, every spec.autoscaling.scaleUpCheck (a third of
+// the interval by default), it reads the signals again and acts only where
+// a role grows (planner::checkScaleUp): a step in load is met sooner.
+//
 // It runs inside the Reconciler (only while this operator leads) on the
 // reconciler's informers. After a restart the replicas it last wrote are
 // read back from status.lastScaling, so a user's edit made meanwhile is
@@ -92,6 +96,7 @@ class Autoscaler {
     std::string uid;
     planner::PlannerState planner;
     double next_s = 0;  // epoch seconds of its next interval
+    double next_check_s = 0;  // of its next check for growth between intervals; 0: none
     bool restored = false;
     std::string condition;  // the Autoscaling condition's reason last written
     bool exported = false;  // its decisions counters exist (at zero) for every role and reason
@@ -99,7 +104,11 @@ class Autoscaler {
   };
 
   void loop();
-  void planPool(const nlohmann::json& pool, PoolState& state, double now_s);
+  // One interval's decision, or (`check`) a check for growth between two
+  // intervals (planner::checkScaleUp): that writes only when a role grows,
+  // and leaves the condition, the routing knobs and the holds' events to
+  // the intervals.
+  void planPool(const nlohmann::json& pool, PoolState& state, double now_s, bool check);
   // Every query's answer by name; the failed ones are left out (and logged once per pool and query).
   std::map<std::string, std::vector<planner::PromSample>> query(const std::string& url, const std::string& pool_key,
                                                                 const std::vector<planner::SignalQuery>& queries);

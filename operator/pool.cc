@@ -178,6 +178,14 @@ absl::Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   TANDEM_ASSIGN_OR_RETURN(out.scale_down_cooldown_s,
                           duration(a, "scaleDownCooldown", path, out.scale_down_cooldown_s, 0));
   TANDEM_ASSIGN_OR_RETURN(out.warmup_s, duration(a, "warmup", path, out.warmup_s, 0));
+  if (!member(a, "scaleUpCheck").is_null()) {
+    TANDEM_ASSIGN_OR_RETURN(double every, duration(a, "scaleUpCheck", path, 0, 0));
+    if (every > out.interval_s) {
+      return fieldError("spec.autoscaling.scaleUpCheck",
+                        strCat("must not exceed the interval (", out.interval_s, "s); 0s checks only at intervals"));
+    }
+    out.scale_up_check_s = every;
+  }
   return absl::OkStatus();
 }
 

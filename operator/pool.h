@@ -52,6 +52,9 @@ struct AutoscalingSpec {
   int64_t gpu_budget = 0;  // 0: none
   double scale_up_cooldown_s = 0, scale_down_cooldown_s = 450;
   double warmup_s = 60;
+  // scaleUpCheck: growth checked this often between intervals; nullopt: a
+  // third of the interval; 0: only at intervals.
+  std::optional<double> scale_up_check_s;
 };
 
 struct PoolSpec {

@@ -26,7 +26,7 @@ constexpr uint64_t kEpoch = 1;
 constexpr int kMaxAttempts = 3;
 constexpr int64_t kBlockTokens = replay::kTraceBlockTokens;
 
-enum class EventKind : uint8_t { kArrival, kComputed, kTransferred, kDecodeFinish, kReady, kTick, kSample };
+enum class EventKind : uint8_t { kArrival, kComputed, kTransferred, kDecodeFinish, kReady, kTick, kCheck, kSample };
 
 struct Event {
   double t = 0;
@@ -101,6 +101,9 @@ class Sim {
   absl::Status finishDecodes(double now, size_t d, uint64_t version);
   void finished(double now, size_t r);
   absl::Status tick(double now);
+  // Between two ticks: the policy's check (ScalingPolicy::check).
+  void check(double now);
+  void logDecision(double now, const char* what, const planner::Signals& s, PoolSize want);
   void sample(double now);
   // The gauges now: the Ready decode replicas' mean KV reserved, sequences
   // decoding and requests waiting for admission; the prompt tokens queued
@@ -119,7 +122,10 @@ class Sim {
   }
   void resize(double now, routing::WorkerRole role, int32_t n);
   void maybeGone(double now, Worker& w);
-  planner::Signals signals(double now);
+  // The signals since the last tick; `interval_end`: the tick's own, which
+  // start the next interval's window (a check between ticks reads the
+  // window so far and leaves it).
+  planner::Signals signals(double now, bool interval_end);
 
   const replay::ReplayInput& input_;
   SimOptions o_;
@@ -149,6 +155,7 @@ class Sim {
   double i_uncached_peak_ = 0;                  // the interval's highest rate between two samples
   int64_t i_disagg_ = 0, i_arrivals_ = 0, i_dropped_ = 0;
   double last_arrival_ = 0, end_ = 0;
+  double last_tick_ = 0;
   // Where each session's KV was left and when (the decode working set).
   struct SessionSeen {
     double at = 0;
@@ -454,8 +461,9 @@ void Sim::resize(double now, routing::WorkerRole role, int32_t n) {
   }
 }
 
-planner::Signals Sim::signals(double now) {
+planner::Signals Sim::signals(double now, bool interval_end) {
   planner::Signals s;
+  const double window = interval_end ? o_.interval_s : std::max(now - last_tick_, o_.scrape_s);
   s.at_s = now;
   const Gauges g = gauges();
   const int ready_d = g.ready;
@@ -470,7 +478,7 @@ planner::Signals Sim::signals(double now) {
       s.decode.push_back(r);
       ++s.spec_decode;
     }
-    w.busy_s = w.computed_tokens = 0;
+    if (interval_end) w.busy_s = w.computed_tokens = 0;
   }
   // Gauges as Prometheus reads them for the planner: the peak of the
   // interval's scrapes (a burst between two decisions is not missed).
@@ -481,7 +489,7 @@ planner::Signals Sim::signals(double now) {
   s.decode_running = std::max(g.running, i_running_peak_);
   s.decode_waiting = i_waiting_peak_;
   s.prefill_queue_peak_tokens = std::max(i_queue_peak_, s.prefill_queue_tokens);
-  i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = i_queue_peak_ = 0;
+  if (interval_end) i_kv_peak_ = i_running_peak_ = i_waiting_peak_ = i_queue_peak_ = 0;
   double active = 0;
   absl::erase_if(sessions_, [&](const auto& e) { return e.second.at < now - kActiveSessionS; });
   for (const auto& [session, seen] : sessions_) {
@@ -493,14 +501,16 @@ planner::Signals Sim::signals(double now) {
   s.decode_kv_active_ratio = ready_d > 0 ? s.decode_kv_used_ratio + active / ready_d : 0;
   // Arrivals at the interval's peak between two scrapes, as the planner's
   // query reads them (max_over_time of a short rate).
-  s.uncached_prompt_tokens_per_s = std::max(i_uncached_ / o_.interval_s, i_uncached_peak_);
-  i_uncached_peak_ = 0;
+  s.uncached_prompt_tokens_per_s = std::max(i_uncached_ / window, i_uncached_peak_);
   s.mean_uncached_prompt_tokens = i_disagg_ > 0 ? i_uncached_ / static_cast<double>(i_disagg_) : 0;
-  s.generation_tokens_per_s = i_output_ / o_.interval_s;
-  s.requests_per_s = static_cast<double>(i_arrivals_) / o_.interval_s;
+  s.generation_tokens_per_s = i_output_ / window;
+  s.requests_per_s = static_cast<double>(i_arrivals_) / window;
   if (!i_ttfts_.empty()) s.ttft_p95_s = nearestRank(i_ttfts_, 0.95);
   if (!i_tpots_.empty()) s.tpot_p95_s = nearestRank(i_tpots_, 0.95);
   s.fallback_share = i_arrivals_ > 0 ? static_cast<double>(i_dropped_) / static_cast<double>(i_arrivals_) : 0;
+  if (!interval_end) return s;
+  last_tick_ = now;
+  i_uncached_peak_ = 0;
   i_ttfts_.clear();
   i_tpots_.clear();
   i_uncached_ = i_output_ = 0;
@@ -535,30 +545,33 @@ void Sim::sample(double now) {
   if (open_ > 0) schedule(now + o_.scrape_s, EventKind::kSample, 0);
 }
 
+void Sim::logDecision(double now, const char* what, const planner::Signals& s, PoolSize want) {
+  if (!o_.log) return;
+  *o_.log << scaling_.name() << (*what ? " " : "") << what << " t=" << now << " P=" << s.spec_prefill << "->" << want.prefill
+          << " D=" << s.spec_decode << "->" << want.decode << " uncached_tok_s=" << s.uncached_prompt_tokens_per_s
+          << " queue_tok=" << s.prefill_queue_tokens << " ttft_p95=" << s.ttft_p95_s.value_or(-1)
+          << " tpot_p95=" << s.tpot_p95_s.value_or(-1) << " running=" << s.decode_running
+          << " kv_used=" << s.decode_kv_used_ratio << " kv_active=" << s.decode_kv_active_ratio;
+  int64_t busy_p = 0, max_lane = 0, d_waiting = 0;
+  for (const Worker& w : workers_) {
+    if (w.gone()) continue;
+    if (w.role == routing::WorkerRole::kPrefill) {
+      busy_p += w.computing;
+      max_lane = std::max(max_lane, w.lane_tokens);
+    } else {
+      d_waiting += static_cast<int64_t>(w.waiting.size());
+    }
+  }
+  *o_.log << " busy_p=" << busy_p << " max_lane=" << max_lane << " d_waiting=" << d_waiting;
+  if (const std::string why = scaling_.why(); !why.empty()) *o_.log << " why: " << why;
+  *o_.log << "\n";
+}
+
 absl::Status Sim::tick(double now) {
   ++out_.intervals;
-  const planner::Signals s = signals(now);
+  const planner::Signals s = signals(now, true);
   const PoolSize want = scaling_.decide(s);
-  if (o_.log) {
-    *o_.log << scaling_.name() << " t=" << now << " P=" << s.spec_prefill << "->" << want.prefill
-            << " D=" << s.spec_decode << "->" << want.decode << " uncached_tok_s=" << s.uncached_prompt_tokens_per_s
-            << " queue_tok=" << s.prefill_queue_tokens << " ttft_p95=" << s.ttft_p95_s.value_or(-1)
-            << " tpot_p95=" << s.tpot_p95_s.value_or(-1) << " running=" << s.decode_running
-            << " kv_used=" << s.decode_kv_used_ratio << " kv_active=" << s.decode_kv_active_ratio;
-    int64_t busy_p = 0, max_lane = 0, d_waiting = 0;
-    for (const Worker& w : workers_) {
-      if (w.gone()) continue;
-      if (w.role == routing::WorkerRole::kPrefill) {
-        busy_p += w.computing;
-        max_lane = std::max(max_lane, w.lane_tokens);
-      } else {
-        d_waiting += static_cast<int64_t>(w.waiting.size());
-      }
-    }
-    *o_.log << " busy_p=" << busy_p << " max_lane=" << max_lane << " d_waiting=" << d_waiting;
-    if (const std::string why = scaling_.why(); !why.empty()) *o_.log << " why: " << why;
-    *o_.log << "\n";
-  }
+  logDecision(now, "", s, want);
   resize(now, routing::WorkerRole::kPrefill, std::max(1, want.prefill));
   resize(now, routing::WorkerRole::kDecode, std::max(1, want.decode));
   int32_t p = 0, d = 0;
@@ -568,8 +581,22 @@ absl::Status Sim::tick(double now) {
   }
   out_.peak_prefill = std::max(out_.peak_prefill, p);
   out_.peak_decode = std::max(out_.peak_decode, d);
-  if (open_ > 0) schedule(now + o_.interval_s, EventKind::kTick, 0);
+  if (open_ > 0) {
+    schedule(now + o_.interval_s, EventKind::kTick, 0);
+    if (const double every = scaling_.checkEvery(); every > 0) {
+      for (double t = now + every; t < now + o_.interval_s - 1e-6; t += every) schedule(t, EventKind::kCheck, 0);
+    }
+  }
   return absl::OkStatus();
+}
+
+void Sim::check(double now) {
+  const planner::Signals s = signals(now, false);
+  const std::optional<PoolSize> want = scaling_.check(s);
+  if (!want) return;
+  logDecision(now, "check", s, *want);
+  resize(now, routing::WorkerRole::kPrefill, std::max(1, want->prefill));
+  resize(now, routing::WorkerRole::kDecode, std::max(1, want->decode));
 }
 
 absl::StatusOr<SimResult> Sim::run() {
@@ -623,6 +650,9 @@ absl::StatusOr<SimResult> Sim::run() {
       }
       case EventKind::kTick:
         TANDEM_RETURN_IF_ERROR(tick(ev.t));
+        break;
+      case EventKind::kCheck:
+        check(ev.t);
         break;
       case EventKind::kSample:
         sample(ev.t);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,10 @@ class ScalingPolicy {
   virtual PoolSize decide(const planner::Signals& signals) = 0;
   // Why, for --log ("" when the policy does not say).
   virtual std::string why() const { return ""; }
+  // Checks between two intervals, this often (0: none): a size to go to,
+  // from the signals of the interval so far, or nullopt to keep the pool.
+  virtual double checkEvery() const { return 0; }
+  virtual std::optional<PoolSize> check(const planner::Signals&) { return std::nullopt; }
 };
 
 struct SimOptions {

@@ -86,6 +86,14 @@ class TandemScaling final : public ScalingPolicy {
     return PoolSize{d.prefill.desired, d.decode.desired};
   }
   std::string why() const override { return why_; }
+  double checkEvery() const override { return o_.config.scale_up_check_s; }
+  std::optional<PoolSize> check(const planner::Signals& s) override {
+    const planner::Decision d = planner::checkScaleUp(o_.config, s, state_);
+    if (!d.acted()) return std::nullopt;
+    why_ = strCat("prefill ", planner::reasonName(d.prefill.reason), ": ", d.prefill.message, " | decode ",
+                  planner::reasonName(d.decode.reason), ": ", d.decode.message);
+    return PoolSize{d.prefill.desired, d.decode.desired};
+  }
 
  private:
   TandemOptions o_;

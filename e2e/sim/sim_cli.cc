@@ -90,6 +90,9 @@ absl::Status setFlag(SimCommand& c, const std::string& name, const std::optional
     c.initial = size;
   } else if (name == "--scale-up-cooldown-s") {
     TANDEM_ASSIGN_OR_RETURN(c.scale_up_cooldown_s, parseNumber<double>(name, v, 0.0));
+  } else if (name == "--scale-up-check-s") {
+    TANDEM_ASSIGN_OR_RETURN(double every, parseNumber<double>(name, v, 0.0));
+    c.scale_up_check_s = every;
   } else if (name == "--scale-down-cooldown-s") {
     TANDEM_ASSIGN_OR_RETURN(c.scale_down_cooldown_s, parseNumber<double>(name, v, 0.0));
   } else if (name == "--min-replicas") {
@@ -130,6 +133,7 @@ planner::PlannerConfig simPlannerConfig(const SimOptions& o, int gpus, int min_r
   c.startup_s = o.engine.startup_s;
   c.warmup_s = o.engine.warmup_s;
   c.interval_s = o.interval_s;
+  c.scale_up_check_s = o.interval_s / 3;
   return c;
 }
 
@@ -183,6 +187,9 @@ std::string simUsage() {
       --min-replicas N        the planner's minimum per role (default 2: one can fail)
       --scale-up-cooldown-s S, --scale-down-cooldown-s S
                               the planner's cooldowns (default 0, 450)
+      --scale-up-check-s S    the planner checks for growth between intervals this
+                              often (default a third of the interval; 0: only at
+                              intervals)
   The engine numbers are a model, not a measurement: give your own.
 )");
 }
@@ -277,6 +284,7 @@ absl::Status runSimCommand(const SimCommand& command, std::ostream& out) {
     } else {
       planner::PlannerConfig config = simPlannerConfig(c.options, c.gpus, c.min_replicas);
       config.scale_up_cooldown_s = c.scale_up_cooldown_s;
+      if (c.scale_up_check_s) config.scale_up_check_s = *c.scale_up_check_s;
       config.scale_down_cooldown_s = c.scale_down_cooldown_s;
       TANDEM_RETURN_IF_ERROR(planner::validatePlannerConfig(config));
       policy = tandemPolicy(TandemOptions{.config = config, .initial = initialSize(c)});

@@ -6,7 +6,8 @@
 //              [--interval-s 30] [--ttft-slo-s 4] [--tpot-slo-s 0.05]
 //              [--prefill-tokens-per-s X] [--tpot-base-s X] [--tpot-per-seq-s X]
 //              [--kv-blocks N] [--warmup-s S] [--initial P:D]
-//              [--scale-up-cooldown-s S] [--scale-down-cooldown-s S] [--min-replicas N] [--log]
+//              [--scale-up-cooldown-s S] [--scale-down-cooldown-s S] [--scale-up-check-s S]
+//              [--min-replicas N] [--log]
 //   policies: static:P:D, static-best (the hindsight sweep), interval, tandem
 //
 // parseSimCommand only parses; runSimCommand reads the trace, runs each
@@ -36,6 +37,7 @@ struct SimCommand {
   // The planner's, for policy tandem.
   double scale_up_cooldown_s = planner::PlannerConfig{}.scale_up_cooldown_s;
   double scale_down_cooldown_s = planner::PlannerConfig{}.scale_down_cooldown_s;
+  std::optional<double> scale_up_check_s;  // nullopt: a third of the interval
   int min_replicas = 2;  // the planner's minimum per role
 };
 
@@ -46,7 +48,7 @@ absl::Status runSimCommand(const SimCommand& command, std::ostream& out);
 // The planner's configuration for a run (policy tandem): the run's SLOs as
 // its p95 targets, `gpus` as its budget and maximum per role,
 // `min_replicas` per role, the engine model's start-up and warm-up, the
-// planner's default cooldowns.
+// planner's default cooldowns, and growth checked every third of the interval.
 planner::PlannerConfig simPlannerConfig(const SimOptions& options, int gpus, int min_replicas);
 // Where the dynamic policies start by default: all the GPUs, split evenly
 // (a pool with no history is deployed generously; the planner shrinks it

@@ -480,6 +480,9 @@ absl::Status validatePlannerConfig(const PlannerConfig& c) {
   if (!(c.scale_down_margin >= 0 && c.scale_down_margin < 1)) return bad("scaleDownMargin", "must be in [0, 1)");
   if (!(c.startup_s >= 0)) return bad("startupSeconds", "must be >= 0");
   if (!(c.interval_s > 0)) return bad("interval", "must be > 0");
+  if (!(c.scale_up_check_s >= 0 && c.scale_up_check_s <= c.interval_s)) {
+    return bad("scaleUpCheck", "must be between 0 (no checks between intervals) and the interval");
+  }
   if (!(c.warmup_s >= 0)) return bad("warmupSeconds", "must be >= 0");
   if (!(c.max_signal_age_s > 0)) return bad("maxSignalAge", "must be > 0");
   return absl::OkStatus();
@@ -548,6 +551,8 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   if (!state.since_s) state.since_s = s.at_s;
   d.prefill = decideRole(c, s, PlanRole::kPrefill, pn, state.prefill, state.since_s);
   d.decode = decideRole(c, s, PlanRole::kDecode, dn, state.decode, state.since_s);
+  d.prefill.overloaded = pn.slo_missed || pn.behind;
+  d.decode.overloaded = dn.slo_missed || dn.full_with_waiting;
   if (!no_capacity.empty()) {
     d.prefill.desired = d.prefill.current;
     d.prefill.reason = Reason::kMissingData;
@@ -580,6 +585,41 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   if (d.decode.desired > d.decode.current) d.knobs.load_floor_weight *= 2;  // fill the new decode replicas first
   if (!c.prefill_overload_from_pool && state.prefill.capacity) {
     d.knobs.prefill_overload_tokens = prefillOverloadTokens(*state.prefill.capacity, c.ttft_target_s);
+  }
+  return d;
+}
+
+Decision checkScaleUp(const PlannerConfig& c, const Signals& s, PlannerState& state) {
+  PlannerState scratch = state;  // what decide() learns here is the next interval's to learn
+  Decision d = decide(c, s, scratch);
+  auto urgent = [](const RoleDecision& rd) { return rd.desired > rd.current && rd.overloaded; };
+  const bool grows = urgent(d.prefill) || urgent(d.decode);
+  for (PlanRole r : kPlanRoles) {
+    RoleDecision& rd = d.role(r);
+    const bool makes_room = rd.reason == Reason::kBudget && rd.desired < rd.current;
+    if (rd.desired == rd.current || urgent(rd) || (grows && makes_room)) continue;
+    rd.message = strCat("would go ", rd.current, " -> ", rd.desired, " (", reasonName(rd.reason),
+                        "); between intervals only the growth of an overloaded role is acted on: ", rd.message);
+    rd.desired = rd.current;
+    rd.reason = Reason::kHold;
+  }
+  // A shrink held back may leave less room than the full decision counted on.
+  if (c.gpu_budget > 0) {
+    auto total = [&] {
+      return int64_t{d.prefill.desired} * c.gpus_per_prefill + int64_t{d.decode.desired} * c.gpus_per_decode;
+    };
+    for (PlanRole r : kPlanRoles) {
+      RoleDecision& rd = d.role(r);
+      while (total() > c.gpu_budget && rd.desired > rd.current) --rd.desired;
+    }
+  }
+  for (PlanRole r : kPlanRoles) {
+    PlannerState::RoleState& rs = state.role(r);
+    const RoleDecision& rd = d.role(r);
+    if (rd.desired == rd.current) continue;
+    if (rd.desired > rd.current) rs.last_up_s = s.at_s, rs.last_direction = 1;
+    if (rd.desired < rd.current) rs.last_down_s = s.at_s, rs.last_direction = -1;
+    rs.written = rd.desired;
   }
   return d;
 }

@@ -95,6 +95,10 @@ struct PlannerConfig {
   double headroom = 0.2;           // plan for (1 + headroom) × the demand
   double scale_down_margin = 0.2;  // scale down only with this much more room
   double interval_s = 30;          // how often the planner decides
+  // Between two intervals, growth is checked this often (checkScaleUp): a
+  // step in load is met up to an interval sooner, while shrinking and the
+  // routing knobs stay with the intervals. 0: no checks between intervals.
+  double scale_up_check_s = 10;
   double startup_s = 60;           // a new replica's start-up time until one was measured
   double warmup_s = 60;            // a replica Ready for less than this is warming: its capacity is not measured
   double max_signal_age_s = 120;   // older signals are stale
@@ -193,6 +197,11 @@ struct RoleDecision {
   double capacity = 0;   // per replica (prefill: tokens/s; decode: sequences within TPOT)
   double pressure = 0;   // observed ÷ target of the role's SLO (0: no data)
   double correction = 1; // prefill's SLO correction
+  // Overloaded now, not only by the forecast: its SLO missed, or (prefill)
+  // arrivals beyond what its Ready replicas compute or a queue beyond what
+  // they compute within the TTFT target, or (decode) its KV full with
+  // requests waiting to be admitted.
+  bool overloaded = false;
 };
 
 
@@ -234,6 +243,18 @@ struct PlannerState {
 // correction, trend, cooldown clocks) as if the decision is applied; the
 // caller writes the desired replicas with field manager tandem-planner.
 Decision decide(const PlannerConfig& config, const Signals& signals, PlannerState& state);
+
+// A check between two intervals (every config.scale_up_check_s): the same
+// decision from the signals read now, acted on only where a role grows
+// and is overloaded now (a forecast alone waits for the interval: bursts
+// seen in part of an interval would otherwise be chased, and given back
+// later), and where the GPU budget cuts the other role to make room for that;
+// every other change waits for the next interval (held, reason kHold).
+// `state` changes only by the growth it acts on (the cooldown clocks, the
+// replicas written): trends, measured capacity, the SLO correction and the
+// stabilization window are the intervals' own. The routing knobs it returns
+// are not meant to be published (the intervals publish them).
+Decision checkScaleUp(const PlannerConfig& config, const Signals& signals, PlannerState& state);
 
 // The routing knobs for a decision's pressures, scaling `base`.
 RoutingKnobs routingKnobs(double prefill_pressure, double decode_pressure, const RoutingKnobs& base = {});

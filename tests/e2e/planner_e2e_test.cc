@@ -164,6 +164,21 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
   EXPECT_TRUE(eventually([&] { return events().find("ManualOverride") != std::string::npos; }, 30)) << events();
   EXPECT_EQ(replicas("prefill"), "2");
 
+  // 5. Growth is checked between intervals: with an interval of an hour
+  // (one more decision, then none for the rest of the test) and a check
+  // every second, prefill-heavy load again grows prefill, by a check.
+  ASSERT_EQ(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"autoscaling\":{\"interval\":\"1h\","
+                    "\"scaleUpCheck\":\"1s\",\"ttftP95TargetSeconds\":0.000001,\"prefill\":{\"max\":3}}}}'")
+                .rc,
+            0);
+  {
+    Load load([&] { return send(std::to_string(prompt_number++) + " " + long_prompt, 1); }, 10);
+    EXPECT_TRUE(eventually([&] { return events().find("(ScaleUp): checked between intervals") != std::string::npos; }, 120))
+        << kubectl("get tpool tiny -o yaml").output << events() << operatorLog();
+    load.stop();
+    EXPECT_EQ(load.failed(), 0) << load.lastError();
+  }
+
   // Paused: the condition says so and the replicas are the user's.
   ASSERT_EQ(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"autoscaling\":{\"enabled\":false}}}'").rc, 0);
   EXPECT_TRUE(eventually([&] { return condition("tiny", "Autoscaling", "reason") == "Paused"; }, 30));

@@ -34,6 +34,15 @@ TEST(AutoscalerConfigTest, ThePoolsPolicyIsTheBaseOfTheKnobsAndItsWatermarkIsKep
   EXPECT_DOUBLE_EQ(fixed.base_knobs.load_floor_weight, 0.5);
 }
 
+TEST(AutoscalerConfigTest, GrowthIsCheckedEveryThirdOfTheIntervalUnlessThePoolSays) {
+  PoolSpec pool = poolWith("{}");
+  pool.autoscaling.interval_s = 60;
+  EXPECT_DOUBLE_EQ(plannerConfigFor(pool, std::nullopt).scale_up_check_s, 20);
+  pool.autoscaling.scale_up_check_s = 0;
+  EXPECT_DOUBLE_EQ(plannerConfigFor(pool, std::nullopt).scale_up_check_s, 0);
+  EXPECT_TRUE(planner::validatePlannerConfig(plannerConfigFor(pool, std::nullopt)).ok());
+}
+
 TEST(AutoscalerConfigTest, TheRoutingConfigMapCarriesEveryKnobTheRoutersRead) {
   const PoolSpec pool = poolWith("{}");
   const json cm = routingConfigMap(pool, json{{"apiVersion", "serving.tandem.dev/v1alpha1"}},

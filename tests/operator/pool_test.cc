@@ -105,6 +105,9 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
   EXPECT_EQ(msg("/spec/autoscaling/interval", "soon"),
             "spec.autoscaling.interval: expected a duration like 250ms, 30s, 5m or 1h, got \"soon\"");
   EXPECT_EQ(msg("/spec/autoscaling/interval", "100ms"), "spec.autoscaling.interval: must be at least 1s");
+  EXPECT_EQ(msg("/spec/autoscaling/scaleUpCheck", "45s"),
+            "spec.autoscaling.scaleUpCheck: must not exceed the interval (30s); 0s checks only at intervals");
+  EXPECT_EQ(msg("/spec/autoscaling/scaleUpCheck", 10), "spec.autoscaling.scaleUpCheck: expected a duration such as \"30s\"");
   EXPECT_EQ(msg("/spec/autoscaling/scaleDownCooldown", 300), "spec.autoscaling.scaleDownCooldown: expected a duration such as \"30s\"");
   EXPECT_EQ(msg("/spec/autoscaling/ttftP95TargetSeconds", 0), "spec.autoscaling.ttftP95TargetSeconds: must be between 1e-06 and 3600");
   EXPECT_EQ(msg("/spec/autoscaling/minFreeKvRatio", 1), "spec.autoscaling.minFreeKvRatio: must be between 0 and 0.99");
@@ -125,10 +128,11 @@ TEST(PoolTest, AutoscalingDefaultsAndValues) {
   EXPECT_DOUBLE_EQ(p->autoscaling.interval_s, 30);
   EXPECT_DOUBLE_EQ(p->autoscaling.scale_down_cooldown_s, 450);
   EXPECT_DOUBLE_EQ(p->autoscaling.scale_up_cooldown_s, 0);
+  EXPECT_FALSE(p->autoscaling.scale_up_check_s) << "unset: a third of the interval";
   pool["spec"]["autoscaling"] = json::parse(R"({"enabled": true, "prometheusUrl": "http://prom:9090",
       "interval": "15s", "ttftP95TargetSeconds": 2, "tpotP95TargetSeconds": 0.04, "minFreeKvRatio": 0.2,
       "prefill": {"min": 1, "max": 4}, "decode": {"min": 2, "max": 8}, "gpuBudget": 12,
-      "scaleUpCooldown": "30s", "scaleDownCooldown": "2m"})");
+      "scaleUpCooldown": "30s", "scaleDownCooldown": "2m", "scaleUpCheck": "5s"})");
   p = parsePool(pool);
   ASSERT_TRUE(p.ok()) << p.status();
   const AutoscalingSpec& a = p->autoscaling;
@@ -143,6 +147,11 @@ TEST(PoolTest, AutoscalingDefaultsAndValues) {
   EXPECT_EQ(a.gpu_budget, 12);
   EXPECT_DOUBLE_EQ(a.scale_up_cooldown_s, 30);
   EXPECT_DOUBLE_EQ(a.scale_down_cooldown_s, 120);
+  EXPECT_EQ(a.scale_up_check_s, 5);
+  pool["spec"]["autoscaling"]["scaleUpCheck"] = "0s";
+  p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->autoscaling.scale_up_check_s, 0) << "0s: checks only at intervals";
 }
 
 }  // namespace

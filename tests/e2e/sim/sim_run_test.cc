@@ -46,6 +46,16 @@ SimResult run(const replay::ReplayInput& in, ScalingPolicy& policy, SimOptions o
   return r.ok() ? *r : SimResult{};
 }
 
+// The planner for options()' engines: up to 16 replicas per role, starting in 30 s.
+planner::PlannerConfig smallPlanner() {
+  planner::PlannerConfig c;
+  c.prefill = {1, 16};
+  c.decode = {1, 16};
+  c.startup_s = 30;
+  c.warmup_s = 0;
+  return c;
+}
+
 TEST(SimRunTest, ALoadThePoolCarriesMeetsItsSlosAndRunsTheSameTwice) {
   const auto in = replay::prepareReplay(steady(300, [](double) { return 2.0; }, 2000, 50));
   auto a = staticPolicy({1, 1});
@@ -86,12 +96,8 @@ TEST(SimRunTest, ThePlannerFollowsAStepUpAndDownWithoutLosingARequest) {
   // 1 request/s, then 12/s for 5 minutes, then 1/s again.
   auto rate = [](double t) { return t >= 300 && t < 600 ? 12.0 : 1.0; };
   const auto in = replay::prepareReplay(steady(1200, rate, 2000, 20));
-  planner::PlannerConfig c;
-  c.prefill = {1, 16};
-  c.decode = {1, 16};
+  planner::PlannerConfig c = smallPlanner();
   c.gpu_budget = 32;
-  c.startup_s = 30;
-  c.warmup_s = 0;
   c.scale_down_cooldown_s = 120;
   auto tandem = tandemPolicy(TandemOptions{.config = c, .initial = {1, 1}});
   auto fixed = staticPolicy({1, 1});
@@ -110,6 +116,32 @@ TEST(SimRunTest, ThePlannerFollowsAStepUpAndDownWithoutLosingARequest) {
   EXPECT_GT(t.attainment_by_interval[35], 0.95);
   // It gave the replicas back: fewer GPU-hours than holding the peak throughout.
   EXPECT_LT(t.gpu_hours, (t.peak_prefill + t.peak_decode) * t.duration_s / 3600 * 0.8);
+}
+
+TEST(SimRunTest, CheckingForGrowthBetweenIntervalsMeetsAStepSooner) {
+  // 1 request/s, then 12/s from 302 s (just after an interval's decision;
+  // intervals of 30 s, a check every 10 s).
+  auto rate = [](double t) { return t >= 302 ? 12.0 : 1.0; };
+  const auto in = replay::prepareReplay(steady(600, rate, 2000, 20));
+  SimOptions o = options();
+  o.interval_s = 30;
+  planner::PlannerConfig c = smallPlanner();
+  c.interval_s = 30;
+  c.scale_up_check_s = 0;
+  auto intervals_only = tandemPolicy(TandemOptions{.config = c, .initial = {1, 1}});
+  c.scale_up_check_s = 10;
+  auto checked = tandemPolicy(TandemOptions{.config = c, .initial = {1, 1}});
+  const SimResult a = run(in, *intervals_only, o), b = run(in, *checked, o);
+  EXPECT_EQ(a.dropped + b.dropped, 0);
+  // The step's requests (from 300 s: intervals 10 on) meet their SLOs sooner.
+  auto met_after_step = [](const SimResult& r) {
+    double sum = 0;
+    for (size_t i = 10; i < 14 && i < r.attainment_by_interval.size(); ++i) sum += r.attainment_by_interval[i];
+    return sum;
+  };
+  EXPECT_GT(met_after_step(b), met_after_step(a) + 0.3) << b.slo_attainment << " vs " << a.slo_attainment;
+  EXPECT_GT(b.slo_attainment, a.slo_attainment);
+  EXPECT_LE(b.reversals, a.reversals) << "acting sooner does not make it flap";
 }
 
 TEST(SimRunTest, TheIntervalBaselineScalesOnThroughput) {

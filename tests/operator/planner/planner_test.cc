@@ -667,6 +667,125 @@ TEST(PlannerTest, TheAdmissionWatermarkIsTheQueueAPrefillReplicaClearsInHalfTheT
   EXPECT_EQ(t.decisions.back().knobs.prefill_overload_tokens, 7777);
 }
 
+// A warm pool at a steady 30k tokens/s on 4 prefill replicas (4 needed),
+// decode with room: the signals of one read.
+Signals steadyPool(double at_s, int32_t prefill, int32_t decode, double rate) {
+  Signals s = warmPool(prefill, decode, 10000);
+  s.at_s = at_s;
+  s.uncached_prompt_tokens_per_s = rate;
+  s.mean_uncached_prompt_tokens = 2000;
+  s.ttft_p95_s = 0.5;
+  s.tpot_p95_s = 0.02;
+  s.decode_running = 10 * decode;
+  s.decode_kv_used_ratio = s.decode_kv_active_ratio = 0.3;
+  return s;
+}
+
+TEST(PlannerTest, AScaleUpCheckBetweenIntervalsGrowsAtOnceAndLeavesTheRestToTheIntervals) {
+  const PlannerConfig c = config();
+  PlannerState state;
+  const Decision first = decide(c, steadyPool(3000, 4, 4, 30000), state);
+  ASSERT_FALSE(first.acted()) << first.prefill.message;
+  const PlannerState after_interval = state;
+
+  // Nothing changed: a check acts on nothing and learns nothing.
+  Decision d = checkScaleUp(c, steadyPool(3010, 4, 4, 30000), state);
+  EXPECT_FALSE(d.acted());
+  EXPECT_EQ(state.arrivals, after_interval.arrivals) << "a check does not add to the trend";
+  EXPECT_EQ(state.prefill.recent_down, after_interval.prefill.recent_down);
+  EXPECT_FALSE(state.prefill.last_up_s);
+
+  // The load doubles ten seconds into the interval: the check grows prefill
+  // as the interval's decision would, 20 s before it.
+  Signals step = steadyPool(3020, 4, 4, 60000);
+  step.prefill_queue_tokens = step.prefill_queue_peak_tokens = 40000;
+  step.ttft_p95_s = 3;
+  PlannerState copy = state;
+  const Decision full = decide(c, step, copy);
+  d = checkScaleUp(c, step, state);
+  ASSERT_TRUE(d.acted());
+  EXPECT_EQ(d.prefill.reason, Reason::kScaleUp) << d.prefill.message;
+  EXPECT_EQ(d.prefill.desired, full.prefill.desired) << "the same sizing as the interval's";
+  EXPECT_GE(d.prefill.desired, 8) << "60k tokens/s at 10k per replica with 20% headroom";
+  EXPECT_EQ(d.decode.desired, 4);
+  // What it remembers: the growth (cooldown clock, replicas written), not
+  // the interval's learning (trend, capacity, correction, stabilization window).
+  EXPECT_EQ(state.prefill.last_up_s, 3020);
+  EXPECT_EQ(state.prefill.written, d.prefill.desired);
+  EXPECT_EQ(state.prefill.last_direction, 1);
+  EXPECT_EQ(state.arrivals, after_interval.arrivals);
+  EXPECT_EQ(state.prefill.capacity, after_interval.prefill.capacity);
+  EXPECT_EQ(state.prefill.correction, after_interval.prefill.correction);
+  EXPECT_EQ(state.prefill.recent_down, after_interval.prefill.recent_down);
+
+  // The next interval finds the spec the check wrote: no manual edit seen,
+  // and the replicas still starting count as capacity on the way.
+  Signals next = steadyPool(3030, d.prefill.desired, 4, 60000);
+  for (int32_t i = 4; i < d.prefill.desired; ++i) {
+    next.prefill[i].ready = false;
+    next.prefill[i].ready_for_s = 0;
+    next.prefill[i].capacity.reset();
+  }
+  const Decision then = decide(c, next, state);
+  EXPECT_NE(then.prefill.reason, Reason::kManualOverride) << then.prefill.message;
+  EXPECT_EQ(then.prefill.desired, d.prefill.desired) << then.prefill.message;
+}
+
+TEST(PlannerTest, AScaleUpCheckNeverShrinksNorGrowsARoleThatKeepsUp) {
+  PlannerConfig c = config();
+  c.scale_down_cooldown_s = 60;
+  PlannerState state;
+  decide(c, steadyPool(0, 8, 4, 60000), state);
+  decide(c, steadyPool(30, 8, 4, 60000), state);
+  // The load has fallen for longer than the cooldown: an interval would shrink prefill.
+  const Signals low = steadyPool(100, 8, 4, 10000);
+  PlannerState copy = state;
+  ASSERT_EQ(decide(c, low, copy).prefill.reason, Reason::kScaleDown);
+  const Decision d = checkScaleUp(c, low, state);
+  EXPECT_FALSE(d.acted());
+  EXPECT_EQ(d.prefill.reason, Reason::kHold);
+  EXPECT_THAT(d.prefill.message, HasSubstr("between intervals only the growth of an overloaded role is acted on"));
+  EXPECT_FALSE(state.prefill.last_down_s);
+
+  // More arrivals that the Ready replicas still compute, within the TTFT
+  // target: the interval grows for the headroom, a check leaves it to it.
+  PlannerState fresh;
+  decide(c, steadyPool(3000, 4, 4, 30000), fresh);
+  const Signals more = steadyPool(3010, 4, 4, 38000);
+  copy = fresh;
+  ASSERT_EQ(decide(c, more, copy).prefill.reason, Reason::kScaleUp);
+  const Decision held = checkScaleUp(c, more, fresh);
+  EXPECT_FALSE(held.acted()) << held.prefill.message;
+  EXPECT_FALSE(held.prefill.overloaded);
+  EXPECT_THAT(held.prefill.message, HasSubstr("ScaleUp"));
+}
+
+TEST(PlannerTest, AScaleUpCheckUnderABudgetTakesTheRoomTheBudgetMakesAndNoMore) {
+  // 6 + 6 of a 12-GPU budget; prefill's TTFT missed (the load tripled),
+  // decode far from its targets: the budget cuts decode for prefill's growth.
+  PlannerConfig c = config();
+  c.gpu_budget = 12;
+  PlannerState state;
+  decide(c, steadyPool(3000, 6, 6, 40000), state);
+  Signals step = steadyPool(3010, 6, 6, 120000);
+  step.prefill_queue_tokens = step.prefill_queue_peak_tokens = 200000;
+  step.ttft_p95_s = 8;
+  step.decode_kv_used_ratio = step.decode_kv_active_ratio = 0.1;
+  step.decode_running = 12;
+  const Decision d = checkScaleUp(c, step, state);
+  EXPECT_GT(d.prefill.desired, 6) << d.prefill.message;
+  EXPECT_LT(d.decode.desired, 6) << d.decode.message;
+  EXPECT_EQ(d.decode.reason, Reason::kBudget) << d.decode.message;
+  EXPECT_LE(d.prefill.desired + d.decode.desired, 12);
+  EXPECT_EQ(state.decode.last_direction, -1);
+
+  // Missing data: a check does nothing either.
+  Signals missing = step;
+  missing.missing = {"tandem_router_ttft_seconds"};
+  PlannerState fresh;
+  EXPECT_FALSE(checkScaleUp(c, missing, fresh).acted());
+}
+
 TEST(PlannerTest, ConfigErrorsNameTheField) {
   PlannerConfig c;
   c.ttft_target_s = 0;
@@ -677,6 +796,11 @@ TEST(PlannerTest, ConfigErrorsNameTheField) {
   c = {};
   c.min_free_kv_ratio = 1;
   EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("minFreeKvRatio"));
+  c = {};
+  c.scale_up_check_s = 45;
+  EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("spec.autoscaling.scaleUpCheck"));
+  c.scale_up_check_s = -1;
+  EXPECT_THAT(validatePlannerConfig(c).message(), HasSubstr("spec.autoscaling.scaleUpCheck"));
   EXPECT_TRUE(validatePlannerConfig(PlannerConfig{}).ok());
 }
 
