@@ -4,10 +4,12 @@
 // The CPU backend (cpu/cpu_backend.h) is the reference and what tests run; a
 // CUDA backend implements the same calls later. So the interface passes raw
 // pointers and sizes (pointer + length spans), never containers: every float*
-// is *backend memory* (host memory for the CPU backend, device memory for a
-// GPU one), except where a parameter says "host". Small per-step metadata
-// (chunk descriptors, positions, row indices) is always host memory; a device
-// backend uploads it.
+// is *backend memory* (allocate() and residentWeight() below; host memory for
+// the CPU backend, device memory for a GPU one), except where a parameter
+// says "host". Small per-step metadata (chunk descriptors, positions, row
+// indices) is always host memory; a device backend uploads it. The kernel
+// backend (cuda/kernel_backend.h) refuses a float* that is not backend
+// memory, so the model's use of the contract is checked on the CPU.
 //
 // Matrices are row-major. Weights use Hugging Face's layout [out, in], so a
 // projection is y = x · Wᵀ.
@@ -74,9 +76,41 @@ class PreparedWeight {
   int32_t k_;
 };
 
+// Backend memory the model holds: its activations, and the host weights the
+// calls read as they are (norms, biases, the embedding table). Host memory
+// on the CPU backends; device memory on a GPU backend, where the host never
+// dereferences data(). Freed with the buffer.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  float* data() const { return data_; }
+  size_t floats() const { return floats_; }
+
+ protected:
+  BackendBuffer(float* data, size_t floats) : data_(data), floats_(floats) {}
+
+ private:
+  float* data_;
+  size_t floats_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // `floats` floats of backend memory (activations), contents undefined.
+  virtual std::unique_ptr<BackendBuffer> allocate(size_t floats) = 0;
+
+  // `host` as backend memory the calls read (a weight used as it is, not
+  // prepared): the host memory itself on the host backends (no copy; it
+  // must outlive the buffer), a device copy on a GPU backend.
+  virtual std::unique_ptr<BackendBuffer> residentWeight(std::span<const float> host) = 0;
+
+  // x[i] += y[i] for i < n: a tensor-parallel rank adds the all-reduced
+  // partial sums to its residual stream. x and y must not overlap.
+  virtual void add(float* x, const float* y, int64_t n) = 0;
 
   // The weight w (host, row-major [n, k]) in this backend's layout, for
   // gemm() and logits() below. The model prepares its projections once at

@@ -10,11 +10,6 @@
 namespace tandem::engine {
 namespace {
 
-template <typename T>
-void growTo(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-}
-
 size_t product(int64_t a, int64_t b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
 
 absl::Status checkSize(const std::vector<float>& t, size_t want, std::string_view name) {
@@ -105,6 +100,28 @@ LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& bac
                             .w_down = backend_.prepareWeight(l.w_down.data(), c.hidden_size, c.intermediate_size)});
   }
   lm_head_ = backend_.prepareWeight(weights_->outputProjection().data(), c.vocab_size, c.hidden_size);
+  auto resident = [&](const std::vector<float>& w) {
+    return w.empty() ? nullptr : backend_.residentWeight(w);
+  };
+  for (const LayerWeights& l : weights_->layers) {
+    resident_.push_back(LayerResident{.attn_norm = resident(l.attn_norm),
+                                      .ffn_norm = resident(l.ffn_norm),
+                                      .bq = resident(l.bq),
+                                      .bk = resident(l.bk),
+                                      .bv = resident(l.bv),
+                                      .q_norm = resident(l.q_norm),
+                                      .k_norm = resident(l.k_norm)});
+  }
+  embed_ = resident(weights_->embed);
+  final_norm_ = resident(weights_->final_norm);
+}
+
+float* LlamaModel::Activation::grow(Backend& backend, size_t floats) {
+  if (!buffer_ || buffer_->floats() < floats) {
+    buffer_.reset();  // freed before the larger one is allocated
+    buffer_ = backend.allocate(floats);
+  }
+  return buffer_->data();
 }
 
 absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
@@ -180,19 +197,19 @@ int32_t LlamaModel::prepareBatch(std::span<const SequenceChunk> batch) {
 
 void LlamaModel::queryKeyValue(int layer, int32_t rows) {
   const ModelConfig& c = config();
-  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const LayerResident& w = resident_[static_cast<size_t>(layer)];
   const LayerProjections& p = projections_[static_cast<size_t>(layer)];
   backend_.gemm(h_.data(), *p.wq, q_.data(), rows, false);
   backend_.gemm(h_.data(), *p.wk, k_.data(), rows, false);
   backend_.gemm(h_.data(), *p.wv, v_.data(), rows, false);
   if (arch_.qkv_bias) {  // Qwen2
-    backend_.addBias(q_.data(), w.bq.data(), rows, c.qDim());
-    backend_.addBias(k_.data(), w.bk.data(), rows, c.kvDim());
-    backend_.addBias(v_.data(), w.bv.data(), rows, c.kvDim());
+    backend_.addBias(q_.data(), w.bq->data(), rows, c.qDim());
+    backend_.addBias(k_.data(), w.bk->data(), rows, c.kvDim());
+    backend_.addBias(v_.data(), w.bv->data(), rows, c.kvDim());
   }
   if (arch_.qk_norm) {  // Qwen3: every head's vector normed over head_dim, before RoPE
-    backend_.rmsNorm(q_.data(), w.q_norm.data(), q_.data(), rows * c.num_heads, c.head_dim, c.rms_norm_eps);
-    backend_.rmsNorm(k_.data(), w.k_norm.data(), k_.data(), rows * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+    backend_.rmsNorm(q_.data(), w.q_norm->data(), q_.data(), rows * c.num_heads, c.head_dim, c.rms_norm_eps);
+    backend_.rmsNorm(k_.data(), w.k_norm->data(), k_.data(), rows * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
   }
   backend_.rope(q_.data(), rows, c.num_heads, c.head_dim, positions_.data(), rope_inv_freq_);
   backend_.rope(k_.data(), rows, c.num_kv_heads, c.head_dim, positions_.data(), rope_inv_freq_);
@@ -201,12 +218,12 @@ void LlamaModel::queryKeyValue(int layer, int32_t rows) {
 void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<const ChunkDesc> chunks, int32_t rows,
                              const KvStorage& kv) {
   const ModelConfig& c = config();
-  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const LayerResident& w = resident_[static_cast<size_t>(layer)];
   const LayerProjections& p = projections_[static_cast<size_t>(layer)];
   const AttentionShape shape{.num_heads = c.num_heads, .num_kv_heads = c.num_kv_heads, .head_dim = c.head_dim};
   backend_.attention(layer, q, chunks, kv, shape, attn_.data());
   addProjection(attn_.data(), *p.wo, x, rows);  // x += attn · Woᵀ
-  backend_.rmsNorm(x, w.ffn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
+  backend_.rmsNorm(x, w.ffn_norm->data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
   backend_.gemm(h_.data(), *p.w_gate, gate_.data(), rows, false);
   backend_.gemm(h_.data(), *p.w_up, up_.data(), rows, false);
   backend_.swiglu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(rows) * c.intermediate_size);
@@ -221,11 +238,11 @@ void LlamaModel::addProjection(const float* in, const PreparedWeight& w, float* 
   }
   // Tensor parallel: this rank's product is a partial sum, so it must be
   // summed across ranks before it meets the residual stream, which every rank
-  // holds whole. The buffers are host memory, hence the plain loop.
+  // holds whole.
   const int64_t n = static_cast<int64_t>(rows) * config().hidden_size;
   backend_.gemm(in, w, partial_.data(), rows, /*accumulate=*/false);
   all_reduce_(partial_.data(), n);
-  for (int64_t i = 0; i < n; ++i) x[i] += partial_[static_cast<size_t>(i)];
+  backend_.add(x, partial_.data(), n);
 }
 
 absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
@@ -237,22 +254,22 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   const ModelConfig& c = config();
   const int32_t rows = prepareBatch(batch);
   const auto num_logits = static_cast<int32_t>(logit_rows_.size());
-  growTo(x_, product(rows, c.hidden_size));
-  growTo(h_, product(rows, c.hidden_size));
-  growTo(q_, product(rows, c.qDim()));
-  growTo(k_, product(rows, c.kvDim()));
-  growTo(v_, product(rows, c.kvDim()));
-  growTo(attn_, product(rows, c.qDim()));
-  growTo(gate_, product(rows, c.intermediate_size));
-  growTo(up_, product(rows, c.intermediate_size));
-  if (all_reduce_) growTo(partial_, product(rows, c.hidden_size));
-  growTo(tail_x_, product(num_logits, c.hidden_size));
-  growTo(tail_q_, product(num_logits, c.qDim()));
+  x_.grow(backend_, product(rows, c.hidden_size));
+  h_.grow(backend_, product(rows, c.hidden_size));
+  q_.grow(backend_, product(rows, c.qDim()));
+  k_.grow(backend_, product(rows, c.kvDim()));
+  v_.grow(backend_, product(rows, c.kvDim()));
+  attn_.grow(backend_, product(rows, c.qDim()));
+  gate_.grow(backend_, product(rows, c.intermediate_size));
+  up_.grow(backend_, product(rows, c.intermediate_size));
+  if (all_reduce_) partial_.grow(backend_, product(rows, c.hidden_size));
+  tail_x_.grow(backend_, product(num_logits, c.hidden_size));
+  tail_q_.grow(backend_, product(num_logits, c.qDim()));
 
-  backend_.gatherRows(weights_->embed.data(), tokens_.data(), rows, c.hidden_size, x_.data());
+  backend_.gatherRows(embed_->data(), tokens_.data(), rows, c.hidden_size, x_.data());
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
-    backend_.rmsNorm(x_.data(), w.attn_norm.data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
+    const LayerResident& w = resident_[static_cast<size_t>(layer)];
+    backend_.rmsNorm(x_.data(), w.attn_norm->data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
     queryKeyValue(layer, rows);
     backend_.writeKv(layer, k_.data(), v_.data(), chunks_, kv);
     if (on_layer != nullptr && *on_layer) (*on_layer)(layer);
@@ -270,7 +287,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   }
   if (num_logits == 0) return absl::OkStatus();
 
-  backend_.rmsNorm(tail_x_.data(), weights_->final_norm.data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
+  backend_.rmsNorm(tail_x_.data(), final_norm_->data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
   logits->resize(product(num_logits, c.vocab_size));
   backend_.logits(h_.data(), *lm_head_, logits->data(), num_logits);
   return absl::OkStatus();

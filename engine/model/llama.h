@@ -54,6 +54,8 @@ using LayerObserver = std::function<void(int layer)>;
 // projection — with the sum of every rank's partial, the same bits on every
 // rank. Called by each rank's model at the same points of forward(), twice per
 // layer computed (after attention and after the MLP), from that rank's thread.
+// `partial` is backend memory (host memory with the host backends; a device
+// buffer, as NCCL takes, on a GPU).
 using AllReducePartials = std::function<void(float* partial, int64_t n)>;
 
 struct SequenceChunk {
@@ -121,25 +123,42 @@ class LlamaModel {
   };
   std::vector<LayerProjections> projections_;  // [num_layers]
   std::unique_ptr<PreparedWeight> lm_head_;
+  // The weights the calls read as they are, in backend memory (on the host
+  // backends, the host tensors themselves). Biases and q/k norms are null
+  // where the architecture has none.
+  struct LayerResident {
+    std::unique_ptr<BackendBuffer> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
+  };
+  std::vector<LayerResident> resident_;  // [num_layers]
+  std::unique_ptr<BackendBuffer> embed_, final_norm_;
 
-  // Per-step metadata (host) and activations, grown on demand and reused so a
-  // warmed-up model does not allocate per step.
+  // Per-step metadata (host) and activations (backend memory), grown on
+  // demand and reused so a warmed-up model does not allocate per step.
   std::vector<ChunkDesc> chunks_;       // [batch] rows of each chunk in the step's buffers
   std::vector<ChunkDesc> tail_chunks_;  // [num_want_logits] the last row of each chunk wanting logits
   std::vector<int32_t> positions_;      // [total_tokens] absolute position of each row
   std::vector<int32_t> tokens_;         // [total_tokens] token id of each row
   std::vector<int32_t> logit_rows_;     // [num_want_logits] row of each chunk's last token
-  std::vector<float> x_;                // [total_tokens, hidden] residual stream
-  std::vector<float> h_;                // [total_tokens, hidden] normed input of a block
-  std::vector<float> q_;                // [total_tokens, num_heads * head_dim]
-  std::vector<float> k_;                // [total_tokens, num_kv_heads * head_dim]
-  std::vector<float> v_;                // [total_tokens, num_kv_heads * head_dim]
-  std::vector<float> attn_;             // [total_tokens, num_heads * head_dim]
-  std::vector<float> gate_;             // [total_tokens, intermediate]
-  std::vector<float> up_;               // [total_tokens, intermediate]
-  std::vector<float> partial_;          // [total_tokens, hidden] this rank's o_proj / down_proj share (TP only)
-  std::vector<float> tail_x_;           // [num_want_logits, hidden] residual rows the last layer still needs
-  std::vector<float> tail_q_;           // [num_want_logits, num_heads * head_dim] their queries
+  // An activation buffer of at least `floats` floats (its data() for this step).
+  class Activation {
+   public:
+    float* grow(Backend& backend, size_t floats);
+    float* data() const { return buffer_ ? buffer_->data() : nullptr; }
+
+   private:
+    std::unique_ptr<BackendBuffer> buffer_;
+  };
+  Activation x_;        // [total_tokens, hidden] residual stream
+  Activation h_;        // [total_tokens, hidden] normed input of a block
+  Activation q_;        // [total_tokens, num_heads * head_dim]
+  Activation k_;        // [total_tokens, num_kv_heads * head_dim]
+  Activation v_;        // [total_tokens, num_kv_heads * head_dim]
+  Activation attn_;     // [total_tokens, num_heads * head_dim]
+  Activation gate_;     // [total_tokens, intermediate]
+  Activation up_;       // [total_tokens, intermediate]
+  Activation partial_;  // [total_tokens, hidden] this rank's o_proj / down_proj share (TP only)
+  Activation tail_x_;   // [num_want_logits, hidden] residual rows the last layer still needs
+  Activation tail_q_;   // [num_want_logits, num_heads * head_dim] their queries
 };
 
 }  // namespace tandem::engine

@@ -1,7 +1,7 @@
 // tandem-gpu-kernel-check: runs every portable kernel (engine/backend/cuda/
 // kernels.h) on the GPU through cuda_kernels.h's launches and on the CPU
 // executor (the reference every test uses), on the same inputs, and compares:
-// bitwise for rmsNorm, rope, swiglu, addBias, gatherRows and writeKv (their
+// bitwise for rmsNorm, rope, swiglu, add, addBias, gatherRows and writeKv (their
 // contract), within 1e-5 relative (|gpu - cpu| / max(1, |cpu|)) for
 // attention (split + combine). Then times each kernel with CUDA events.
 //
@@ -205,6 +205,22 @@ bool checkSwiglu() {
   checkCuda(cudaDeviceSynchronize(), "swiglu");
   const bool pass = compare("swiglu", d_out.download(), cpu_out, true);
   timeKernel("swiglu", 3.0 * d_gate.bytes(), [&] { return gpu::launchSwiglu(config, args, nullptr); });
+  return pass;
+}
+
+bool checkAdd() {
+  const int64_t n = (int64_t{1} << 18) + 7;
+  auto x = randomFloats(static_cast<size_t>(n), -2.0f, 2.0f);
+  const auto y = randomFloats(static_cast<size_t>(n), -2.0f, 2.0f);
+  DeviceBuffer<float> d_x(x), d_y(y);
+  const auto config = gpu::elementwiseLaunch(n);
+  if (!runOnCpu("add", config, &gpu::addKernel, gpu::AddArgs{x.data(), y.data(), n})) return false;
+  const gpu::AddArgs args{d_x.get(), d_y.get(), n};
+  checkCuda(gpu::launchAdd(config, args, nullptr), "add");
+  checkCuda(cudaDeviceSynchronize(), "add");
+  const bool pass = compare("add", d_x.download(), x, true);
+  // Adds again each launch: the timing does not need the bits.
+  timeKernel("add", 3.0 * d_x.bytes(), [&] { return gpu::launchAdd(config, args, nullptr); });
   return pass;
 }
 
@@ -460,7 +476,7 @@ int main() {
     std::printf("note: built for compute capability 9.0 (H100/H200) only; on another device the launches fail\n");
   }
   bool all_pass = true;
-  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAddBias, checkGatherRows, checkWriteKv,
+  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv,
                           checkAttention, checkSample, checkGemm}) {
     all_pass = check() && all_pass;
   }

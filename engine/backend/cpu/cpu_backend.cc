@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/backend/host_buffer.h"
 #include "engine/backend/kernel_math.h"
 #include "engine/backend/scoped_timer.h"
 
@@ -219,6 +220,17 @@ void CpuBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_di
                             head_dim);
     }
   }
+}
+
+std::unique_ptr<BackendBuffer> CpuBackend::allocate(size_t floats) { return HostBuffer::allocate(floats); }
+
+std::unique_ptr<BackendBuffer> CpuBackend::residentWeight(std::span<const float> host) {
+  return HostBuffer::view(host);
+}
+
+void CpuBackend::add(float* x, const float* y, int64_t n) {
+  const ScopedTimer timer(&stats_.elementwise_time);
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
 void CpuBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {

@@ -36,6 +36,9 @@ class CpuBackend final : public Backend {
   CpuBackend() : CpuBackend(CpuBackendOptions{}) {}
   explicit CpuBackend(const CpuBackendOptions& options);
 
+  std::unique_ptr<BackendBuffer> allocate(size_t floats) override;
+  std::unique_ptr<BackendBuffer> residentWeight(std::span<const float> host) override;
+  void add(float* x, const float* y, int64_t n) override;
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;

@@ -32,6 +32,9 @@ int launchRope(const LaunchConfig& config, const RopeArgs& args, void* stream) {
 int launchSwiglu(const LaunchConfig& config, const SwigluArgs& args, void* stream) {
   return launchKernel(&swigluKernel, config, args, stream);
 }
+int launchAdd(const LaunchConfig& config, const AddArgs& args, void* stream) {
+  return launchKernel(&addKernel, config, args, stream);
+}
 int launchAddBias(const LaunchConfig& config, const AddBiasArgs& args, void* stream) {
   return launchKernel(&addBiasKernel, config, args, stream);
 }

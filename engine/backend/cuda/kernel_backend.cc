@@ -3,17 +3,57 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <map>
 
 #include <absl/strings/str_cat.h>
 
 #include "engine/backend/cuda/kernels.h"
+#include "engine/backend/host_buffer.h"
 #include "engine/backend/cuda/sampling_kernel.h"
 #include "engine/backend/kernel_math.h"
 #include "engine/backend/scoped_timer.h"
 
 namespace tandem::engine {
+namespace {
 
-KernelBackend::KernelBackend(const KernelBackendOptions& options) : gemm_(options.gemm), executor_(options.executor) {}
+size_t size(int64_t rows, int64_t cols) { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
+
+}  // namespace
+
+// Regions [first address, + floats) of the memory handed out, shared with
+// the buffers, which take theirs out when freed.
+struct KernelBackendRegions {
+  std::map<uintptr_t, size_t> floats;
+
+  bool contain(const void* p, size_t n) const {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = floats.upper_bound(at);
+    if (it == floats.begin()) return false;
+    --it;
+    return at + n * sizeof(float) <= it->first + it->second * sizeof(float);
+  }
+};
+
+namespace {
+
+// Backend memory of the kernel backend: host memory, registered while it lives.
+class TrackedBuffer final : public BackendBuffer {
+ public:
+  TrackedBuffer(std::unique_ptr<BackendBuffer> inner, std::shared_ptr<KernelBackendRegions> regions)
+      : BackendBuffer(inner->data(), inner->floats()), inner_(std::move(inner)), regions_(std::move(regions)) {
+    regions_->floats[reinterpret_cast<uintptr_t>(data())] = std::max<size_t>(floats(), 1);
+  }
+  ~TrackedBuffer() override { regions_->floats.erase(reinterpret_cast<uintptr_t>(data())); }
+
+ private:
+  std::unique_ptr<BackendBuffer> inner_;
+  std::shared_ptr<KernelBackendRegions> regions_;
+};
+
+}  // namespace
+
+KernelBackend::KernelBackend(const KernelBackendOptions& options)
+    : gemm_(options.gemm), executor_(options.executor), regions_(std::make_shared<KernelBackendRegions>()) {}
 
 template <typename Args>
 void KernelBackend::launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args) {
@@ -21,25 +61,60 @@ void KernelBackend::launch(const gpu::LaunchConfig& config, void (*kernel)(Args)
   status_ = executor_.launch(config, kernel, args);
 }
 
+bool KernelBackend::inBackendMemory(const char* call, std::initializer_list<Arg> args) {
+  if (!status_.ok()) return false;
+  for (const Arg& a : args) {
+    if (a.floats == 0 || regions_->contain(a.p, a.floats)) continue;
+    status_ = absl::InvalidArgumentError(absl::StrCat(
+        call, ": ", a.name, " (", a.floats,
+        " floats) is not backend memory (Backend::allocate or residentWeight): a device backend would be handed "
+        "a host pointer"));
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<BackendBuffer> KernelBackend::track(std::unique_ptr<BackendBuffer> buffer) {
+  return std::make_unique<TrackedBuffer>(std::move(buffer), regions_);
+}
+
+std::unique_ptr<BackendBuffer> KernelBackend::allocate(size_t floats) { return track(HostBuffer::allocate(floats)); }
+
+std::unique_ptr<BackendBuffer> KernelBackend::residentWeight(std::span<const float> host) {
+  return track(HostBuffer::view(host));
+}
+
+void KernelBackend::add(float* x, const float* y, int64_t n) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  const auto count = static_cast<size_t>(n);
+  if (!inBackendMemory("add", {{"x", x, count}, {"y", y, count}})) return;
+  launch(gpu::elementwiseLaunch(n), &gpu::addKernel, gpu::AddArgs{x, y, n});
+}
+
 std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
   return gemm_.prepareWeight(w, n, k);
 }
 
 void KernelBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
+  if (!inBackendMemory("gemm", {{"x", x, size(m, w.k())}, {"y", y, size(m, w.n())}})) return;
   gemm_.gemm(x, w, y, m, accumulate);
 }
 
 void KernelBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  if (!inBackendMemory("gemm", {{"x", x, size(m, k)}, {"w", w, size(n, k)}, {"y", y, size(m, n)}})) return;
   gemm_.gemm(x, w, y, m, n, k, accumulate);
 }
 
 void KernelBackend::logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) {
+  if (!inBackendMemory("logits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
   gemm_.logits(hidden, lm_head, logits_host, m);
 }
 
-
 void KernelBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
   const ScopedTimer t(&stats_.elementwise_time);
+  if (!inBackendMemory("rmsNorm", {{"x", x, size(rows, dim)}, {"weight", weight, size(1, dim)}, {"out", out, size(rows, dim)}})) {
+    return;
+  }
   launch(gpu::rmsNormLaunch(rows), &gpu::rmsNormKernel, gpu::RmsNormArgs{x, weight, out, rows, dim, eps});
 }
 
@@ -47,6 +122,7 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
                          std::span<const float> inv_freq) {
   const ScopedTimer t(&stats_.elementwise_time);
   assert(inv_freq.size() == static_cast<size_t>(head_dim / 2));
+  if (!inBackendMemory("rope", {{"x", x, size(rows, int64_t{num_heads} * head_dim)}})) return;
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
   rope_table_.grow(max_pos + 1, inv_freq);  // uploaded, on a GPU
@@ -56,17 +132,23 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
 
 void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
   const ScopedTimer t(&stats_.elementwise_time);
+  if (!inBackendMemory("addBias", {{"y", y, size(rows, dim)}, {"bias", bias, size(1, dim)}})) return;
   launch(gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim), &gpu::addBiasKernel,
          gpu::AddBiasArgs{y, bias, rows, dim});
 }
 
 void KernelBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
+  const auto count = static_cast<size_t>(n);
+  if (!inBackendMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
   launch(gpu::elementwiseLaunch(n), &gpu::swigluKernel, gpu::SwigluArgs{gate, up, out, n});
 }
 
 void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
   const ScopedTimer t(&stats_.elementwise_time);
+  int32_t src_rows = 0;
+  for (int32_t r = 0; r < num_rows; ++r) src_rows = std::max(src_rows, rows[r] + 1);
+  if (!inBackendMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
   launch(gpu::gatherRowsLaunch(num_rows), &gpu::gatherRowsKernel, gpu::GatherRowsArgs{src, rows, dst, num_rows, dim});
 }
 
@@ -86,6 +168,8 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   // Rows are grouped by chunk in order (backend.h): row r of the step is the r-th pushed.
   const auto rows = static_cast<int32_t>(row_block_.size());
   if (rows == 0) return;
+  const size_t floats = size(rows, static_cast<int64_t>(layout.floatsPerToken()));
+  if (!inBackendMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
   launch(gpu::writeKvLaunch(rows), &gpu::writeKvKernel,
          gpu::WriteKvArgs{k, v, kv.layerBlock(0, BlockId(0)), row_block_.data(), row_slot_.data(), rows, layer,
                           layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim});
@@ -128,6 +212,8 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   }
   const auto rows = static_cast<int32_t>(row_pos_.size());
   if (rows == 0) return;
+  const size_t floats = size(rows, int64_t{shape.num_heads} * shape.head_dim);
+  if (!inBackendMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
   partial_.resize(static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
                   static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
   const gpu::AttentionArgs args{q,

@@ -8,17 +8,25 @@
 // serve with it (`--device cuda-emulator`: slow, for checking the kernels end
 // to end, never for production).
 //
-// Memory is host memory, as everywhere on this backend; the per-call
+// Memory is host memory, as everywhere on this backend, but it holds the
+// model to a device backend's contract (backend.h): every float* a call
+// takes must lie in memory this backend handed out (allocate,
+// residentWeight) or in the KV cache, as device memory would have to; a
+// host pointer there (a buffer the model forgot to allocate through the
+// backend) is an error naming the call and the argument. The per-call
 // metadata (row blocks and slots, positions, block tables) is built on the
 // host as a device backend builds what it uploads.
 //
-// Errors: Backend's calls return nothing, and a failed launch here is a
-// kernel bug (a launch shape the subset forbids, divergent barriers), never
-// bad input. The first one is kept (status()) and every later call does
+// Errors: Backend's calls return nothing, and a failed launch or a pointer
+// outside backend memory here is a bug (a launch shape the subset forbids,
+// divergent barriers, host memory passed as device memory), never bad
+// input. The first one is kept (status()) and every later call does
 // nothing; tests check status() after each forward pass.
 //
 // Not thread-safe, like every Backend.
 
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -30,6 +38,8 @@
 #include "src/common/status.h"
 
 namespace tandem::engine {
+
+struct KernelBackendRegions;  // kernel_backend.cc
 
 struct KernelBackendOptions {
   gpu::CpuExecutor::Options executor = gpu::CpuExecutor::optionsFromEnvironment();
@@ -44,6 +54,9 @@ class KernelBackend : public Backend {
   const absl::Status& status() const { return status_; }
   const gpu::CpuExecutor& executor() const { return executor_; }
 
+  std::unique_ptr<BackendBuffer> allocate(size_t floats) override;
+  std::unique_ptr<BackendBuffer> residentWeight(std::span<const float> host) override;
+  void add(float* x, const float* y, int64_t n) override;
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
@@ -75,8 +88,19 @@ class KernelBackend : public Backend {
   template <typename Args>
   void launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args);
 
+  struct Arg {
+    const char* name;
+    const void* p;
+    size_t floats;
+  };
+  // True when every argument lies in backend memory; otherwise the first
+  // that does not goes into status() and the call does nothing.
+  bool inBackendMemory(const char* call, std::initializer_list<Arg> args);
+  std::unique_ptr<BackendBuffer> track(std::unique_ptr<BackendBuffer> buffer);
+
   CpuBackend gemm_;
   gpu::CpuExecutor executor_;
+  std::shared_ptr<KernelBackendRegions> regions_;  // the memory handed out
   absl::Status status_;
   BackendStats stats_;  // attention and element-wise times; the GEMMs' are gemm_'s
   RopeTable rope_table_;  // the CPU backend's cos/sin bits

@@ -125,6 +125,16 @@ TANDEM_KERNEL swigluKernel(const SwigluArgs a) {
   }
 }
 
+struct AddArgs {
+  float* x;        // [n]
+  const float* y;  // [n]; does not overlap x
+  int64_t n;
+};
+TANDEM_KERNEL addKernel(const AddArgs a) {
+  const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.n; i += stride) a.x[i] += a.y[i];
+}
+
 struct AddBiasArgs {
   float* y;           // [rows, dim]
   const float* bias;  // [dim]

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "engine/backend/cpu/cpu_backend.h"
@@ -62,6 +63,44 @@ std::vector<std::vector<float>> run(Backend& backend, const std::shared_ptr<cons
     start += n;
   }
   return out;
+}
+
+// The kernel backend holds the model to a device backend's memory contract:
+// a host pointer where backend memory belongs is an error naming the call
+// and the argument (on a GPU it would be an illegal address, or silently
+// read the wrong memory through unified addressing).
+TEST(KernelBackendMemoryTest, OnlyBackendMemoryIsTakenAndTheCallAndArgumentAreNamed) {
+  std::vector<float> host(8, 1.0f);
+  {
+    KernelBackend gpu;
+    const auto x = gpu.allocate(8), out = gpu.allocate(8);
+    const auto weight = gpu.residentWeight(host);
+    std::copy(host.begin(), host.end(), x->data());
+    gpu.rmsNorm(x->data(), weight->data(), out->data(), 1, 8, 1e-6f);
+    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+    EXPECT_NEAR(out->data()[0], 1.0f, 1e-6f);
+    gpu.rmsNorm(x->data(), host.data() + 1, out->data(), 1, 4, 1e-6f);  // inside the resident weight: fine
+    EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+    std::vector<float> stray(8, 1.0f);
+    gpu.rmsNorm(stray.data(), weight->data(), out->data(), 1, 8, 1e-6f);
+    EXPECT_THAT(gpu.status().message(), ::testing::HasSubstr("rmsNorm: x (8 floats) is not backend memory"));
+  }
+  {
+    KernelBackend gpu;
+    const auto x = gpu.allocate(8);
+    auto y = gpu.allocate(8);
+    gpu.add(x->data() + 4, y->data(), 8);  // runs past the end of x
+    EXPECT_THAT(gpu.status().message(), ::testing::HasSubstr("add: x (8 floats) is not backend memory"));
+  }
+  {
+    KernelBackend gpu;
+    const auto x = gpu.allocate(8);
+    auto y = gpu.allocate(8);
+    const float* freed = y->data();
+    y.reset();
+    gpu.add(x->data(), freed, 8);
+    EXPECT_THAT(gpu.status().message(), ::testing::HasSubstr("add: y (8 floats) is not backend memory"));
+  }
 }
 
 class KernelBackendTest : public ::testing::TestWithParam<std::string> {};

@@ -46,8 +46,21 @@ bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class KernelsTest : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_TRUE(gpu_.status().ok()) << gpu_.status(); }
+  // `v` as the kernel backend's memory, in place (its residentWeight is the
+  // host memory itself, tracked): the backend refuses any other pointer.
+  template <typename T>
+  T* on(std::vector<T>& v) {
+    const std::span<const float> floats(reinterpret_cast<const float*>(v.data()), v.size() * sizeof(T) / sizeof(float));
+    adopted_.push_back(gpu_.residentWeight(floats));
+    return v.data();
+  }
+  template <typename T>
+  const T* on(const std::vector<T>& v) {
+    return on(const_cast<std::vector<T>&>(v));
+  }
   CpuBackend cpu_{CpuBackendOptions{.num_threads = 1}};
   KernelBackend gpu_;
+  std::vector<std::unique_ptr<BackendBuffer>> adopted_;
 };
 
 TEST_F(KernelsTest, RmsNormIsBitwiseTheCpuBackendsAtEveryWidth) {
@@ -57,11 +70,11 @@ TEST_F(KernelsTest, RmsNormIsBitwiseTheCpuBackendsAtEveryWidth) {
       const std::vector<float> w = randomFloats(static_cast<size_t>(dim), 12 + dim);
       std::vector<float> a(x.size()), b(x.size());
       cpu_.rmsNorm(x.data(), w.data(), a.data(), rows, dim, 1e-6f);
-      gpu_.rmsNorm(x.data(), w.data(), b.data(), rows, dim, 1e-6f);
+      gpu_.rmsNorm(on(x), on(w), on(b), rows, dim, 1e-6f);
       EXPECT_TRUE(sameBits(a, b)) << "dim " << dim << " rows " << rows;
       // In place, as the model calls it.
       std::vector<float> in_place = x;
-      gpu_.rmsNorm(in_place.data(), w.data(), in_place.data(), rows, dim, 1e-6f);
+      gpu_.rmsNorm(on(in_place), on(w), in_place.data(), rows, dim, 1e-6f);
       EXPECT_TRUE(sameBits(a, in_place)) << "in place, dim " << dim;
     }
   }
@@ -78,12 +91,12 @@ TEST_F(KernelsTest, RopeIsBitwiseTheCpuBackendsPastItsTableToo) {
     const std::vector<float> x = randomFloats(static_cast<size_t>(rows * heads * head_dim), 20 + head_dim);
     std::vector<float> a = x, b = x;
     cpu_.rope(a.data(), rows, heads, head_dim, positions.data(), inv_freq);
-    gpu_.rope(b.data(), rows, heads, head_dim, positions.data(), inv_freq);
+    gpu_.rope(on(b), rows, heads, head_dim, positions.data(), inv_freq);
     EXPECT_TRUE(sameBits(a, b)) << "head_dim " << head_dim;
   }
 }
 
-TEST_F(KernelsTest, SwigluBiasAndGatherAreBitwiseTheCpuBackends) {
+TEST_F(KernelsTest, SwigluBiasAddAndGatherAreBitwiseTheCpuBackends) {
   for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{256}, int64_t{257}, int64_t{70000}, int64_t{1} << 21}) {
     std::vector<float> gate = randomFloats(static_cast<size_t>(n), 30, 4.0f);
     const std::vector<float> up = randomFloats(static_cast<size_t>(n), 31);
@@ -95,7 +108,7 @@ TEST_F(KernelsTest, SwigluBiasAndGatherAreBitwiseTheCpuBackends) {
     }
     std::vector<float> a(gate.size()), b(gate.size());
     cpu_.swiglu(gate.data(), up.data(), a.data(), n);
-    gpu_.swiglu(gate.data(), up.data(), b.data(), n);
+    gpu_.swiglu(on(gate), on(up), on(b), n);
     EXPECT_TRUE(sameBits(a, b)) << "swiglu n " << n;
   }
   for (auto [rows, dim] : {std::pair{1, 1}, {3, 96}, {17, 300}}) {
@@ -103,14 +116,21 @@ TEST_F(KernelsTest, SwigluBiasAndGatherAreBitwiseTheCpuBackends) {
     const std::vector<float> bias = randomFloats(static_cast<size_t>(dim), 41);
     std::vector<float> a = y, b = y;
     cpu_.addBias(a.data(), bias.data(), rows, dim);
-    gpu_.addBias(b.data(), bias.data(), rows, dim);
+    gpu_.addBias(on(b), on(bias), rows, dim);
     EXPECT_TRUE(sameBits(a, b)) << "bias " << rows << "x" << dim;
+  }
+  for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{70000}}) {  // a tensor-parallel rank's residual add
+    const std::vector<float> x = randomFloats(static_cast<size_t>(n), 42), y = randomFloats(static_cast<size_t>(n), 43);
+    std::vector<float> a = x, b = x;
+    cpu_.add(a.data(), y.data(), n);
+    gpu_.add(on(b), on(y), n);
+    EXPECT_TRUE(sameBits(a, b)) << "add n " << n;
   }
   const std::vector<float> table = randomFloats(50 * 72, 50);
   const std::vector<int32_t> ids = {49, 0, 7, 7, 13};
   std::vector<float> a(ids.size() * 72), b(ids.size() * 72);
   cpu_.gatherRows(table.data(), ids.data(), static_cast<int32_t>(ids.size()), 72, a.data());
-  gpu_.gatherRows(table.data(), ids.data(), static_cast<int32_t>(ids.size()), 72, b.data());
+  gpu_.gatherRows(on(table), ids.data(), static_cast<int32_t>(ids.size()), 72, on(b));
   EXPECT_TRUE(sameBits(a, b));
 }
 
@@ -179,7 +199,7 @@ class PagedKernelsTest : public KernelsTest, public ::testing::WithParamInterfac
     const AttentionShape& s = GetParam().shape;
     std::vector<float> out(static_cast<size_t>(totalRows(chunks)) * s.num_heads * s.head_dim);
     const std::vector<ChunkDesc> d = descs(chunks);
-    b.attention(layer, q.data(), d, kv, s, out.data());
+    b.attention(layer, on(q), d, kv, s, on(out));  // (on: backend memory for gpu_; the CPU backend takes any)
     return out;
   }
   std::vector<float> queries(int32_t rows, uint32_t seed) {
@@ -196,7 +216,7 @@ TEST_P(PagedKernelsTest, WriteKvIsBitwiseTheCpuBackends) {
   KvStorage a(layout()), b(layout());
   const std::vector<ChunkDesc> d = descs(chunks);
   cpu_.writeKv(1, k.data(), v.data(), d, a);
-  gpu_.writeKv(1, k.data(), v.data(), d, b);
+  gpu_.writeKv(1, on(k), on(v), d, b);
   EXPECT_EQ(std::memcmp(a.bytes().data(), b.bytes().data(), a.bytes().size()), 0);
 }
 
