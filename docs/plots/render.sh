@@ -90,10 +90,12 @@ gnuplot -e "dat='$WORK/policies.dat'; out='$OUT/planner-policies.png'; commit='$
 for p in tandem interval; do
   run "$BIN/tandem-sim" --trace "$TRACES/azure_llm_2023_code.csv" --format azure --gpus 64 --load-scale 12 \
     --policy "$p" --log >/dev/null 2>"$WORK/$p.log"
-  # "tandem t=240 P=32->49 D=32->15 uncached_tok_s=590058 ..." -> minutes, P and D after the decision, demand (k tokens/s)
-  awk -v p="$p" '$1 == p && $2 ~ /^t=/ {
-      t = substr($2, 3); split(substr($3, 3), P, "->"); split(substr($4, 3), D, "->"); u = substr($5, 16)
-      printf "%g %d %d %g\n", t / 60, P[2], D[2], u / 1000 }' "$WORK/$p.log" >"$WORK/$p.replicas"
+  # "tandem t=240 P=32->49 D=32->15 uncached_tok_s=590058 ..." -> minutes, P and D after the decision, demand (k tokens/s);
+  # "tandem check t=250 P=..." (growth between intervals) -> the same with no demand (NaN: no box drawn)
+  awk -v p="$p" '$1 == p && ($2 ~ /^t=/ || ($2 == "check" && $3 ~ /^t=/)) {
+      c = $2 == "check"; t = substr($(2 + c), 3); split(substr($(3 + c), 3), P, "->"); split(substr($(4 + c), 3), D, "->")
+      u = c ? "NaN" : substr($5, 16) / 1000
+      printf "%g %d %d %s\n", t / 60, P[2], D[2], u }' "$WORK/$p.log" >"$WORK/$p.replicas"
   # "... attainment by interval (...): 1.00 - 0.74 ..." -> minute at the interval's end, attainment (no arrivals: left out)
   sed -n 's/.*attainment by interval[^:]*: //p' "$WORK/$p.log" |
     tr ' ' '\n' | awk 'NF { if ($1 != "-") printf "%g %s\n", NR * 0.5, $1 }' >"$WORK/$p.attain"
