@@ -37,6 +37,8 @@ class RopeTable {
     }
   }
   const float* cos() const { return cos_.data(); }  // [position][head_dim / 2]
+  size_t floats() const { return cos_.size(); }      // of cos() and of sin()
+  std::span<const float> frequencies() const { return inv_freq_; }
   const float* sin() const { return sin_.data(); }  // [position][head_dim / 2]
 
  private:

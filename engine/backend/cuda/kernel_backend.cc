@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <cstring>
 #include <map>
 
 #include <absl/strings/str_cat.h>
@@ -125,9 +126,28 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
   if (!inBackendMemory("rope", {{"x", x, size(rows, int64_t{num_heads} * head_dim)}})) return;
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
-  rope_table_.grow(max_pos + 1, inv_freq);  // uploaded, on a GPU
-  launch(gpu::ropeLaunch(rows), &gpu::ropeKernel,
-         gpu::RopeArgs{x, positions, rope_table_.cos(), rope_table_.sin(), rows, num_heads, head_dim});
+  rope_table_.grow(max_pos + 1, inv_freq);
+  const std::span<const float> freq = rope_table_.frequencies();
+  if (rope_table_.floats() != rope_uploaded_ || !std::equal(freq.begin(), freq.end(), rope_uploaded_freq_.begin(),
+                                                            rope_uploaded_freq_.end())) {
+    d_rope_cos_.upload(*this, std::span<const float>(rope_table_.cos(), rope_table_.floats()));
+    d_rope_sin_.upload(*this, std::span<const float>(rope_table_.sin(), rope_table_.floats()));
+    rope_uploaded_ = rope_table_.floats();
+    rope_uploaded_freq_.assign(freq.begin(), freq.end());
+  }
+  const gpu::RopeArgs args{x,
+                           d_positions_.upload(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows))),
+                           d_rope_cos_.reserve<float>(*this, rope_uploaded_),
+                           d_rope_sin_.reserve<float>(*this, rope_uploaded_),
+                           rows,
+                           num_heads,
+                           head_dim};
+  if (!inBackendMemory("rope", {{"positions", args.positions, size(rows, 1)},
+                                {"cos_table", args.cos_table, rope_uploaded_},
+                                {"sin_table", args.sin_table, rope_uploaded_}})) {
+    return;
+  }
+  launch(gpu::ropeLaunch(rows), &gpu::ropeKernel, args);
 }
 
 void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
@@ -149,7 +169,8 @@ void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t nu
   int32_t src_rows = 0;
   for (int32_t r = 0; r < num_rows; ++r) src_rows = std::max(src_rows, rows[r] + 1);
   if (!inBackendMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
-  launch(gpu::gatherRowsLaunch(num_rows), &gpu::gatherRowsKernel, gpu::GatherRowsArgs{src, rows, dst, num_rows, dim});
+  const int32_t* d_rows = d_rows_.upload(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
+  launch(gpu::gatherRowsLaunch(num_rows), &gpu::gatherRowsKernel, gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim});
 }
 
 void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
@@ -170,9 +191,13 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   if (rows == 0) return;
   const size_t floats = size(rows, static_cast<int64_t>(layout.floatsPerToken()));
   if (!inBackendMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
-  launch(gpu::writeKvLaunch(rows), &gpu::writeKvKernel,
-         gpu::WriteKvArgs{k, v, kv.layerBlock(0, BlockId(0)), row_block_.data(), row_slot_.data(), rows, layer,
-                          layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim});
+  const gpu::WriteKvArgs args{k, v, kv.layerBlock(0, BlockId(0)), d_row_block_.upload<int32_t>(*this, row_block_),
+                              d_row_slot_.upload<int32_t>(*this, row_slot_), rows, layer,
+                              layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim};
+  if (!inBackendMemory("writeKv", {{"row_block", args.row_block, size(rows, 1)}, {"row_slot", args.row_slot, size(rows, 1)}})) {
+    return;
+  }
+  launch(gpu::writeKvLaunch(rows), &gpu::writeKvKernel, args);
 }
 
 void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
@@ -214,16 +239,16 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   if (rows == 0) return;
   const size_t floats = size(rows, int64_t{shape.num_heads} * shape.head_dim);
   if (!inBackendMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
-  partial_.resize(static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
-                  static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
+  float* partial = d_partial_.reserve<float>(*this, static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
+                                                    static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
   const gpu::AttentionArgs args{q,
                                 out,
                                 kv.layerBlock(0, BlockId(0)),
-                                block_tables_.data(),
-                                row_pos_.data(),
-                                row_table_.data(),
-                                row_split_.data(),
-                                partial_.data(),
+                                d_block_tables_.upload<int32_t>(*this, block_tables_),
+                                d_row_pos_.upload<int32_t>(*this, row_pos_),
+                                d_row_table_.upload<int32_t>(*this, row_table_),
+                                d_row_split_.upload<int32_t>(*this, row_split_),
+                                partial,
                                 rows,
                                 layer,
                                 layout.num_blocks,
@@ -232,6 +257,12 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
                                 shape.num_kv_heads,
                                 shape.head_dim,
                                 kmath::attentionScale(shape.head_dim)};
+  if (!inBackendMemory("attention", {{"block_tables", args.block_tables, block_tables_.size()},
+                                     {"row_pos", args.row_pos, size(rows, 1)},
+                                     {"row_table", args.row_table, size(rows, 1)},
+                                     {"row_split", args.row_split, size(rows, 1)}})) {
+    return;
+  }
   launch(gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim), &gpu::attentionSplitKernel,
          args);
   launch(gpu::attentionCombineLaunch(rows, shape.num_heads), &gpu::attentionCombineKernel, args);
@@ -254,10 +285,16 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
     top_k_.push_back(p.top_k);
   }
   sampled_.assign(params.size(), gpu::kSampleOnHost);
-  sample_probs_.resize(params.size() * gpu::kSampleMaxCandidates);
+  // The logits are the host's here (the engine samples on the host); a
+  // device engine step would sample its own logits without the upload.
+  int32_t* d_sampled = d_sampled_.upload<int32_t>(*this, sampled_);
   launch(gpu::sampleLaunch(rows), &gpu::sampleKernel,
-         gpu::SampleArgs{logits.data(), temperature_.data(), top_k_.data(), top_p_.data(), uniforms.data(),
-                         sample_probs_.data(), sampled_.data(), rows, vocab});
+         gpu::SampleArgs{d_logits_.upload(*this, logits), d_temperature_.upload<float>(*this, temperature_),
+                         d_top_k_.upload<int32_t>(*this, top_k_), d_top_p_.upload<float>(*this, top_p_),
+                         d_uniforms_.upload(*this, uniforms),
+                         d_sample_probs_.reserve<double>(*this, params.size() * gpu::kSampleMaxCandidates), d_sampled,
+                         rows, vocab});
+  std::memcpy(sampled_.data(), d_sampled, sampled_.size() * sizeof(int32_t));  // the download
   for (int32_t r = 0; r < rows; ++r) {
     const size_t i = static_cast<size_t>(r);
     if (sampled_[i] != gpu::kSampleOnHost) {

@@ -14,8 +14,11 @@
 // residentWeight) or in the KV cache, as device memory would have to; a
 // host pointer there (a buffer the model forgot to allocate through the
 // backend) is an error naming the call and the argument. The per-call
-// metadata (row blocks and slots, positions, block tables) is built on the
-// host as a device backend builds what it uploads.
+// metadata (row blocks and slots, positions, block tables, the RoPE table,
+// sampling parameters) is built on the host and copied into backend memory
+// before the launch, as a device backend uploads it, and the metadata
+// pointers a launch takes are checked too, so no kernel here reads host
+// memory that a GPU could not.
 //
 // Errors: Backend's calls return nothing, and a failed launch or a pointer
 // outside backend memory here is a bug (a launch shape the subset forbids,
@@ -25,8 +28,11 @@
 //
 // Not thread-safe, like every Backend.
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
+#include <span>
 #include <memory>
 #include <vector>
 
@@ -98,6 +104,36 @@ class KernelBackend : public Backend {
   bool inBackendMemory(const char* call, std::initializer_list<Arg> args);
   std::unique_ptr<BackendBuffer> track(std::unique_ptr<BackendBuffer> buffer);
 
+  // Backend memory for one kind of per-call metadata, grown on demand: a
+  // device backend's upload buffer (the copy is its cudaMemcpyAsync).
+  class Scratch {
+   public:
+    template <typename T>
+    T* upload(KernelBackend& backend, std::span<const T> host) {
+      T* d = reserve<T>(backend, host.size());
+      if (!host.empty()) std::memcpy(d, host.data(), host.size() * sizeof(T));
+      return d;
+    }
+    template <typename T>
+    T* reserve(KernelBackend& backend, size_t n) {
+      const size_t floats = std::max<size_t>((n * sizeof(T) + sizeof(float) - 1) / sizeof(float), 1);
+      if (!buffer_ || buffer_->floats() < floats) {
+        const size_t grown = std::max(floats, 2 * (buffer_ ? buffer_->floats() : 0));
+        buffer_.reset();
+        buffer_ = backend.allocate(grown);
+      }
+      return reinterpret_cast<T*>(buffer_->data());
+    }
+
+   private:
+    std::unique_ptr<BackendBuffer> buffer_;
+  };
+  Scratch d_row_block_, d_row_slot_, d_row_pos_, d_row_table_, d_row_split_, d_block_tables_, d_partial_;
+  Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_;
+  Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;
+  size_t rope_uploaded_ = 0;                // floats of the RoPE table in d_rope_cos_ / d_rope_sin_
+  std::vector<float> rope_uploaded_freq_;  // its frequencies
+
   CpuBackend gemm_;
   gpu::CpuExecutor executor_;
   std::shared_ptr<KernelBackendRegions> regions_;  // the memory handed out
@@ -106,10 +142,8 @@ class KernelBackend : public Backend {
   RopeTable rope_table_;  // the CPU backend's cos/sin bits
   // Per-call metadata, reused.
   std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
-  std::vector<float> partial_;  // attention's split partials
   std::vector<float> temperature_, top_p_;
   std::vector<int32_t> top_k_, sampled_;
-  std::vector<double> sample_probs_;
   SamplerScratch sampler_scratch_;
 };
 
