@@ -19,8 +19,11 @@ KvStorage::KvStorage(const KvLayout& layout) : layout_(layout) {
 }
 
 KvStorage::KvStorage(const KvLayout& layout, KvMemory memory)
-    : layout_(layout), owner_(std::move(memory.keep_alive)), data_(reinterpret_cast<float*>(memory.bytes.data())) {
-  std::memset(data_, 0, layout.totalFloats() * sizeof(float));
+    : layout_(layout),
+      owner_(std::move(memory.keep_alive)),
+      data_(reinterpret_cast<float*>(memory.bytes.data())),
+      device_(memory.device) {
+  if (!device_) std::memset(data_, 0, layout.totalFloats() * sizeof(float));
 }
 
 absl::Status KvStorage::checkMemory(const KvLayout& layout, const KvMemory& memory) {

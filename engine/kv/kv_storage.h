@@ -28,6 +28,10 @@ namespace tandem::engine {
 struct KvMemory {
   std::span<std::byte> bytes;
   std::shared_ptr<void> keep_alive;
+  // Device memory (a GPU backend's, KernelBackend::kvMemory): already zeroed,
+  // and never read or written on the host (copy-on-write goes through
+  // Backend::copyKvBlock; a transport must stage it).
+  bool device = false;
 };
 
 struct KvLayout {
@@ -52,7 +56,8 @@ class KvStorage {
  public:
   // Allocates and zero-fills the whole region (64-byte aligned).
   explicit KvStorage(const KvLayout& layout);
-  // Uses `memory`, which checkMemory() accepted, and zero-fills it.
+  // Uses `memory`, which checkMemory() accepted, and zero-fills it (device
+  // memory comes zeroed).
   KvStorage(const KvLayout& layout, KvMemory memory);
   // Whether `memory` can hold a pool of `layout`; the error says why not.
   static absl::Status checkMemory(const KvLayout& layout, const KvMemory& memory);
@@ -72,8 +77,12 @@ class KvStorage {
     return layerBlock(layer, block) + valueOffset() + slotOffset(slot);
   }
 
-  // Copies every layer of `src` into `dst` (copy-on-write of a shared partial block).
+  // Copies every layer of `src` into `dst` (copy-on-write of a shared
+  // partial block). Host memory only (a device pool copies through
+  // Backend::copyKvBlock).
   void copyBlock(BlockId src, BlockId dst);
+  // The pool is device memory (KvMemory::device): the host never touches it.
+  bool onDevice() const { return device_; }
 
   // The whole region, for memory registration.
   std::span<std::byte> bytes() { return {reinterpret_cast<std::byte*>(data_), layout_.totalFloats() * sizeof(float)}; }
@@ -89,6 +98,7 @@ class KvStorage {
   KvLayout layout_;
   std::shared_ptr<void> owner_;  // keeps data_ alive
   float* data_ = nullptr;
+  bool device_ = false;
 };
 
 }  // namespace tandem::engine

@@ -4,12 +4,10 @@
 #include <cassert>
 #include <chrono>
 #include <cstring>
-#include <map>
 
 #include <absl/strings/str_cat.h>
 
 #include "engine/backend/cuda/kernels.h"
-#include "engine/backend/host_buffer.h"
 #include "engine/backend/cuda/sampling_kernel.h"
 #include "engine/backend/kernel_math.h"
 #include "engine/backend/scoped_timer.h"
@@ -19,53 +17,66 @@ namespace {
 
 size_t size(int64_t rows, int64_t cols) { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
 
-}  // namespace
-
-// Regions [first address, + floats) of the memory handed out, shared with
-// the buffers, which take theirs out when freed.
-struct KernelBackendRegions {
-  std::map<uintptr_t, size_t> floats;
-
-  bool contain(const void* p, size_t n) const {
-    const auto at = reinterpret_cast<uintptr_t>(p);
-    auto it = floats.upper_bound(at);
-    if (it == floats.begin()) return false;
-    --it;
-    return at + n * sizeof(float) <= it->first + it->second * sizeof(float);
-  }
-};
-
-namespace {
-
-// Backend memory of the kernel backend: host memory, registered while it lives.
-class TrackedBuffer final : public BackendBuffer {
+// Device memory, released to its device with the buffer.
+class DeviceBuffer final : public BackendBuffer {
  public:
-  TrackedBuffer(std::unique_ptr<BackendBuffer> inner, std::shared_ptr<KernelBackendRegions> regions)
-      : BackendBuffer(inner->data(), inner->floats()), inner_(std::move(inner)), regions_(std::move(regions)) {
-    regions_->floats[reinterpret_cast<uintptr_t>(data())] = std::max<size_t>(floats(), 1);
-  }
-  ~TrackedBuffer() override { regions_->floats.erase(reinterpret_cast<uintptr_t>(data())); }
+  DeviceBuffer(float* data, size_t floats, std::shared_ptr<gpu::Device> device)
+      : BackendBuffer(data, floats), device_(std::move(device)) {}
+  ~DeviceBuffer() override { device_->release(data()); }
 
  private:
-  std::unique_ptr<BackendBuffer> inner_;
-  std::shared_ptr<KernelBackendRegions> regions_;
+  std::shared_ptr<gpu::Device> device_;
+};
+
+// The CPU backend's GEMM on the executor device's (host) memory.
+class CpuKernelGemm final : public KernelGemm {
+ public:
+  explicit CpuKernelGemm(const CpuBackendOptions& options) : cpu_(options) {}
+  std::unique_ptr<PreparedWeight> prepareWeight(const float* w_host, int32_t n, int32_t k) override {
+    return cpu_.prepareWeight(w_host, n, k);
+  }
+  absl::Status gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
+    cpu_.gemm(x, w, y, m, accumulate);
+    return absl::OkStatus();
+  }
+  absl::Status gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
+                    bool accumulate) override {
+    cpu_.gemm(x, w, y, m, n, k, accumulate);
+    return absl::OkStatus();
+  }
+  BackendStats stats() const override { return cpu_.stats(); }
+  void resetStats() override { cpu_.resetStats(); }
+
+ private:
+  CpuBackend cpu_;
 };
 
 }  // namespace
 
-KernelBackend::KernelBackend(const KernelBackendOptions& options)
-    : gemm_(options.gemm), executor_(options.executor), regions_(std::make_shared<KernelBackendRegions>()) {}
-
-template <typename Args>
-void KernelBackend::launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args) {
-  if (!status_.ok()) return;
-  status_ = executor_.launch(config, kernel, args);
+std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options) {
+  return std::make_unique<CpuKernelGemm>(options);
 }
 
-bool KernelBackend::inBackendMemory(const char* call, std::initializer_list<Arg> args) {
+KernelBackend::KernelBackend(const KernelBackendOptions& options)
+    : KernelBackend(std::make_shared<gpu::ExecutorDevice>(options.executor), cpuKernelGemm(options.gemm)) {}
+
+KernelBackend::KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm)
+    : device_(std::move(device)), gemm_(std::move(gemm)) {}
+
+const gpu::CpuExecutor* KernelBackend::executor() const {
+  const auto* e = dynamic_cast<const gpu::ExecutorDevice*>(device_.get());
+  return e != nullptr ? &e->executor() : nullptr;
+}
+
+bool KernelBackend::ok(const absl::Status& s) {
+  if (status_.ok() && !s.ok()) status_ = s;
+  return status_.ok();
+}
+
+bool KernelBackend::inDeviceMemory(const char* call, std::initializer_list<Arg> args) {
   if (!status_.ok()) return false;
   for (const Arg& a : args) {
-    if (a.floats == 0 || regions_->contain(a.p, a.floats)) continue;
+    if (a.floats == 0 || device_->owns(a.p, a.floats * sizeof(float))) continue;
     status_ = absl::InvalidArgumentError(absl::StrCat(
         call, ": ", a.name, " (", a.floats,
         " floats) is not backend memory (Backend::allocate or residentWeight): a device backend would be handed "
@@ -75,102 +86,125 @@ bool KernelBackend::inBackendMemory(const char* call, std::initializer_list<Arg>
   return true;
 }
 
-std::unique_ptr<BackendBuffer> KernelBackend::track(std::unique_ptr<BackendBuffer> buffer) {
-  return std::make_unique<TrackedBuffer>(std::move(buffer), regions_);
+float* KernelBackend::kvPool(const KvStorage& kv) {
+  float* pool = const_cast<float*>(kv.layerBlock(0, BlockId(0)));
+  const size_t bytes = kv.layout().totalFloats() * sizeof(float);
+  if (device_->owns(pool, bytes)) return pool;
+  if (adopted_kv_ != nullptr) device_->release(const_cast<void*>(adopted_kv_));  // a new pool: the old one is gone
+  adopted_kv_ = nullptr;
+  if (kv.onDevice() || !device_->adoptHost(pool, bytes).ok()) {
+    ok(absl::FailedPreconditionError(absl::StrCat(
+        "the KV cache is not in ", device_->name(), "'s memory (give the engine KernelBackend::kvMemory)")));
+    return nullptr;
+  }
+  adopted_kv_ = pool;
+  return pool;
 }
 
-std::unique_ptr<BackendBuffer> KernelBackend::allocate(size_t floats) { return track(HostBuffer::allocate(floats)); }
+absl::StatusOr<KvMemory> KernelBackend::kvMemory(size_t bytes) {
+  TANDEM_ASSIGN_OR_RETURN(void* p, device_->allocate(bytes));
+  std::shared_ptr<void> keep(p, [device = device_](void* q) { device->release(q); });
+  TANDEM_RETURN_IF_ERROR(device_->zero(p, bytes));
+  return KvMemory{.bytes = {static_cast<std::byte*>(p), bytes}, .keep_alive = std::move(keep), .device = true};
+}
+
+std::unique_ptr<BackendBuffer> KernelBackend::allocate(size_t floats) {
+  absl::StatusOr<void*> p = device_->allocate(floats * sizeof(float));
+  if (!ok(p.status())) return nullptr;
+  return std::make_unique<DeviceBuffer>(static_cast<float*>(*p), floats, device_);
+}
 
 std::unique_ptr<BackendBuffer> KernelBackend::residentWeight(std::span<const float> host) {
-  return track(HostBuffer::view(host));
+  // In place where the device can (the executor's host memory), else a copy.
+  auto* p = const_cast<float*>(host.data());
+  if (device_->adoptHost(p, host.size_bytes()).ok()) return std::make_unique<DeviceBuffer>(p, host.size(), device_);
+  std::unique_ptr<BackendBuffer> b = allocate(host.size());
+  if (b != nullptr && !ok(device_->upload(b->data(), host.data(), host.size_bytes()))) return nullptr;
+  return b;
 }
 
 void KernelBackend::add(float* x, const float* y, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
-  if (!inBackendMemory("add", {{"x", x, count}, {"y", y, count}})) return;
-  launch(gpu::elementwiseLaunch(n), &gpu::addKernel, gpu::AddArgs{x, y, n});
+  if (!inDeviceMemory("add", {{"x", x, count}, {"y", y, count}})) return;
+  ok(device_->add(gpu::elementwiseLaunch(n), gpu::AddArgs{x, y, n}));
 }
 
 std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
-  return gemm_.prepareWeight(w, n, k);
+  return gemm_->prepareWeight(w, n, k);
 }
 
 void KernelBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
-  if (!inBackendMemory("gemm", {{"x", x, size(m, w.k())}, {"y", y, size(m, w.n())}})) return;
-  gemm_.gemm(x, w, y, m, accumulate);
+  if (!inDeviceMemory("gemm", {{"x", x, size(m, w.k())}, {"y", y, size(m, w.n())}})) return;
+  ok(gemm_->gemm(x, w, y, m, accumulate));
 }
 
 void KernelBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
-  if (!inBackendMemory("gemm", {{"x", x, size(m, k)}, {"w", w, size(n, k)}, {"y", y, size(m, n)}})) return;
-  gemm_.gemm(x, w, y, m, n, k, accumulate);
+  if (!inDeviceMemory("gemm", {{"x", x, size(m, k)}, {"w", w, size(n, k)}, {"y", y, size(m, n)}})) return;
+  ok(gemm_->gemm(x, w, y, m, n, k, accumulate));
 }
 
 void KernelBackend::logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) {
-  if (!inBackendMemory("logits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
-  gemm_.logits(hidden, lm_head, logits_host, m);
+  if (!inDeviceMemory("logits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
+  const size_t n = size(m, lm_head.n());
+  float* out = d_logits_out_.reserve<float>(*this, n);
+  if (out == nullptr || !ok(gemm_->gemm(hidden, lm_head, out, m, false))) return;
+  ok(device_->download(logits_host, out, n * sizeof(float)));
 }
 
 void KernelBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {
   const ScopedTimer t(&stats_.elementwise_time);
-  if (!inBackendMemory("rmsNorm", {{"x", x, size(rows, dim)}, {"weight", weight, size(1, dim)}, {"out", out, size(rows, dim)}})) {
+  if (!inDeviceMemory("rmsNorm", {{"x", x, size(rows, dim)}, {"weight", weight, size(1, dim)}, {"out", out, size(rows, dim)}})) {
     return;
   }
-  launch(gpu::rmsNormLaunch(rows), &gpu::rmsNormKernel, gpu::RmsNormArgs{x, weight, out, rows, dim, eps});
+  ok(device_->rmsNorm(gpu::rmsNormLaunch(rows), gpu::RmsNormArgs{x, weight, out, rows, dim, eps}));
 }
 
 void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
                          std::span<const float> inv_freq) {
   const ScopedTimer t(&stats_.elementwise_time);
   assert(inv_freq.size() == static_cast<size_t>(head_dim / 2));
-  if (!inBackendMemory("rope", {{"x", x, size(rows, int64_t{num_heads} * head_dim)}})) return;
+  if (!inDeviceMemory("rope", {{"x", x, size(rows, int64_t{num_heads} * head_dim)}})) return;
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
   rope_table_.grow(max_pos + 1, inv_freq);
   const std::span<const float> freq = rope_table_.frequencies();
   if (rope_table_.floats() != rope_uploaded_ || !std::equal(freq.begin(), freq.end(), rope_uploaded_freq_.begin(),
                                                             rope_uploaded_freq_.end())) {
-    d_rope_cos_.upload(*this, std::span<const float>(rope_table_.cos(), rope_table_.floats()));
-    d_rope_sin_.upload(*this, std::span<const float>(rope_table_.sin(), rope_table_.floats()));
+    const bool uploaded = d_rope_cos_.upload(*this, std::span<const float>(rope_table_.cos(), rope_table_.floats())) &&
+                          d_rope_sin_.upload(*this, std::span<const float>(rope_table_.sin(), rope_table_.floats()));
+    if (!uploaded) return;
     rope_uploaded_ = rope_table_.floats();
     rope_uploaded_freq_.assign(freq.begin(), freq.end());
   }
-  const gpu::RopeArgs args{x,
-                           d_positions_.upload(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows))),
-                           d_rope_cos_.reserve<float>(*this, rope_uploaded_),
-                           d_rope_sin_.reserve<float>(*this, rope_uploaded_),
-                           rows,
-                           num_heads,
-                           head_dim};
-  if (!inBackendMemory("rope", {{"positions", args.positions, size(rows, 1)},
-                                {"cos_table", args.cos_table, rope_uploaded_},
-                                {"sin_table", args.sin_table, rope_uploaded_}})) {
-    return;
-  }
-  launch(gpu::ropeLaunch(rows), &gpu::ropeKernel, args);
+  const int32_t* d_positions = d_positions_.upload(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows)));
+  if (d_positions == nullptr) return;
+  ok(device_->rope(gpu::ropeLaunch(rows),
+                   gpu::RopeArgs{x, d_positions, d_rope_cos_.reserve<float>(*this, rope_uploaded_),
+                                 d_rope_sin_.reserve<float>(*this, rope_uploaded_), rows, num_heads, head_dim}));
 }
 
 void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
   const ScopedTimer t(&stats_.elementwise_time);
-  if (!inBackendMemory("addBias", {{"y", y, size(rows, dim)}, {"bias", bias, size(1, dim)}})) return;
-  launch(gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim), &gpu::addBiasKernel,
-         gpu::AddBiasArgs{y, bias, rows, dim});
+  if (!inDeviceMemory("addBias", {{"y", y, size(rows, dim)}, {"bias", bias, size(1, dim)}})) return;
+  ok(device_->addBias(gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim), gpu::AddBiasArgs{y, bias, rows, dim}));
 }
 
 void KernelBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
-  if (!inBackendMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
-  launch(gpu::elementwiseLaunch(n), &gpu::swigluKernel, gpu::SwigluArgs{gate, up, out, n});
+  if (!inDeviceMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
+  ok(device_->swiglu(gpu::elementwiseLaunch(n), gpu::SwigluArgs{gate, up, out, n}));
 }
 
 void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
   const ScopedTimer t(&stats_.elementwise_time);
   int32_t src_rows = 0;
   for (int32_t r = 0; r < num_rows; ++r) src_rows = std::max(src_rows, rows[r] + 1);
-  if (!inBackendMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
+  if (!inDeviceMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
   const int32_t* d_rows = d_rows_.upload(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
-  launch(gpu::gatherRowsLaunch(num_rows), &gpu::gatherRowsKernel, gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim});
+  if (d_rows == nullptr) return;
+  ok(device_->gatherRows(gpu::gatherRowsLaunch(num_rows), gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim}));
 }
 
 void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
@@ -190,22 +224,24 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   const auto rows = static_cast<int32_t>(row_block_.size());
   if (rows == 0) return;
   const size_t floats = size(rows, static_cast<int64_t>(layout.floatsPerToken()));
-  if (!inBackendMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
-  const gpu::WriteKvArgs args{k, v, kv.layerBlock(0, BlockId(0)), d_row_block_.upload<int32_t>(*this, row_block_),
-                              d_row_slot_.upload<int32_t>(*this, row_slot_), rows, layer,
-                              layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim};
-  if (!inBackendMemory("writeKv", {{"row_block", args.row_block, size(rows, 1)}, {"row_slot", args.row_slot, size(rows, 1)}})) {
-    return;
-  }
-  launch(gpu::writeKvLaunch(rows), &gpu::writeKvKernel, args);
+  if (!inDeviceMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
+  float* pool = kvPool(kv);
+  const int32_t* d_block = d_row_block_.upload<int32_t>(*this, row_block_);
+  const int32_t* d_slot = d_row_slot_.upload<int32_t>(*this, row_slot_);
+  if (pool == nullptr || d_block == nullptr || d_slot == nullptr) return;
+  ok(device_->writeKv(gpu::writeKvLaunch(rows), gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer,
+                                                                  layout.num_blocks, layout.block_size,
+                                                                  layout.num_kv_heads, layout.head_dim}));
 }
 
 void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
   const ScopedTimer t(&stats_.elementwise_time);
   const KvLayout& layout = kv.layout();
-  launch(gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()), &gpu::copyKvBlockKernel,
-         gpu::CopyKvBlockArgs{kv.layerBlock(0, BlockId(0)), src.value(), dst.value(), layout.num_blocks,
-                              static_cast<int64_t>(layout.floatsPerLayerBlock())});
+  float* pool = kvPool(kv);
+  if (pool == nullptr) return;
+  ok(device_->copyKvBlock(gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()),
+                          gpu::CopyKvBlockArgs{pool, src.value(), dst.value(), layout.num_blocks,
+                                               static_cast<int64_t>(layout.floatsPerLayerBlock())}));
 }
 
 void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
@@ -213,8 +249,8 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   const ScopedTimer t(&stats_.attention_time);
   const KvLayout& layout = kv.layout();
   if (shape.head_dim > gpu::kAttentionMaxHeadDim) {
-    status_.Update(absl::InvalidArgumentError(absl::StrCat("attention: head_dim ", shape.head_dim, " is over the ",
-                                                           gpu::kAttentionMaxHeadDim, " the kernel holds")));
+    ok(absl::InvalidArgumentError(absl::StrCat("attention: head_dim ", shape.head_dim, " is over the ",
+                                               gpu::kAttentionMaxHeadDim, " the kernel holds")));
     return;
   }
   block_tables_.clear();
@@ -238,16 +274,22 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   const auto rows = static_cast<int32_t>(row_pos_.size());
   if (rows == 0) return;
   const size_t floats = size(rows, int64_t{shape.num_heads} * shape.head_dim);
-  if (!inBackendMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
+  if (!inDeviceMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
+  const float* pool = kvPool(kv);
   float* partial = d_partial_.reserve<float>(*this, static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
                                                     static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
+  const int32_t* d_tables = d_block_tables_.upload<int32_t>(*this, block_tables_);
+  const int32_t* d_pos = d_row_pos_.upload<int32_t>(*this, row_pos_);
+  const int32_t* d_table = d_row_table_.upload<int32_t>(*this, row_table_);
+  const int32_t* d_split = d_row_split_.upload<int32_t>(*this, row_split_);
+  if (!status_.ok() || pool == nullptr || partial == nullptr) return;
   const gpu::AttentionArgs args{q,
                                 out,
-                                kv.layerBlock(0, BlockId(0)),
-                                d_block_tables_.upload<int32_t>(*this, block_tables_),
-                                d_row_pos_.upload<int32_t>(*this, row_pos_),
-                                d_row_table_.upload<int32_t>(*this, row_table_),
-                                d_row_split_.upload<int32_t>(*this, row_split_),
+                                pool,
+                                d_tables,
+                                d_pos,
+                                d_table,
+                                d_split,
                                 partial,
                                 rows,
                                 layer,
@@ -257,15 +299,10 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
                                 shape.num_kv_heads,
                                 shape.head_dim,
                                 kmath::attentionScale(shape.head_dim)};
-  if (!inBackendMemory("attention", {{"block_tables", args.block_tables, block_tables_.size()},
-                                     {"row_pos", args.row_pos, size(rows, 1)},
-                                     {"row_table", args.row_table, size(rows, 1)},
-                                     {"row_split", args.row_split, size(rows, 1)}})) {
+  if (!ok(device_->attentionSplit(gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim), args))) {
     return;
   }
-  launch(gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim), &gpu::attentionSplitKernel,
-         args);
-  launch(gpu::attentionCombineLaunch(rows, shape.num_heads), &gpu::attentionCombineKernel, args);
+  ok(device_->attentionCombine(gpu::attentionCombineLaunch(rows, shape.num_heads), args));
 }
 
 std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_t vocab,
@@ -288,16 +325,22 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
   // The logits are the host's here (the engine samples on the host); a
   // device engine step would sample its own logits without the upload.
   int32_t* d_sampled = d_sampled_.upload<int32_t>(*this, sampled_);
-  launch(gpu::sampleLaunch(rows), &gpu::sampleKernel,
-         gpu::SampleArgs{d_logits_.upload(*this, logits), d_temperature_.upload<float>(*this, temperature_),
-                         d_top_k_.upload<int32_t>(*this, top_k_), d_top_p_.upload<float>(*this, top_p_),
-                         d_uniforms_.upload(*this, uniforms),
-                         d_sample_probs_.reserve<double>(*this, params.size() * gpu::kSampleMaxCandidates), d_sampled,
-                         rows, vocab});
-  std::memcpy(sampled_.data(), d_sampled, sampled_.size() * sizeof(int32_t));  // the download
+  const gpu::SampleArgs args{d_logits_.upload(*this, logits),
+                             d_temperature_.upload<float>(*this, temperature_),
+                             d_top_k_.upload<int32_t>(*this, top_k_),
+                             d_top_p_.upload<float>(*this, top_p_),
+                             d_uniforms_.upload(*this, uniforms),
+                             d_sample_probs_.reserve<double>(*this, params.size() * gpu::kSampleMaxCandidates),
+                             d_sampled,
+                             rows,
+                             vocab};
+  // After a failure every row is decided on the host (status() says why).
+  if (status_.ok() && ok(device_->sample(gpu::sampleLaunch(rows), args))) {
+    ok(device_->download(sampled_.data(), d_sampled, sampled_.size() * sizeof(int32_t)));
+  }
   for (int32_t r = 0; r < rows; ++r) {
     const size_t i = static_cast<size_t>(r);
-    if (sampled_[i] != gpu::kSampleOnHost) {
+    if (status_.ok() && sampled_[i] != gpu::kSampleOnHost) {
       tokens[i] = sampled_[i];
       continue;
     }
@@ -310,7 +353,7 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
 
 BackendStats KernelBackend::stats() const {
   BackendStats s = stats_;
-  const BackendStats g = gemm_.stats();
+  const BackendStats g = gemm_->stats();
   s.gemm_calls = g.gemm_calls;
   s.gemm_time = g.gemm_time;
   s.gemm_flops = g.gemm_flops;
@@ -319,7 +362,7 @@ BackendStats KernelBackend::stats() const {
 
 void KernelBackend::resetStats() {
   stats_ = BackendStats{};
-  gemm_.resetStats();
+  gemm_->resetStats();
 }
 
 }  // namespace tandem::engine

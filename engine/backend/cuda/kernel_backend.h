@@ -1,30 +1,32 @@
 #pragma once
-// The CUDA backend's kernels (kernels.h) behind the Backend interface, run on
-// the CPU by the executor (cpu_executor.h): every call but the GEMMs launches
-// the same kernel source nvcc compiles for the GPU, with the same launch
-// shapes. The GEMMs (and logits) go to the CPU backend's GEMM, standing in for
-// cuBLAS. So the whole model can run through the GPU kernels here and be
-// compared with the CPU backend (tests/engine/backend/cuda), and the agent can
-// serve with it (`--device cuda-emulator`: slow, for checking the kernels end
-// to end, never for production).
+// The CUDA backend's kernels (kernels.h) behind the Backend interface, on a
+// gpu::Device (device.h): the CPU executor with host memory standing in for
+// device memory (the default, what every test runs), or a GPU through the
+// CUDA runtime (cuda_device.h, in the CUDA build). The GEMMs (and logits) go
+// to a KernelGemm: the CPU backend's GEMM standing in for cuBLAS on the
+// executor, cuBLASLt with a pinned algorithm on a GPU (cuda_device.h).
 //
-// Memory is host memory, as everywhere on this backend, but it holds the
-// model to a device backend's contract (backend.h): every float* a call
-// takes must lie in memory this backend handed out (allocate,
-// residentWeight) or in the KV cache, as device memory would have to; a
-// host pointer there (a buffer the model forgot to allocate through the
-// backend) is an error naming the call and the argument. The per-call
-// metadata (row blocks and slots, positions, block tables, the RoPE table,
-// sampling parameters) is built on the host and copied into backend memory
-// before the launch, as a device backend uploads it, and the metadata
-// pointers a launch takes are checked too, so no kernel here reads host
-// memory that a GPU could not.
+// Everything else is the same code on both: what is allocated in device
+// memory, what is uploaded before each launch (row blocks and slots,
+// positions, block tables, the RoPE table, sampling parameters), the launch
+// shapes, what is downloaded (logits, sampled tokens). So the whole model can
+// run through the GPU kernels here and be compared with the CPU backend
+// (tests/engine/backend/cuda), the agent can serve with it (`--device
+// cuda-emulator`: slow, for checking the kernels end to end, never for
+// production), and a missing upload fails here, not first on a GPU: every
+// float* a call takes must lie in device memory (Backend::allocate,
+// residentWeight, or the KV cache), checked with its size, and the executor
+// device checks every pointer of every launch.
 //
-// Errors: Backend's calls return nothing, and a failed launch or a pointer
-// outside backend memory here is a bug (a launch shape the subset forbids,
-// divergent barriers, host memory passed as device memory), never bad
-// input. The first one is kept (status()) and every later call does
-// nothing; tests check status() after each forward pass.
+// The KV cache must be device memory too: on the executor a host pool is
+// adopted in place; a GPU takes a pool from kvMemory().
+//
+// Errors: Backend's calls return nothing, and a failed allocation, copy or
+// launch or a pointer outside device memory here is a bug (a launch shape
+// the subset forbids, divergent barriers, host memory passed as device
+// memory) or an exhausted device, never bad input. The first one is kept
+// (status()) and every later call does nothing; tests check status() after
+// each forward pass.
 //
 // Not thread-safe, like every Backend.
 
@@ -32,20 +34,33 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <span>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/device.h"
 #include "engine/backend/rope_table.h"
-#include "engine/backend/cuda/cpu_executor.h"
 #include "engine/sched/sampler.h"
 #include "src/common/status.h"
 
 namespace tandem::engine {
 
-struct KernelBackendRegions;  // kernel_backend.cc
+// The kernel backend's GEMMs, on device memory (gemm's contract in backend.h).
+class KernelGemm {
+ public:
+  virtual ~KernelGemm() = default;
+  virtual std::unique_ptr<PreparedWeight> prepareWeight(const float* w_host, int32_t n, int32_t k) = 0;
+  virtual absl::Status gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) = 0;
+  virtual absl::Status gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
+                            bool accumulate) = 0;
+  virtual BackendStats stats() const = 0;  // gemm_calls, gemm_time, gemm_flops
+  virtual void resetStats() = 0;
+};
+
+// The CPU backend's GEMM (host memory: the executor device's).
+std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options);
 
 struct KernelBackendOptions {
   gpu::CpuExecutor::Options executor = gpu::CpuExecutor::optionsFromEnvironment();
@@ -54,11 +69,19 @@ struct KernelBackendOptions {
 
 class KernelBackend : public Backend {
  public:
+  // On the CPU executor with the CPU backend's GEMM.
   explicit KernelBackend(const KernelBackendOptions& options = {});
+  // On `device` with `gemm` (which works on that device's memory).
+  KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm);
 
-  // OK, or the first kernel launch that failed (see the header comment).
+  // OK, or the first failure (see the header comment).
   const absl::Status& status() const { return status_; }
-  const gpu::CpuExecutor& executor() const { return executor_; }
+  gpu::Device& device() const { return *device_; }
+  // The executor when the device is the CPU executor (tests count its work), else nullptr.
+  const gpu::CpuExecutor* executor() const;
+
+  // KV pool memory in device memory, for EngineOptions::kv_memory: zeroed.
+  absl::StatusOr<KvMemory> kvMemory(size_t bytes);
 
   std::unique_ptr<BackendBuffer> allocate(size_t floats) override;
   std::unique_ptr<BackendBuffer> residentWeight(std::span<const float> host) override;
@@ -81,7 +104,7 @@ class KernelBackend : public Backend {
   BackendStats stats() const override;
   void resetStats() override;
 
-  // One token per row of logits [rows, vocab] by the sampling kernel
+  // One token per row of logits [rows, vocab] (host) by the sampling kernel
   // (sampling_kernel.h): row r with params[r] and the draw uniforms[r] (its
   // request's SamplerRng::uniform(), ignored when greedy). Rows the kernel
   // leaves to the host are decided by sampleTokenWithDraw; `on_host`, when
@@ -90,28 +113,27 @@ class KernelBackend : public Backend {
                               std::span<const double> uniforms, int* on_host = nullptr);
 
  private:
-  // Runs kernel(args) over `config` unless an earlier launch failed.
-  template <typename Args>
-  void launch(const gpu::LaunchConfig& config, void (*kernel)(Args), const Args& args);
-
+  // Keeps the first failure; false (do nothing more) once there is one.
+  bool ok(const absl::Status& s);
   struct Arg {
     const char* name;
     const void* p;
     size_t floats;
   };
-  // True when every argument lies in backend memory; otherwise the first
+  // True when every argument lies in device memory; otherwise the first
   // that does not goes into status() and the call does nothing.
-  bool inBackendMemory(const char* call, std::initializer_list<Arg> args);
-  std::unique_ptr<BackendBuffer> track(std::unique_ptr<BackendBuffer> buffer);
+  bool inDeviceMemory(const char* call, std::initializer_list<Arg> args);
+  // The cache's pool as device memory (adopted in place on the executor).
+  float* kvPool(const KvStorage& kv);
 
-  // Backend memory for one kind of per-call metadata, grown on demand: a
-  // device backend's upload buffer (the copy is its cudaMemcpyAsync).
+  // Device memory for one kind of per-call metadata, grown on demand.
   class Scratch {
    public:
+    // Uploads `host`; nullptr (and status() set) when that failed.
     template <typename T>
     T* upload(KernelBackend& backend, std::span<const T> host) {
       T* d = reserve<T>(backend, host.size());
-      if (!host.empty()) std::memcpy(d, host.data(), host.size() * sizeof(T));
+      if (d != nullptr && !backend.ok(backend.device_->upload(d, host.data(), host.size_bytes()))) return nullptr;
       return d;
     }
     template <typename T>
@@ -122,28 +144,28 @@ class KernelBackend : public Backend {
         buffer_.reset();
         buffer_ = backend.allocate(grown);
       }
-      return reinterpret_cast<T*>(buffer_->data());
+      return buffer_ ? reinterpret_cast<T*>(buffer_->data()) : nullptr;
     }
 
    private:
     std::unique_ptr<BackendBuffer> buffer_;
   };
-  Scratch d_row_block_, d_row_slot_, d_row_pos_, d_row_table_, d_row_split_, d_block_tables_, d_partial_;
-  Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_;
-  Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;
-  size_t rope_uploaded_ = 0;                // floats of the RoPE table in d_rope_cos_ / d_rope_sin_
-  std::vector<float> rope_uploaded_freq_;  // its frequencies
 
-  CpuBackend gemm_;
-  gpu::CpuExecutor executor_;
-  std::shared_ptr<KernelBackendRegions> regions_;  // the memory handed out
+  std::shared_ptr<gpu::Device> device_;
+  std::unique_ptr<KernelGemm> gemm_;
   absl::Status status_;
   BackendStats stats_;  // attention and element-wise times; the GEMMs' are gemm_'s
-  RopeTable rope_table_;  // the CPU backend's cos/sin bits
-  // Per-call metadata, reused.
+  RopeTable rope_table_;  // the CPU backend's cos/sin bits, uploaded when it grows
+  size_t rope_uploaded_ = 0;                // floats of the table in d_rope_cos_ / d_rope_sin_
+  std::vector<float> rope_uploaded_freq_;  // its frequencies
+  const void* adopted_kv_ = nullptr;       // the KV pool adopted on the executor
+  // Per-call metadata, built on the host and uploaded.
   std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
   std::vector<float> temperature_, top_p_;
   std::vector<int32_t> top_k_, sampled_;
+  Scratch d_row_block_, d_row_slot_, d_row_pos_, d_row_table_, d_row_split_, d_block_tables_, d_partial_;
+  Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_, d_logits_out_;
+  Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;
   SamplerScratch sampler_scratch_;
 };
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,12 +43,24 @@ std::shared_ptr<const ModelWeights> weightsOf(const std::string& family) {
 }
 
 // Logits of each step: the prompt in chunks of `chunk`, then `decodes` tokens one by one.
+// The KV pool is host memory unless `kv_memory` gives it.
 std::vector<std::vector<float>> run(Backend& backend, const std::shared_ptr<const ModelWeights>& weights,
-                                    const std::vector<TokenId>& tokens, size_t prompt, size_t chunk) {
+                                    const std::vector<TokenId>& tokens, size_t prompt, size_t chunk,
+                                    const std::function<absl::StatusOr<KvMemory>(size_t)>& kv_memory = nullptr) {
   auto model = LlamaModel::create(weights, backend);
   EXPECT_TRUE(model.ok()) << model.status();
   const int block_size = 16;
-  KvStorage kv(kvLayoutFor(weights->config, 8, block_size));
+  const KvLayout layout = kvLayoutFor(weights->config, 8, block_size);
+  std::unique_ptr<KvStorage> pool;
+  if (kv_memory) {
+    absl::StatusOr<KvMemory> m = kv_memory(layout.totalFloats() * sizeof(float));
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    pool = std::make_unique<KvStorage>(layout, std::move(*m));
+  } else {
+    pool = std::make_unique<KvStorage>(layout);
+  }
+  KvStorage& kv = *pool;
   const auto table = blockRange(0, 8);
   std::vector<std::vector<float>> out;
   size_t start = 0;
@@ -103,7 +116,45 @@ TEST(KernelBackendMemoryTest, OnlyBackendMemoryIsTakenAndTheCallAndArgumentAreNa
   }
 }
 
+// The device layer: a launch whose argument is not device memory (a
+// forgotten upload) is refused, naming the kernel and the argument.
+TEST(ExecutorDeviceTest, ALaunchWithAHostPointerIsRefusedNamingTheKernelAndTheArgument) {
+  gpu::ExecutorDevice device;
+  auto x = device.allocate(64 * sizeof(float)), out = device.allocate(64 * sizeof(float));
+  ASSERT_TRUE(x.ok() && out.ok());
+  std::vector<float> host_weight(64, 1.0f);
+  const absl::Status s = device.rmsNorm(
+      gpu::rmsNormLaunch(1), gpu::RmsNormArgs{static_cast<float*>(*x), host_weight.data(), static_cast<float*>(*out), 1, 64, 1e-6f});
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("rmsNorm kernel: argument weight is not device memory"));
+  ASSERT_TRUE(device.adoptHost(host_weight.data(), host_weight.size() * sizeof(float)).ok());
+  EXPECT_TRUE(device.rmsNorm(gpu::rmsNormLaunch(1), gpu::RmsNormArgs{static_cast<float*>(*x), host_weight.data(),
+                                                                     static_cast<float*>(*out), 1, 64, 1e-6f})
+                  .ok());
+  EXPECT_TRUE(device.owns(*x, 64 * sizeof(float)));
+  EXPECT_FALSE(device.owns(*x, 65 * sizeof(float))) << "past the end";
+  device.release(*x);
+  EXPECT_FALSE(device.owns(*x, 4)) << "released";
+  // Copies check their device side too.
+  EXPECT_FALSE(device.upload(host_weight.data() + 64, host_weight.data(), 4).ok());
+}
+
 class KernelBackendTest : public ::testing::TestWithParam<std::string> {};
+
+// The KV pool in device memory (KernelBackend::kvMemory: zeroed by the
+// device, never touched on the host) gives the same logits as a host pool
+// the executor adopts.
+TEST_P(KernelBackendTest, AKvPoolInDeviceMemoryGivesTheSameBits) {
+  const auto weights = weightsOf(GetParam());
+  const auto tokens = randomTokens(42, 9, weights->config.vocab_size);
+  KernelBackend gpu;
+  const auto host_pool = run(gpu, weights, tokens, 40, 16);
+  const auto device_pool = run(gpu, weights, tokens, 40, 16, [&](size_t bytes) { return gpu.kvMemory(bytes); });
+  ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+  ASSERT_EQ(device_pool.size(), host_pool.size());
+  for (size_t s = 0; s < host_pool.size(); ++s) {
+    EXPECT_EQ(std::memcmp(device_pool[s].data(), host_pool[s].data(), host_pool[s].size() * sizeof(float)), 0) << s;
+  }
+}
 
 TEST_P(KernelBackendTest, LogitsMatchTheCpuBackend) {
   const auto weights = weightsOf(GetParam());
@@ -125,7 +176,8 @@ TEST_P(KernelBackendTest, LogitsMatchTheCpuBackend) {
   }
   EXPECT_LT(max_err, 1e-4 * max_abs) << "max |logit| " << max_abs;
   EXPECT_GT(max_abs, 0.1);
-  EXPECT_GT(gpu.executor().switches(), 0) << "the kernels did not run on the executor";
+  ASSERT_NE(gpu.executor(), nullptr);
+  EXPECT_GT(gpu.executor()->switches(), 0) << "the kernels did not run on the executor";
 }
 
 TEST_P(KernelBackendTest, ChunkedPrefillGivesTheOneShotBits) {

@@ -1,0 +1,119 @@
+#pragma once
+// Where the kernel backend (kernel_backend.h) keeps its memory and runs its
+// kernels: a GPU through the CUDA runtime (cuda_device.h, in the CUDA build),
+// or the CPU executor with host memory standing in for device memory
+// (ExecutorDevice below, what every test runs). The backend's logic (what it
+// allocates, uploads, launches and downloads) is the same on both, so the
+// tests check the GPU backend's data movement too; only this layer differs.
+//
+// Device memory is opaque to the host: the backend reads and writes it only
+// through upload() and download(). ExecutorDevice enforces that for every
+// pointer a launch takes (owns()), so a missing upload fails on the CPU
+// instead of reading host memory on a GPU.
+//
+// Errors: a failed allocation, copy or launch is returned (absl::Status);
+// the backend keeps the first (KernelBackend::status()).
+// Not thread-safe: one engine thread owns a device.
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend/cuda/cpu_executor.h"
+#include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/sampling_kernel.h"
+
+namespace tandem::gpu {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // What it is, for logs ("cpu-executor", "cuda:0 NVIDIA H100 80GB HBM3").
+  virtual std::string name() const = 0;
+
+  // `bytes` of device memory (at least 64-byte aligned), contents undefined.
+  virtual absl::StatusOr<void*> allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  // [p, p + bytes) lies in memory this device allocated (or adopted).
+  virtual bool owns(const void* p, size_t bytes) const = 0;
+  // Host memory someone else owns (a KV pool the agent allocated, a test's
+  // vectors) used in place as this device's memory while it lives, if the
+  // device can (the CPU executor can; a GPU cannot: an error saying so).
+  // release() then forgets it without freeing it.
+  virtual absl::Status adoptHost(void* p, size_t bytes) = 0;
+
+  // In stream order with the launches: an upload's source may be reused
+  // once it returns; a download's destination is filled when it returns.
+  virtual absl::Status upload(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status download(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual absl::Status zero(void* device_dst, size_t bytes) = 0;
+
+  // The kernels of kernels.h and sampling_kernel.h, one launch each, with
+  // the kernel's own launch shape and device pointers in its arguments.
+  virtual absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) = 0;
+  virtual absl::Status rope(const LaunchConfig& c, const RopeArgs& a) = 0;
+  virtual absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) = 0;
+  virtual absl::Status add(const LaunchConfig& c, const AddArgs& a) = 0;
+  virtual absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) = 0;
+  virtual absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) = 0;
+  virtual absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) = 0;
+  virtual absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) = 0;
+  virtual absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) = 0;
+  virtual absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) = 0;
+  virtual absl::Status sample(const LaunchConfig& c, const SampleArgs& a) = 0;
+};
+
+// Host memory as device memory, kernels on the CPU executor.
+class ExecutorDevice final : public Device {
+ public:
+  explicit ExecutorDevice(const CpuExecutor::Options& options = CpuExecutor::optionsFromEnvironment())
+      : executor_(options) {}
+  ~ExecutorDevice() override;
+
+  std::string name() const override { return "cpu-executor"; }
+  absl::StatusOr<void*> allocate(size_t bytes) override;
+  void release(void* p) override;
+  bool owns(const void* p, size_t bytes) const override;
+  absl::Status adoptHost(void* p, size_t bytes) override;
+
+  absl::Status upload(void* device_dst, const void* host_src, size_t bytes) override;
+  absl::Status download(void* host_dst, const void* device_src, size_t bytes) override;
+  absl::Status zero(void* device_dst, size_t bytes) override;
+
+  absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) override;
+  absl::Status rope(const LaunchConfig& c, const RopeArgs& a) override;
+  absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) override;
+  absl::Status add(const LaunchConfig& c, const AddArgs& a) override;
+  absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) override;
+  absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) override;
+  absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) override;
+  absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) override;
+  absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) override;
+  absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) override;
+  absl::Status sample(const LaunchConfig& c, const SampleArgs& a) override;
+
+  const CpuExecutor& executor() const { return executor_; }
+
+ private:
+  struct Region {
+    size_t bytes = 0;
+    bool owned = false;
+    int adopted = 0;  // adoptHost() calls not yet released (host memory adopted more than once)
+  };
+  // Every pointer of a launch must be device memory; the error names it.
+  absl::Status check(const char* kernel, std::initializer_list<std::pair<const char*, const void*>> pointers) const;
+  bool ownsStart(const void* p) const;
+  void adopt(void* p, size_t bytes);
+
+  CpuExecutor executor_;
+  std::map<uintptr_t, Region> regions_;  // by first address
+};
+
+}  // namespace tandem::gpu

@@ -1,0 +1,154 @@
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <absl/strings/str_cat.h>
+
+#include "engine/backend/cuda/device.h"
+#include "src/common/status.h"
+
+namespace tandem::gpu {
+
+ExecutorDevice::~ExecutorDevice() {
+  for (const auto& [at, region] : regions_) {
+    if (region.owned) std::free(reinterpret_cast<void*>(at));
+  }
+}
+
+absl::StatusOr<void*> ExecutorDevice::allocate(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("executor device: no memory for ", bytes, " bytes"));
+  regions_[reinterpret_cast<uintptr_t>(p)] = Region{.bytes = std::max<size_t>(bytes, 1), .owned = true};
+  return p;
+}
+
+void ExecutorDevice::adopt(void* p, size_t bytes) {
+  Region& r = regions_[reinterpret_cast<uintptr_t>(p)];
+  r.bytes = std::max({r.bytes, bytes, size_t{1}});
+  ++r.adopted;
+}
+
+absl::Status ExecutorDevice::adoptHost(void* p, size_t bytes) {
+  adopt(p, bytes);
+  return absl::OkStatus();
+}
+
+void ExecutorDevice::release(void* p) {
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == regions_.end()) return;
+  if (it->second.owned) {
+    std::free(p);
+  } else if (--it->second.adopted > 0) {
+    return;
+  }
+  regions_.erase(it);
+}
+
+bool ExecutorDevice::owns(const void* p, size_t bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto it = regions_.upper_bound(at);
+  if (it == regions_.begin()) return false;
+  --it;
+  return at + bytes <= it->first + it->second.bytes;
+}
+
+bool ExecutorDevice::ownsStart(const void* p) const { return owns(p, 1); }
+
+absl::Status ExecutorDevice::upload(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!owns(device_dst, bytes)) return absl::InvalidArgumentError("executor device: upload to memory it does not own");
+  std::memcpy(device_dst, host_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::download(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!owns(device_src, bytes)) {
+    return absl::InvalidArgumentError("executor device: download from memory it does not own");
+  }
+  std::memcpy(host_dst, device_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::zero(void* device_dst, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!owns(device_dst, bytes)) return absl::InvalidArgumentError("executor device: zeroing memory it does not own");
+  std::memset(device_dst, 0, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::check(const char* kernel,
+                                   std::initializer_list<std::pair<const char*, const void*>> pointers) const {
+  for (const auto& [name, p] : pointers) {
+    if (!ownsStart(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kernel, " kernel: argument ", name, " is not device memory (a host pointer, or not uploaded)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("rmsNorm", {{"x", a.x}, {"weight", a.weight}, {"out", a.out}}));
+  return executor_.launch(c, &rmsNormKernel, a);
+}
+absl::Status ExecutorDevice::rope(const LaunchConfig& c, const RopeArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check(
+      "rope", {{"x", a.x}, {"positions", a.positions}, {"cos_table", a.cos_table}, {"sin_table", a.sin_table}}));
+  return executor_.launch(c, &ropeKernel, a);
+}
+absl::Status ExecutorDevice::swiglu(const LaunchConfig& c, const SwigluArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("swiglu", {{"gate", a.gate}, {"up", a.up}, {"out", a.out}}));
+  return executor_.launch(c, &swigluKernel, a);
+}
+absl::Status ExecutorDevice::add(const LaunchConfig& c, const AddArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("add", {{"x", a.x}, {"y", a.y}}));
+  return executor_.launch(c, &addKernel, a);
+}
+absl::Status ExecutorDevice::addBias(const LaunchConfig& c, const AddBiasArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("addBias", {{"y", a.y}, {"bias", a.bias}}));
+  return executor_.launch(c, &addBiasKernel, a);
+}
+absl::Status ExecutorDevice::gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("gatherRows", {{"src", a.src}, {"rows", a.rows}, {"dst", a.dst}}));
+  return executor_.launch(c, &gatherRowsKernel, a);
+}
+absl::Status ExecutorDevice::writeKv(const LaunchConfig& c, const WriteKvArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check(
+      "writeKv", {{"k", a.k}, {"v", a.v}, {"kv", a.kv}, {"row_block", a.row_block}, {"row_slot", a.row_slot}}));
+  return executor_.launch(c, &writeKvKernel, a);
+}
+absl::Status ExecutorDevice::copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("copyKvBlock", {{"kv", a.kv}}));
+  return executor_.launch(c, &copyKvBlockKernel, a);
+}
+absl::Status ExecutorDevice::attentionSplit(const LaunchConfig& c, const AttentionArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("attentionSplit", {{"q", a.q},
+                                                  {"out", a.out},
+                                                  {"kv", a.kv},
+                                                  {"block_tables", a.block_tables},
+                                                  {"row_pos", a.row_pos},
+                                                  {"row_table", a.row_table},
+                                                  {"row_split", a.row_split},
+                                                  {"partial", a.partial}}));
+  return executor_.launch(c, &attentionSplitKernel, a);
+}
+absl::Status ExecutorDevice::attentionCombine(const LaunchConfig& c, const AttentionArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("attentionCombine", {{"out", a.out}, {"row_pos", a.row_pos}, {"row_split", a.row_split},
+                                                    {"partial", a.partial}}));
+  return executor_.launch(c, &attentionCombineKernel, a);
+}
+absl::Status ExecutorDevice::sample(const LaunchConfig& c, const SampleArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("sample", {{"logits", a.logits},
+                                          {"temperature", a.temperature},
+                                          {"top_k", a.top_k},
+                                          {"top_p", a.top_p},
+                                          {"uniform", a.uniform},
+                                          {"probs", a.probs},
+                                          {"out", a.out}}));
+  return executor_.launch(c, &sampleKernel, a);
+}
+
+}  // namespace tandem::gpu
