@@ -451,16 +451,19 @@ struct AgentServer::Impl {
     return engine;
   }
 
-  // The engine's backend for --device. The GPU kernels exist and are
-  // checked on the CPU (cuda-emulator); the CUDA Backend that runs them on a
-  // GPU does not yet (docs/cuda.md), so --device cuda is refused by name.
+  // The engine's backend for --device. The GPU kernels run on the CPU
+  // executor (cuda-emulator); the CUDA backend (engine/backend/cuda/
+  // cuda_device.h) is built only into the CUDA build's device check, and the
+  // agent does not serve with it yet (its KV pool would be device memory,
+  // which the P/D transport cannot send: docs/cuda.md), so --device cuda is
+  // refused by name.
   absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
     const engine::CpuBackendOptions cpu{.simd = simd};
     if (config.device == "cuda") {
       return absl::FailedPreconditionError(
-          "--device cuda: this tandem-agent has no CUDA backend (the GPU kernels are written and checked on the CPU, "
-          "the backend that runs them on a GPU is not yet: docs/cuda.md); use --device cpu, or --device "
-          "cuda-emulator to serve through the GPU kernels on the CPU");
+          "--device cuda: this tandem-agent has no CUDA backend (the CUDA backend runs in the CUDA build's "
+          "tandem-gpu-kernel-check --model; the agent does not serve with it yet: docs/cuda.md); use --device cpu, "
+          "or --device cuda-emulator to serve through the GPU kernels on the CPU");
     }
     if (config.device == "cuda-emulator") {
       log.warn("--device cuda-emulator: the GPU kernels run on the CPU executor, far slower than --device cpu",

@@ -1,0 +1,237 @@
+#include "engine/backend/cuda/cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include <absl/strings/str_cat.h>
+
+#include "engine/backend/cuda/cublas_gemm.h"
+#include "engine/backend/cuda/cuda_kernels.h"
+#include "src/common/status.h"
+
+namespace tandem::gpu {
+namespace {
+
+absl::Status cudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), " (", static_cast<int>(e), ")"));
+}
+
+// A launch's error (cuda_kernels.h returns the cudaError_t as an int).
+absl::Status launched(int code, const char* kernel) {
+  if (code == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(kernel, " launch: ", cudaErrorText(code), " (", code, ")"));
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name, cudaStream_t stream)
+      : ordinal_(ordinal), name_(std::move(name)), stream_(stream) {}
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+  void* stream() const { return stream_; }
+
+  absl::StatusOr<void*> allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cudaMalloc of ", bytes, " bytes: ", cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  void release(void* p) override {
+    cudaStreamSynchronize(stream_);  // no launch still reading it
+    cudaFree(p);
+  }
+  bool owns(const void* p, size_t bytes) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky error of an unknown pointer
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice && a.device == ordinal_;
+  }
+  absl::Status adoptHost(void*, size_t) override {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": host memory cannot be used as device memory"));
+  }
+
+  absl::Status upload(void* device_dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+                                      "upload (cudaMemcpyAsync)"));
+    return cudaStatus(cudaStreamSynchronize(stream_), "upload (cudaStreamSynchronize)");
+  }
+  absl::Status download(void* host_dst, const void* device_src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
+                                      "download (cudaMemcpyAsync)"));
+    return cudaStatus(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
+  }
+  absl::Status zero(void* device_dst, size_t bytes) override {
+    TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(device_dst, 0, bytes, stream_), "zero (cudaMemsetAsync)"));
+    return cudaStatus(cudaStreamSynchronize(stream_), "zero (cudaStreamSynchronize)");
+  }
+
+  absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) override {
+    return launched(launchRmsNorm(c, a, stream_), "rmsNorm");
+  }
+  absl::Status rope(const LaunchConfig& c, const RopeArgs& a) override {
+    return launched(launchRope(c, a, stream_), "rope");
+  }
+  absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) override {
+    return launched(launchSwiglu(c, a, stream_), "swiglu");
+  }
+  absl::Status add(const LaunchConfig& c, const AddArgs& a) override { return launched(launchAdd(c, a, stream_), "add"); }
+  absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) override {
+    return launched(launchAddBias(c, a, stream_), "addBias");
+  }
+  absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) override {
+    return launched(launchGatherRows(c, a, stream_), "gatherRows");
+  }
+  absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) override {
+    return launched(launchWriteKv(c, a, stream_), "writeKv");
+  }
+  absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) override {
+    return launched(launchCopyKvBlock(c, a, stream_), "copyKvBlock");
+  }
+  absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) override {
+    return launched(launchAttentionSplit(c, a, stream_), "attentionSplit");
+  }
+  absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) override {
+    return launched(launchAttentionCombine(c, a, stream_), "attentionCombine");
+  }
+  absl::Status sample(const LaunchConfig& c, const SampleArgs& a) override {
+    return launched(launchSample(c, a, stream_), "sample");
+  }
+
+ private:
+  int ordinal_;
+  std::string name_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+// The stream of a device makeCudaDevice made; nullptr for any other device.
+void* cudaStreamOf(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  return cuda != nullptr ? cuda->stream() : nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device: cudaGetDeviceCount ",
+        e != cudaSuccess ? absl::StrCat("failed: ", cudaGetErrorString(e)) : std::string("found 0 devices")));
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", ordinal, " (", count, " found)"));
+  }
+  TANDEM_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  cudaDeviceProp prop{};
+  TANDEM_RETURN_IF_ERROR(cudaStatus(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties"));
+  cudaStream_t stream = nullptr;
+  TANDEM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  return std::shared_ptr<Device>(std::make_shared<CudaDevice>(
+      ordinal, absl::StrCat("cuda:", ordinal, " ", prop.name, " (compute capability ", prop.major, ".", prop.minor, ")"),
+      stream));
+}
+
+}  // namespace tandem::gpu
+
+namespace tandem::gpu {
+void* cudaStreamOf(Device& device);
+}  // namespace tandem::gpu
+
+namespace tandem::engine {
+namespace {
+
+// A weight uploaded to the device once.
+class DeviceWeight final : public PreparedWeight {
+ public:
+  DeviceWeight(int32_t n, int32_t k, float* data, std::shared_ptr<gpu::Device> device)
+      : PreparedWeight(n, k), data_(data), device_(std::move(device)) {}
+  ~DeviceWeight() override { device_->release(data_); }
+  const float* data() const { return data_; }
+
+ private:
+  float* data_;
+  std::shared_ptr<gpu::Device> device_;
+};
+
+class CublasKernelGemm final : public KernelGemm {
+ public:
+  CublasKernelGemm(std::shared_ptr<gpu::Device> device, void* stream, std::unique_ptr<gpu::CublasGemm> cublas)
+      : device_(std::move(device)), stream_(stream), cublas_(std::move(cublas)) {}
+
+  // nullptr when the upload fails: the backend's next GEMM with it reports it.
+  std::unique_ptr<PreparedWeight> prepareWeight(const float* w_host, int32_t n, int32_t k) override {
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(k) * sizeof(float);
+    absl::StatusOr<void*> p = device_->allocate(bytes);
+    if (!p.ok()) {
+      failed_ = p.status();
+      return std::make_unique<DeviceWeight>(n, k, nullptr, device_);
+    }
+    if (absl::Status s = device_->upload(*p, w_host, bytes); !s.ok()) failed_ = s;
+    return std::make_unique<DeviceWeight>(n, k, static_cast<float*>(*p), device_);
+  }
+  absl::Status gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
+    TANDEM_RETURN_IF_ERROR(failed_);
+    return run(x, static_cast<const DeviceWeight&>(w).data(), y, m, w.n(), w.k(), accumulate);
+  }
+  absl::Status gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
+                    bool accumulate) override {
+    return run(x, w, y, m, n, k, accumulate);
+  }
+  BackendStats stats() const override { return stats_; }
+  void resetStats() override { stats_ = BackendStats{}; }
+
+ private:
+  absl::Status run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = cublas_->run(x, w, y, m, n, k, accumulate, stream_);
+    // Host time of the call (the launch, not the GPU's work: the stream is asynchronous).
+    stats_.gemm_time += std::chrono::steady_clock::now() - start;
+    ++stats_.gemm_calls;
+    stats_.gemm_flops += 2.0 * m * n * k;
+    if (!error.empty()) return absl::InternalError(absl::StrCat("cuBLASLt GEMM ", m, "x", n, "x", k, ": ", error));
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<gpu::Device> device_;
+  void* stream_;
+  std::unique_ptr<gpu::CublasGemm> cublas_;
+  absl::Status failed_;  // a weight that could not be uploaded
+  BackendStats stats_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device) {
+  void* stream = gpu::cudaStreamOf(*device);
+  if (stream == nullptr) return absl::InvalidArgumentError("cublasKernelGemm: not a device makeCudaDevice made");
+  std::string error;
+  std::unique_ptr<gpu::CublasGemm> cublas = gpu::CublasGemm::create(&error);
+  if (cublas == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuBLASLt: ", error));
+  return std::unique_ptr<KernelGemm>(std::make_unique<CublasKernelGemm>(std::move(device), stream, std::move(cublas)));
+}
+
+absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal) {
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<gpu::Device> device, gpu::makeCudaDevice(ordinal));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KernelGemm> gemm, cublasKernelGemm(device));
+  return std::make_unique<KernelBackend>(std::move(device), std::move(gemm));
+}
+
+}  // namespace tandem::engine

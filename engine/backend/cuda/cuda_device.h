@@ -1,0 +1,40 @@
+#pragma once
+// The CUDA backend: KernelBackend (kernel_backend.h) on a CUDA device, with
+// cuBLASLt GEMMs (cublas_gemm.h, an algorithm pinned per weight shape). Built
+// only with TANDEM_ENABLE_CUDA (the tandem_cuda library); this header names
+// no CUDA type.
+//
+// The device runs everything on one stream of its own. Uploads and downloads
+// wait for the stream (the backend reuses its host metadata buffers at the
+// next call, and a download's result is read at once): correct, and the
+// place to add pinned staging buffers and asynchronous copies when a GPU can
+// measure what they save.
+//
+// This project's machines have no GPU: this compiles and links (`./tandem
+// check cuda`); `tandem-gpu-kernel-check --model` runs the model through it
+// against the CPU backend on the first machine with one (e2e/gpu-smoke.sh).
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/cuda/device.h"
+#include "engine/backend/cuda/kernel_backend.h"
+
+namespace tandem::gpu {
+
+// CUDA device `ordinal` on a stream of its own. FailedPrecondition when there
+// is no such device (naming what cudaGetDeviceCount said).
+absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal);
+
+}  // namespace tandem::gpu
+
+namespace tandem::engine {
+
+// cuBLASLt on `device` (made by makeCudaDevice): weights uploaded once by
+// prepareWeight, GEMMs on the device's stream.
+absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device);
+
+// The CUDA backend on device `ordinal`.
+absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal);
+
+}  // namespace tandem::engine
