@@ -213,7 +213,12 @@ void Autoscaler::loop() {
           planPool(pool, st, now, check);
         } catch (const std::exception& e) {
           log_.error("planning a pool failed; trying again in a minute", {{"pool", key}, {"error", e.what()}});
-          st.next_s = now + 60;
+          if (check) {
+            st.next_check_s = now + 60;
+          } else {  // no checks until an interval has decided again
+            st.next_s = now + 60;
+            st.next_check_s = 0;
+          }
         }
       }
       live[key] = std::move(st);
@@ -317,15 +322,15 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now, bool ch
   const PoolSpec& pool = *parsed;
   const AutoscalingSpec& a = pool.autoscaling;
   const double check_every = a.scale_up_check_s.value_or(a.interval_s / 3);
+  // An interval shortened since the next one was scheduled applies now.
+  st.next_s = std::min(st.next_s, now + a.interval_s);
   st.next_check_s = check_every > 0 ? now + check_every : 0;
-  if (check && !a.enabled) {
-    st.next_check_s = 0;
-    return;
-  }
+  if (check && check_every <= 0) return;  // turned off since this check was scheduled
   const std::string key = k8s::objectKey(object);
   const json previous_status = object.value("status", json::object());
-  if (!a.enabled) {
+  if (!a.enabled) {  // seen by a check as by an interval: paused at once
     st.next_s = now + 5;
+    st.next_check_s = 0;
     st.planner = {};
     st.restored = false;
     bool had = false;

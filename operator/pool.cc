@@ -180,6 +180,10 @@ absl::Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   TANDEM_ASSIGN_OR_RETURN(out.warmup_s, duration(a, "warmup", path, out.warmup_s, 0));
   if (!member(a, "scaleUpCheck").is_null()) {
     TANDEM_ASSIGN_OR_RETURN(double every, duration(a, "scaleUpCheck", path, 0, 0));
+    if (every > 0 && every < 1) {
+      // Each check runs the pool's Prometheus queries; the loop looks once a second.
+      return fieldError("spec.autoscaling.scaleUpCheck", "must be 0s (checks only at intervals) or at least 1s");
+    }
     if (every > out.interval_s) {
       return fieldError("spec.autoscaling.scaleUpCheck",
                         strCat("must not exceed the interval (", out.interval_s, "s); 0s checks only at intervals"));

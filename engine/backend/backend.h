@@ -27,6 +27,7 @@
 #include <memory>
 #include <span>
 
+#include "absl/status/status.h"
 #include "engine/kv/kv_storage.h"
 #include "src/common/ids.h"
 
@@ -177,6 +178,11 @@ class Backend {
 
   virtual BackendStats stats() const = 0;
   virtual void resetStats() = 0;
+
+  // The first failure of a backend that can fail (a device out of memory, a
+  // launch refused); the calls do nothing after one. The model's forward
+  // pass returns it. Always OK on the CPU backend.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 };
 
 }  // namespace tandem::engine

@@ -1,5 +1,6 @@
 #include "engine/model/llama.h"
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -80,7 +81,17 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<c
     TANDEM_RETURN_IF_ERROR(checkSize(l.q_norm, qk_norm, p + "q_norm"));
     TANDEM_RETURN_IF_ERROR(checkSize(l.k_norm, qk_norm, p + "k_norm"));
   }
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), backend, std::move(all_reduce)));
+  std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(weights), backend, std::move(all_reduce)));
+  // A device backend that could not take the weights (out of memory) says why.
+  bool resident = model->embed_ != nullptr && model->final_norm_ != nullptr;
+  for (const LayerResident& l : model->resident_) {
+    resident = resident && l.attn_norm != nullptr && l.ffn_norm != nullptr &&
+               (!arch->qkv_bias || (l.bq != nullptr && l.bk != nullptr && l.bv != nullptr)) &&
+               (!arch->qk_norm || (l.q_norm != nullptr && l.k_norm != nullptr));
+  }
+  TANDEM_RETURN_IF_ERROR(backend.status());
+  if (!resident) return absl::ResourceExhaustedError("the backend could not hold the model's weights");
+  return model;
 }
 
 LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, AllReducePartials all_reduce)
@@ -118,10 +129,13 @@ LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& bac
 
 float* LlamaModel::Activation::grow(Backend& backend, size_t floats) {
   if (!buffer_ || buffer_->floats() < floats) {
-    buffer_.reset();  // freed before the larger one is allocated
-    buffer_ = backend.allocate(floats);
+    // By half again at least (a device allocation is not cheap); freed
+    // before the larger one is allocated.
+    const size_t grown = buffer_ ? std::max(floats, buffer_->floats() + buffer_->floats() / 2) : floats;
+    buffer_.reset();
+    buffer_ = backend.allocate(grown);
   }
-  return buffer_->data();
+  return buffer_ ? buffer_->data() : nullptr;
 }
 
 absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvStorage& kv,
@@ -265,6 +279,12 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   if (all_reduce_) partial_.grow(backend_, product(rows, c.hidden_size));
   tail_x_.grow(backend_, product(num_logits, c.hidden_size));
   tail_q_.grow(backend_, product(num_logits, c.qDim()));
+  for (const Activation* a : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &tail_x_, &tail_q_, &partial_}) {
+    if (a->data() == nullptr && (a != &partial_ || all_reduce_)) {
+      TANDEM_RETURN_IF_ERROR(backend_.status());
+      return absl::ResourceExhaustedError("the backend could not allocate the step's activations");
+    }
+  }
 
   backend_.gatherRows(embed_->data(), tokens_.data(), rows, c.hidden_size, x_.data());
   for (int layer = 0; layer < c.num_layers; ++layer) {
@@ -285,12 +305,12 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
       finishLayer(layer, tail_q_.data(), tail_x_.data(), tail_chunks_, num_logits, kv);
     }
   }
-  if (num_logits == 0) return absl::OkStatus();
+  if (num_logits == 0) return backend_.status();
 
   backend_.rmsNorm(tail_x_.data(), final_norm_->data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
   logits->resize(product(num_logits, c.vocab_size));
   backend_.logits(h_.data(), *lm_head_, logits->data(), num_logits);
-  return absl::OkStatus();
+  return backend_.status();
 }
 
 }  // namespace tandem::engine

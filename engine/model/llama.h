@@ -54,8 +54,9 @@ using LayerObserver = std::function<void(int layer)>;
 // projection — with the sum of every rank's partial, the same bits on every
 // rank. Called by each rank's model at the same points of forward(), twice per
 // layer computed (after attention and after the MLP), from that rank's thread.
-// `partial` is backend memory (host memory with the host backends; a device
-// buffer, as NCCL takes, on a GPU).
+// `partial` is backend memory: host memory with the host backends, which
+// InProcessAllReduce reads (tensor parallelism runs on those); an NCCL
+// all-reduce on a GPU would take the device buffer.
 using AllReducePartials = std::function<void(float* partial, int64_t n)>;
 
 struct SequenceChunk {

@@ -610,7 +610,12 @@ Decision checkScaleUp(const PlannerConfig& c, const Signals& s, PlannerState& st
     };
     for (PlanRole r : kPlanRoles) {
       RoleDecision& rd = d.role(r);
+      const int32_t asked = rd.desired;
       while (total() > c.gpu_budget && rd.desired > rd.current) --rd.desired;
+      if (rd.desired == asked) continue;
+      rd.message = strCat("would go ", rd.current, " -> ", asked, " (", reasonName(rd.reason), "); the GPU budget of ",
+                          c.gpu_budget, " holds ", rd.desired, " until the interval frees room: ", rd.message);
+      rd.reason = rd.desired > rd.current ? rd.reason : Reason::kBudget;
     }
   }
   for (PlanRole r : kPlanRoles) {

@@ -166,15 +166,28 @@ TEST_F(PlannerE2eTest, ThePlannerMovesTheRoleThatMissesItsTargetAndGivesReplicas
 
   // 5. Growth is checked between intervals: with an interval of an hour
   // (one more decision, then none for the rest of the test) and a check
-  // every second, prefill-heavy load again grows prefill, by a check.
+  // every second, decode-heavy load with a TPOT target no step meets again
+  // grows decode (given back in 3.), and only a check can have done it.
+  auto checked_growths = [&] {
+    const std::string e = events();
+    size_t n = 0;
+    for (size_t at = e.find("decode 1 -> 2 (ScaleUp): checked between intervals"); at != std::string::npos;
+         at = e.find("decode 1 -> 2 (ScaleUp): checked between intervals", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t checked_before = checked_growths();
+  ASSERT_EQ(replicas("decode"), "1");
   ASSERT_EQ(kubectl("patch tpool tiny --type merge -p '{\"spec\":{\"autoscaling\":{\"interval\":\"1h\","
-                    "\"scaleUpCheck\":\"1s\",\"ttftP95TargetSeconds\":0.000001,\"prefill\":{\"max\":3}}}}'")
+                    "\"scaleUpCheck\":\"1s\",\"ttftP95TargetSeconds\":100,\"tpotP95TargetSeconds\":0.000001}}}'")
                 .rc,
             0);
   {
-    Load load([&] { return send(std::to_string(prompt_number++) + " " + long_prompt, 1); }, 10);
-    EXPECT_TRUE(eventually([&] { return events().find("(ScaleUp): checked between intervals") != std::string::npos; }, 120))
+    Load load([&] { return send("hi", 64); }, 3);
+    EXPECT_TRUE(eventually([&] { return checked_growths() > checked_before; }, 120))
         << kubectl("get tpool tiny -o yaml").output << events() << operatorLog();
+    EXPECT_EQ(replicas("decode"), "2");
     load.stop();
     EXPECT_EQ(load.failed(), 0) << load.lastError();
   }

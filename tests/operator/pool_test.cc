@@ -107,6 +107,8 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
   EXPECT_EQ(msg("/spec/autoscaling/interval", "100ms"), "spec.autoscaling.interval: must be at least 1s");
   EXPECT_EQ(msg("/spec/autoscaling/scaleUpCheck", "45s"),
             "spec.autoscaling.scaleUpCheck: must not exceed the interval (30s); 0s checks only at intervals");
+  EXPECT_EQ(msg("/spec/autoscaling/scaleUpCheck", "500ms"),
+            "spec.autoscaling.scaleUpCheck: must be 0s (checks only at intervals) or at least 1s");
   EXPECT_EQ(msg("/spec/autoscaling/scaleUpCheck", 10), "spec.autoscaling.scaleUpCheck: expected a duration such as \"30s\"");
   EXPECT_EQ(msg("/spec/autoscaling/scaleDownCooldown", 300), "spec.autoscaling.scaleDownCooldown: expected a duration such as \"30s\"");
   EXPECT_EQ(msg("/spec/autoscaling/ttftP95TargetSeconds", 0), "spec.autoscaling.ttftP95TargetSeconds: must be between 1e-06 and 3600");

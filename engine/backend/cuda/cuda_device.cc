@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include <absl/strings/str_cat.h>
@@ -20,7 +22,9 @@ absl::Status cudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), " (", static_cast<int>(e), ")"));
 }
 
-// A launch's error (cuda_kernels.h returns the cudaError_t as an int).
+// A launch's error (cuda_kernels.h returns the cudaError_t as an int). A
+// kernel's own fault surfaces at a later call (launches are asynchronous):
+// CUDA_LAUNCH_BLOCKING=1 makes each launch wait, to name the kernel.
 absl::Status launched(int code, const char* kernel) {
   if (code == 0) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(kernel, " launch: ", cudaErrorText(code), " (", code, ")"));
@@ -36,80 +40,105 @@ class CudaDevice final : public Device {
     cudaStreamDestroy(stream_);
   }
 
+  // The current device is per host thread: every entry point makes it this
+  // one (the engine runs on another thread than the one that made it).
+  absl::Status current() const { return cudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
   std::string name() const override { return name_; }
   void* stream() const { return stream_; }
 
   absl::StatusOr<void*> allocate(size_t bytes) override {
+    TANDEM_RETURN_IF_ERROR(current());
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess) {
       return absl::ResourceExhaustedError(
           absl::StrCat(name_, ": cudaMalloc of ", bytes, " bytes: ", cudaGetErrorString(e)));
     }
+    regions_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
     return p;
   }
   void release(void* p) override {
+    if (regions_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return;
+    current().IgnoreError();
     cudaStreamSynchronize(stream_);  // no launch still reading it
     cudaFree(p);
   }
+  // What this device allocated, with its size (no driver call per argument).
   bool owns(const void* p, size_t bytes) const override {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky error of an unknown pointer
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice && a.device == ordinal_;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = regions_.upper_bound(at);
+    if (it == regions_.begin()) return false;
+    --it;
+    return at + bytes <= it->first + it->second;
   }
   absl::Status adoptHost(void*, size_t) override {
     return absl::FailedPreconditionError(absl::StrCat(name_, ": host memory cannot be used as device memory"));
   }
+  void forgetHost(void*) override {}
 
   absl::Status upload(void* device_dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(current());
     TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
                                       "upload (cudaMemcpyAsync)"));
     return cudaStatus(cudaStreamSynchronize(stream_), "upload (cudaStreamSynchronize)");
   }
   absl::Status download(void* host_dst, const void* device_src, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(current());
     TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
                                       "download (cudaMemcpyAsync)"));
     return cudaStatus(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
   }
   absl::Status zero(void* device_dst, size_t bytes) override {
+    TANDEM_RETURN_IF_ERROR(current());
     TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(device_dst, 0, bytes, stream_), "zero (cudaMemsetAsync)"));
     return cudaStatus(cudaStreamSynchronize(stream_), "zero (cudaStreamSynchronize)");
   }
 
   absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchRmsNorm(c, a, stream_), "rmsNorm");
   }
   absl::Status rope(const LaunchConfig& c, const RopeArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchRope(c, a, stream_), "rope");
   }
   absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchSwiglu(c, a, stream_), "swiglu");
   }
-  absl::Status add(const LaunchConfig& c, const AddArgs& a) override { return launched(launchAdd(c, a, stream_), "add"); }
+  absl::Status add(const LaunchConfig& c, const AddArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
+    return launched(launchAdd(c, a, stream_), "add");
+  }
   absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchAddBias(c, a, stream_), "addBias");
   }
   absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchGatherRows(c, a, stream_), "gatherRows");
   }
   absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchWriteKv(c, a, stream_), "writeKv");
   }
   absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchCopyKvBlock(c, a, stream_), "copyKvBlock");
   }
   absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchAttentionSplit(c, a, stream_), "attentionSplit");
   }
   absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchAttentionCombine(c, a, stream_), "attentionCombine");
   }
   absl::Status sample(const LaunchConfig& c, const SampleArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
     return launched(launchSample(c, a, stream_), "sample");
   }
 
@@ -117,6 +146,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string name_;
   cudaStream_t stream_;
+  std::map<uintptr_t, size_t> regions_;  // allocations by first address: their bytes
 };
 
 }  // namespace

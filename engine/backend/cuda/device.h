@@ -7,9 +7,10 @@
 // tests check the GPU backend's data movement too; only this layer differs.
 //
 // Device memory is opaque to the host: the backend reads and writes it only
-// through upload() and download(). ExecutorDevice enforces that for every
-// pointer a launch takes (owns()), so a missing upload fails on the CPU
-// instead of reading host memory on a GPU.
+// through upload() and download(). ExecutorDevice checks, for every pointer
+// a launch or a copy takes, that it is device memory (owns()), so a missing
+// upload fails on the CPU instead of reading host memory on a GPU. (Its
+// device memory is host memory: a host read of it elsewhere goes unseen.)
 //
 // Errors: a failed allocation, copy or launch is returned (absl::Status);
 // the backend keeps the first (KernelBackend::status()).
@@ -44,10 +45,11 @@ class Device {
   // [p, p + bytes) lies in memory this device allocated (or adopted).
   virtual bool owns(const void* p, size_t bytes) const = 0;
   // Host memory someone else owns (a KV pool the agent allocated, a test's
-  // vectors) used in place as this device's memory while it lives, if the
-  // device can (the CPU executor can; a GPU cannot: an error saying so).
-  // release() then forgets it without freeing it.
+  // vectors) used in place as this device's memory until forgetHost(p), if
+  // the device can (the CPU executor can; a GPU cannot: an error saying so).
+  // Adopting an empty span does nothing.
   virtual absl::Status adoptHost(void* p, size_t bytes) = 0;
+  virtual void forgetHost(void* p) = 0;
 
   // In stream order with the launches: an upload's source may be reused
   // once it returns; a download's destination is filled when it returns.
@@ -82,6 +84,7 @@ class ExecutorDevice final : public Device {
   void release(void* p) override;
   bool owns(const void* p, size_t bytes) const override;
   absl::Status adoptHost(void* p, size_t bytes) override;
+  void forgetHost(void* p) override;
 
   absl::Status upload(void* device_dst, const void* host_src, size_t bytes) override;
   absl::Status download(void* host_dst, const void* device_src, size_t bytes) override;
@@ -110,7 +113,6 @@ class ExecutorDevice final : public Device {
   // Every pointer of a launch must be device memory; the error names it.
   absl::Status check(const char* kernel, std::initializer_list<std::pair<const char*, const void*>> pointers) const;
   bool ownsStart(const void* p) const;
-  void adopt(void* p, size_t bytes);
 
   CpuExecutor executor_;
   std::map<uintptr_t, Region> regions_;  // by first address

@@ -20,29 +20,31 @@ absl::StatusOr<void*> ExecutorDevice::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("executor device: no memory for ", bytes, " bytes"));
+  // The allocator may hand out the address of host memory adopted once and
+  // freed since without being forgotten: that record is stale.
   regions_[reinterpret_cast<uintptr_t>(p)] = Region{.bytes = std::max<size_t>(bytes, 1), .owned = true};
   return p;
 }
 
-void ExecutorDevice::adopt(void* p, size_t bytes) {
+absl::Status ExecutorDevice::adoptHost(void* p, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
   Region& r = regions_[reinterpret_cast<uintptr_t>(p)];
-  r.bytes = std::max({r.bytes, bytes, size_t{1}});
+  if (r.owned) return absl::InvalidArgumentError("executor device: adopting memory it allocated itself");
+  r.bytes = std::max(r.bytes, bytes);
   ++r.adopted;
+  return absl::OkStatus();
 }
 
-absl::Status ExecutorDevice::adoptHost(void* p, size_t bytes) {
-  adopt(p, bytes);
-  return absl::OkStatus();
+void ExecutorDevice::forgetHost(void* p) {
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == regions_.end() || it->second.owned) return;  // never adopted, or reallocated since
+  if (--it->second.adopted <= 0) regions_.erase(it);
 }
 
 void ExecutorDevice::release(void* p) {
   auto it = regions_.find(reinterpret_cast<uintptr_t>(p));
-  if (it == regions_.end()) return;
-  if (it->second.owned) {
-    std::free(p);
-  } else if (--it->second.adopted > 0) {
-    return;
-  }
+  if (it == regions_.end() || !it->second.owned) return;
+  std::free(p);
   regions_.erase(it);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <bit>
 #include <cstring>
 
 #include <absl/strings/str_cat.h>
@@ -17,15 +18,23 @@ namespace {
 
 size_t size(int64_t rows, int64_t cols) { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
 
-// Device memory, released to its device with the buffer.
+// Device memory, released to its device with the buffer (or, host memory
+// the device adopted, forgotten by it).
 class DeviceBuffer final : public BackendBuffer {
  public:
-  DeviceBuffer(float* data, size_t floats, std::shared_ptr<gpu::Device> device)
-      : BackendBuffer(data, floats), device_(std::move(device)) {}
-  ~DeviceBuffer() override { device_->release(data()); }
+  DeviceBuffer(float* data, size_t floats, std::shared_ptr<gpu::Device> device, bool adopted)
+      : BackendBuffer(data, floats), device_(std::move(device)), adopted_(adopted) {}
+  ~DeviceBuffer() override {
+    if (adopted_) {
+      device_->forgetHost(data());
+    } else {
+      device_->release(data());
+    }
+  }
 
  private:
   std::shared_ptr<gpu::Device> device_;
+  bool adopted_;
 };
 
 // The CPU backend's GEMM on the executor device's (host) memory.
@@ -63,6 +72,10 @@ KernelBackend::KernelBackend(const KernelBackendOptions& options)
 KernelBackend::KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm)
     : device_(std::move(device)), gemm_(std::move(gemm)) {}
 
+KernelBackend::~KernelBackend() {
+  if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));
+}
+
 const gpu::CpuExecutor* KernelBackend::executor() const {
   const auto* e = dynamic_cast<const gpu::ExecutorDevice*>(device_.get());
   return e != nullptr ? &e->executor() : nullptr;
@@ -90,7 +103,7 @@ float* KernelBackend::kvPool(const KvStorage& kv) {
   float* pool = const_cast<float*>(kv.layerBlock(0, BlockId(0)));
   const size_t bytes = kv.layout().totalFloats() * sizeof(float);
   if (device_->owns(pool, bytes)) return pool;
-  if (adopted_kv_ != nullptr) device_->release(const_cast<void*>(adopted_kv_));  // a new pool: the old one is gone
+  if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));  // a new pool: the old one is gone
   adopted_kv_ = nullptr;
   if (kv.onDevice() || !device_->adoptHost(pool, bytes).ok()) {
     ok(absl::FailedPreconditionError(absl::StrCat(
@@ -111,13 +124,15 @@ absl::StatusOr<KvMemory> KernelBackend::kvMemory(size_t bytes) {
 std::unique_ptr<BackendBuffer> KernelBackend::allocate(size_t floats) {
   absl::StatusOr<void*> p = device_->allocate(floats * sizeof(float));
   if (!ok(p.status())) return nullptr;
-  return std::make_unique<DeviceBuffer>(static_cast<float*>(*p), floats, device_);
+  return std::make_unique<DeviceBuffer>(static_cast<float*>(*p), floats, device_, false);
 }
 
 std::unique_ptr<BackendBuffer> KernelBackend::residentWeight(std::span<const float> host) {
   // In place where the device can (the executor's host memory), else a copy.
   auto* p = const_cast<float*>(host.data());
-  if (device_->adoptHost(p, host.size_bytes()).ok()) return std::make_unique<DeviceBuffer>(p, host.size(), device_);
+  if (!host.empty() && device_->adoptHost(p, host.size_bytes()).ok()) {
+    return std::make_unique<DeviceBuffer>(p, host.size(), device_, true);
+  }
   std::unique_ptr<BackendBuffer> b = allocate(host.size());
   if (b != nullptr && !ok(device_->upload(b->data(), host.data(), host.size_bytes()))) return nullptr;
   return b;
@@ -126,7 +141,7 @@ std::unique_ptr<BackendBuffer> KernelBackend::residentWeight(std::span<const flo
 void KernelBackend::add(float* x, const float* y, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
-  if (!inDeviceMemory("add", {{"x", x, count}, {"y", y, count}})) return;
+  if (n <= 0 || !inDeviceMemory("add", {{"x", x, count}, {"y", y, count}})) return;
   ok(device_->add(gpu::elementwiseLaunch(n), gpu::AddArgs{x, y, n}));
 }
 
@@ -167,7 +182,9 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
   if (!inDeviceMemory("rope", {{"x", x, size(rows, int64_t{num_heads} * head_dim)}})) return;
   int32_t max_pos = 0;
   for (int32_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
-  rope_table_.grow(max_pos + 1, inv_freq);
+  // Grown in powers of two (each position's bits do not depend on the
+  // table's size): a decode step adding one position uploads nothing.
+  rope_table_.grow(static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(std::max(max_pos + 1, 1024)))), inv_freq);
   const std::span<const float> freq = rope_table_.frequencies();
   if (rope_table_.floats() != rope_uploaded_ || !std::equal(freq.begin(), freq.end(), rope_uploaded_freq_.begin(),
                                                             rope_uploaded_freq_.end())) {
@@ -193,7 +210,7 @@ void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t d
 void KernelBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
-  if (!inDeviceMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
+  if (n <= 0 || !inDeviceMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
   ok(device_->swiglu(gpu::elementwiseLaunch(n), gpu::SwigluArgs{gate, up, out, n}));
 }
 
@@ -236,6 +253,7 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
 
 void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
   const ScopedTimer t(&stats_.elementwise_time);
+  if (!status_.ok()) return;
   const KvLayout& layout = kv.layout();
   float* pool = kvPool(kv);
   if (pool == nullptr) return;

@@ -15,11 +15,13 @@
 // cuda-emulator`: slow, for checking the kernels end to end, never for
 // production), and a missing upload fails here, not first on a GPU: every
 // float* a call takes must lie in device memory (Backend::allocate,
-// residentWeight, or the KV cache), checked with its size, and the executor
-// device checks every pointer of every launch.
+// residentWeight, or the KV cache), checked with its size where the device
+// tracks sizes (the executor does), and the executor device checks every
+// pointer of every launch and copy.
 //
 // The KV cache must be device memory too: on the executor a host pool is
-// adopted in place; a GPU takes a pool from kvMemory().
+// adopted in place (until another pool is used, or the backend goes); a GPU
+// takes a pool from kvMemory().
 //
 // Errors: Backend's calls return nothing, and a failed allocation, copy or
 // launch or a pointer outside device memory here is a bug (a launch shape
@@ -73,9 +75,10 @@ class KernelBackend : public Backend {
   explicit KernelBackend(const KernelBackendOptions& options = {});
   // On `device` with `gemm` (which works on that device's memory).
   KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm);
+  ~KernelBackend() override;
 
   // OK, or the first failure (see the header comment).
-  const absl::Status& status() const { return status_; }
+  absl::Status status() const override { return status_; }
   gpu::Device& device() const { return *device_; }
   // The executor when the device is the CPU executor (tests count its work), else nullptr.
   const gpu::CpuExecutor* executor() const;

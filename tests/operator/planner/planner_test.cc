@@ -779,6 +779,27 @@ TEST(PlannerTest, AScaleUpCheckUnderABudgetTakesTheRoomTheBudgetMakesAndNoMore) 
   EXPECT_LE(d.prefill.desired + d.decode.desired, 12);
   EXPECT_EQ(state.decode.last_direction, -1);
 
+  // The other role's shrink is its own (not the budget's): held for the
+  // interval, so the growth waits for its room, and says so.
+  PlannerConfig tight = config();
+  tight.gpu_budget = 12;
+  tight.scale_down_cooldown_s = 60;
+  PlannerState st;
+  decide(tight, steadyPool(0, 6, 6, 40000), st);
+  Signals more = steadyPool(100, 6, 6, 55000);
+  more.ttft_p95_s = 3;
+  more.decode_kv_used_ratio = more.decode_kv_active_ratio = 0.5;
+  more.decode_running = 60;
+  PlannerState full_state = st;
+  const Decision interval = decide(tight, more, full_state);
+  ASSERT_EQ(interval.prefill.desired, 7) << interval.prefill.message;
+  ASSERT_EQ(interval.decode.reason, Reason::kScaleDown) << interval.decode.message;
+  const Decision held = checkScaleUp(tight, more, st);
+  EXPECT_FALSE(held.acted());
+  EXPECT_EQ(held.prefill.reason, Reason::kBudget);
+  EXPECT_THAT(held.prefill.message, HasSubstr("would go 6 -> 7 (ScaleUp); the GPU budget of 12 holds 6"));
+  EXPECT_FALSE(st.prefill.last_up_s);
+
   // Missing data: a check does nothing either.
   Signals missing = step;
   missing.missing = {"tandem_router_ttft_seconds"};
