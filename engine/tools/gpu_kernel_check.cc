@@ -5,10 +5,13 @@
 // contract), within 1e-5 relative (|gpu - cpu| / max(1, |cpu|)) for
 // attention (split + combine). Then times each kernel with CUDA events.
 //
-//   tandem-gpu-kernel-check [--model]
+//   tandem-gpu-kernel-check [--model | --tp RANK WORLD SOCKET]
 //
 // --model also runs the tiny model and a small model of each family through
-// the CUDA backend (cuda_device.h) against the CPU backend's logits.
+// the CUDA backend (cuda_device.h) against the CPU backend's logits. --tp
+// runs one rank of a tensor-parallel group (start WORLD processes, one per
+// rank, with the same SOCKET path): the tiny model's shard on a GPU with
+// NCCL's all-reduce (nccl_group.h), against the whole model on the CPU.
 //
 // Prints one PASS/FAIL line per kernel with the largest difference, and one
 // throughput line per kernel. Exit status 0 when all pass, 1 on any FAIL or
@@ -35,10 +38,12 @@
 #include "engine/backend/cuda/cpu_executor.h"
 #include "engine/backend/cuda/cublas_gemm.h"
 #include "engine/backend/cuda/cuda_device.h"
+#include "engine/backend/cuda/nccl_group.h"
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "engine/backend/cuda/kernels.h"
 #include "engine/backend/kernel_math.h"
 #include "engine/model/llama.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/weights.h"
 
 namespace {
@@ -468,63 +473,58 @@ bool checkSample() {
 
 }  // namespace
 
-// The model through the CUDA backend (cuda_device.h) against the CPU
-// backend: the logits of a 40-token prompt and 5 decode steps within 1e-4 of
-// the logits' scale (kernel_backend_test's bound for the same backend on the
-// executor), for the tiny model and a small model of each family.
-bool checkModel(const std::string& family) {
-  namespace engine = tandem::engine;
-  const engine::ModelConfig config = family == "tiny" ? engine::tinyModelConfig() : *engine::smallArchConfig(family);
-  const std::shared_ptr<const engine::ModelWeights> weights =
-      engine::makeRandomWeights(config, 20261126, {.random_norm_gains = true});
-  std::mt19937 rng(7);
-  std::vector<tandem::TokenId> tokens(45);
-  for (auto& t : tokens) t = static_cast<tandem::TokenId>(rng() % static_cast<uint32_t>(config.vocab_size));
-  auto run = [&](engine::Backend& backend, engine::KernelBackend* device_backend) {
-    std::vector<std::vector<float>> out;
-    auto model = engine::LlamaModel::create(weights, backend);
-    if (!model.ok()) {
-      std::fprintf(stderr, "model %s: %s\n", family.c_str(), std::string(model.status().message()).c_str());
+namespace engine = tandem::engine;
+
+// The logits of a 40-token prompt and 5 decode steps of `weights` on
+// `backend` (its KV pool from `device_backend` when given), with
+// `all_reduce` when it is a tensor-parallel rank; empty when a pass failed.
+std::vector<std::vector<float>> runModel(const std::shared_ptr<const engine::ModelWeights>& weights,
+                                         engine::Backend& backend, engine::KernelBackend* device_backend,
+                                         engine::AllReducePartials all_reduce, const std::vector<tandem::TokenId>& tokens) {
+  std::vector<std::vector<float>> out;
+  auto model = engine::LlamaModel::create(weights, backend, std::move(all_reduce));
+  if (!model.ok()) {
+    std::fprintf(stderr, "model: %s\n", std::string(model.status().message()).c_str());
+    return out;
+  }
+  const engine::KvLayout layout = engine::kvLayoutFor(weights->config, 8, 16);
+  std::unique_ptr<engine::KvStorage> kv;
+  if (device_backend != nullptr) {
+    auto memory = device_backend->kvMemory(layout.totalFloats() * sizeof(float));
+    if (!memory.ok()) {
+      std::fprintf(stderr, "KV pool: %s\n", std::string(memory.status().message()).c_str());
       return out;
     }
-    const engine::KvLayout layout = engine::kvLayoutFor(config, 8, 16);
-    std::unique_ptr<engine::KvStorage> kv;
-    if (device_backend != nullptr) {
-      auto memory = device_backend->kvMemory(layout.totalFloats() * sizeof(float));
-      if (!memory.ok()) {
-        std::fprintf(stderr, "model %s: KV pool: %s\n", family.c_str(), std::string(memory.status().message()).c_str());
-        return out;
-      }
-      kv = std::make_unique<engine::KvStorage>(layout, std::move(*memory));
-    } else {
-      kv = std::make_unique<engine::KvStorage>(layout);
-    }
-    std::vector<tandem::BlockId> table;
-    for (int32_t b = 0; b < 8; ++b) table.push_back(tandem::BlockId(b));
-    for (size_t start = 0; start < tokens.size();) {
-      const size_t n = start < 40 ? 40 : 1;
-      const engine::SequenceChunk c{.tokens = std::span<const tandem::TokenId>(tokens).subspan(start, n),
-                                    .start_pos = static_cast<int32_t>(start),
-                                    .block_table = table,
-                                    .want_logits = true};
-      std::vector<float> logits;
-      if (!(*model)->forward(std::span<const engine::SequenceChunk>(&c, 1), *kv, &logits).ok()) return out;
-      out.push_back(std::move(logits));
-      start += n;
-    }
-    return out;
-  };
-  engine::CpuBackend cpu;
-  auto cuda = engine::makeCudaBackend(0);
-  if (!cuda.ok()) {
-    std::printf("FAIL model %s: the CUDA backend: %s\n", family.c_str(), std::string(cuda.status().message()).c_str());
-    return false;
+    kv = std::make_unique<engine::KvStorage>(layout, std::move(*memory));
+  } else {
+    kv = std::make_unique<engine::KvStorage>(layout);
   }
-  const auto want = run(cpu, nullptr);
-  const auto got = run(**cuda, cuda->get());
-  if (!(*cuda)->status().ok() || got.size() != want.size() || want.empty()) {
-    std::printf("FAIL model %s: %s\n", family.c_str(),
-                (*cuda)->status().ok() ? "the forward passes did not run" : std::string((*cuda)->status().message()).c_str());
+  std::vector<tandem::BlockId> table;
+  for (int32_t b = 0; b < 8; ++b) table.push_back(tandem::BlockId(b));
+  for (size_t start = 0; start < tokens.size();) {
+    const size_t n = start < 40 ? 40 : 1;
+    const engine::SequenceChunk c{.tokens = std::span<const tandem::TokenId>(tokens).subspan(start, n),
+                                  .start_pos = static_cast<int32_t>(start),
+                                  .block_table = table,
+                                  .want_logits = true};
+    std::vector<float> logits;
+    const absl::Status s = (*model)->forward(std::span<const engine::SequenceChunk>(&c, 1), *kv, &logits);
+    if (!s.ok()) {
+      std::fprintf(stderr, "forward: %s\n", std::string(s.message()).c_str());
+      return {};
+    }
+    out.push_back(std::move(logits));
+    start += n;
+  }
+  return out;
+}
+
+// got against want within 1e-4 of the logits' scale (kernel_backend_test's
+// bound for the same backend on the executor); prints one PASS/FAIL line.
+bool compareLogits(const std::string& what, const std::vector<std::vector<float>>& want,
+                   const std::vector<std::vector<float>>& got) {
+  if (got.size() != want.size() || want.empty()) {
+    std::printf("FAIL %s: the forward passes did not run\n", what.c_str());
     return false;
   }
   double max_err = 0, max_abs = 0;
@@ -535,17 +535,89 @@ bool checkModel(const std::string& family) {
     }
   }
   const bool pass = max_err < 1e-4 * max_abs;
-  std::printf("%s model %s through the CUDA backend (%s): max |logit diff| %.3g, max |logit| %.3g\n",
-              pass ? "PASS" : "FAIL", family.c_str(), (*cuda)->device().name().c_str(), max_err, max_abs);
+  std::printf("%s %s: max |logit diff| %.3g, max |logit| %.3g\n", pass ? "PASS" : "FAIL", what.c_str(), max_err, max_abs);
   return pass;
 }
 
+std::shared_ptr<const engine::ModelWeights> weightsOf(const std::string& family) {
+  const engine::ModelConfig config = family == "tiny" ? engine::tinyModelConfig() : *engine::smallArchConfig(family);
+  return engine::makeRandomWeights(config, 20261126, {.random_norm_gains = true});
+}
+
+std::vector<tandem::TokenId> promptFor(const engine::ModelConfig& config) {
+  std::mt19937 rng(7);
+  std::vector<tandem::TokenId> tokens(45);
+  for (auto& t : tokens) t = static_cast<tandem::TokenId>(rng() % static_cast<uint32_t>(config.vocab_size));
+  return tokens;
+}
+
+// The model through the CUDA backend (cuda_device.h) against the CPU
+// backend, for the tiny model and a small model of each family.
+bool checkModel(const std::string& family) {
+  const auto weights = weightsOf(family);
+  const auto tokens = promptFor(weights->config);
+  engine::CpuBackend cpu;
+  auto cuda = engine::makeCudaBackend(0);
+  if (!cuda.ok()) {
+    std::printf("FAIL model %s: the CUDA backend: %s\n", family.c_str(), std::string(cuda.status().message()).c_str());
+    return false;
+  }
+  const auto want = runModel(weights, cpu, nullptr, nullptr, tokens);
+  const auto got = runModel(weights, **cuda, cuda->get(), nullptr, tokens);
+  return compareLogits("model " + family + " through the CUDA backend (" + (*cuda)->device().name() + ")", want, got);
+}
+
+// One rank of a tensor-parallel group of `world` processes (one per GPU):
+// the tiny model's shard on GPU rank % devices, NCCL's all-reduce wired
+// through the rendezvous at `socket`, against the whole model on the CPU.
+bool checkTensorParallel(int rank, int world, const std::string& socket) {
+  const auto weights = weightsOf("tiny");
+  const auto tokens = promptFor(weights->config);
+  auto shard = engine::shardWeights(*weights, rank, world);
+  if (!shard.ok()) {
+    std::printf("FAIL tensor parallel rank %d of %d: %s\n", rank, world, std::string(shard.status().message()).c_str());
+    return false;
+  }
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  auto device = gpu::makeCudaDevice(devices > 0 ? rank % devices : 0);
+  if (!device.ok()) {
+    std::printf("FAIL tensor parallel rank %d: %s\n", rank, std::string(device.status().message()).c_str());
+    return false;
+  }
+  auto gemm = engine::cublasKernelGemm(*device);
+  if (!gemm.ok()) {
+    std::printf("FAIL tensor parallel rank %d: %s\n", rank, std::string(gemm.status().message()).c_str());
+    return false;
+  }
+  engine::KernelBackend backend(*device, std::move(*gemm));
+  auto group = engine::NcclGroup::join(
+      {.socket_path = socket, .world = world, .rank = rank, .timeout = std::chrono::seconds(120)}, *device);
+  if (!group.ok()) {
+    std::printf("FAIL tensor parallel rank %d: %s\n", rank, std::string(group.status().message()).c_str());
+    return false;
+  }
+  engine::CpuBackend cpu;
+  const auto want = runModel(weights, cpu, nullptr, nullptr, tokens);
+  const auto got = runModel(std::make_shared<const engine::ModelWeights>(std::move(*shard)), backend, &backend,
+                            (*group)->partials(), tokens);
+  if (!(*group)->status().ok()) {
+    std::printf("FAIL tensor parallel rank %d: %s\n", rank, std::string((*group)->status().message()).c_str());
+    return false;
+  }
+  return compareLogits("tensor parallel rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                           " (NCCL) against the whole model on the CPU",
+                       want, got);
+}
+
 int main(int argc, char** argv) {
-  const bool model = argc > 1 && std::string(argv[1]) == "--model";
-  if (argc > 1 && !model) {
-    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--model]\n");
+  const bool model = argc == 2 && std::string(argv[1]) == "--model";
+  const bool tp = argc == 5 && std::string(argv[1]) == "--tp";
+  if (argc > 1 && !model && !tp) {
+    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--model | --tp RANK WORLD SOCKET]\n");
     return 2;
   }
+  if (tp) return checkTensorParallel(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]) ? 0 : 1;
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
   if (err != cudaSuccess || devices == 0) {

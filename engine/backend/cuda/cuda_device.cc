@@ -151,10 +151,15 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-// The stream of a device makeCudaDevice made; nullptr for any other device.
 void* cudaStreamOf(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   return cuda != nullptr ? cuda->stream() : nullptr;
+}
+
+absl::Status cudaMakeCurrent(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (cuda == nullptr) return absl::InvalidArgumentError("not a device makeCudaDevice made");
+  return cuda->current();
 }
 
 absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {
@@ -179,10 +184,6 @@ absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {
       stream));
 }
 
-}  // namespace tandem::gpu
-
-namespace tandem::gpu {
-void* cudaStreamOf(Device& device);
 }  // namespace tandem::gpu
 
 namespace tandem::engine {

@@ -26,6 +26,12 @@ namespace tandem::gpu {
 // is no such device (naming what cudaGetDeviceCount said).
 absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal);
 
+// For other CUDA-side code on such a device (cuBLAS, NCCL): its stream (a
+// cudaStream_t; nullptr for a device makeCudaDevice did not make), and
+// making it the calling thread's current device.
+void* cudaStreamOf(Device& device);
+absl::Status cudaMakeCurrent(Device& device);
+
 }  // namespace tandem::gpu
 
 namespace tandem::engine {
