@@ -40,10 +40,11 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ ${gpus:-0} -ge 2 ]]; then
   sock=$(mktemp -u /tmp/tandem-tp-XXXXXX.sock)
   echo "gpu-smoke: running: $CHECK --tp 0 2 $sock and --tp 1 2 $sock"
-  "$CHECK" --tp 1 2 "$sock" &
+  # NCCL has no timeout of its own: a rank that fails can leave the other waiting.
+  timeout 600 "$CHECK" --tp 1 2 "$sock" &
   rank1=$!
   tp_status=0
-  "$CHECK" --tp 0 2 "$sock" || tp_status=$?
+  timeout 600 "$CHECK" --tp 0 2 "$sock" || tp_status=$?
   wait "$rank1" || tp_status=$?
   echo "gpu-smoke: tensor parallel ranks exited $tp_status"
   [[ $status -ne 0 ]] || status=$tp_status

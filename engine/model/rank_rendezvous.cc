@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -127,15 +128,34 @@ absl::Status serveGroupId(const RendezvousOptions& o, const std::vector<std::byt
   const auto deadline = Clock::now() + o.timeout;
   Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (listener.get() < 0) return absl::InternalError("rendezvous: socket: " + errnoText(errno));
-  ::unlink(o.socket_path.c_str());  // a socket file left by an earlier run of this rank
   const sockaddr_un addr = addressOf(o.socket_path);
+  // Something at the path: a socket an earlier run of rank 0 left (replaced),
+  // unless a rank 0 still answers there; anything else is not ours to remove.
+  if (struct stat st{}; ::lstat(o.socket_path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(strCat("rendezvous: ", o.socket_path, " exists and is not a socket"));
+    }
+    Fd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (probe.get() >= 0 && ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      return absl::FailedPreconditionError(
+          strCat("rendezvous: another rank 0 is serving at ", o.socket_path, " (two processes started as rank 0?)"));
+    }
+    ::unlink(o.socket_path.c_str());
+  }
   if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::FailedPreconditionError(strCat("rendezvous: bind ", o.socket_path, ": ", errnoText(errno)));
   }
+  // At the end the path is removed if it is still this socket.
+  struct stat bound{};
+  ::lstat(o.socket_path.c_str(), &bound);
   struct Unlink {
     std::string path;
-    ~Unlink() { ::unlink(path.c_str()); }
-  } unlink_at_end{o.socket_path};
+    ino_t inode;
+    ~Unlink() {
+      struct stat now{};
+      if (::lstat(path.c_str(), &now) == 0 && now.st_ino == inode) ::unlink(path.c_str());
+    }
+  } unlink_at_end{o.socket_path, bound.st_ino};
   if (::listen(listener.get(), 64) != 0) return absl::InternalError("rendezvous: listen: " + errnoText(errno));
   std::set<int> have;  // ranks that got the id
   const std::vector<std::byte> ok_answer = answer(true, group_id);

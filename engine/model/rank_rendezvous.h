@@ -3,8 +3,9 @@
 // docs/engine.md "Tensor parallelism") learn the group's id before NCCL
 // wires them: rank 0 makes the id (ncclGetUniqueId's 128 bytes) and hands it,
 // over a Unix socket in the pod's filesystem, to every other rank; it
-// returns once each of them has it. Nothing leaves the pod: the socket is a
-// path, not a port.
+// returns once each of them has it. The rendezvous stays in the pod (the
+// socket is a path, not a port); NCCL's own set-up and traffic then go over
+// the network NCCL is given.
 //
 // Wire (little-endian): a rank sends "TPRV", its rank (u16) and the world
 // size it was started with (u16); rank 0 answers 0 and the id (u16 length,
@@ -37,7 +38,9 @@ struct RendezvousOptions {
 // InvalidArgument naming the field when the options cannot work.
 absl::Status validateRendezvous(const RendezvousOptions& options);
 
-// Rank 0: listens on options.socket_path (replacing a stale socket file),
+// Rank 0: listens on options.socket_path (replacing a stale socket file;
+// FailedPrecondition when a live rank 0 answers there, or the path is not a
+// socket),
 // gives `group_id` (1..65535 bytes) to ranks 1..world-1 and returns when each
 // has it; DeadlineExceeded naming the missing ranks after the timeout.
 absl::Status serveGroupId(const RendezvousOptions& options, const std::vector<std::byte>& group_id);

@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::join(const RendezvousOptio
   impl->stream = static_cast<cudaStream_t>(gpu::cudaStreamOf(*device));
   if (impl->stream == nullptr) return absl::InvalidArgumentError("NcclGroup: not a device makeCudaDevice made");
   impl->device = std::move(device);
+  TANDEM_RETURN_IF_ERROR(gpu::cudaMakeCurrent(*impl->device));
   ncclUniqueId id;
   if (options.rank == 0) {
     TANDEM_RETURN_IF_ERROR(ncclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
@@ -66,6 +67,12 @@ AllReducePartials NcclGroup::partials() {
     status_ = ncclStatus(ncclAllReduce(partial, partial, static_cast<size_t>(n), ncclFloat, ncclSum, impl_->comm,
                                        impl_->stream),
                          "ncclAllReduce");
+    if (!status_.ok() && impl_->comm != nullptr) {
+      // The other ranks would wait in this collective for good: the
+      // communicator is aborted, so theirs fail too.
+      ncclCommAbort(impl_->comm);
+      impl_->comm = nullptr;
+    }
   };
 }
 

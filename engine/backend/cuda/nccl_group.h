@@ -40,7 +40,11 @@ class NcclGroup {
   NcclGroup& operator=(const NcclGroup&) = delete;
 
   // The sum of every rank's partial, in place, on the device's stream. A
-  // failed all-reduce is kept (status()) and the later ones do nothing.
+  // failed all-reduce is kept (status()), the communicator aborted (so the
+  // other ranks' collectives fail rather than wait), and the later ones do
+  // nothing. NCCL gives every rank the same sum in practice (its ring and
+  // tree reductions), which AllReducePartials asks for; NCCL does not
+  // document it as a guarantee.
   AllReducePartials partials();
   const absl::Status& status() const { return status_; }
 

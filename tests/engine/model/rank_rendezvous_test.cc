@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -84,11 +85,21 @@ TEST(RankRendezvousTest, ARankOfAnotherGroupOrADuplicateIsRefusedAndTheGroupStil
 
 TEST(RankRendezvousTest, TimeoutsNameWhatIsMissing) {
   const std::string path = socketPath("timeout");
-  auto served = std::async(std::launch::async, [&] { return serveGroupId(options(path, 4, 0, 1500ms), groupId()); });
+  auto served = std::async(std::launch::async, [&] { return serveGroupId(options(path, 4, 0, 3000ms), groupId()); });
   ASSERT_TRUE(fetchGroupId(options(path, 4, 2)).ok());
+  // A second process started as rank 0 while the first serves.
+  const absl::Status second = serveGroupId(options(path, 4, 0, 3000ms), groupId());
+  EXPECT_THAT(second.message(), HasSubstr("another rank 0 is serving at"));
   const absl::Status s = served.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(s.message(), HasSubstr("1 of 3 ranks came within 1500 ms; missing rank(s) 1, 3"));
+  EXPECT_THAT(s.message(), HasSubstr("1 of 3 ranks came within 3000 ms; missing rank(s) 1, 3"));
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  // A path that is not a socket is not removed.
+  const std::string file = socketPath("file");
+  { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  EXPECT_THAT(serveGroupId(options(file, 2, 0, 300ms), groupId()).message(), HasSubstr("exists and is not a socket"));
+  EXPECT_EQ(::access(file.c_str(), F_OK), 0);
+  ::unlink(file.c_str());
 
   const auto alone = fetchGroupId(options(socketPath("nobody"), 2, 1, 300ms));
   EXPECT_EQ(alone.status().code(), absl::StatusCode::kDeadlineExceeded);
