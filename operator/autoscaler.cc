@@ -101,7 +101,7 @@ planner::PlannerConfig plannerConfigFor(const PoolSpec& pool, std::optional<doub
   c.scale_down_cooldown_s = a.scale_down_cooldown_s;
   c.warmup_s = a.warmup_s;
   c.interval_s = a.interval_s;
-  c.scale_up_check_s = a.scale_up_check_s.value_or(a.interval_s / 3);
+  c.scale_up_check_s = a.scaleUpCheckSeconds();
   if (auto it = pool.router_policy.find("directMaxSuffix"); it != pool.router_policy.end() && it->is_number()) {
     c.base_knobs.direct_max_suffix_tokens = static_cast<int64_t>(it->get<double>());
   }
@@ -321,7 +321,7 @@ void Autoscaler::planPool(const json& object, PoolState& st, double now, bool ch
   }
   const PoolSpec& pool = *parsed;
   const AutoscalingSpec& a = pool.autoscaling;
-  const double check_every = a.scale_up_check_s.value_or(a.interval_s / 3);
+  const double check_every = a.scaleUpCheckSeconds();
   // An interval shortened since the next one was scheduled applies now.
   st.next_s = std::min(st.next_s, now + a.interval_s);
   st.next_check_s = check_every > 0 ? now + check_every : 0;

@@ -55,6 +55,7 @@ struct AutoscalingSpec {
   // scaleUpCheck: growth checked this often between intervals; nullopt: a
   // third of the interval; 0: only at intervals.
   std::optional<double> scale_up_check_s;
+  double scaleUpCheckSeconds() const { return scale_up_check_s.value_or(interval_s / 3); }
 };
 
 struct PoolSpec {

@@ -382,6 +382,19 @@ bool shareBudget(const PlannerConfig& c, const PlannerState& state, double s_at,
   return true;
 }
 
+// A decision as applied at `at`: each role's step starts its direction's
+// cooldown clock, and the replicas written are remembered (for a role left
+// as it is too, when `held_too`).
+void recordSteps(const Decision& d, double at, bool held_too, PlannerState& state) {
+  for (PlanRole r : kPlanRoles) {
+    PlannerState::RoleState& rs = state.role(r);
+    const RoleDecision& rd = d.role(r);
+    if (rd.desired > rd.current) rs.last_up_s = at, rs.last_direction = 1;
+    if (rd.desired < rd.current) rs.last_down_s = at, rs.last_direction = -1;
+    if (held_too || rd.desired != rd.current) rs.written = rd.desired;
+  }
+}
+
 // With a GPU budget, the role under less pressure gives way: first what it
 // holds beyond its own need, then the other role's growth, then below its
 // need (never below min).
@@ -574,13 +587,7 @@ Decision decide(const PlannerConfig& c, const Signals& s, PlannerState& state) {
     }
   }
   applyBudget(c, pn, dn, state, s.at_s, d);
-  for (PlanRole r : kPlanRoles) {
-    PlannerState::RoleState& rs = state.role(r);
-    const RoleDecision& rd = d.role(r);
-    if (rd.desired > rd.current) rs.last_up_s = s.at_s, rs.last_direction = 1;
-    if (rd.desired < rd.current) rs.last_down_s = s.at_s, rs.last_direction = -1;
-    rs.written = rd.desired;
-  }
+  recordSteps(d, s.at_s, /*held_too=*/true, state);
   d.knobs = routingKnobs(pn.pressure, dn.pressure, c.base_knobs);
   if (d.decode.desired > d.decode.current) d.knobs.load_floor_weight *= 2;  // fill the new decode replicas first
   if (!c.prefill_overload_from_pool && state.prefill.capacity) {
@@ -618,14 +625,9 @@ Decision checkScaleUp(const PlannerConfig& c, const Signals& s, PlannerState& st
       rd.reason = rd.desired > rd.current ? rd.reason : Reason::kBudget;
     }
   }
-  for (PlanRole r : kPlanRoles) {
-    PlannerState::RoleState& rs = state.role(r);
-    const RoleDecision& rd = d.role(r);
-    if (rd.desired == rd.current) continue;
-    if (rd.desired > rd.current) rs.last_up_s = s.at_s, rs.last_direction = 1;
-    if (rd.desired < rd.current) rs.last_down_s = s.at_s, rs.last_direction = -1;
-    rs.written = rd.desired;
-  }
+  // The roles it holds keep what the intervals wrote: a user's edit since
+  // is still seen as one by the next interval.
+  recordSteps(d, s.at_s, /*held_too=*/false, state);
   return d;
 }
 

@@ -66,11 +66,7 @@ class CudaDevice final : public Device {
   }
   // What this device allocated, with its size (no driver call per argument).
   bool owns(const void* p, size_t bytes) const override {
-    const auto at = reinterpret_cast<uintptr_t>(p);
-    auto it = regions_.upper_bound(at);
-    if (it == regions_.begin()) return false;
-    --it;
-    return at + bytes <= it->first + it->second;
+    return withinRegion(regions_, p, bytes, [](size_t region_bytes) { return region_bytes; });
   }
   absl::Status adoptHost(void*, size_t) override {
     return absl::FailedPreconditionError(absl::StrCat(name_, ": host memory cannot be used as device memory"));

@@ -32,6 +32,17 @@
 
 namespace tandem::gpu {
 
+// Whether [p, p + bytes) lies inside one of `regions` (keyed by first
+// address; `size_of(region)` is its bytes): the devices' owns().
+template <typename Region, typename SizeOf>
+bool withinRegion(const std::map<uintptr_t, Region>& regions, const void* p, size_t bytes, SizeOf size_of) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto it = regions.upper_bound(at);
+  if (it == regions.begin()) return false;
+  --it;
+  return at + bytes <= it->first + size_of(it->second);
+}
+
 class Device {
  public:
   virtual ~Device() = default;

@@ -49,11 +49,7 @@ void ExecutorDevice::release(void* p) {
 }
 
 bool ExecutorDevice::owns(const void* p, size_t bytes) const {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  auto it = regions_.upper_bound(at);
-  if (it == regions_.begin()) return false;
-  --it;
-  return at + bytes <= it->first + it->second.bytes;
+  return withinRegion(regions_, p, bytes, [](const Region& r) { return r.bytes; });
 }
 
 bool ExecutorDevice::ownsStart(const void* p) const { return owns(p, 1); }
