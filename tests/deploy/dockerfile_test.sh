@@ -146,8 +146,10 @@ ok "copied into /usr/local/bin: ${on_path[*]}"
 # A sanitizer build (./tandem check asan runs this test on build-asan/bin)
 # loads libasan and what its flags pull in: the image ships Release
 # binaries, so only those are held to the runtime list.
+# (readelf's output is read whole first: with pipefail, `grep -q` exiting at
+# the first match could fail the pipeline by SIGPIPE to readelf.)
 sanitized=0
-[[ -x $bin/tandem-agent ]] && readelf -d "$bin/tandem-agent" | grep -q 'NEEDED.*libasan' && sanitized=1
+[[ -x $bin/tandem-agent ]] && [[ $(readelf -d "$bin/tandem-agent") == *NEEDED*libasan* ]] && sanitized=1
 [[ $sanitized -eq 1 ]] && echo "note: $bin holds a sanitizer build; the runtime-library check applies to Release binaries"
 base_pkgs=" libc6 libstdc++6 libgcc-s1 "
 declare -A lib_users=()   # resolved library path -> the binaries that load it
