@@ -9,9 +9,10 @@
 // The engines are tandem-sim's model (EngineModel defaults), not hardware.
 //
 //   bench_planner --out FILE [--traces DIR] [--gpus 64] [--quick]
-//                 [--step-only] [--startup S] [--oracle] [--log]
+//                 [--step-only] [--startup S] [--seed N] [--oracle] [--log]
 //
 // --step-only runs only the 2x step; --startup S only that start-up time;
+// --seed N draws the step's Poisson arrivals with another seed (default 7);
 // --oracle adds, per start-up time, the recovery of the best fixed split
 // found in hindsight when asked for at the step's instant, at the first
 // check between intervals after it and at the first interval's decision
@@ -223,6 +224,7 @@ int main(int argc, char** argv) {
   std::string traces = std::string(TANDEM_SOURCE_DIR) + "/../shared/traces";
   int gpus = 64;
   bool quick = false, step_only = false, oracle = false, log = false;
+  uint64_t seed = 7;  // the step's arrivals
   std::vector<double> startups = {10, 30, 60, 120, 300};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -232,6 +234,7 @@ int main(int argc, char** argv) {
     if (a == "--log") log = true;        // the planner's intervals around the step, on stderr
     if (a == "--startup" && i + 1 < argc) startups = {std::atof(argv[++i])};  // one start-up time for the step
     if (a == "--gpus" && i + 1 < argc) gpus = std::atoi(argv[++i]);
+    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     if (a == "--quick") quick = true;
   }
   if (gpus < 8) {
@@ -274,7 +277,7 @@ int main(int argc, char** argv) {
   const double base_rate = 0.35 * gpus * o.engine.prefill_tokens_per_s / 4000 / 2;  // requests/s of 4000-token prompts
   const double step_at = 1200;
   const auto step_in = replay::prepareReplay(
-      poisson(2400, [&](double t) { return t < step_at ? base_rate : 2 * base_rate; }, 4000, 100, 7));
+      poisson(2400, [&](double t) { return t < step_at ? base_rate : 2 * base_rate; }, 4000, 100, seed));
   const size_t step_interval = static_cast<size_t>(step_at / o.interval_s);
   for (double startup : quick ? std::vector<double>{120} : startups) {
     SimOptions so = o;

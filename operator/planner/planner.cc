@@ -84,8 +84,10 @@ struct Need {
   // more than its Ready replicas compute.
   double own_pressure = 0;
   bool behind = false;
-  // Decode: full, with requests waiting to be admitted.
+  // Decode: full, with requests waiting to be admitted; and then the
+  // replicas its flow needs (0: not sized as a flow).
   bool full_with_waiting = false;
+  double flow = 0;
 };
 
 // Least squares line through (x, y) samples: (intercept, slope), or
@@ -113,6 +115,27 @@ double modelTtft(double n, double rate, double queue, double mean_prompt, double
   return (mean_prompt / cap) / (1 - rho) + queue / (n * cap - rate);
 }
 
+// The KV block-seconds a request holds on decode now: as measured while
+// decode admitted every request, stretched by how much longer a token takes
+// now (the TPOT p95 against the one it was measured at).
+std::optional<double> kvBlockSeconds(const Signals& s, const PlannerState& state) {
+  const PlannerState::RoleState& rs = state.decode;
+  if (!rs.kv_block_seconds || !(*rs.kv_block_seconds > 0)) return std::nullopt;
+  const double stretch = s.tpot_p95_s && rs.kv_tpot_s > 0 ? std::max(1.0, *s.tpot_p95_s / rs.kv_tpot_s) : 1.0;
+  return *rs.kv_block_seconds * stretch;
+}
+
+// Requests waiting on a full decode pool by the time replicas added now
+// are up: those waiting now, plus the arrivals beyond what the Ready pool
+// admits (its KV ÷ the block-seconds one request holds) over the start-up
+// time. nullopt until decode's block-seconds per request were measured.
+std::optional<double> waitingWhenUp(const PlannerConfig& c, const Signals& s, const PlannerState& state) {
+  const std::optional<double> per_request = kvBlockSeconds(s, state);
+  if (!per_request || !(s.decode_kv_total_blocks > 0) || !(s.requests_per_s > 0)) return std::nullopt;
+  const double admitted = s.decode_kv_total_blocks * (1 - c.min_free_kv_ratio) / *per_request;  // requests/s
+  return s.decode_waiting + std::max(0.0, s.requests_per_s - admitted) * c.startup_s;
+}
+
 Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, std::string& missing) {
   Need n;
   PlannerState::RoleState& rs = state.prefill;
@@ -136,8 +159,15 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // of that backlog from prefill's own queue). Counted for growing only: a
   // burst's peak of waiting requests does not hold prefill up for a
   // stabilization window, and with prefill idle the wait is decode's own.
+  // Where decode's flow is known, they are counted as they will be when
+  // new replicas are up (the waiting grows until decode's are) and drained
+  // within one interval of that, as decode is sized for; otherwise as they
+  // are now, drained with the queue.
   const double queue = s.prefill_queue_tokens;
-  const double hidden = queue > 0 ? s.decode_waiting * s.mean_uncached_prompt_tokens : 0;
+  const std::optional<double> waiting_when_up =
+      queue > 0 && s.decode_waiting > 0 ? waitingWhenUp(c, s, state) : std::nullopt;
+  const double hidden = queue > 0 && !waiting_when_up ? s.decode_waiting * s.mean_uncached_prompt_tokens : 0;
+  const double hidden_when_up = waiting_when_up.value_or(0) * s.mean_uncached_prompt_tokens;
   if (s.ttft_p95_s) {
     n.pressure = *s.ttft_p95_s / c.ttft_target_s;
     n.slo_missed = n.pressure > 1;
@@ -172,9 +202,9 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // prefill is sized on utilisation only. Otherwise the SLO feedback may ask
   // for at most kMaxSloFactor times what utilisation needs.
   const bool unreachable = prompt > 0 && prompt / cap >= c.ttft_target_s;
-  auto fewest = [&](double margin, double backlog) {
-    if (rate <= 0 && backlog <= 0) return 0.0;
-    const double by_util = (rate + backlog / drain_s) / (cap * util * margin);
+  auto fewest = [&](double margin, double backlog, double waiting) {
+    if (rate <= 0 && backlog <= 0 && waiting <= 0) return 0.0;
+    const double by_util = (rate + backlog / drain_s + waiting / c.interval_s) / (cap * util * margin);
     if (unreachable) return by_util;
     const int32_t base = std::max(1, replicasFor(by_util));
     const int32_t most = std::min(kMaxReplicas, base * kMaxSloFactor);
@@ -184,10 +214,14 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   };
   n.own_pressure = std::isfinite(model_now) ? rs.correction * model_now / c.ttft_target_s : n.pressure;
   n.behind = queue > cap * ready * c.ttft_target_s || s.uncached_prompt_tokens_per_s > cap * ready;
-  n.up = fewest(1, queue + hidden);
-  n.down = fewest(1 - c.scale_down_margin, queue);
+  n.up = fewest(1, queue + hidden, hidden_when_up);
+  n.down = fewest(1 - c.scale_down_margin, queue, 0);
   n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued",
-                 hidden > 0 ? strCat(" (+ ", num(hidden), " waiting on decode)") : std::string(), ", ", num(cap),
+                 hidden > 0 ? strCat(" (+ ", num(hidden), " waiting on decode)") : std::string(),
+                 hidden_when_up > 0
+                     ? strCat(" (+ ", num(hidden_when_up), " waiting on decode when new replicas are up, drained within an interval)")
+                     : std::string(),
+                 ", ", num(cap),
                  " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction),
                  unreachable ? "; one prompt alone takes longer than the TTFT target: sized on utilisation" : "");
   return n;
@@ -217,9 +251,29 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   double kv_up = ready * kv / (kv_room * util);
   // Full, with requests waiting to be admitted: the demand is censored (a
   // full pool reads as "just full" however much more is asked), so it is
-  // not estimated from the ratio: the pool doubles.
+  // not estimated from the ratio. It is sized as a flow instead: the
+  // requests that must pass through decode per second (the arrivals, plus
+  // the waiting requests and what they grow by until new replicas are up,
+  // drained within one interval after that) × the KV block-seconds one
+  // request holds (measured while decode kept up). Without that
+  // measurement the pool doubles.
   n.full_with_waiting = s.decode_kv_used_ratio - backlog >= kv_room && s.decode_waiting > 0;
-  if (n.full_with_waiting) kv_up = std::max(kv_up, 2.0 * ready);
+  PlannerState::RoleState& rs = state.decode;
+  const double blocks_per_replica = s.decode_kv_total_blocks / ready;
+  if (n.full_with_waiting) {
+    if (const auto waiting = waitingWhenUp(c, s, state); waiting && blocks_per_replica > 0) {
+      const double flow = s.requests_per_s + *waiting / c.interval_s;
+      n.flow = flow * *kvBlockSeconds(s, state) / (blocks_per_replica * kv_room * util);
+    }
+    // A flow the Ready pool already covers while it is full says the
+    // measured block-seconds no longer hold (requests hold KV longer now):
+    // the pool doubles then.
+    kv_up = std::max(kv_up, n.flow > ready ? n.flow : 2.0 * ready);
+  } else if (s.requests_per_s > 0 && s.decode_kv_total_blocks > 0 && backlog == 0 && s.decode_waiting == 0) {
+    const double measured = s.decode_kv_used_ratio * s.decode_kv_total_blocks / s.requests_per_s;
+    rs.kv_block_seconds = rs.kv_block_seconds ? 0.5 * *rs.kv_block_seconds + 0.5 * measured : measured;
+    if (s.tpot_p95_s) rs.kv_tpot_s = rs.kv_tpot_s > 0 ? 0.5 * rs.kv_tpot_s + 0.5 * *s.tpot_p95_s : *s.tpot_p95_s;
+  }
   const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
   n.pressure = (s.decode_kv_used_ratio - backlog) / kv_room;
   double tpot_up = 0, tpot_down = 0;
@@ -254,7 +308,13 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
                  num(100 * s.decode_kv_active_ratio), "% with active sessions, ", num(s.decode_running), " decoding",
                  s.tpot_p95_s ? strCat(", TPOT p95 ", num(*s.tpot_p95_s * 1000), " ms") : std::string(),
                  n.capacity > 0 ? strCat(", ", num(n.capacity), " sequences per replica within the TPOT target")
-                                : std::string());
+                                : std::string(),
+                 n.full_with_waiting
+                     ? (n.flow > 0 ? strCat("; full with ", num(s.decode_waiting), " waiting: ", num(s.requests_per_s),
+                                            " requests/s and the waiting drained within an interval of new replicas need ",
+                                            num(n.flow))
+                                   : strCat("; full with ", num(s.decode_waiting), " waiting: doubled"))
+                     : std::string());
   return n;
 }
 

@@ -22,6 +22,11 @@
 //                          TPOT: running sequences / the batch one replica
 //                                serves within the TPOT target, from the
 //                                measured TPOT at the measured batch)
+//            and, full with requests waiting (its demand censored), as a
+//            flow: (requests/s + the waiting ones when new replicas are up
+//            ÷ interval) × the KV block-seconds one request holds (measured
+//            while decode kept up, stretched by the TPOT since); prefill
+//            counts the same waiting requests' prompts as its backlog
 //
 // Stability: a scale-down is planned with the whole load on the survivors
 // and a stricter utilisation (utilisation × (1 − scaleDownMargin)), so the
@@ -158,9 +163,11 @@ struct Signals {
   // free (0: unknown, nothing is discounted).
   double decode_kv_total_blocks = 0;
   double kv_block_tokens = 0;
+  // Requests arriving (the routers' decisions): decode's flow (KV
+  // block-seconds per request) is measured and sized on it.
+  double requests_per_s = 0;
   // Reported for status and metrics (and read by other policies tandem-sim
   // compares); the decision does not size on them.
-  double requests_per_s = 0;
   double generation_tokens_per_s = 0;
   double preemptions_per_s = 0;
   double fallback_share = 0;  // requests that fell back to monolithic or were rejected
@@ -220,6 +227,14 @@ struct PlannerState {
     std::optional<double> manual_until_s;          // a user's replicas stand until then
     int32_t written = -1;                          // replicas the planner last wrote; -1: none
     std::optional<double> capacity;                // remembered per-replica capacity (warm replicas)
+    // Decode: KV blocks held per request per second of arrivals (the KV in
+    // use ÷ the request rate, Little's law: blocks a request holds × how
+    // long it holds them), remembered from intervals where decode admitted
+    // every request; it sizes a full pool whose demand the ratio cannot show.
+    // The TPOT p95 they were measured at: a request decodes longer, and
+    // holds its KV longer, as the batch grows.
+    std::optional<double> kv_block_seconds;
+    double kv_tpot_s = 0;
     double correction = 1;
     int32_t last_direction = 0;  // +1 / −1 of its last step (for reversals)
     // (time, replicas the model allowed shrinking to): a scale-down goes no

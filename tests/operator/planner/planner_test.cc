@@ -760,6 +760,78 @@ TEST(PlannerTest, AScaleUpCheckNeverShrinksNorGrowsARoleThatKeepsUp) {
   EXPECT_THAT(held.prefill.message, HasSubstr("ScaleUp"));
 }
 
+// A steady pool (steadyPool) whose decode KV and request rate are known:
+// 15 requests/s hold 30% of 4 x 1,000 blocks, 80 block-seconds each.
+Signals measuredPool(double at_s) {
+  Signals s = steadyPool(at_s, 4, 4, 30000);
+  s.requests_per_s = 15;
+  s.decode_kv_total_blocks = 4000;
+  s.kv_block_tokens = 512;
+  return s;
+}
+
+// The load doubles: decode full with `waiting` requests waiting for KV,
+// prefill's queue growing, TPOT `tpot_s`.
+Signals doubledOnAFullDecodePool(double at_s, double waiting, double tpot_s) {
+  Signals s = measuredPool(at_s);
+  s.requests_per_s = 30;
+  s.uncached_prompt_tokens_per_s = 60000;
+  s.prefill_queue_tokens = s.prefill_queue_peak_tokens = 40000;
+  s.decode_kv_used_ratio = s.decode_kv_active_ratio = 0.95;
+  s.decode_waiting = waiting;
+  s.tpot_p95_s = tpot_s;
+  s.ttft_p95_s = 6;
+  return s;
+}
+
+TEST(PlannerTest, AFullDecodePoolIsSizedAsAFlowWithPrefillForTheSameBacklog) {
+  PlannerConfig c = config();
+  c.max_step = 20;  // the sizing, not the step's bound
+  PlannerState state;
+  decide(c, measuredPool(3000), state);
+  decide(c, measuredPool(3030), state);
+  ASSERT_TRUE(state.decode.kv_block_seconds);
+  EXPECT_NEAR(*state.decode.kv_block_seconds, 80, 1e-9) << "0.3 x 4,000 blocks / 15 requests/s";
+
+  // TPOT doubled (0.02 -> 0.04 s): a request holds its KV twice as long, 160
+  // block-seconds. The Ready pool admits 3,600 / 160 = 22.5 requests/s of
+  // the 30 arriving: 50 waiting now, 50 + 7.5 x 60 s = 500 when replicas
+  // added now are up; drained within an interval, 30 + 500 / 30 requests/s
+  // x 160 block-seconds / (1,000 blocks x 0.9 x 1 / 1.2) = 9.96 replicas.
+  PlannerState copy = state;
+  const Decision d = decide(c, doubledOnAFullDecodePool(3060, 50, 0.04), copy);
+  EXPECT_EQ(d.decode.desired, 10) << d.decode.message;
+  EXPECT_THAT(d.decode.message, HasSubstr("30 requests/s and the waiting drained within an interval"));
+  // Prefill is sized for the same 500 requests (of 2,000 tokens) within an
+  // interval: (60,000 + 40,000 / 90 + 1,000,000 / 30) / (10,000 / 1.2) = 11.2.
+  EXPECT_EQ(d.prefill.desired, 12) << d.prefill.message;
+  EXPECT_THAT(d.prefill.message, HasSubstr("waiting on decode when new replicas are up"));
+  // The default step bounds it: up to doubling.
+  copy = state;
+  EXPECT_EQ(decide(config(), doubledOnAFullDecodePool(3060, 50, 0.04), copy).decode.desired, 8);
+
+  // The same TPOT as measured: the Ready pool admits 45 requests/s, more
+  // than arrive, and the flow (30 + 50 / 30 requests/s x 80 / 750 = 3.4
+  // replicas) is less than it has: the measurement no longer holds for a
+  // pool that is full with requests waiting, and decode doubles.
+  copy = state;
+  const Decision stale = decide(c, doubledOnAFullDecodePool(3060, 50, 0.02), copy);
+  EXPECT_EQ(stale.decode.desired, 8) << stale.decode.message;
+
+  // Nothing measured yet (no interval where decode kept up): it doubles,
+  // and prefill counts the requests waiting now, drained with its queue.
+  PlannerState blank;
+  const Decision unmeasured = decide(c, doubledOnAFullDecodePool(3060, 50, 0.04), blank);
+  EXPECT_EQ(unmeasured.decode.desired, 8) << unmeasured.decode.message;
+  EXPECT_THAT(unmeasured.decode.message, HasSubstr("doubled"));
+  EXPECT_THAT(unmeasured.prefill.message, HasSubstr("1e+05 waiting on decode)"));
+
+  // A full pool learns nothing: its ratio is censored.
+  copy = state;
+  decide(c, doubledOnAFullDecodePool(3060, 50, 0.04), copy);
+  EXPECT_EQ(copy.decode.kv_block_seconds, state.decode.kv_block_seconds);
+}
+
 TEST(PlannerTest, AScaleUpCheckUnderABudgetTakesTheRoomTheBudgetMakesAndNoMore) {
   // 6 + 6 of a 12-GPU budget; prefill's TTFT missed (the load tripled),
   // decode far from its targets: the budget cuts decode for prefill's growth.
