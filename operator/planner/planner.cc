@@ -26,6 +26,10 @@ constexpr double kMaxModelUtilisation = 0.95;
 constexpr int32_t kMaxReplicas = 100000;
 // The TTFT feedback asks for at most this many times the replicas utilisation needs.
 constexpr int32_t kMaxSloFactor = 4;
+// Decode's KV block-seconds per request are learned from intervals with at
+// least this many requests, and one interval moves them at most this factor.
+constexpr double kMinFlowRequests = 20;
+constexpr double kMaxFlowStep = 2;
 
 std::string num(double v) {
   char buf[32];
@@ -115,25 +119,83 @@ double modelTtft(double n, double rate, double queue, double mean_prompt, double
   return (mean_prompt / cap) / (1 - rho) + queue / (n * cap - rate);
 }
 
-// The KV block-seconds a request holds on decode now: as measured while
-// decode admitted every request, stretched by how much longer a token takes
-// now (the TPOT p95 against the one it was measured at).
-std::optional<double> kvBlockSeconds(const Signals& s, const PlannerState& state) {
-  const PlannerState::RoleState& rs = state.decode;
-  if (!rs.kv_block_seconds || !(*rs.kv_block_seconds > 0)) return std::nullopt;
-  const double stretch = s.tpot_p95_s && rs.kv_tpot_s > 0 ? std::max(1.0, *s.tpot_p95_s / rs.kv_tpot_s) : 1.0;
-  return *rs.kv_block_seconds * stretch;
+// The share of decode's KV (0..used) that D reserved for prompts queued
+// for prefill beyond what the prefill replicas compute within the TTFT
+// target: a prefill backlog's (more prefill replicas clear it; more decode
+// replicas would not free it). What prefill holds in flight in steady state
+// is decode's to hold.
+double kvHeldForPrefillBacklog(const PlannerConfig& c, const Signals& s, const PlannerState& state) {
+  if (!(s.decode_kv_total_blocks > 0) || !(s.kv_block_tokens > 0)) return 0;
+  const double in_flight = state.prefill.capacity.value_or(0) * std::max(1, readyCount(s.prefill)) * c.ttft_target_s;
+  const double queued = std::max(s.prefill_queue_tokens, s.prefill_queue_peak_tokens);
+  const double excess = std::max(0.0, queued - in_flight);
+  return std::min(s.decode_kv_used_ratio, excess / s.kv_block_tokens / s.decode_kv_total_blocks);
 }
 
-// Requests waiting on a full decode pool by the time replicas added now
-// are up: those waiting now, plus the arrivals beyond what the Ready pool
-// admits (its KV ÷ the block-seconds one request holds) over the start-up
-// time. nullopt until decode's block-seconds per request were measured.
-std::optional<double> waitingWhenUp(const PlannerConfig& c, const Signals& s, const PlannerState& state) {
-  const std::optional<double> per_request = kvBlockSeconds(s, state);
-  if (!per_request || !(s.decode_kv_total_blocks > 0) || !(s.requests_per_s > 0)) return std::nullopt;
-  const double admitted = s.decode_kv_total_blocks * (1 - c.min_free_kv_ratio) / *per_request;  // requests/s
-  return s.decode_waiting + std::max(0.0, s.requests_per_s - admitted) * c.startup_s;
+// Decode's KV full, with requests waiting to be admitted.
+bool decodeFullWithWaiting(const PlannerConfig& c, const Signals& s, double backlog) {
+  return s.decode_kv_used_ratio - backlog >= 1 - c.min_free_kv_ratio && s.decode_waiting > 0;
+}
+
+// A full decode pool sized as a flow (Little's law): the requests that must
+// pass per second (the arrivals, plus those waiting by the time replicas
+// added now are up, drained within one interval of that) × the KV
+// block-seconds one request holds now (as measured while decode admitted
+// every request, stretched by how much longer a token takes now: the TPOT
+// p95 against the one it was measured at).
+struct DecodeFlow {
+  double waiting_when_up = 0;  // requests
+  double replicas = 0;
+};
+
+// nullopt when decode is not full with requests waiting, its block-seconds
+// were not measured, or the flow needs no more than the Ready replicas (the
+// measurement no longer holds for a pool that is full: it doubles then).
+std::optional<DecodeFlow> decodeFlow(const PlannerConfig& c, const Signals& s, const PlannerState& state,
+                                     double backlog) {
+  const PlannerState::RoleState& rs = state.decode;
+  const int32_t ready = std::max(1, readyCount(s.decode));
+  if (!decodeFullWithWaiting(c, s, backlog) || !rs.kv_block_seconds || !(rs.kv_tpot_s > 0) ||
+      !(s.decode_kv_total_blocks > 0) || !(s.requests_per_s > 0)) {
+    return std::nullopt;
+  }
+  const double stretch = s.tpot_p95_s ? std::max(1.0, *s.tpot_p95_s / rs.kv_tpot_s) : 1.0;
+  const double per_request = *rs.kv_block_seconds * stretch;
+  const double kv_room = 1 - c.min_free_kv_ratio;
+  const double admitted = s.decode_kv_total_blocks * kv_room / per_request;  // requests/s the Ready pool admits
+  DecodeFlow f;
+  f.waiting_when_up = s.decode_waiting + std::max(0.0, s.requests_per_s - admitted) * c.startup_s;
+  const double util = 1 / (1 + c.headroom);
+  f.replicas = (s.requests_per_s + f.waiting_when_up / c.interval_s) * per_request /
+               (s.decode_kv_total_blocks / ready * kv_room * util);
+  if (!std::isfinite(f.replicas) || f.replicas <= ready) return std::nullopt;
+  return f;
+}
+
+// Learns decode's KV block-seconds per request (KV in use ÷ request rate)
+// from an interval where decode admitted every request: none waiting, no
+// KV held for a prefill backlog, every decode replica Ready and warm (the
+// KV ratio's peak and the pool's blocks then describe the same replicas),
+// enough requests to tell, TPOT known. One interval moves it at most
+// kMaxFlowStep times either way.
+void learnDecodeFlow(const PlannerConfig& c, const Signals& s, double backlog, PlannerState::RoleState& rs) {
+  const bool settled = std::all_of(s.decode.begin(), s.decode.end(), [&](const ReplicaSample& r) {
+    return r.ready && r.ready_for_s >= c.warmup_s;
+  });
+  if (!settled || s.decode.empty() || backlog > 0 || s.decode_waiting > 0 || !s.tpot_p95_s || !(s.decode_running > 0) ||
+      !(s.requests_per_s * c.interval_s >= kMinFlowRequests) || !(s.decode_kv_total_blocks > 0)) {
+    return;
+  }
+  double measured = s.decode_kv_used_ratio * s.decode_kv_total_blocks / s.requests_per_s;
+  if (!std::isfinite(measured) || !(measured > 0) || !std::isfinite(*s.tpot_p95_s) || !(*s.tpot_p95_s > 0)) return;
+  if (rs.kv_block_seconds) {
+    measured = std::clamp(measured, *rs.kv_block_seconds / kMaxFlowStep, *rs.kv_block_seconds * kMaxFlowStep);
+    rs.kv_block_seconds = 0.5 * *rs.kv_block_seconds + 0.5 * measured;
+    rs.kv_tpot_s = 0.5 * rs.kv_tpot_s + 0.5 * *s.tpot_p95_s;
+  } else {
+    rs.kv_block_seconds = measured;
+    rs.kv_tpot_s = *s.tpot_p95_s;
+  }
 }
 
 Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, std::string& missing) {
@@ -159,15 +221,15 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   // of that backlog from prefill's own queue). Counted for growing only: a
   // burst's peak of waiting requests does not hold prefill up for a
   // stabilization window, and with prefill idle the wait is decode's own.
-  // Where decode's flow is known, they are counted as they will be when
-  // new replicas are up (the waiting grows until decode's are) and drained
-  // within one interval of that, as decode is sized for; otherwise as they
-  // are now, drained with the queue.
+  // They reach prefill when decode's new replicas are up, and are drained
+  // within one interval of that; where decode is sized as a flow, counted
+  // as they will be then (the waiting grows until decode's replicas are
+  // up), otherwise as they are now.
   const double queue = s.prefill_queue_tokens;
-  const std::optional<double> waiting_when_up =
-      queue > 0 && s.decode_waiting > 0 ? waitingWhenUp(c, s, state) : std::nullopt;
-  const double hidden = queue > 0 && !waiting_when_up ? s.decode_waiting * s.mean_uncached_prompt_tokens : 0;
-  const double hidden_when_up = waiting_when_up.value_or(0) * s.mean_uncached_prompt_tokens;
+  const std::optional<DecodeFlow> flow =
+      queue > 0 ? decodeFlow(c, s, state, kvHeldForPrefillBacklog(c, s, state)) : std::nullopt;
+  const double hidden =
+      queue > 0 ? (flow ? flow->waiting_when_up : s.decode_waiting) * s.mean_uncached_prompt_tokens : 0;
   if (s.ttft_p95_s) {
     n.pressure = *s.ttft_p95_s / c.ttft_target_s;
     n.slo_missed = n.pressure > 1;
@@ -214,13 +276,12 @@ Need prefillNeed(const PlannerConfig& c, const Signals& s, PlannerState& state, 
   };
   n.own_pressure = std::isfinite(model_now) ? rs.correction * model_now / c.ttft_target_s : n.pressure;
   n.behind = queue > cap * ready * c.ttft_target_s || s.uncached_prompt_tokens_per_s > cap * ready;
-  n.up = fewest(1, queue + hidden, hidden_when_up);
+  n.up = fewest(1, queue, hidden);
   n.down = fewest(1 - c.scale_down_margin, queue, 0);
   n.why = strCat(num(rate), " uncached tokens/s forecast + ", num(queue), " queued",
-                 hidden > 0 ? strCat(" (+ ", num(hidden), " waiting on decode)") : std::string(),
-                 hidden_when_up > 0
-                     ? strCat(" (+ ", num(hidden_when_up), " waiting on decode when new replicas are up, drained within an interval)")
-                     : std::string(),
+                 hidden > 0 ? strCat(" (+ ", num(hidden), flow ? " waiting on decode when new replicas are up" : " waiting on decode",
+                                     ", drained within an interval of that)")
+                            : std::string(),
                  ", ", num(cap),
                  " tokens/s per replica, model TTFT ", num(model_now), " s x correction ", num(rs.correction),
                  unreachable ? "; one prompt alone takes longer than the TTFT target: sized on utilisation" : "");
@@ -231,17 +292,8 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   Need n;
   const int32_t ready = std::max(1, readyCount(s.decode));
   const double kv_room = 1 - c.min_free_kv_ratio;
-  // KV reserved for prompts queued for prefill beyond what the prefill
-  // replicas compute within the TTFT target is a prefill backlog's (more
-  // prefill replicas clear it; more decode replicas would not free it).
-  // What prefill holds in flight in steady state is decode's to hold.
-  double backlog = 0;
-  if (s.decode_kv_total_blocks > 0 && s.kv_block_tokens > 0) {
-    const double in_flight = state.prefill.capacity.value_or(0) * std::max(1, readyCount(s.prefill)) * c.ttft_target_s;
-    const double queued = std::max(s.prefill_queue_tokens, s.prefill_queue_peak_tokens);
-    const double excess = std::max(0.0, queued - in_flight);
-    backlog = std::min(s.decode_kv_used_ratio, excess / s.kv_block_tokens / s.decode_kv_total_blocks);
-  }
+  // KV held for a prefill backlog is discounted (kvHeldForPrefillBacklog).
+  const double backlog = kvHeldForPrefillBacklog(c, s, state);
   // The working set grows as sessions start: its trend is planned for too.
   const double kv = forecast(state.kv_active, s.at_s,
                              std::max(s.decode_kv_used_ratio, s.decode_kv_active_ratio) - backlog, c.startup_s);
@@ -257,22 +309,16 @@ Need decodeNeed(const PlannerConfig& c, const Signals& s, PlannerState& state) {
   // drained within one interval after that) × the KV block-seconds one
   // request holds (measured while decode kept up). Without that
   // measurement the pool doubles.
-  n.full_with_waiting = s.decode_kv_used_ratio - backlog >= kv_room && s.decode_waiting > 0;
-  PlannerState::RoleState& rs = state.decode;
-  const double blocks_per_replica = s.decode_kv_total_blocks / ready;
+  n.full_with_waiting = decodeFullWithWaiting(c, s, backlog);
   if (n.full_with_waiting) {
-    if (const auto waiting = waitingWhenUp(c, s, state); waiting && blocks_per_replica > 0) {
-      const double flow = s.requests_per_s + *waiting / c.interval_s;
-      n.flow = flow * *kvBlockSeconds(s, state) / (blocks_per_replica * kv_room * util);
-    }
     // A flow the Ready pool already covers while it is full says the
     // measured block-seconds no longer hold (requests hold KV longer now):
-    // the pool doubles then.
-    kv_up = std::max(kv_up, n.flow > ready ? n.flow : 2.0 * ready);
-  } else if (s.requests_per_s > 0 && s.decode_kv_total_blocks > 0 && backlog == 0 && s.decode_waiting == 0) {
-    const double measured = s.decode_kv_used_ratio * s.decode_kv_total_blocks / s.requests_per_s;
-    rs.kv_block_seconds = rs.kv_block_seconds ? 0.5 * *rs.kv_block_seconds + 0.5 * measured : measured;
-    if (s.tpot_p95_s) rs.kv_tpot_s = rs.kv_tpot_s > 0 ? 0.5 * rs.kv_tpot_s + 0.5 * *s.tpot_p95_s : *s.tpot_p95_s;
+    // the pool doubles then, as it does before they were measured.
+    const std::optional<DecodeFlow> flow = decodeFlow(c, s, state, backlog);
+    n.flow = flow ? flow->replicas : 0;
+    kv_up = std::max(kv_up, flow ? flow->replicas : 2.0 * ready);
+  } else {
+    learnDecodeFlow(c, s, backlog, state.decode);
   }
   const double kv_down = ready * kv / (kv_room * util * (1 - c.scale_down_margin));
   n.pressure = (s.decode_kv_used_ratio - backlog) / kv_room;

@@ -229,8 +229,9 @@ struct PlannerState {
     std::optional<double> capacity;                // remembered per-replica capacity (warm replicas)
     // Decode: KV blocks held per request per second of arrivals (the KV in
     // use ÷ the request rate, Little's law: blocks a request holds × how
-    // long it holds them), remembered from intervals where decode admitted
-    // every request; it sizes a full pool whose demand the ratio cannot show.
+    // long it holds them), learned from settled intervals where decode
+    // admitted every request (learnDecodeFlow in planner.cc); it sizes a
+    // full pool whose demand the ratio cannot show.
     // The TPOT p95 they were measured at: a request decodes longer, and
     // holds its KV longer, as the batch grows.
     std::optional<double> kv_block_seconds;

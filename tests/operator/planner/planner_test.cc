@@ -384,9 +384,10 @@ TEST(PlannerTest, RequestsWaitingOnDecodeForKvAreCountedAsPrefillBacklog) {
     return decide(c, s, state).prefill.desired;
   };
   EXPECT_EQ(prefill_after(0, 10000), 4) << "30k x 1.2 / 10k, and a small queue";
-  // 600 requests of 2,000 tokens: 1.2M tokens drained within the start-up
-  // and one interval (90 s) on top of the arrivals.
-  EXPECT_GE(prefill_after(600, 10000), 6);
+  // 600 requests of 2,000 tokens: 1.2M tokens drained within one interval
+  // (30 s) of new replicas being up, on top of the arrivals:
+  // (30k + 10k / 90 + 1.2M / 30) / (10k / 1.2) = 8.4.
+  EXPECT_EQ(prefill_after(600, 10000), 8) << "the default step: up to doubling";
   // Prefill idle: the requests wait for decode's own KV, not for prefill.
   EXPECT_EQ(prefill_after(600, 0), 4);
 }
@@ -819,17 +820,65 @@ TEST(PlannerTest, AFullDecodePoolIsSizedAsAFlowWithPrefillForTheSameBacklog) {
   EXPECT_EQ(stale.decode.desired, 8) << stale.decode.message;
 
   // Nothing measured yet (no interval where decode kept up): it doubles,
-  // and prefill counts the requests waiting now, drained with its queue.
+  // and prefill counts the requests waiting now (50 x 2,000 tokens, within
+  // an interval: (60,000 + 40,000 / 90 + 100,000 / 30) / (10,000 / 1.2) = 7.6).
   PlannerState blank;
   const Decision unmeasured = decide(c, doubledOnAFullDecodePool(3060, 50, 0.04), blank);
   EXPECT_EQ(unmeasured.decode.desired, 8) << unmeasured.decode.message;
   EXPECT_THAT(unmeasured.decode.message, HasSubstr("doubled"));
-  EXPECT_THAT(unmeasured.prefill.message, HasSubstr("1e+05 waiting on decode)"));
+  EXPECT_EQ(unmeasured.prefill.desired, 8) << unmeasured.prefill.message;
+  EXPECT_THAT(unmeasured.prefill.message, HasSubstr("1e+05 waiting on decode, drained within an interval"));
 
-  // A full pool learns nothing: its ratio is censored.
+  // A check between intervals acts on the flow but learns nothing.
   copy = state;
-  decide(c, doubledOnAFullDecodePool(3060, 50, 0.04), copy);
+  const Decision checked = checkScaleUp(c, doubledOnAFullDecodePool(3060, 50, 0.04), copy);
+  EXPECT_EQ(checked.decode.desired, 10) << checked.decode.message;
   EXPECT_EQ(copy.decode.kv_block_seconds, state.decode.kv_block_seconds);
+  EXPECT_EQ(copy.decode.kv_tpot_s, state.decode.kv_tpot_s);
+}
+
+TEST(PlannerTest, DecodesBlockSecondsAreLearnedOnlyFromASettledPoolWithTraffic) {
+  const PlannerConfig c = config();
+  PlannerState state;
+  decide(c, measuredPool(3000), state);
+  ASSERT_TRUE(state.decode.kv_block_seconds);
+  const double learned = *state.decode.kv_block_seconds;  // 80
+  auto after = [&](Signals s) {
+    PlannerState copy = state;
+    decide(c, s, copy);
+    return *copy.decode.kv_block_seconds;
+  };
+  // A trickle of requests while long sequences still hold KV: 0.3 x 4,000
+  // blocks / 0.02 requests/s would read 60,000 block-seconds.
+  Signals trickle = measuredPool(3030);
+  trickle.requests_per_s = 0.02;
+  EXPECT_EQ(after(trickle), learned) << "fewer than 20 requests in the interval";
+  // A decode replica still warming: the KV ratio and the pool's blocks may
+  // describe different replicas.
+  Signals warming = measuredPool(3030);
+  warming.decode[3].ready_for_s = 10;
+  EXPECT_EQ(after(warming), learned);
+  Signals starting = measuredPool(3030);
+  starting.decode.push_back({.name = "d4", .ready = false});
+  starting.spec_decode = 5;
+  EXPECT_EQ(after(starting), learned);
+  // No TPOT to stretch it by later.
+  Signals no_tpot = measuredPool(3030);
+  no_tpot.tpot_p95_s.reset();
+  EXPECT_EQ(after(no_tpot), learned);
+  // Requests waiting, or KV held for a prefill backlog: decode did not admit every request.
+  Signals waiting = measuredPool(3030);
+  waiting.decode_waiting = 3;
+  EXPECT_EQ(after(waiting), learned);
+  // A jump moves it at most twice (then averaged): 10 x the KV reads 800,
+  // counted as 160, averaged with 80.
+  Signals jump = measuredPool(3030);
+  jump.requests_per_s = 1.5;
+  EXPECT_NEAR(after(jump), 120, 1e-9);
+  // An ordinary interval: averaged (0.45 x 4,000 / 15 = 120 with 80: 100).
+  Signals busier = measuredPool(3030);
+  busier.decode_kv_used_ratio = 0.45;
+  EXPECT_NEAR(after(busier), 100, 1e-9);
 }
 
 TEST(PlannerTest, AScaleUpCheckUnderABudgetTakesTheRoomTheBudgetMakesAndNoMore) {
