@@ -90,6 +90,8 @@ struct AgentServer::Impl {
   ApiLimits limits;
   engine::EngineOptions engine_options;  // the engine's, for checks made before a request reaches it
   std::string cpu_simd;                  // the CPU backend's vector code, for the start-up log
+  std::string kv_memory = "host";        // where the KV pool is, for the start-up log
+  std::string ucx_cuda_memory = "n/a";   // whether the KV transport's UCX reads device memory (P/D roles)
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
@@ -426,16 +428,24 @@ struct AgentServer::Impl {
       log.warn("test hook on: every reply is scripted",
                {{"scripted_output", config.scripted_output_file}, {"replies", options.scripted_replies.size()}});
     }
-    if (isPdRole(config.role)) {
-      options.kv_memory = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
-        TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));
-        return engine::KvMemory{.bytes = kv.pool->bytes(), .keep_alive = kv.pool};
-      };
-    }
     // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
     // value is a start-up error here (the backend itself would abort on it).
     TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
+    auto ucx_region = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
+      TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));
+      return engine::KvMemory{.bytes = kv.pool->bytes(), .keep_alive = kv.pool};
+    };
+    // The GPU kernels keep the pool in the device's memory (on the CPU
+    // executor too, so that the emulator runs what a GPU runs); roles prefill
+    // and decode stage it through the UCX region (docs/cuda.md).
+    if (auto* kernels = dynamic_cast<engine::KernelBackend*>(backend.get())) {
+      options.kv_memory = [kernels](size_t bytes) { return kernels->kvMemory(bytes); };
+      if (isPdRole(config.role)) options.kv_staging = ucx_region;
+      kv_memory = isPdRole(config.role) ? "device, staged through host memory" : "device";
+    } else if (isPdRole(config.role)) {
+      options.kv_memory = ucx_region;
+    }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
     TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
@@ -454,8 +464,7 @@ struct AgentServer::Impl {
   // The engine's backend for --device. The GPU kernels run on the CPU
   // executor (cuda-emulator); the CUDA backend (engine/backend/cuda/
   // cuda_device.h) is built only into the CUDA build's device check, and the
-  // agent does not serve with it yet (its KV pool would be device memory,
-  // which the P/D transport cannot send: docs/cuda.md), so --device cuda is
+  // agent is not built with it yet (docs/cuda.md), so --device cuda is
   // refused by name.
   absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
     const engine::CpuBackendOptions cpu{.simd = simd};
@@ -515,6 +524,7 @@ struct AgentServer::Impl {
   // Roles prefill and decode: the P/D service on the KV port (pd.md).
   absl::Status startPdService(const KvSetup& kv, transport::KvTransportFactory kv_transport_factory) {
     if (!isPdRole(config.role)) return absl::OkStatus();
+    if (kv.pool) ucx_cuda_memory = kv.pool->cudaMemory() ? "yes" : "no";
     PdOptions pd;
     pd.transport = kv.transport;
     pd.transport.pool = kv.pool;
@@ -579,6 +589,8 @@ struct AgentServer::Impl {
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd},
                          {"device", config.device},
+                         {"kv_memory", kv_memory},
+                         {"ucx_cuda_memory", ucx_cuda_memory},
                          {"api_keys", api_keys ? "on" : "off"}});
     return absl::OkStatus();
   }

@@ -22,6 +22,11 @@ absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::s
                               transport::TransportCallbacks callbacks,
                               const std::function<void(std::unique_ptr<transport::KvTransport>)>& hold) {
   transport::TransportOptions to = options.transport;
+  if (kv.empty()) {
+    return absl::FailedPreconditionError(
+        "the engine's KV pool is in device memory with no host staging memory for the transport "
+        "(EngineOptions::kv_staging)");
+  }
   if (!to.pool) {
     to.region = kv;
   } else if (to.pool->bytes().data() != kv.data() || to.pool->bytes().size() < kv.size()) {

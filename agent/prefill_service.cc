@@ -46,6 +46,9 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   engine::KvLayout layout;
   ModelIdentity model;                    // set at start, before the transport exists
   const engine::KvStorage* kv = nullptr;  // read on the engine thread only
+  // What decode agents read (Engine::kvRegion: the pool, or a device
+  // pool's staging copy, which the engine fills before announcing).
+  const std::byte* region = nullptr;
   std::unique_ptr<transport::KvTransport> t;
   std::function<void(const engine::RequestUpdate&)> on_finished;
   std::atomic<uint64_t> next_lease{1};
@@ -104,9 +107,8 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
       msg.layer = static_cast<uint16_t>(layer);
       msg.first_block = static_cast<uint32_t>(r.first_block);
       for (BlockId b : r.blocks) {
-        const float* p = kv->layerBlock(layer, b);
         msg.checksums.push_back(kvproto::layerBlockChecksum(
-            std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), layout.bytesPerLayerBlock())));
+            std::span<const std::byte>(region + kv->layerBlockByteOffset(layer, b), layout.bytesPerLayerBlock())));
       }
       if (!stopping.load()) t->send(k->second.first, kvproto::encode(out));
     }
@@ -413,6 +415,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
     raw->kv = &e.kv();
     region = e.kvRegion();
   });
+  raw->region = region.data();
   transport::TransportCallbacks cb;
   cb.on_accept = [raw](ConnId c) { raw->onAccept(c); };
   cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };

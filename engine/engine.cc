@@ -72,13 +72,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   } else {
     kv = std::make_unique<KvStorage>(layout);
   }
+  KvMemory staging;
+  if (o.kv_staging) {
+    if (!kv->onDevice()) {
+      return bad("kv_staging", "is for a KV pool in device memory (kv_memory returned host memory)");
+    }
+    TANDEM_ASSIGN_OR_RETURN(staging, o.kv_staging(layout.totalFloats() * sizeof(float)));
+    if (staging.device) return bad("kv_staging", "must be host memory (the transport reads and writes it)");
+    if (absl::Status st = KvStorage::checkMemory(layout, staging); !st.ok()) {
+      return bad("kv_staging", std::string(toStd(st.message())));
+    }
+  }
   return std::unique_ptr<Engine>(new Engine(o, std::move(weights), std::move(backend), std::move(model),
-                                            std::move(tokenizer), clock, std::move(kv)));
+                                            std::move(tokenizer), clock, std::move(kv), std::move(staging)));
 }
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights,
                std::unique_ptr<Backend> backend, std::unique_ptr<LlamaModel> model,
-               std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock, std::unique_ptr<KvStorage> kv)
+               std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock, std::unique_ptr<KvStorage> kv,
+               KvMemory staging)
     : options_(options),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
@@ -86,6 +98,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
       tokenizer_(std::move(tokenizer)),
       clock_(clock),
       kv_(std::move(kv)),
+      staging_(std::move(staging)),
       blocks_(options.num_blocks),
       sessions_(blocks_),
       leases_(blocks_),
@@ -353,7 +366,7 @@ std::vector<LayerReady> Engine::reportLeasedPrefills(std::span<const ScheduledCh
 
 absl::Status Engine::runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run) {
   if (batch.empty()) return absl::OkStatus();
-  LayerObserver on_layer = [&](int layer) { layer_observer_(layer, during_run); };
+  LayerObserver on_layer = [&](int layer) { announce(layer, during_run); };
   const bool observe = layer_observer_ && !during_run.empty();
   return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
 }
@@ -375,8 +388,47 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
     }
   }
   if (layer_observer_ && !completed.empty()) {
-    for (int layer = 0; layer < weights_->config.num_layers; ++layer) layer_observer_(layer, completed);
+    for (int layer = 0; layer < weights_->config.num_layers; ++layer) announce(layer, completed);
   }
+}
+
+// Runs of consecutive block ids: each is one copy (a layer's blocks with
+// consecutive ids are consecutive in the pool).
+template <typename Fn>
+void forEachBlockRun(std::span<const BlockId> blocks, Fn&& fn) {
+  size_t i = 0;
+  while (i < blocks.size()) {
+    size_t n = 1;
+    while (i + n < blocks.size() && static_cast<size_t>(blocks[i + n].value()) == static_cast<size_t>(blocks[i].value()) + n) ++n;
+    fn(blocks[i], n);
+    i += n;
+  }
+}
+
+void Engine::announce(int layer, std::span<const LayerReady> ready) {
+  if (kvStaged()) {
+    const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
+    for (const LayerReady& r : ready) {
+      forEachBlockRun(r.blocks, [&](BlockId first, size_t n) {
+        const size_t offset = kv_->layerBlockByteOffset(layer, first);
+        backend_->downloadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
+      });
+    }
+    if (!backend_->status().ok()) return;
+  }
+  layer_observer_(layer, ready);
+}
+
+bool Engine::stageIn(std::span<const BlockId> blocks) {
+  if (!kvStaged()) return true;
+  const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
+  for (int layer = 0; layer < kv_->layout().num_layers; ++layer) {
+    forEachBlockRun(blocks, [&](BlockId first, size_t n) {
+      const size_t offset = kv_->layerBlockByteOffset(layer, first);
+      backend_->uploadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
+    });
+  }
+  return backend_->status().ok();
 }
 
 void Engine::fillGauges(StepStats* st) const {
@@ -422,6 +474,12 @@ bool Engine::completeImport(RequestId id, TokenId first_token) {
   auto it = live_.find(id);
   if (it == live_.end() || !it->second->importing()) return false;
   Sequence* seq = it->second.get();
+  // A staged pool: the importer wrote the staging copy of the blocks it was given.
+  if (!stageIn(seq->blocks)) {
+    finish(seq, FinishReason::kError, RejectReason::kNone,
+           strCat("loading the imported KV into device memory: ", toStd(backend_->status().message())));
+    return true;
+  }
   if (absl::Status st = engine::completeImport(*seq, first_token, weights_->config.vocab_size, clock_.now());
       !st.ok()) {
     finish(seq, FinishReason::kError, RejectReason::kNone, std::string(toStd(st.message())));

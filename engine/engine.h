@@ -68,6 +68,14 @@ struct EngineOptions {
   // UCX allocated, so a shared-memory peer can map it); the memory must be
   // that large and 64-byte aligned, or create() fails with the reason.
   std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_memory;
+  // With a pool in device memory (KvMemory::device, e.g. a GPU backend's
+  // kvMemory), host memory of the pool's size that a transport reads and
+  // writes instead (the agent returns memory UCX allocated): the engine
+  // downloads each layer block of a leased prefill there before announcing
+  // it, and uploads an import's blocks from there when the import
+  // completes. Unset with a device pool: kvRegion() is empty (no P/D).
+  // Must be host memory of the pool's size, 64-byte aligned.
+  std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_staging;
   // Test hook (tandem-agent --scripted-output, which needs
   // --allow-test-hooks): when not empty, request k (k = 1, 2, ... in
   // submission order) replies scripted_replies[(k - 1) % size]: its n-th
@@ -205,14 +213,17 @@ class Engine {
   int numSessionsResident() const { return sessions_.numResident(); }
   int numLive() const { return static_cast<int>(live_.size()); }
   const KvStorage& kv() const { return *kv_; }
-  // The whole KV pool, for registration with the transport (which reads and
-  // writes it only as the P/D protocol allows).
-  std::span<std::byte> kvRegion() { return kv_->bytes(); }
+  // The memory the transport registers and reads and writes only as the
+  // P/D protocol allows: the KV pool itself, or with a pool in device
+  // memory its staging copy (EngineOptions::kv_staging; empty without one).
+  std::span<std::byte> kvRegion() { return kv_->onDevice() ? staging_.bytes : kv_->bytes(); }
+  // kvRegion() is a host copy of a device pool (staged), not the pool.
+  bool kvStaged() const { return !staging_.bytes.empty(); }
 
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
          std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock,
-         std::unique_ptr<KvStorage> kv);
+         std::unique_ptr<KvStorage> kv, KvMemory staging);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
 
   // The phases of step(), in order.
@@ -228,6 +239,13 @@ class Engine {
   // what the layer observer announces during the run.
   std::vector<LayerReady> reportLeasedPrefills(std::span<const ScheduledChunk> chunks);
   absl::Status runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run);
+  // Calls the layer observer for `ready`; with a staged pool, after copying
+  // layer `layer` of their blocks to the staging copy (nothing is announced
+  // when the backend failed: the step fails with its status).
+  void announce(int layer, std::span<const LayerReady> ready);
+  // A staged pool: every layer of `blocks` from the staging copy (an
+  // import's, when it completes). False when the backend failed.
+  bool stageIn(std::span<const BlockId> blocks);
   // Advances computed tokens, commits full blocks to the prefix cache,
   // announces what earlier chunks completed, samples where logits came out.
   void postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch);
@@ -251,6 +269,7 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
+  KvMemory staging_;  // a device pool's host copy for the transport (kvRegion)
   BlockManager blocks_;
   SessionStore sessions_;  // sessions_ and leases_ after blocks_: they release into the pool when destroyed
   LeaseTable leases_;

@@ -76,6 +76,13 @@ UcxRegion::UcxRegion(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxRegion::~UcxRegion() = default;
 std::span<std::byte> UcxRegion::bytes() const { return impl_->bytes; }
 
+bool UcxRegion::cudaMemory() const {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(impl_->ctx, &attr) != UCS_OK) return false;
+  return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
 absl::StatusOr<std::shared_ptr<UcxRegion>> UcxRegion::allocate(size_t bytes, const TransportOptions& options) {
   if (bytes == 0) return absl::InvalidArgumentError("UCX region: size must be positive");
   auto impl = std::make_unique<Impl>();

@@ -79,6 +79,12 @@ class UcxRegion {
   static absl::StatusOr<std::shared_ptr<UcxRegion>> allocate(size_t bytes, const TransportOptions& options);
   ~UcxRegion();
   std::span<std::byte> bytes() const;
+  // Whether this UCX can read and write CUDA device memory (its context
+  // lists the CUDA memory type: NVIDIA's UCX builds with cuda_copy/cuda_ipc;
+  // Debian's has no CUDA transports). Tandem stages a device KV pool through
+  // host memory either way (EngineOptions::kv_staging); the agent says which
+  // UCX it has at start-up.
+  bool cudaMemory() const;
 
   struct Impl;
 

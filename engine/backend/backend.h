@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 
@@ -159,6 +160,17 @@ class Backend {
   // (copy-on-write of a shared partial block). A device backend's cache
   // lives in device memory, so the engine copies through the backend.
   virtual void copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) = 0;
+
+  // Copies host.size() bytes at byte `offset` of the KV pool to `host`
+  // (download) or from it (upload): the engine stages a pool in device
+  // memory through host memory a transport can read and write
+  // (EngineOptions::kv_staging). On a host pool, plain copies.
+  virtual void downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
+    std::memcpy(host.data(), kv.bytes().data() + offset, host.size());
+  }
+  virtual void uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) {
+    std::memcpy(kv.bytes().data() + offset, host.data(), host.size());
+  }
 
   // Paged causal attention for a batch of chunks (prefill chunks and
   // single-token decodes mixed). q: [num_rows_total, num_heads * head_dim],

@@ -86,6 +86,12 @@ class KvStorage {
 
   // The whole region, for memory registration.
   std::span<std::byte> bytes() { return {reinterpret_cast<std::byte*>(data_), layout_.totalFloats() * sizeof(float)}; }
+  std::span<const std::byte> bytes() const {
+    return {reinterpret_cast<const std::byte*>(data_), layout_.totalFloats() * sizeof(float)};
+  }
+  // Where layer block (layer, block) starts in bytes(); consecutive block
+  // ids of one layer are consecutive in memory.
+  size_t layerBlockByteOffset(int layer, BlockId block) const { return layerBlockOffset(layer, block) * sizeof(float); }
 
  private:
   size_t layerBlockOffset(int layer, BlockId block) const {

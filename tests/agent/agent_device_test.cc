@@ -1,7 +1,9 @@
 // The agent's --device (docs/cuda.md): cuda-emulator serves through the GPU
-// kernels on the CPU executor and answers what the CPU backend answers;
-// cuda, with no CUDA backend in the binary, is a start-up error that says
-// what to use instead.
+// kernels on the CPU executor, with the KV pool in the device's memory, and
+// answers what the CPU backend answers; in P/D it stages that pool through
+// the UCX region (the path a GPU agent takes where UCX cannot read device
+// memory) and answers what one emulated agent answers. cuda, with no CUDA
+// backend in the binary, is a start-up error that says what to use instead.
 
 #include <gtest/gtest.h>
 
@@ -16,6 +18,10 @@ namespace {
 
 using nlohmann::json;
 using testing::AgentProcess;
+using testing::metricValue;
+using testing::metricValueWith;
+using testing::scrape;
+using testing::waitFor;
 
 std::string complete(const AgentProcess& a, const std::string& prompt) {
   http::ClientRequest req{.method = "POST", .url = a.url("/v1/completions")};
@@ -42,6 +48,37 @@ TEST(AgentDeviceTest, TheCudaEmulatorServesWhatTheCpuBackendServes) {
   }
   EXPECT_EQ(emulated->stop(SIGTERM), 0) << emulated->log();
   EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
+}
+
+TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnswerAsOneAgent) {
+  for (const std::string tls : {"tcp", "posix,cma,tcp"}) {
+    // At level info, for the start-up line.
+    auto mono = AgentProcess::start({"--device", "cuda-emulator", "--num-blocks", "128", "--log-level", "info"});
+    auto prefill = AgentProcess::start({"--device", "cuda-emulator", "--role", "prefill", "--kv-listen", "127.0.0.1:0",
+                                        "--kv-tls", tls, "--num-blocks", "128", "--log-level", "info"});
+    ASSERT_TRUE(mono && prefill);
+    auto decode = AgentProcess::start({"--device", "cuda-emulator", "--role", "decode", "--kv-listen", "127.0.0.1:0",
+                                       "--kv-tls", tls, "--num-blocks", "128", "--checksum-rate", "1", "--log-level", "info",
+                                       "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
+    ASSERT_NE(decode, nullptr);
+    // Every prompt is new to both sides (no cached prefix): its whole KV moves.
+    for (const std::string prompt : {"x", "sixteen chars ok", "a prompt that spans several blocks of sixteen tokens each, and then some"}) {
+      EXPECT_EQ(complete(*decode, prompt), complete(*mono, prompt)) << tls << ": " << prompt;
+    }
+    const std::string d = scrape(*decode);
+    EXPECT_EQ(metricValueWith(d, "tandem_request_path_total", "path=\"disagg\""), 3) << tls;
+    EXPECT_GT(metricValue(d, "tandem_kv_checksum_verified_total{"), 0) << tls;
+    EXPECT_EQ(metricValueWith(d, "tandem_kv_transfer_failures_total", "reason=\"checksum_mismatch\""), 0) << tls;
+    EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*prefill), "tandem_kv_leases_active{") == 0; })) << tls;
+    // Each says at start-up where its pool is and what its UCX can read.
+    for (const AgentProcess* a : {prefill.get(), decode.get()}) {
+      EXPECT_NE(a->log().find("kv_memory=\"device, staged through host memory\" ucx_cuda_memory=no"), std::string::npos) << a->log();
+    }
+    EXPECT_NE(mono->log().find("kv_memory=device ucx_cuda_memory=n/a"), std::string::npos) << mono->log();
+    EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
+    EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
+    EXPECT_EQ(mono->stop(SIGTERM), 0) << mono->log();
+  }
 }
 
 TEST(AgentDeviceTest, CudaWithoutACudaBackendIsAStartUpErrorThatSaysWhatToUse) {

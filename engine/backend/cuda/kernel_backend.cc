@@ -262,6 +262,18 @@ void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
                                                static_cast<int64_t>(layout.floatsPerLayerBlock())}));
 }
 
+void KernelBackend::downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
+  if (!kv.onDevice()) return Backend::downloadKv(kv, offset, host);
+  if (!status_.ok()) return;
+  ok(device_->download(host.data(), kv.bytes().data() + offset, host.size()));
+}
+
+void KernelBackend::uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) {
+  if (!kv.onDevice()) return Backend::uploadKv(kv, offset, host);
+  if (!status_.ok()) return;
+  ok(device_->upload(kv.bytes().data() + offset, host.data(), host.size()));
+}
+
 void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                               const AttentionShape& shape, float* out) {
   const ScopedTimer t(&stats_.attention_time);

@@ -101,6 +101,9 @@ class KernelBackend : public Backend {
   void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                KvStorage& kv) override;
   void copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) override;
+  // Device copies for a pool in device memory (kvMemory); a host pool's, plain ones.
+  void downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) override;
+  void uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                  const AttentionShape& shape, float* out) override;
   void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;
