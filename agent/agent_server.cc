@@ -457,7 +457,8 @@ struct AgentServer::Impl {
               .clock = &clock};
     max_live = engine->options().max_num_seqs + engine->options().max_waiting;
     engine_options = engine->options();  // resolved, immutable: read on HTTP threads
-    engine_options.kv_memory = nullptr;  // refers to start()'s KvSetup
+    engine_options.kv_memory = nullptr;  // these refer to start()'s KvSetup
+    engine_options.kv_staging = nullptr;
     return engine;
   }
 

@@ -388,7 +388,19 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
     }
   }
   if (layer_observer_ && !completed.empty()) {
-    for (int layer = 0; layer < weights_->config.num_layers; ++layer) announce(layer, completed);
+    for (int layer = 0; layer < weights_->config.num_layers; ++layer) {
+      if (announce(layer, completed)) continue;
+      // Staging failed: these prefills' KV cannot reach their decode peers.
+      std::vector<RequestId> failed;
+      for (const LayerReady& r : completed) failed.push_back(r.id);
+      for (RequestId id : failed) {
+        if (auto it = live_.find(id); it != live_.end()) {
+          finish(it->second.get(), FinishReason::kError, RejectReason::kNone,
+                 strCat("staging the KV for the transport: ", toStd(backend_->status().message())));
+        }
+      }
+      break;
+    }
   }
 }
 
@@ -405,7 +417,7 @@ void forEachBlockRun(std::span<const BlockId> blocks, Fn&& fn) {
   }
 }
 
-void Engine::announce(int layer, std::span<const LayerReady> ready) {
+bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   if (kvStaged()) {
     const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
     for (const LayerReady& r : ready) {
@@ -414,9 +426,10 @@ void Engine::announce(int layer, std::span<const LayerReady> ready) {
         backend_->downloadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
       });
     }
-    if (!backend_->status().ok()) return;
+    if (!backend_->status().ok()) return false;
   }
   layer_observer_(layer, ready);
+  return true;
 }
 
 bool Engine::stageIn(std::span<const BlockId> blocks) {

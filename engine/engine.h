@@ -240,9 +240,10 @@ class Engine {
   std::vector<LayerReady> reportLeasedPrefills(std::span<const ScheduledChunk> chunks);
   absl::Status runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run);
   // Calls the layer observer for `ready`; with a staged pool, after copying
-  // layer `layer` of their blocks to the staging copy (nothing is announced
-  // when the backend failed: the step fails with its status).
-  void announce(int layer, std::span<const LayerReady> ready);
+  // layer `layer` of their blocks to the staging copy. False, announcing
+  // nothing, when the backend failed: during a run the step then fails with
+  // the backend's status; after one the caller ends those prefills.
+  bool announce(int layer, std::span<const LayerReady> ready);
   // A staged pool: every layer of `blocks` from the staging copy (an
   // import's, when it completes). False when the backend failed.
   bool stageIn(std::span<const BlockId> blocks);

@@ -1,6 +1,5 @@
 #include "engine/kv/kv_storage.h"
 
-#include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -39,7 +38,7 @@ absl::Status KvStorage::checkMemory(const KvLayout& layout, const KvMemory& memo
 }
 
 void KvStorage::copyBlock(BlockId src, BlockId dst) {
-  assert(!device_ && "a device pool copies through Backend::copyKvBlock");
+  TANDEM_CHECK(!device_, "a device pool copies through Backend::copyKvBlock");
   for (int l = 0; l < layout_.num_layers; ++l) {
     std::memcpy(layerBlock(l, dst), layerBlock(l, src), layout_.bytesPerLayerBlock());
   }

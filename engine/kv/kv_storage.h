@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 
+#include "src/common/check.h"
 #include "src/common/ids.h"
 #include "src/common/status.h"
 
@@ -64,9 +65,11 @@ class KvStorage {
 
   const KvLayout& layout() const { return layout_; }
 
-  // [2][block_size][num_kv_heads][head_dim]
-  float* layerBlock(int layer, BlockId block) { return data_ + layerBlockOffset(layer, block); }
-  const float* layerBlock(int layer, BlockId block) const { return data_ + layerBlockOffset(layer, block); }
+  // [2][block_size][num_kv_heads][head_dim]. Host pools only: the host
+  // never touches a device pool (checked, also in Release: a host read
+  // there would be a bug no test on the CPU executor could see otherwise).
+  float* layerBlock(int layer, BlockId block) { return hostData() + layerBlockOffset(layer, block); }
+  const float* layerBlock(int layer, BlockId block) const { return hostData() + layerBlockOffset(layer, block); }
   // [num_kv_heads][head_dim] of token `slot` (0 <= slot < block_size) in the block.
   float* key(int layer, BlockId block, int slot) { return layerBlock(layer, block) + slotOffset(slot); }
   float* value(int layer, BlockId block, int slot) {
@@ -84,6 +87,9 @@ class KvStorage {
   // The pool is device memory (KvMemory::device): the host never touches it.
   bool onDevice() const { return device_; }
 
+  // The start of the pool, device or host memory (for a backend's launches).
+  float* data() const { return data_; }
+
   // The whole region, for memory registration.
   std::span<std::byte> bytes() { return {reinterpret_cast<std::byte*>(data_), layout_.totalFloats() * sizeof(float)}; }
   std::span<const std::byte> bytes() const {
@@ -94,6 +100,10 @@ class KvStorage {
   size_t layerBlockByteOffset(int layer, BlockId block) const { return layerBlockOffset(layer, block) * sizeof(float); }
 
  private:
+  float* hostData() const {
+    TANDEM_CHECK(!device_, "the host read or wrote a KV pool in device memory");
+    return data_;
+  }
   size_t layerBlockOffset(int layer, BlockId block) const {
     return (static_cast<size_t>(layer) * static_cast<size_t>(layout_.num_blocks) + static_cast<size_t>(block.value())) *
            layout_.floatsPerLayerBlock();

@@ -100,7 +100,7 @@ bool KernelBackend::inDeviceMemory(const char* call, std::initializer_list<Arg> 
 }
 
 float* KernelBackend::kvPool(const KvStorage& kv) {
-  float* pool = const_cast<float*>(kv.layerBlock(0, BlockId(0)));
+  float* pool = kv.data();
   const size_t bytes = kv.layout().totalFloats() * sizeof(float);
   if (device_->owns(pool, bytes)) return pool;
   if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));  // a new pool: the old one is gone

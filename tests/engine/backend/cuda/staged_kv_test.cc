@@ -51,79 +51,102 @@ std::unique_ptr<Harness> onDevice(bool staged) {
   return std::make_unique<Harness>(o, true, std::move(backend));
 }
 
+// A leased prefill of `prompt` on `p` and its import on `d`, the staging
+// copies' bytes moved the way the transport's gets move them (P's staging
+// at P's blocks into D's staging at D's blocks, as each layer is
+// announced). Returns D's request, imported and not yet run; `p_blocks`
+// gets the prefill's blocks.
+RequestId transfer(Harness& p, Harness& d, const std::vector<TokenId>& prompt, uint64_t lease,
+                   std::vector<BlockId>* p_blocks = nullptr) {
+  RequestSpec ds = greedy(prompt, 8);
+  ds.import_kv = true;
+  const RequestId did = d.add(ds);
+  for (int i = 0; i < 3; ++i) d.step();
+  const std::vector<BlockId> d_blocks = d.outcome(did).kv_blocks;
+  const size_t num_blocks = (prompt.size() + 15) / 16;
+  EXPECT_EQ(d_blocks.size(), num_blocks);
+  const KvLayout& lay = p.engine->kv().layout();
+  int announced = 0;
+  p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
+    for (const Engine::LayerReady& r : ready) {
+      for (size_t i = 0; i < r.blocks.size(); ++i) {
+        const size_t from = p.engine->kv().layerBlockByteOffset(layer, r.blocks[i]);
+        const size_t to = d.engine->kv().layerBlockByteOffset(layer, d_blocks[r.first_block + i]);
+        std::memcpy(d.engine->kvRegion().data() + to, p.engine->kvRegion().data() + from, lay.bytesPerLayerBlock());
+        ++announced;
+      }
+    }
+  });
+  RequestSpec ps = greedy(prompt, 1);
+  ps.lease = LeaseSpec{lease, p.clock.now() + std::chrono::seconds(30)};
+  const RequestId pid = p.add(ps);
+  p.runToCompletion();
+  p.engine->setLayerObserver(nullptr);
+  EXPECT_EQ(p.outcome(pid).tokens.size(), 1u);
+  EXPECT_EQ(announced, static_cast<int>(num_blocks) * lay.num_layers) << "each block once per layer";
+  if (p_blocks != nullptr) *p_blocks = p.outcome(pid).kv_blocks;
+  EXPECT_TRUE(d.engine->completeImport(did, p.outcome(pid).tokens.at(0)));
+  return did;
+}
+
+std::vector<TokenId> oneEngine(const std::vector<TokenId>& prompt) {
+  auto mono = onDevice(false);
+  const RequestId ref = mono->add(greedy(prompt, 8));
+  mono->runToCompletion();
+  return mono->outcome(ref).tokens;
+}
+
 TEST(StagedKvTest, LeasedPrefillPlusImportThroughStagingEqualsOneEngine) {
   std::mt19937 rng(33);
   for (int len : {5, 16, 17, 150}) {
-    auto prompt = randomPrompt(rng, len);
-    const size_t num_blocks = static_cast<size_t>((len + 15) / 16);
-    auto mono = onDevice(false);
-    const RequestId ref = mono->add(greedy(prompt, 8));
-    mono->runToCompletion();
-
-    auto d = onDevice(true);
-    ASSERT_TRUE(d->engine->kvStaged());
-    RequestSpec ds = greedy(prompt, 8);
-    ds.import_kv = true;
-    const RequestId did = d->add(ds);
-    for (int i = 0; i < 3; ++i) d->step();
-    const std::vector<BlockId> d_blocks = d->outcome(did).kv_blocks;
-    ASSERT_EQ(d_blocks.size(), num_blocks);
-
+    const auto prompt = randomPrompt(rng, len);
     auto p = onDevice(true);
-    RequestId pid;
-    const KvLayout& lay = p->engine->kv().layout();
-    int announced = 0;
-    p->engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
-      ASSERT_EQ(ready.size(), 1u);
-      const Engine::LayerReady& r = ready[0];
-      // What D's get reads: P's staging copy, at the block's place in the pool.
-      for (size_t i = 0; i < r.blocks.size(); ++i) {
-        const size_t from = p->engine->kv().layerBlockByteOffset(layer, r.blocks[i]);
-        const size_t to = d->engine->kv().layerBlockByteOffset(layer, d_blocks[r.first_block + i]);
-        std::memcpy(d->engine->kvRegion().data() + to, p->engine->kvRegion().data() + from, lay.bytesPerLayerBlock());
-        ++announced;
-      }
-    });
-    RequestSpec ps = greedy(prompt, 1);
-    ps.lease = LeaseSpec{9, p->clock.now() + std::chrono::seconds(30)};
-    pid = p->add(ps);
-    p->runToCompletion();
-    ASSERT_EQ(p->outcome(pid).tokens.size(), 1u);
-    EXPECT_EQ(announced, static_cast<int>(num_blocks) * lay.num_layers);
-
-    ASSERT_TRUE(d->engine->completeImport(did, p->outcome(pid).tokens[0]));
+    auto d = onDevice(true);
+    ASSERT_TRUE(p->engine->kvStaged() && d->engine->kvStaged());
+    const RequestId did = transfer(*p, *d, prompt, 9);
     d->runToCompletion();
-    EXPECT_EQ(d->outcome(did).tokens, mono->outcome(ref).tokens) << "prompt length " << len;
+    EXPECT_EQ(d->outcome(did).tokens, oneEngine(prompt)) << "prompt length " << len;
     EXPECT_EQ(d->outcome(did).final.finish_reason, FinishReason::kLength) << d->outcome(did).final.message;
     EXPECT_TRUE(p->engine->releaseLease(9));
   }
 }
 
-TEST(StagedKvTest, TheDevicePoolIsWhatDecodeReadsNotTheStagingCopy) {
-  // The import's KV reaches the device pool only through completeImport's
-  // upload: a staging copy written after it changes nothing, and one left
-  // unwritten (zeros) changes the output.
+TEST(StagedKvTest, APrefixCachedOnPrefillIsStagedWithTheRest) {
+  // P computed a prompt before: a new one sharing its first 48 tokens reuses
+  // those blocks from P's prefix cache (computed, and staged, long before)
+  // and takes new ones after another request's; its blocks are two runs.
+  std::mt19937 rng(35);
+  const auto earlier = randomPrompt(rng, 64);
+  std::vector<TokenId> prompt(earlier.begin(), earlier.begin() + 48);
+  const auto suffix = randomPrompt(rng, 40);
+  prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+  auto p = onDevice(true);
+  auto d = onDevice(true);
+  p->add(greedy(earlier, 1));
+  p->add(greedy(randomPrompt(rng, 40), 1));
+  p->runToCompletion();
+  std::vector<BlockId> p_blocks;
+  const RequestId did = transfer(*p, *d, prompt, 4, &p_blocks);
+  ASSERT_EQ(p_blocks.size(), 6u);
+  bool gap = false;
+  for (size_t i = 1; i < p_blocks.size(); ++i) gap |= p_blocks[i].value() != p_blocks[i - 1].value() + 1;
+  EXPECT_TRUE(gap) << "the prefill's blocks are one run: the cached prefix was not reused";
+  d->runToCompletion();
+  EXPECT_EQ(d->outcome(did).tokens, oneEngine(prompt));
+}
+
+TEST(StagedKvTest, DecodeReadsTheDevicePoolNotTheStagingCopy) {
+  // The import's KV reaches the device pool at completeImport, and from then
+  // on decoding reads the pool: the staging copy overwritten after it
+  // changes nothing.
   std::mt19937 rng(34);
   const auto prompt = randomPrompt(rng, 40);
-  auto mono = onDevice(false);
-  const RequestId ref = mono->add(greedy(prompt, 8));
-  mono->runToCompletion();
-
-  auto d = onDevice(true);
-  RequestSpec ds = greedy(prompt, 8);
-  ds.import_kv = true;
-  const RequestId did = d->add(ds);
-  for (int i = 0; i < 3; ++i) d->step();
   auto p = onDevice(true);
-  p->engine->setLayerObserver([](int, std::span<const Engine::LayerReady>) {});
-  RequestSpec ps = greedy(prompt, 1);
-  ps.lease = LeaseSpec{3, p->clock.now() + std::chrono::seconds(30)};
-  const RequestId pid = p->add(ps);
-  p->runToCompletion();
-  // Nothing copied into D's staging: its pool gets zeros.
-  ASSERT_TRUE(d->engine->completeImport(did, p->outcome(pid).tokens[0]));
+  auto d = onDevice(true);
+  const RequestId did = transfer(*p, *d, prompt, 3);
+  std::memset(d->engine->kvRegion().data(), 0x7f, d->engine->kvRegion().size());
   d->runToCompletion();
-  EXPECT_NE(d->outcome(did).tokens, mono->outcome(ref).tokens) << "zero KV gave the same output";
+  EXPECT_EQ(d->outcome(did).tokens, oneEngine(prompt));
 }
 
 TEST(StagedKvTest, StagingIsForADevicePoolAndMustBeHostMemory) {
