@@ -18,10 +18,11 @@
 # the developers' machines install from; nothing here repeats them.
 #
 # GPUs: the build passes TANDEM_ENABLE_CUDA=ON, which adds the CUDA kernels
-# (libtandem_cuda, cuBLASLt GEMMs) and tandem-gpu-kernel-check (docs/cuda.md).
-# The agent does not serve on the GPU yet (`--device cuda` is refused with a
-# message; docs/cuda.md says what is missing): this image's agents run the CPU
-# backend, with the CUDA runtime, cuBLAS and CUDA-enabled UCX in place.
+# (libtandem_cuda, cuBLASLt GEMMs), tandem-gpu-kernel-check and the CUDA
+# backend to the agent (`--device cuda`; docs/cuda.md, never run on a GPU:
+# e2e/gpu-smoke.sh is for the first machine with one). Its agents run the CPU
+# backend unless started with --device cuda, with the CUDA runtime, cuBLAS,
+# NCCL and CUDA-enabled UCX in place.
 
 # --- NVIDIA's CUDA repository for Debian 12 --------------------------------
 # Added with NVIDIA's keyring package, as NVIDIA's CUDA installation guide

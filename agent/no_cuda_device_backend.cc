@@ -1,0 +1,15 @@
+// --device cuda in a build without the CUDA backend (TANDEM_ENABLE_CUDA off).
+
+#include "agent/cuda_device_backend.h"
+
+namespace tandem::agent {
+
+absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend() {
+  return absl::FailedPreconditionError(
+      "--device cuda: this tandem-agent has no CUDA backend (it is built with TANDEM_ENABLE_CUDA=ON: the CUDA image's "
+      "agent; docs/cuda.md); use --device cpu, or --device cuda-emulator to serve through the GPU kernels on the CPU");
+}
+
+bool hasCudaDeviceBackend() { return false; }
+
+}  // namespace tandem::agent
