@@ -90,7 +90,7 @@ struct AgentServer::Impl {
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   ApiLimits limits;
   engine::EngineOptions engine_options;  // the engine's, for checks made before a request reaches it
-  std::string cpu_simd;                  // the CPU backend's vector code, for the start-up log
+  std::string cpu_simd = "n/a";          // the CPU backend's vector code, for the start-up log
   std::string kv_memory = "host";        // where the KV pool is, for the start-up log
   std::string ucx_cuda_memory = "n/a";   // whether the KV transport's UCX reads device memory (P/D roles)
   metrics::Registry registry;
@@ -408,11 +408,17 @@ struct AgentServer::Impl {
     return absl::OkStatus();
   }
 
-  // Loads the model and tokenizer and builds the engine on the CPU backend.
-  // Roles prefill and decode put the KV pool in memory UCX allocated
+  // Loads the model and tokenizer and builds the engine on --device's
+  // backend (first: a device that is not there fails before the weights
+  // are read). Roles prefill and decode put the KV pool, or its staging
+  // copy when the pool is in device memory, in memory UCX allocated
   // (kv->pool), so a peer on the same machine can read it over shared
   // memory (transport/ucx_transport.h).
   absl::StatusOr<std::unique_ptr<engine::Engine>> buildEngine(KvSetup& kv) {
+    // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
+    // value is a start-up error here (the backend itself would abort on it).
+    TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
                             engine::loadTokenizer(config.model_dir, weights->config));
@@ -429,10 +435,6 @@ struct AgentServer::Impl {
       log.warn("test hook on: every reply is scripted",
                {{"scripted_output", config.scripted_output_file}, {"replies", options.scripted_replies.size()}});
     }
-    // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
-    // value is a start-up error here (the backend itself would abort on it).
-    TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
     auto ucx_region = [&kv](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
       TANDEM_ASSIGN_OR_RETURN(kv.pool, transport::UcxRegion::allocate(bytes, kv.transport));
       return engine::KvMemory{.bytes = kv.pool->bytes(), .keep_alive = kv.pool};

@@ -6,8 +6,9 @@ namespace tandem::agent {
 
 absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend() {
   return absl::FailedPreconditionError(
-      "--device cuda: this tandem-agent has no CUDA backend (it is built with TANDEM_ENABLE_CUDA=ON: the CUDA image's "
-      "agent; docs/cuda.md); use --device cpu, or --device cuda-emulator to serve through the GPU kernels on the CPU");
+      "--device cuda: this tandem-agent has no CUDA backend (an agent built with TANDEM_ENABLE_CUDA=ON has one: the "
+      "CUDA image's; docs/cuda.md); use --device cpu, or --device cuda-emulator to serve through the GPU kernels on "
+      "the CPU");
 }
 
 bool hasCudaDeviceBackend() { return false; }

@@ -24,50 +24,96 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CHECK="$ROOT/build-cuda/bin/tandem-gpu-kernel-check"
 
 # P/D serving on the GPU: prefill and decode agents (both on GPU 0, tiny
-# model, KV over UCX on loopback) answer what one agent answers, with every
-# KV block's checksum verified; prints requests/s and tokens/s through D.
+# model, KV over UCX on loopback) answer what one agent answers, with KV
+# moved from P to D (checksums verified, no transfer failure, no failover to
+# computing on D); prints requests/s and output tokens/s through D. Called in
+# an `||` context (set -e does not apply inside); every request has a time
+# limit, and the agents are stopped on every path (SMOKE_PIDS, trap below).
+SMOKE_PIDS=()
+trap 'kill "${SMOKE_PIDS[@]}" 2>/dev/null || true' EXIT
 cuda_pd_smoke() {
-  local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work pids=() rc=0
+  local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   work=$(mktemp -d)
-  "$bin/tandem-make-model" --out "$work/tiny" >/dev/null  # served as model "tiny"
-  start() {  # NAME ARGS...: starts an agent, waits for /readyz, sets $port_NAME and $kv_NAME
-    local name=$1; shift
+  "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }  # served as model "tiny"
+  start() {  # NAME ARGS...: starts an agent, waits for /readyz, sets port_NAME and kv_NAME
+    local name=$1 p k
+    shift
     "$bin/tandem-agent" --listen 127.0.0.1:0 --port-file "$work/$name.port" --model-dir "$work/tiny" \
       --device "$device" --num-blocks 256 "$@" >"$work/$name.log" 2>&1 &
-    pids+=($!)
+    SMOKE_PIDS+=($!)
     for _ in $(seq 600); do
-      if [[ -s $work/$name.port ]]; then
-        { read -r p; read -r k; } <"$work/$name.port"
-        if curl -sf "http://127.0.0.1:$p/readyz" >/dev/null; then printf -v "port_$name" %s "$p"; printf -v "kv_$name" %s "${k:-0}"; return 0; fi
+      if [[ -s $work/$name.port ]] && { read -r p; read -r k; } <"$work/$name.port" &&
+         curl -sf --max-time 5 "http://127.0.0.1:$p/readyz" >/dev/null; then
+        printf -v "port_$name" %s "$p"
+        printf -v "kv_$name" %s "${k:-0}"
+        return 0
       fi
-      kill -0 "${pids[-1]}" 2>/dev/null || { echo "gpu-smoke: $name agent exited:"; tail -20 "$work/$name.log"; return 1; }
+      kill -0 "${SMOKE_PIDS[-1]}" 2>/dev/null || { echo "gpu-smoke: the $name agent exited during start-up"; return 1; }
       sleep 0.2
     done
-    echo "gpu-smoke: $name agent not ready in 120 s"; tail -20 "$work/$name.log"; return 1
+    echo "gpu-smoke: the $name agent was not ready in 120 s"
+    return 1
   }
-  complete() {  # PORT PROMPT: the completion's text
-    curl -sf "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
-      -d "$(python3 -c 'import json,sys; print(json.dumps({"model":"tiny","prompt":sys.argv[1],"max_tokens":32,"temperature":0,"ignore_eos":True}))' "$2")" |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+  # The client: compares D's answers with one agent's, then times 50
+  # requests through D (only answered ones count).
+  client() {
+    python3 - "$port_mono" "$port_decode" "$device" <<'PY'
+import json, sys, time, urllib.request
+mono, decode = sys.argv[1], sys.argv[2]
+def complete(port, prompt):
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = json.load(r)
+    return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+ok = True
+for prompt in ["x", "sixteen chars ok", "a prompt of several blocks " * 20]:
+    want, got = complete(mono, prompt)[0], complete(decode, prompt)[0]
+    if want != got:
+        print(f"gpu-smoke: P/D FAIL: answers differ for a {len(prompt)}-char prompt")
+        ok = False
+n = tokens = 0
+t0 = time.monotonic()
+for i in range(50):
+    try:
+        tokens += complete(decode, f"throughput {i}")[1]
+        n += 1
+    except Exception as e:
+        print(f"gpu-smoke: P/D FAIL: request {i}: {e}")
+        ok = False
+t = time.monotonic() - t0
+print(f"gpu-smoke: P/D with --device {sys.argv[3]}, tiny model, one client: {n / t:.1f} requests/s, {tokens / t:.0f} output tokens/s ({n} answered of 50 in {t:.1f} s)")
+sys.exit(0 if ok else 1)
+PY
+  }
+  metric() {  # PORT NAME: the sum of the series of NAME (0 when absent)
+    curl -sf --max-time 10 "http://127.0.0.1:$1/metrics" |
+      awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
   }
   if start mono && start prefill --role prefill --kv-listen 127.0.0.1:0 &&
      start decode --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill"; then
-    local prompt want got n=0 t0 t1
-    for prompt in "x" "sixteen chars ok" "$(printf 'a prompt of several blocks %.0s' $(seq 20))"; do
-      want=$(complete "$port_mono" "$prompt") && got=$(complete "$port_decode" "$prompt") || { rc=1; break; }
-      if [[ "$want" != "$got" ]]; then echo "gpu-smoke: P/D FAIL: answers differ for a ${#prompt}-char prompt"; rc=1; fi
-    done
-    t0=$(date +%s.%N)
-    for _ in $(seq 50); do complete "$port_decode" "throughput $RANDOM" >/dev/null || rc=1; n=$((n + 1)); done
-    t1=$(date +%s.%N)
-    python3 -c 'import sys; n,t=int(sys.argv[1]),float(sys.argv[3])-float(sys.argv[2]); print(f"gpu-smoke: P/D with --device {sys.argv[4]}, tiny model, one client: {n/t:.1f} requests/s, {32*n/t:.0f} output tokens/s ({n} requests of 32 tokens in {t:.1f} s)")' "$n" "$t0" "$t1" "$device"
-    curl -sf "http://127.0.0.1:$port_decode/metrics" | grep -E '^tandem_kv_transfer_failures_total|^tandem_kv_checksum_verified_total' || true
+    client || rc=1
+    local verified failures failovers
+    verified=$(metric "$port_decode" tandem_kv_checksum_verified_total)
+    failures=$(metric "$port_decode" tandem_kv_transfer_failures_total)
+    failovers=$(metric "$port_decode" tandem_kv_prefill_failovers_total)
+    echo "gpu-smoke: P/D on D: $verified layer blocks checksummed, $failures transfer failures, $failovers failovers"
+    if [[ $verified == 0 || $failures != 0 || $failovers != 0 ]]; then
+      echo "gpu-smoke: P/D FAIL: the KV did not move from prefill to decode cleanly"
+      rc=1
+    fi
     [[ $rc -ne 0 ]] || echo "gpu-smoke: P/D PASS: prefill and decode (--device $device) answer what one agent answers"
   else
     rc=1
   fi
-  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
-  [[ $rc -eq 0 ]] || for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
+  local pid
+  for pid in "${SMOKE_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${SMOKE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  SMOKE_PIDS=()
+  if [[ $rc -ne 0 ]]; then
+    local f
+    for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
+  fi
   rm -rf "$work"
   return "$rc"
 }
@@ -75,8 +121,9 @@ cuda_pd_smoke() {
 # --pd-only: only the P/D serving run, e.g. rehearsed on a CPU with
 # TANDEM_SMOKE_DEVICE=cuda-emulator TANDEM_SMOKE_BIN=build/bin.
 if [[ ${1:-} == --pd-only ]]; then
-  cuda_pd_smoke
-  exit $?
+  pd_status=0
+  cuda_pd_smoke || pd_status=$?
+  exit "$pd_status"
 fi
 
 

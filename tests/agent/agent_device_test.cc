@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/cuda_device_backend.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
 #include "tests/testing/command.h"
@@ -86,6 +87,7 @@ TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnsw
 }
 
 TEST(AgentDeviceTest, CudaWithoutACudaBackendIsAStartUpErrorThatSaysWhatToUse) {
+  if (hasCudaDeviceBackend()) GTEST_SKIP() << "this build has the CUDA backend (./tandem check cuda tests its refusal)";
   const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
   const testutil::CommandResult r = testutil::runCommand(std::string(bin_dir ? bin_dir : "build/bin") +
                                                          "/tandem-agent --listen 127.0.0.1:0 --device cuda --model-dir " +

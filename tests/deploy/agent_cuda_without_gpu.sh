@@ -10,7 +10,7 @@ bin=${1:?usage: agent_cuda_without_gpu.sh BIN_DIR}
 model=$(mktemp -d)
 trap 'rm -rf "$model"' EXIT
 "$bin/tandem-make-model" --out "$model" >/dev/null || { echo "FAIL: tandem-make-model" >&2; exit 1; }
-out=$(timeout 120 "$bin/tandem-agent" --listen 127.0.0.1:0 --device cuda --model-dir "$model" 2>&1)
+out=$(timeout -k 10 120 "$bin/tandem-agent" --listen 127.0.0.1:0 --device cuda --model-dir "$model" 2>&1)
 rc=$?
 if [[ $rc -ne 1 ]]; then
   echo "FAIL: tandem-agent --device cuda exited $rc (want 1); it said:" >&2
