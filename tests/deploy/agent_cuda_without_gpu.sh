@@ -22,4 +22,4 @@ if ! grep -q -- "--device cuda: no CUDA device" <<<"$out"; then
   printf '%s\n' "$out" | tail -20 >&2
   exit 1
 fi
-grep -- "--device cuda: no CUDA device" <<<"$out" | head -1
+echo "PASS: tandem-agent --device cuda without a GPU exited 1 saying: $(grep -o -- '--device cuda: no CUDA device[^"]*' <<<"$out" | head -1)"

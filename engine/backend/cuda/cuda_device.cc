@@ -227,6 +227,9 @@ class CublasKernelGemm final : public KernelGemm {
 
  private:
   absl::Status run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+    // The engine thread is not the one that made the device: select it here
+    // too, as every CudaDevice call does.
+    TANDEM_RETURN_IF_ERROR(gpu::cudaMakeCurrent(*device_));
     const auto start = std::chrono::steady_clock::now();
     const std::string error = cublas_->run(x, w, y, m, n, k, accumulate, stream_);
     // Host time of the call (the launch, not the GPU's work: the stream is asynchronous).
