@@ -35,6 +35,8 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       session_evictions_(buildCounter().name("tandem_kv_session_evictions_total").help("Resident sessions evicted to free KV blocks (watermark, admission, running sequences' growth).").labels(labels_).registerOn(r).add({})),
       prefill_tokens_(buildCounter().name("tandem_engine_prefill_tokens_total").help("Prompt tokens the engine computed (cache hits not counted).").labels(labels_).registerOn(r).add({})),
       busy_seconds_(buildCounter().name("tandem_engine_busy_seconds_total").help("Time the engine spent in steps that computed something. Prefill capacity = rate(prefill tokens) / rate(busy seconds).").labels(labels_).registerOn(r).add({})),
+      kv_staged_bytes_(buildCounter().name("tandem_kv_staged_bytes_total").help("KV bytes copied between a pool in device memory and its host staging copy for the P/D transport (to_host: announced prefill layers; to_device: completed imports). Zero on a host pool.").labels(labels_).registerOn(r)),
+      kv_staging_seconds_(buildCounter().name("tandem_kv_staging_seconds_total").help("Time the engine thread spent on those staging copies (no step runs meanwhile).").labels(labels_).registerOn(r).add({})),
       kv_blocks_capacity_(buildGauge().name("tandem_kv_blocks_capacity").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
       kv_blocks_free_(buildGauge().name("tandem_kv_blocks_free").help("KV blocks available now (free or cached-unreferenced).").labels(labels_).registerOn(r).add({})),
       running_(buildGauge().name("tandem_requests_running").help("Sequences admitted and running.").labels(labels_).registerOn(r).add({})),
@@ -52,6 +54,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
     requests_.add({{"finish_reason", std::string(engine::finishReasonName(reason))}});
   }
   for (const char* p : {"direct", "disagg", "fallback"}) path_.add({{"path", p}});
+  for (const char* d : {"to_host", "to_device"}) kv_staged_bytes_.add({{"direction", d}});
 }
 
 void AgentMetrics::onStep(const engine::StepStats& s) {
@@ -70,6 +73,13 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
   preemptions_.increment(s.num_preemptions);
   session_evictions_.increment(s.num_session_evictions);
   prefill_tokens_.increment(s.num_prefill_tokens);
+  if (s.kv_staged_to_host_bytes > 0) {
+    kv_staged_bytes_.add({{"direction", "to_host"}}).increment(static_cast<double>(s.kv_staged_to_host_bytes));
+  }
+  if (s.kv_staged_to_device_bytes > 0) {
+    kv_staged_bytes_.add({{"direction", "to_device"}}).increment(static_cast<double>(s.kv_staged_to_device_bytes));
+  }
+  kv_staging_seconds_.increment(std::chrono::duration<double>(s.kv_staging_time).count());
   if (s.num_scheduled_tokens > 0) {
     busy_seconds_.increment(std::chrono::duration<double>(s.schedule_time + s.model_time + s.postprocess_time).count());
   }

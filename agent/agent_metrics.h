@@ -38,6 +38,8 @@ class AgentMetrics {
   metrics::Counter& session_evictions_;
   metrics::Counter& prefill_tokens_;
   metrics::Counter& busy_seconds_;
+  metrics::Family<metrics::Counter>& kv_staged_bytes_;
+  metrics::Counter& kv_staging_seconds_;
   metrics::Gauge& kv_blocks_capacity_;
   metrics::Gauge& kv_blocks_free_;
   metrics::Gauge& running_;

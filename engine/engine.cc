@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_import.h"
@@ -284,6 +285,9 @@ StepStats Engine::step() {
   st.schedule_time = t1 - t0;
   st.model_time = t2 - t1;
   st.postprocess_time = t3 - t2;
+  st.kv_staged_to_host_bytes = std::exchange(staged_to_host_bytes_, 0);
+  st.kv_staged_to_device_bytes = std::exchange(staged_to_device_bytes_, 0);
+  st.kv_staging_time = std::exchange(staging_time_, Duration{0});
   return st;
 }
 
@@ -419,13 +423,16 @@ void forEachBlockRun(std::span<const BlockId> blocks, Fn&& fn) {
 
 bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   if (kvStaged()) {
+    const MonoTime start = clock_.now();
     const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
     for (const LayerReady& r : ready) {
       forEachBlockRun(r.blocks, [&](BlockId first, size_t n) {
         const size_t offset = kv_->layerBlockByteOffset(layer, first);
         backend_->downloadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
+        staged_to_host_bytes_ += static_cast<int64_t>(n * block_bytes);
       });
     }
+    staging_time_ += clock_.now() - start;
     if (!backend_->status().ok()) return false;
   }
   layer_observer_(layer, ready);
@@ -434,13 +441,16 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
 
 bool Engine::stageIn(std::span<const BlockId> blocks) {
   if (!kvStaged()) return true;
+  const MonoTime start = clock_.now();
   const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
   for (int layer = 0; layer < kv_->layout().num_layers; ++layer) {
     forEachBlockRun(blocks, [&](BlockId first, size_t n) {
       const size_t offset = kv_->layerBlockByteOffset(layer, first);
       backend_->uploadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
+      staged_to_device_bytes_ += static_cast<int64_t>(n * block_bytes);
     });
   }
+  staging_time_ += clock_.now() - start;
   return backend_->status().ok();
 }
 

@@ -110,6 +110,13 @@ struct StepStats {
   Duration schedule_time{0};
   Duration model_time{0};
   Duration postprocess_time{0};
+  // A staged KV pool (Engine::kvStaged): bytes copied to the staging copy
+  // (announced prefill layers) and from it (completed imports), and the time
+  // those copies took, since the previous step's stats (an import completes
+  // between steps).
+  int64_t kv_staged_to_host_bytes = 0;
+  int64_t kv_staged_to_device_bytes = 0;
+  Duration kv_staging_time{0};
 };
 
 // Tokens a request reserves at admission: prompt + expected output
@@ -271,6 +278,9 @@ class Engine {
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
   KvMemory staging_;  // a device pool's host copy for the transport (kvRegion)
+  // Staging copies since the last step's stats (StepStats::kv_staged_*).
+  int64_t staged_to_host_bytes_ = 0, staged_to_device_bytes_ = 0;
+  Duration staging_time_{0};
   BlockManager blocks_;
   SessionStore sessions_;  // sessions_ and leases_ after blocks_: they release into the pool when destroyed
   LeaseTable leases_;

@@ -71,6 +71,12 @@ TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnsw
     EXPECT_GT(metricValue(d, "tandem_kv_checksum_verified_total{"), 0) << tls;
     EXPECT_EQ(metricValueWith(d, "tandem_kv_transfer_failures_total", "reason=\"checksum_mismatch\""), 0) << tls;
     EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*prefill), "tandem_kv_leases_active{") == 0; })) << tls;
+    // The staging copies, counted: P's layers to the host, D's imports to the device.
+    const std::string p_metrics = scrape(*prefill);
+    EXPECT_GT(metricValueWith(p_metrics, "tandem_kv_staged_bytes_total", "direction=\"to_host\""), 0) << tls;
+    EXPECT_EQ(metricValueWith(p_metrics, "tandem_kv_staged_bytes_total", "direction=\"to_device\""), 0) << tls;
+    EXPECT_GT(metricValueWith(d, "tandem_kv_staged_bytes_total", "direction=\"to_device\""), 0) << tls;
+    EXPECT_EQ(metricValueWith(scrape(*mono), "tandem_kv_staged_bytes_total", "direction=\"to_host\""), 0) << tls;
     // Each says at start-up where its pool is and what its UCX can read
     // (no with Debian's UCX; yes with NVIDIA's builds).
     for (const AgentProcess* a : {prefill.get(), decode.get()}) {

@@ -80,12 +80,16 @@ RequestId transfer(Harness& p, Harness& d, const std::vector<TokenId>& prompt, u
   RequestSpec ps = greedy(prompt, 1);
   ps.lease = LeaseSpec{lease, p.clock.now() + std::chrono::seconds(30)};
   const RequestId pid = p.add(ps);
-  p.runToCompletion();
+  int64_t to_host = 0;  // what the steps' stats say was staged
+  for (int i = 0; i < 1000 && p.engine->hasWork(); ++i) to_host += p.step().kv_staged_to_host_bytes;
   p.engine->setLayerObserver(nullptr);
   EXPECT_EQ(p.outcome(pid).tokens.size(), 1u);
   EXPECT_EQ(announced, static_cast<int>(num_blocks) * lay.num_layers) << "each block once per layer";
+  EXPECT_EQ(to_host, static_cast<int64_t>(announced * lay.bytesPerLayerBlock()));
   if (p_blocks != nullptr) *p_blocks = p.outcome(pid).kv_blocks;
   EXPECT_TRUE(d.engine->completeImport(did, p.outcome(pid).tokens.at(0)));
+  // The upload happened in completeImport; the next step's stats count it.
+  EXPECT_EQ(d.step().kv_staged_to_device_bytes, static_cast<int64_t>(announced * lay.bytesPerLayerBlock()));
   return did;
 }
 
