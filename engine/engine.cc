@@ -408,30 +408,28 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
   }
 }
 
-// Runs of consecutive block ids: each is one copy (a layer's blocks with
-// consecutive ids are consecutive in the pool).
-template <typename Fn>
-void forEachBlockRun(std::span<const BlockId> blocks, Fn&& fn) {
-  size_t i = 0;
-  while (i < blocks.size()) {
-    size_t n = 1;
-    while (i + n < blocks.size() && static_cast<size_t>(blocks[i + n].value()) == static_cast<size_t>(blocks[i].value()) + n) ++n;
-    fn(blocks[i], n);
-    i += n;
+void Engine::copyStaged(int layer, std::span<const BlockId> blocks, bool to_host) {
+  const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
+  // One copy per run of consecutive block ids (a layer's blocks with
+  // consecutive ids are consecutive in the pool).
+  for (size_t i = 0, n = 1; i < blocks.size(); i += n, n = 1) {
+    while (i + n < blocks.size() && blocks[i + n].value() == blocks[i].value() + static_cast<int64_t>(n)) ++n;
+    const size_t offset = kv_->layerBlockByteOffset(layer, blocks[i]);
+    const std::span<std::byte> staged = staging_.bytes.subspan(offset, n * block_bytes);
+    if (to_host) {
+      backend_->downloadKv(*kv_, offset, staged);
+      staged_to_host_bytes_ += static_cast<int64_t>(staged.size());
+    } else {
+      backend_->uploadKv(*kv_, offset, staged);
+      staged_to_device_bytes_ += static_cast<int64_t>(staged.size());
+    }
   }
 }
 
 bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   if (kvStaged()) {
     const MonoTime start = clock_.now();
-    const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
-    for (const LayerReady& r : ready) {
-      forEachBlockRun(r.blocks, [&](BlockId first, size_t n) {
-        const size_t offset = kv_->layerBlockByteOffset(layer, first);
-        backend_->downloadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
-        staged_to_host_bytes_ += static_cast<int64_t>(n * block_bytes);
-      });
-    }
+    for (const LayerReady& r : ready) copyStaged(layer, r.blocks, /*to_host=*/true);
     staging_time_ += clock_.now() - start;
     if (!backend_->status().ok()) return false;
   }
@@ -442,14 +440,7 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
 bool Engine::stageIn(std::span<const BlockId> blocks) {
   if (!kvStaged()) return true;
   const MonoTime start = clock_.now();
-  const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
-  for (int layer = 0; layer < kv_->layout().num_layers; ++layer) {
-    forEachBlockRun(blocks, [&](BlockId first, size_t n) {
-      const size_t offset = kv_->layerBlockByteOffset(layer, first);
-      backend_->uploadKv(*kv_, offset, staging_.bytes.subspan(offset, n * block_bytes));
-      staged_to_device_bytes_ += static_cast<int64_t>(n * block_bytes);
-    });
-  }
+  for (int layer = 0; layer < kv_->layout().num_layers; ++layer) copyStaged(layer, blocks, /*to_host=*/false);
   staging_time_ += clock_.now() - start;
   return backend_->status().ok();
 }

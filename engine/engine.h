@@ -254,6 +254,8 @@ class Engine {
   // A staged pool: every layer of `blocks` from the staging copy (an
   // import's, when it completes). False when the backend failed.
   bool stageIn(std::span<const BlockId> blocks);
+  // Layer `layer` of `blocks` between the device pool and the staging copy.
+  void copyStaged(int layer, std::span<const BlockId> blocks, bool to_host);
   // Advances computed tokens, commits full blocks to the prefix cache,
   // announces what earlier chunks completed, samples where logits came out.
   void postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch);
