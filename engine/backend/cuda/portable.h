@@ -83,7 +83,12 @@ TANDEM_DEVICE T shflIdx(T v, int src_lane) {
 #include <cstring>
 #include <type_traits>
 
-#define TANDEM_KERNEL inline void  // in headers included by several files
+// static: a program of the CUDA build links nvcc's host stubs of the same
+// kernels (cuda_kernels.cu), which have these kernels' names; with external
+// linkage the linker kept one definition for both, and the CPU executor
+// called a stub (no computation, "__global__ function call is not
+// configured" at the next launch). Found by the first run on a GPU.
+#define TANDEM_KERNEL static inline void  // in headers included by several files
 #define TANDEM_DEVICE inline
 
 namespace tandem::gpu {
