@@ -12,11 +12,12 @@
 # UCX) against one --device cuda agent alone: the same greedy answers, and
 # the decode agent's throughput (cuda_pd_smoke below).
 #
-# For whoever first has a machine with an NVIDIA GPU (built for compute
-# capability 9.0: H100/H200) and the CUDA toolkit at /usr/local/cuda (or
-# CUDACXX=/path/to/nvcc). This project's machines have no GPU, so this script
-# has NEVER RUN end to end: expect to debug it. Exit status: the check's
-# (0 all PASS, 1 a FAIL or CUDA error, 2 no CUDA device), or the build's.
+# For a machine with an NVIDIA GPU (built for compute capability 9.0:
+# H100/H200) and either the CUDA toolkit at /usr/local/cuda (or
+# CUDACXX=/path/to/nvcc) with this project's build dependencies, or a
+# bundle made elsewhere by e2e/gpu-bundle.sh (--bundle DIR: nothing is
+# built). Exit status: the check's (0 all PASS, 1 a FAIL or CUDA error, 2 no
+# CUDA device), or the build's. It has run once, on an H200, from a bundle;
 # docs/cuda-build.md says what has and has not been run.
 set -euo pipefail
 
@@ -35,11 +36,11 @@ cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   work=$(mktemp -d)
   "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }  # served as model "tiny"
-  start() {  # NAME ARGS...: starts an agent, waits for /readyz, sets port_NAME and kv_NAME
-    local name=$1 p k
-    shift
+  start() {  # NAME DEVICE ARGS...: starts an agent, waits for /readyz, sets port_NAME and kv_NAME
+    local name=$1 dev=$2 p k
+    shift 2
     "$bin/tandem-agent" --listen 127.0.0.1:0 --port-file "$work/$name.port" --model-dir "$work/tiny" \
-      --device "$device" --num-blocks 256 "$@" >"$work/$name.log" 2>&1 &
+      --device "$dev" --num-blocks 256 "$@" >"$work/$name.log" 2>&1 &
     SMOKE_PIDS+=($!)
     for _ in $(seq 600); do
       if [[ -s $work/$name.port ]] && { read -r p; read -r k; } <"$work/$name.port" &&
@@ -55,11 +56,15 @@ cuda_pd_smoke() {
     return 1
   }
   # The client: compares D's answers with one agent's, then times 50
-  # requests through D (only answered ones count).
+  # requests through D (only answered ones count). It also says how many
+  # answers are the CPU backend's: the same tokens are expected but not
+  # required (the GPU's logits are within 1e-4 of the CPU's, not bitwise, and
+  # a near-tie can pick another token; tandem-gpu-kernel-check --model
+  # compares the logits themselves).
   client() {
-    python3 - "$port_mono" "$port_decode" "$device" <<'PY'
+    python3 - "$port_mono" "$port_decode" "$device" "$port_cpu" <<'PY'
 import json, sys, time, urllib.request
-mono, decode = sys.argv[1], sys.argv[2]
+mono, decode, cpu = sys.argv[1], sys.argv[2], sys.argv[4]
 def complete(port, prompt):
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
@@ -67,11 +72,15 @@ def complete(port, prompt):
         out = json.load(r)
     return out["choices"][0]["text"], out["usage"]["completion_tokens"]
 ok = True
-for prompt in ["x", "sixteen chars ok", "a prompt of several blocks " * 20]:
+prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
+same_as_cpu = 0
+for prompt in prompts:
     want, got = complete(mono, prompt)[0], complete(decode, prompt)[0]
     if want != got:
         print(f"gpu-smoke: P/D FAIL: answers differ for a {len(prompt)}-char prompt")
         ok = False
+    same_as_cpu += want == complete(cpu, prompt)[0]
+print(f"gpu-smoke: P/D: {same_as_cpu} of {len(prompts)} answers of --device {sys.argv[3]} are --device cpu's, token for token")
 n = tokens = 0
 t0 = time.monotonic()
 for i in range(50):
@@ -90,8 +99,8 @@ PY
     curl -sf --max-time 10 "http://127.0.0.1:$1/metrics" |
       awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
   }
-  if start mono && start prefill --role prefill --kv-listen 127.0.0.1:0 &&
-     start decode --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill"; then
+  if start cpu cpu && start mono "$device" && start prefill "$device" --role prefill --kv-listen 127.0.0.1:0 &&
+     start decode "$device" --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill"; then
     client || rc=1
     local verified failures failovers
     verified=$(metric "$port_decode" tandem_kv_checksum_verified_total)
@@ -126,9 +135,24 @@ if [[ ${1:-} == --pd-only ]]; then
   exit "$pd_status"
 fi
 
-
-echo "gpu-smoke: building: $ROOT/tandem check cuda"
-"$ROOT/tandem" check cuda
+# --bundle DIR: run the binaries e2e/gpu-bundle.sh packed into DIR (built on
+# another machine) instead of building here: for a GPU machine without this
+# project's build dependencies.
+if [[ ${1:-} == --bundle ]]; then
+  [[ -n ${2:-} && -x $2/bin/tandem-gpu-kernel-check ]] ||
+    { echo "gpu-smoke: --bundle DIR: DIR/bin/tandem-gpu-kernel-check not found (make DIR with e2e/gpu-bundle.sh)" >&2; exit 2; }
+  bundle=$(cd "$2" && pwd)
+  CHECK=$bundle/bin/tandem-gpu-kernel-check
+  export TANDEM_SMOKE_BIN=${TANDEM_SMOKE_BIN:-$bundle/bin}
+  command -v curl >/dev/null || PATH=$bundle/tools:$PATH  # the bundle's stand-in
+  echo "gpu-smoke: running the binaries bundled in $bundle"
+else
+  echo "gpu-smoke: building: $ROOT/tandem check cuda"
+  "$ROOT/tandem" check cuda
+fi
+for tool in curl python3; do
+  command -v "$tool" >/dev/null || { echo "gpu-smoke: the P/D serving run needs $tool on PATH" >&2; exit 2; }
+done
 
 if command -v nvidia-smi >/dev/null; then
   echo "gpu-smoke: nvidia-smi -L:"
