@@ -5,8 +5,10 @@
 // contract), within 1e-5 relative (|gpu - cpu| / max(1, |cpu|)) for
 // attention (split + combine). Then times each kernel with CUDA events.
 //
-//   tandem-gpu-kernel-check [--model | --tp RANK WORLD SOCKET]
+//   tandem-gpu-kernel-check [--no-timing] [--model | --tp RANK WORLD SOCKET]
 //
+// --no-timing skips the timing (hundreds of launches per kernel), for runs
+// under compute-sanitizer, where every launch is slow.
 // --model also runs the tiny model and a small model of each family through
 // the CUDA backend (cuda_device.h) against the CPU backend's logits. --tp
 // runs one rank of a tensor-parallel group (start WORLD processes, one per
@@ -16,8 +18,8 @@
 // Prints one PASS/FAIL line per kernel with the largest difference, and one
 // throughput line per kernel. Exit status 0 when all pass, 1 on any FAIL or
 // CUDA error, 2 when there is no CUDA device. This project's machines have no
-// GPU: the program has been compiled and linked, never run on one
-// (docs/cuda-build.md).
+// GPU: e2e/gpu-smoke.sh runs it where one is lent (docs/cuda-build.md says
+// where it has run).
 
 #include <cuda_runtime.h>
 
@@ -136,9 +138,11 @@ bool compare(const char* name, const std::vector<float>& on_gpu, const std::vect
   return pass;
 }
 
-// Times `launch` (one kernel launch, or several) over kTimedLaunches with CUDA
-// events; prints GB/s for `bytes` moved per launch, and launches/s.
-void timeKernel(const char* name, double bytes, const std::function<int()>& launch) {
+bool g_timing = true;  // --no-timing clears it
+
+// Seconds per call of `launch`, the mean of kTimedLaunches after
+// kWarmupLaunches, timed with CUDA events on the default stream.
+double secondsPerLaunch(const char* name, const std::function<int()>& launch) {
   for (int i = 0; i < kWarmupLaunches; ++i) checkCuda(launch(), name);
   cudaEvent_t start, stop;
   checkCuda(cudaEventCreate(&start), "cudaEventCreate");
@@ -151,9 +155,26 @@ void timeKernel(const char* name, double bytes, const std::function<int()>& laun
   checkCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  const double seconds = ms / 1e3 / kTimedLaunches;
-  std::printf("     %-16s %.1f GB/s, %.0f launches/s (%.2f us each, %.2f MB moved per launch)\n", name,
-              bytes / seconds / 1e9, 1.0 / seconds, seconds * 1e6, bytes / 1e6);
+  return ms / 1e3 / kTimedLaunches;
+}
+
+// Times `launch` (one kernel launch, or several; host work between them
+// counts); prints GB/s for `bytes` moved per launch and launches/s, and the
+// yardstick measured the same way in the same run: a device-to-device copy
+// moving the same bytes (half read, half written), so a kernel's rate reads
+// as a fraction of the copy's at the same size, launch overhead included.
+void timeKernel(const char* name, double bytes, const std::function<int()>& launch) {
+  if (!g_timing) return;
+  const double seconds = secondsPerLaunch(name, launch);
+  const size_t half = static_cast<size_t>(bytes / 2);
+  DeviceBuffer<char> from{std::vector<char>(half)}, to{std::vector<char>(half)};
+  const double copy_seconds = secondsPerLaunch("yardstick copy", [&] {
+    return static_cast<int>(cudaMemcpyAsync(to.get(), from.get(), half, cudaMemcpyDeviceToDevice, nullptr));
+  });
+  std::printf("     %-16s %.1f GB/s, %.0f launches/s (%.2f us each, %.2f MB moved per launch); "
+              "%.3f of a device copy of the same bytes (%.1f GB/s, %.2f us)\n",
+              name, bytes / seconds / 1e9, 1.0 / seconds, seconds * 1e6, bytes / 1e6, copy_seconds / seconds,
+              bytes / copy_seconds / 1e9, copy_seconds * 1e6);
 }
 
 bool checkRmsNorm() {
@@ -611,10 +632,16 @@ bool checkTensorParallel(int rank, int world, const std::string& socket) {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it is known, also into a pipe
+  if (argc > 1 && std::string(argv[1]) == "--no-timing") {
+    g_timing = false;
+    --argc;
+    ++argv;
+  }
   const bool model = argc == 2 && std::string(argv[1]) == "--model";
   const bool tp = argc == 5 && std::string(argv[1]) == "--tp";
   if (argc > 1 && !model && !tp) {
-    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--model | --tp RANK WORLD SOCKET]\n");
+    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--no-timing] [--model | --tp RANK WORLD SOCKET]\n");
     return 2;
   }
   if (tp) return checkTensorParallel(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]) ? 0 : 1;
