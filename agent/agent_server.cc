@@ -451,6 +451,11 @@ struct AgentServer::Impl {
     }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
+    if (engine->kvStaged()) {  // pinning is for speed: without it the copies still run
+      const absl::Status& pinned = engine->kvStagingPinned();
+      kv_memory = pinned.ok() ? "device, staged through pinned host memory"
+                              : strCat("device, staged through host memory (not pinned: ", toStd(pinned.message()), ")");
+    }
     TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
     limits = {.model_name = config.model_name,
               .max_model_len = engine->options().max_model_len,

@@ -40,7 +40,7 @@ cuda_pd_smoke() {
     local name=$1 dev=$2 p k
     shift 2
     "$bin/tandem-agent" --listen 127.0.0.1:0 --port-file "$work/$name.port" --model-dir "$work/tiny" \
-      --device "$dev" --num-blocks 256 "$@" >"$work/$name.log" 2>&1 &
+      --device "$dev" --num-blocks 256 --log-level info "$@" >"$work/$name.log" 2>&1 &
     SMOKE_PIDS+=($!)
     for _ in $(seq 600); do
       if [[ -s $work/$name.port ]] && { read -r p; read -r k; } <"$work/$name.port" &&
@@ -107,6 +107,13 @@ PY
     failures=$(metric "$port_decode" tandem_kv_transfer_failures_total)
     failovers=$(metric "$port_decode" tandem_kv_prefill_failovers_total)
     echo "gpu-smoke: P/D on D: $verified layer blocks checksummed, $failures transfer failures, $failovers failovers"
+    local role port bytes seconds
+    for role in prefill decode; do  # where its pool is, and what staging it cost
+      port=port_$role
+      bytes=$(metric "${!port}" tandem_kv_staged_bytes_total)
+      seconds=$(metric "${!port}" tandem_kv_staging_seconds_total)
+      echo "gpu-smoke: P/D $role: $(grep -o 'kv_memory="[^"]*"' "$work/$role.log" | head -1), $bytes bytes staged in $seconds s"
+    done
     if [[ $verified == 0 || $failures != 0 || $failovers != 0 ]]; then
       echo "gpu-smoke: P/D FAIL: the KV did not move from prefill to decode cleanly"
       rc=1

@@ -113,9 +113,12 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
                                   .max_session_evictions_per_step = options.max_session_evictions_per_step},
                  blocks_, sessions_),
       seed_rng_(options.seed != 0 ? options.seed
-                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
+                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {
+  if (kvStaged()) staging_pinned_ = backend_->pinKvHost(staging_.bytes);
+}
 
 Engine::~Engine() {
+  if (kvStaged() && staging_pinned_.ok()) backend_->unpinKvHost(staging_.bytes);
   // Resident sessions release into blocks_, which outlives sessions_ by declaration order.
   sessions_.clear();
   leases_.clear();
@@ -430,6 +433,7 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   if (kvStaged()) {
     const MonoTime start = clock_.now();
     for (const LayerReady& r : ready) copyStaged(layer, r.blocks, /*to_host=*/true);
+    backend_->finishKvCopies();  // one wait for the layer's copies, before the transport reads them
     staging_time_ += clock_.now() - start;
     if (!backend_->status().ok()) return false;
   }
@@ -441,6 +445,7 @@ bool Engine::stageIn(std::span<const BlockId> blocks) {
   if (!kvStaged()) return true;
   const MonoTime start = clock_.now();
   for (int layer = 0; layer < kv_->layout().num_layers; ++layer) copyStaged(layer, blocks, /*to_host=*/false);
+  backend_->finishKvCopies();  // one wait for every layer's copies
   staging_time_ += clock_.now() - start;
   return backend_->status().ok();
 }

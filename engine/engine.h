@@ -226,6 +226,9 @@ class Engine {
   std::span<std::byte> kvRegion() { return kv_->onDevice() ? staging_.bytes : kv_->bytes(); }
   // kvRegion() is a host copy of a device pool (staged), not the pool.
   bool kvStaged() const { return !staging_.bytes.empty(); }
+  // Whether the staging copy is page-locked for the device's copies
+  // (Backend::pinKvHost), or why not; OK without staging.
+  const absl::Status& kvStagingPinned() const { return staging_pinned_; }
 
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
@@ -280,6 +283,7 @@ class Engine {
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
   KvMemory staging_;  // a device pool's host copy for the transport (kvRegion)
+  absl::Status staging_pinned_;  // Backend::pinKvHost's answer for staging_
   // Staging copies since the last step's stats (StepStats::kv_staged_*).
   int64_t staged_to_host_bytes_ = 0, staged_to_device_bytes_ = 0;
   Duration staging_time_{0};

@@ -164,13 +164,23 @@ class Backend {
   // Copies host.size() bytes at byte `offset` of the KV pool to `host`
   // (download) or from it (upload): the engine stages a pool in device
   // memory through host memory a transport can read and write
-  // (EngineOptions::kv_staging). On a host pool, plain copies.
+  // (EngineOptions::kv_staging). On a host pool, plain copies. A device
+  // backend may queue them: they are done when finishKvCopies() returns (the
+  // host side is not to be read or changed before), and many cost one wait.
   virtual void downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
     std::memcpy(host.data(), kv.bytes().data() + offset, host.size());
   }
   virtual void uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) {
     std::memcpy(kv.bytes().data() + offset, host.data(), host.size());
   }
+  virtual void finishKvCopies() {}
+
+  // Page-locks host memory the KV copies above use (the staging copy) so a
+  // GPU copies it directly and asynchronously, until unpinKvHost(p). Not
+  // needed for correctness: an error means the copies stay staged through
+  // the driver's own buffers. Nothing to do on the CPU.
+  virtual absl::Status pinKvHost(std::span<std::byte> host) { return absl::OkStatus(); }
+  virtual void unpinKvHost(std::span<std::byte> host) {}
 
   // Paged causal attention for a batch of chunks (prefill chunks and
   // single-token decodes mixed). q: [num_rows_total, num_heads * head_dim],

@@ -81,8 +81,8 @@ TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnsw
     // (no with Debian's UCX; yes with NVIDIA's builds).
     for (const AgentProcess* a : {prefill.get(), decode.get()}) {
       const std::string log = a->log();
-      EXPECT_TRUE(log.find("kv_memory=\"device, staged through host memory\" ucx_cuda_memory=no") != std::string::npos ||
-                  log.find("kv_memory=\"device, staged through host memory\" ucx_cuda_memory=yes") != std::string::npos)
+      EXPECT_TRUE(log.find("kv_memory=\"device, staged through pinned host memory\" ucx_cuda_memory=no") != std::string::npos ||
+                  log.find("kv_memory=\"device, staged through pinned host memory\" ucx_cuda_memory=yes") != std::string::npos)
           << log;
     }
     EXPECT_NE(mono->log().find("kv_memory=device ucx_cuda_memory=n/a"), std::string::npos) << mono->log();

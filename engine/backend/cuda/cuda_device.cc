@@ -87,6 +87,33 @@ class CudaDevice final : public Device {
                                       "download (cudaMemcpyAsync)"));
     return cudaStatus(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
   }
+  absl::Status downloadAsync(void* host_dst, const void* device_src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(current());
+    return cudaStatus(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
+                      "download (cudaMemcpyAsync)");
+  }
+  absl::Status uploadAsync(void* device_dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(current());
+    return cudaStatus(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+                      "upload (cudaMemcpyAsync)");
+  }
+  absl::Status synchronize() override {
+    TANDEM_RETURN_IF_ERROR(current());
+    return cudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  absl::Status pinHost(void* p, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (owns(p, 1)) return absl::InvalidArgumentError(absl::StrCat(name_, ": pinHost of device memory"));
+    TANDEM_RETURN_IF_ERROR(current());
+    return cudaStatus(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "pinning host memory (cudaHostRegister)");
+  }
+  void unpinHost(void* p) override {
+    if (!current().ok()) return;
+    cudaStreamSynchronize(stream_);  // no copy still using it
+    cudaHostUnregister(p);
+  }
   absl::Status zero(void* device_dst, size_t bytes) override {
     TANDEM_RETURN_IF_ERROR(current());
     TANDEM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(device_dst, 0, bytes, stream_), "zero (cudaMemsetAsync)"));

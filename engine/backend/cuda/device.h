@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,6 +69,20 @@ class Device {
   virtual absl::Status download(void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual absl::Status zero(void* device_dst, size_t bytes) = 0;
 
+  // Queued in stream order and finished by synchronize(): until it returns,
+  // a download's destination is not filled and an upload's source must not
+  // change. Several copies then cost one wait instead of one each. On a GPU
+  // they overlap the host only from pinned memory (pinHost).
+  virtual absl::Status downloadAsync(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual absl::Status uploadAsync(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status synchronize() = 0;
+
+  // Page-locks host memory that copies use again and again (a KV pool's
+  // staging copy), until unpinHost(p): a GPU then copies it by DMA, without
+  // a bounce buffer, and asynchronously. Not device memory (an error).
+  virtual absl::Status pinHost(void* p, size_t bytes) = 0;
+  virtual void unpinHost(void* p) = 0;
+
   // The kernels of kernels.h and sampling_kernel.h, one launch each, with
   // the kernel's own launch shape and device pointers in its arguments.
   virtual absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) = 0;
@@ -100,6 +115,18 @@ class ExecutorDevice final : public Device {
   absl::Status upload(void* device_dst, const void* host_src, size_t bytes) override;
   absl::Status download(void* host_dst, const void* device_src, size_t bytes) override;
   absl::Status zero(void* device_dst, size_t bytes) override;
+  // Queued, and done at the next synchronize(), copy or launch (stream
+  // order): a caller that reads a download's destination without
+  // synchronize() reads what was there before, as it could on a GPU.
+  absl::Status downloadAsync(void* host_dst, const void* device_src, size_t bytes) override;
+  absl::Status uploadAsync(void* device_dst, const void* host_src, size_t bytes) override;
+  absl::Status synchronize() override;
+  absl::Status pinHost(void* p, size_t bytes) override;
+  void unpinHost(void* p) override;
+  // [p, p + bytes) lies in memory pinned with pinHost (tests).
+  bool pinned(const void* p, size_t bytes) const;
+  // Copies queued and not yet done (tests).
+  size_t queuedCopies() const { return queued_.size(); }
 
   absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) override;
   absl::Status rope(const LaunchConfig& c, const RopeArgs& a) override;
@@ -121,12 +148,21 @@ class ExecutorDevice final : public Device {
     bool owned = false;
     int adopted = 0;  // adoptHost() calls not yet released (host memory adopted more than once)
   };
+  struct QueuedCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
   // Every pointer of a launch must be device memory; the error names it.
-  absl::Status check(const char* kernel, std::initializer_list<std::pair<const char*, const void*>> pointers) const;
+  // Does the queued copies first (stream order).
+  absl::Status check(const char* kernel, std::initializer_list<std::pair<const char*, const void*>> pointers);
   bool ownsStart(const void* p) const;
+  void runQueued();
 
   CpuExecutor executor_;
   std::map<uintptr_t, Region> regions_;  // by first address
+  std::map<uintptr_t, size_t> pinned_;   // host memory pinned: first address -> bytes
+  std::vector<QueuedCopy> queued_;
 };
 
 }  // namespace tandem::gpu

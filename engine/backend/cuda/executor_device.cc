@@ -36,12 +36,14 @@ absl::Status ExecutorDevice::adoptHost(void* p, size_t bytes) {
 }
 
 void ExecutorDevice::forgetHost(void* p) {
+  runQueued();  // as a GPU finishes what reads or writes memory before it is freed
   auto it = regions_.find(reinterpret_cast<uintptr_t>(p));
   if (it == regions_.end() || it->second.owned) return;  // never adopted, or reallocated since
   if (--it->second.adopted <= 0) regions_.erase(it);
 }
 
 void ExecutorDevice::release(void* p) {
+  runQueued();
   auto it = regions_.find(reinterpret_cast<uintptr_t>(p));
   if (it == regions_.end() || !it->second.owned) return;
   std::free(p);
@@ -55,6 +57,7 @@ bool ExecutorDevice::owns(const void* p, size_t bytes) const {
 bool ExecutorDevice::ownsStart(const void* p) const { return owns(p, 1); }
 
 absl::Status ExecutorDevice::upload(void* device_dst, const void* host_src, size_t bytes) {
+  runQueued();
   if (bytes == 0) return absl::OkStatus();
   if (!owns(device_dst, bytes)) return absl::InvalidArgumentError("executor device: upload to memory it does not own");
   std::memcpy(device_dst, host_src, bytes);
@@ -62,6 +65,7 @@ absl::Status ExecutorDevice::upload(void* device_dst, const void* host_src, size
 }
 
 absl::Status ExecutorDevice::download(void* host_dst, const void* device_src, size_t bytes) {
+  runQueued();
   if (bytes == 0) return absl::OkStatus();
   if (!owns(device_src, bytes)) {
     return absl::InvalidArgumentError("executor device: download from memory it does not own");
@@ -70,7 +74,47 @@ absl::Status ExecutorDevice::download(void* host_dst, const void* device_src, si
   return absl::OkStatus();
 }
 
+absl::Status ExecutorDevice::downloadAsync(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!owns(device_src, bytes)) {
+    return absl::InvalidArgumentError("executor device: download from memory it does not own");
+  }
+  queued_.push_back({host_dst, device_src, bytes});
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::uploadAsync(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!owns(device_dst, bytes)) return absl::InvalidArgumentError("executor device: upload to memory it does not own");
+  queued_.push_back({device_dst, host_src, bytes});
+  return absl::OkStatus();
+}
+
+absl::Status ExecutorDevice::synchronize() {
+  runQueued();
+  return absl::OkStatus();
+}
+
+void ExecutorDevice::runQueued() {
+  for (const QueuedCopy& c : queued_) std::memcpy(c.dst, c.src, c.bytes);
+  queued_.clear();
+}
+
+absl::Status ExecutorDevice::pinHost(void* p, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (owns(p, 1)) return absl::InvalidArgumentError("executor device: pinHost of device memory (it is not host memory)");
+  pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return absl::OkStatus();
+}
+
+void ExecutorDevice::unpinHost(void* p) { pinned_.erase(reinterpret_cast<uintptr_t>(p)); }
+
+bool ExecutorDevice::pinned(const void* p, size_t bytes) const {
+  return withinRegion(pinned_, p, bytes, [](size_t region_bytes) { return region_bytes; });
+}
+
 absl::Status ExecutorDevice::zero(void* device_dst, size_t bytes) {
+  runQueued();
   if (bytes == 0) return absl::OkStatus();
   if (!owns(device_dst, bytes)) return absl::InvalidArgumentError("executor device: zeroing memory it does not own");
   std::memset(device_dst, 0, bytes);
@@ -78,7 +122,8 @@ absl::Status ExecutorDevice::zero(void* device_dst, size_t bytes) {
 }
 
 absl::Status ExecutorDevice::check(const char* kernel,
-                                   std::initializer_list<std::pair<const char*, const void*>> pointers) const {
+                                   std::initializer_list<std::pair<const char*, const void*>> pointers) {
+  runQueued();
   for (const auto& [name, p] : pointers) {
     if (!ownsStart(p)) {
       return absl::InvalidArgumentError(

@@ -265,14 +265,22 @@ void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
 void KernelBackend::downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
   if (!kv.onDevice()) return Backend::downloadKv(kv, offset, host);
   if (!status_.ok()) return;
-  ok(device_->download(host.data(), kv.bytes().data() + offset, host.size()));
+  ok(device_->downloadAsync(host.data(), kv.bytes().data() + offset, host.size()));
 }
 
 void KernelBackend::uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) {
   if (!kv.onDevice()) return Backend::uploadKv(kv, offset, host);
   if (!status_.ok()) return;
-  ok(device_->upload(kv.bytes().data() + offset, host.data(), host.size()));
+  ok(device_->uploadAsync(kv.bytes().data() + offset, host.data(), host.size()));
 }
+
+void KernelBackend::finishKvCopies() {
+  if (status_.ok()) ok(device_->synchronize());
+}
+
+absl::Status KernelBackend::pinKvHost(std::span<std::byte> host) { return device_->pinHost(host.data(), host.size()); }
+
+void KernelBackend::unpinKvHost(std::span<std::byte> host) { device_->unpinHost(host.data()); }
 
 void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                               const AttentionShape& shape, float* out) {

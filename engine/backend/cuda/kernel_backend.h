@@ -104,6 +104,9 @@ class KernelBackend : public Backend {
   // Device copies for a pool in device memory (kvMemory); a host pool's, plain ones.
   void downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) override;
   void uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) override;
+  void finishKvCopies() override;
+  absl::Status pinKvHost(std::span<std::byte> host) override;
+  void unpinKvHost(std::span<std::byte> host) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                  const AttentionShape& shape, float* out) override;
   void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;

@@ -138,6 +138,39 @@ TEST(ExecutorDeviceTest, ALaunchWithAHostPointerIsRefusedNamingTheKernelAndTheAr
   EXPECT_FALSE(device.upload(host_weight.data() + 64, host_weight.data(), 4).ok());
 }
 
+// Queued copies are done at synchronize() (or the next stream operation),
+// not before: a caller that reads a queued download's destination without
+// synchronizing reads stale bytes, on the executor as on a GPU. Pinning is
+// for host memory only.
+TEST(ExecutorDeviceTest, QueuedCopiesAreDoneAtSynchronizeAndOnlyHostMemoryIsPinned) {
+  gpu::ExecutorDevice device;
+  auto d = device.allocate(16);
+  ASSERT_TRUE(d.ok());
+  std::vector<unsigned char> host(16, 1), back(16, 0);
+  ASSERT_TRUE(device.uploadAsync(*d, host.data(), 16).ok());
+  ASSERT_TRUE(device.downloadAsync(back.data(), *d, 16).ok());
+  EXPECT_EQ(device.queuedCopies(), 2u);
+  EXPECT_EQ(back, std::vector<unsigned char>(16, 0)) << "not done before synchronize";
+  ASSERT_TRUE(device.synchronize().ok());
+  EXPECT_EQ(device.queuedCopies(), 0u);
+  EXPECT_EQ(back, std::vector<unsigned char>(16, 1)) << "in stream order: the upload, then the download";
+  // A launch or a blocking copy does what was queued before it.
+  host.assign(16, 2);
+  ASSERT_TRUE(device.uploadAsync(*d, host.data(), 16).ok());
+  ASSERT_TRUE(device.download(back.data(), *d, 16).ok());
+  EXPECT_EQ(back, std::vector<unsigned char>(16, 2));
+  // Queued copies check their device side when queued.
+  EXPECT_FALSE(device.downloadAsync(back.data(), host.data(), 4).ok());
+  EXPECT_FALSE(device.uploadAsync(host.data(), back.data(), 4).ok());
+
+  ASSERT_TRUE(device.pinHost(host.data(), 16).ok());
+  EXPECT_TRUE(device.pinned(host.data(), 16));
+  EXPECT_FALSE(device.pinned(host.data(), 17)) << "past the end";
+  device.unpinHost(host.data());
+  EXPECT_FALSE(device.pinned(host.data(), 1));
+  EXPECT_THAT(device.pinHost(*d, 16).message(), ::testing::HasSubstr("pinHost of device memory"));
+}
+
 class KernelBackendTest : public ::testing::TestWithParam<std::string> {};
 
 // The KV pool in device memory (KernelBackend::kvMemory: zeroed by the

@@ -153,6 +153,28 @@ TEST(StagedKvTest, DecodeReadsTheDevicePoolNotTheStagingCopy) {
   EXPECT_EQ(d->outcome(did).tokens, oneEngine(prompt));
 }
 
+TEST(StagedKvTest, TheStagingCopyIsPinnedWhileTheEngineLives) {
+  // Page-locked for the device's copies (a GPU copies it by DMA, and
+  // asynchronously) from creation until the engine is destroyed.
+  auto device = std::make_shared<gpu::ExecutorDevice>();
+  auto backend = std::make_unique<KernelBackend>(device, cpuKernelGemm({}));
+  KernelBackend* raw = backend.get();
+  EngineOptions o = opts();
+  o.kv_memory = [raw](size_t bytes) { return raw->kvMemory(bytes); };
+  o.kv_staging = hostMemory;
+  auto harness = std::make_unique<Harness>(o, true, std::move(backend));
+  const std::span<std::byte> staging = harness->engine->kvRegion();
+  ASSERT_FALSE(staging.empty());
+  EXPECT_TRUE(harness->engine->kvStagingPinned().ok()) << harness->engine->kvStagingPinned();
+  EXPECT_TRUE(device->pinned(staging.data(), staging.size()));
+  harness.reset();
+  EXPECT_FALSE(device->pinned(staging.data(), 1)) << "unpinned with the engine";
+
+  // Without staging nothing is pinned.
+  auto alone = onDevice(false);
+  EXPECT_TRUE(alone->engine->kvStagingPinned().ok());
+}
+
 TEST(StagedKvTest, StagingIsForADevicePoolAndMustBeHostMemory) {
   // A host pool needs no staging: refused by name.
   EngineOptions host_pool = opts();
