@@ -5,10 +5,13 @@
 // contract), within 1e-5 relative (|gpu - cpu| / max(1, |cpu|)) for
 // attention (split + combine). Then times each kernel with CUDA events.
 //
-//   tandem-gpu-kernel-check [--no-timing] [--model | --tp RANK WORLD SOCKET]
+//   tandem-gpu-kernel-check [--no-timing] [--gemm-split-k N ...] [--model | --tp RANK WORLD SOCKET]
 //
 // --no-timing skips the timing (hundreds of launches per kernel), for runs
-// under compute-sanitizer, where every launch is slow.
+// under compute-sanitizer, where every launch is slow. --gemm-split-k N
+// (N > 1; repeatable) also checks and times the GEMM with split-K N
+// (CublasGemmOptions), batch invariance included: an experiment, the
+// engine's GEMM does not split K.
 // --model also runs the tiny model and a small model of each family through
 // the CUDA backend (cuda_device.h) against the CPU backend's logits. --tp
 // runs one rank of a tensor-parallel group (start WORLD processes, one per
@@ -420,7 +423,11 @@ bool checkAttention() {
 // The pinned cuBLASLt GEMM (cublas_gemm.h) against the CPU backend's GEMM
 // (another summation order: within 1e-4 relative over k = 4096), and its
 // batch invariance: a row computed alone has the bits it has in a batch.
-bool checkGemm() {
+// The GEMM through cuBLASLt with `split_k` (CublasGemmOptions) against the
+// CPU GEMM, and batch invariance: row 5 alone, in a batch of 37 and in one
+// of 256 (the reference batch the algorithm is chosen for), bitwise.
+bool checkGemm(uint32_t split_k) {
+  const std::string name = split_k == 1 ? "gemm" : "gemm split-K " + std::to_string(split_k);
   const int32_t m = 37, n = 1024, k = 4096;
   const auto x = randomFloats(static_cast<size_t>(m) * k, -1.0f, 1.0f);
   const auto w = randomFloats(static_cast<size_t>(n) * k, -0.05f, 0.05f);
@@ -428,29 +435,38 @@ bool checkGemm() {
   tandem::engine::CpuBackend cpu;
   cpu.gemm(x.data(), w.data(), cpu_out.data(), m, n, k, /*accumulate=*/false);
   std::string error;
-  auto gemm = gpu::CublasGemm::create(&error);
+  auto gemm = gpu::CublasGemm::create(&error, {.split_k = split_k});
   if (!gemm) {
-    std::printf("FAIL %-16s %s\n", "gemm", error.c_str());
+    std::printf("FAIL %-16s %s\n", name.c_str(), error.c_str());
     return false;
   }
   DeviceBuffer<float> d_x(x), d_w(w), d_y(std::vector<float>(cpu_out.size())), d_row{std::vector<float>(n)};
   if (error = gemm->run(d_x.get(), d_w.get(), d_y.get(), m, n, k, false, nullptr); !error.empty()) {
-    std::printf("FAIL %-16s %s\n", "gemm", error.c_str());
+    std::printf("FAIL %-16s %s\n", name.c_str(), error.c_str());
     return false;
   }
   checkCuda(cudaDeviceSynchronize(), "gemm");
   const std::vector<float> batch = d_y.download();
-  bool pass = compare("gemm", batch, cpu_out, false, 1e-4);
-  const int32_t row = 5;
+  bool pass = compare(name.c_str(), batch, cpu_out, false, 1e-4);
+  const int32_t row = 5, big = gpu::CublasGemm::kReferenceRows;
+  std::vector<float> x_big(static_cast<size_t>(big) * k);
+  for (size_t i = 0; i < x_big.size(); ++i) x_big[i] = x[i % x.size()];  // row 5 stays row 5
+  DeviceBuffer<float> d_x_big(x_big), d_y_big(std::vector<float>(static_cast<size_t>(big) * n));
   if (error = gemm->run(d_x.get() + static_cast<size_t>(row) * k, d_w.get(), d_row.get(), 1, n, k, false, nullptr);
-      !error.empty()) {
-    std::printf("FAIL %-16s %s\n", "gemm alone", error.c_str());
+      error.empty()) {
+    error = gemm->run(d_x_big.get(), d_w.get(), d_y_big.get(), big, n, k, false, nullptr);
+  }
+  if (!error.empty()) {
+    std::printf("FAIL %-16s %s\n", (name + " batch-inv.").c_str(), error.c_str());
     return false;
   }
   checkCuda(cudaDeviceSynchronize(), "gemm alone");
   const std::vector<float> in_batch(batch.begin() + static_cast<long>(row) * n, batch.begin() + static_cast<long>(row + 1) * n);
-  pass = compare("gemm batch-inv.", d_row.download(), in_batch, true) && pass;
-  timeKernel("gemm", 4.0 * (static_cast<double>(m) * k + static_cast<double>(n) * k + static_cast<double>(m) * n),
+  const std::vector<float> all_big = d_y_big.download();
+  const std::vector<float> in_big(all_big.begin() + static_cast<long>(row) * n, all_big.begin() + static_cast<long>(row + 1) * n);
+  pass = compare((name + " batch-inv.").c_str(), d_row.download(), in_batch, true) && pass;
+  pass = compare((name + " m=256").c_str(), in_big, in_batch, true) && pass;
+  timeKernel(name.c_str(), 4.0 * (static_cast<double>(m) * k + static_cast<double>(n) * k + static_cast<double>(m) * n),
              [&] { return gemm->run(d_x.get(), d_w.get(), d_y.get(), m, n, k, false, nullptr).empty() ? 0 : 1; });
   return pass;
 }
@@ -633,15 +649,25 @@ bool checkTensorParallel(int rank, int world, const std::string& socket) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it is known, also into a pipe
-  if (argc > 1 && std::string(argv[1]) == "--no-timing") {
-    g_timing = false;
+  std::vector<uint32_t> split_ks = {1};
+  while (argc > 1) {
+    const std::string flag = argv[1];
+    if (flag == "--no-timing") {
+      g_timing = false;
+    } else if (flag == "--gemm-split-k" && argc > 2 && std::atoi(argv[2]) > 1) {
+      split_ks.push_back(static_cast<uint32_t>(std::atoi(argv[2])));
+      --argc;
+      ++argv;
+    } else {
+      break;
+    }
     --argc;
     ++argv;
   }
   const bool model = argc == 2 && std::string(argv[1]) == "--model";
   const bool tp = argc == 5 && std::string(argv[1]) == "--tp";
   if (argc > 1 && !model && !tp) {
-    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--no-timing] [--model | --tp RANK WORLD SOCKET]\n");
+    std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--no-timing] [--gemm-split-k N ...] [--model | --tp RANK WORLD SOCKET]\n");
     return 2;
   }
   if (tp) return checkTensorParallel(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]) ? 0 : 1;
@@ -661,9 +687,10 @@ int main(int argc, char** argv) {
   }
   bool all_pass = true;
   for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv,
-                          checkAttention, checkSample, checkGemm}) {
+                          checkAttention, checkSample}) {
     all_pass = check() && all_pass;
   }
+  for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;
   if (model) {
     for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModel(family) && all_pass;
   }

@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <tuple>
+
 namespace tandem::gpu {
 namespace {
 
@@ -40,9 +42,20 @@ struct CublasGemm::Impl {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
   void* workspace = nullptr;
+  CublasGemmOptions options;
   std::map<std::pair<int32_t, int32_t>, cublasLtMatmulAlgo_t> algos;  // by (n, k)
+  // The layouts of a call's shape, checked against its algorithm once.
+  struct Call {
+    Layout a, b, c;
+    Call(int32_t m, int32_t n, int32_t k)
+        : a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+          b(static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+          c(static_cast<uint64_t>(n), static_cast<uint64_t>(m), n) {}
+  };
+  std::map<std::tuple<int32_t, int32_t, int32_t>, std::unique_ptr<Call>> calls;  // by (m, n, k)
 
   ~Impl() {
+    calls.clear();
     if (workspace != nullptr) cudaFree(workspace);
     if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
@@ -50,7 +63,7 @@ struct CublasGemm::Impl {
   }
 
   // The pinned algorithm of (n, k): the heuristic's first for the reference
-  // batch, with split-K off and no reduction scheme.
+  // batch that takes options.split_k (1: split-K off, no reduction scheme).
   std::string algoFor(int32_t n, int32_t k, cublasLtMatmulAlgo_t* out) {
     if (auto it = algos.find({n, k}); it != algos.end()) {
       *out = it->second;
@@ -72,12 +85,13 @@ struct CublasGemm::Impl {
     }
     for (int i = 0; i < found; ++i) {
       cublasLtMatmulAlgo_t algo = results[i].algo;
-      const uint32_t one_split = 1;
-      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split,
-                                               sizeof(one_split)) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
-                                               sizeof(no_reduction)) != CUBLAS_STATUS_SUCCESS) {
+      const uint32_t splits = options.split_k;
+      const uint32_t reduction =
+          splits > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                               sizeof(reduction)) != CUBLAS_STATUS_SUCCESS) {
         continue;
       }
       cublasLtMatmulHeuristicResult_t checked = {};
@@ -90,16 +104,21 @@ struct CublasGemm::Impl {
       *out = algo;
       return "";
     }
-    return "cuBLASLt offers no fp32 algorithm without split-K for n=" + std::to_string(n) +
-           ", k=" + std::to_string(k) + " (" + std::to_string(found) + " candidates)";
+    return "cuBLASLt offers no fp32 algorithm with split-K " + std::to_string(options.split_k) + " for n=" +
+           std::to_string(n) + ", k=" + std::to_string(k) + " (" + std::to_string(found) + " candidates)";
   }
 };
 
 CublasGemm::CublasGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CublasGemm::~CublasGemm() = default;
 
-std::unique_ptr<CublasGemm> CublasGemm::create(std::string* error) {
+std::unique_ptr<CublasGemm> CublasGemm::create(std::string* error, const CublasGemmOptions& options) {
+  if (options.split_k < 1) {
+    *error = "CublasGemmOptions::split_k must be at least 1";
+    return nullptr;
+  }
   auto impl = std::make_unique<Impl>();
+  impl->options = options;
   if (cublasStatus_t s = cublasLtCreate(&impl->handle); s != CUBLAS_STATUS_SUCCESS) {
     *error = cublasError("cublasLtCreate", s);
     return nullptr;
@@ -130,19 +149,26 @@ std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m,
                             bool accumulate, void* stream) {
   cublasLtMatmulAlgo_t algo;
   if (std::string e = impl_->algoFor(n, k, &algo); !e.empty()) return e;
-  const Layout a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k);
-  const Layout b(static_cast<uint64_t>(k), static_cast<uint64_t>(m), k);
-  const Layout c(static_cast<uint64_t>(n), static_cast<uint64_t>(m), n);
-  if (a.status() != CUBLAS_STATUS_SUCCESS || b.status() != CUBLAS_STATUS_SUCCESS ||
-      c.status() != CUBLAS_STATUS_SUCCESS) {
-    return "cublasLtMatrixLayoutCreate failed for m=" + std::to_string(m);
+  auto& call = impl_->calls[{m, n, k}];
+  if (call == nullptr) {  // first call of this shape: its layouts, checked against the algorithm
+    auto made = std::make_unique<Impl::Call>(m, n, k);
+    if (made->a.status() != CUBLAS_STATUS_SUCCESS || made->b.status() != CUBLAS_STATUS_SUCCESS ||
+        made->c.status() != CUBLAS_STATUS_SUCCESS) {
+      impl_->calls.erase({m, n, k});
+      return "cublasLtMatrixLayoutCreate failed for m=" + std::to_string(m);
+    }
+    cublasLtMatmulHeuristicResult_t checked = {};
+    if (cublasStatus_t s = cublasLtMatmulAlgoCheck(impl_->handle, impl_->desc, made->a.get(), made->b.get(),
+                                                   made->c.get(), made->c.get(), &algo, &checked);
+        s != CUBLAS_STATUS_SUCCESS) {
+      impl_->calls.erase({m, n, k});
+      return cublasError("cublasLtMatmulAlgoCheck (the pinned algorithm for this m)", s);
+    }
+    call = std::move(made);
   }
-  cublasLtMatmulHeuristicResult_t checked = {};
-  if (cublasStatus_t s = cublasLtMatmulAlgoCheck(impl_->handle, impl_->desc, a.get(), b.get(), c.get(), c.get(),
-                                                 &algo, &checked);
-      s != CUBLAS_STATUS_SUCCESS) {
-    return cublasError("cublasLtMatmulAlgoCheck (the pinned algorithm for this m)", s);
-  }
+  const Layout& a = call->a;
+  const Layout& b = call->b;
+  const Layout& c = call->c;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if (cublasStatus_t s = cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, a.get(), x, b.get(), &beta, y, c.get(),
                                         y, c.get(), &algo, impl_->workspace, kWorkspaceBytes,

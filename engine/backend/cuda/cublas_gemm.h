@@ -9,10 +9,10 @@
 // engine's batch invariance (docs/engine.md) on the GPU, where cuBLAS's
 // default per-shape choice would change a row's bits with the batch.
 //
-// This project's machines have no GPU: this compiles and links
-// (./tandem check cuda); tandem-gpu-kernel-check runs it against the CPU
-// GEMM and checks the batch invariance on the first machine with one
-// (docs/cuda-build.md). Not thread-safe: one engine thread owns it.
+// tandem-gpu-kernel-check runs it against the CPU GEMM and checks the batch
+// invariance (passed on an H200: docs/cuda-build.md). The matrix layouts of
+// each (m, n, k) are made and checked against the algorithm once, then
+// reused. Not thread-safe: one engine thread owns it.
 
 #include <cstddef>
 #include <cstdint>
@@ -23,11 +23,21 @@
 
 namespace tandem::gpu {
 
+struct CublasGemmOptions {
+  // K split into this many parts, reduced in a separate pass in fp32
+  // (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), pinned per weight shape like
+  // the rest of the algorithm. 1 (the default, what the engine uses): no
+  // split. More gives a small batch's few output tiles more SMs; whether it
+  // keeps each row's bits independent of the batch is what
+  // `tandem-gpu-kernel-check --gemm-split-k N` measures on a GPU.
+  uint32_t split_k = 1;
+};
+
 class CublasGemm {
  public:
   // nullptr and *error set (naming the CUDA or cuBLAS call) when cuBLASLt
   // or the workspace cannot be set up (no device, no memory).
-  static std::unique_ptr<CublasGemm> create(std::string* error);
+  static std::unique_ptr<CublasGemm> create(std::string* error, const CublasGemmOptions& options = {});
   ~CublasGemm();
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
