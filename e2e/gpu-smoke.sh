@@ -65,8 +65,8 @@ cuda_pd_smoke() {
     python3 - "$port_mono" "$port_decode" "$device" "$port_cpu" <<'PY'
 import json, sys, time, urllib.request
 mono, decode, cpu = sys.argv[1], sys.argv[2], sys.argv[4]
-def complete(port, prompt):
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True}).encode()
+def complete(port, prompt, sampling={"temperature": 0}):
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, **sampling}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         out = json.load(r)
@@ -81,6 +81,14 @@ for prompt in prompts:
         ok = False
     same_as_cpu += want == complete(cpu, prompt)[0]
 print(f"gpu-smoke: P/D: {same_as_cpu} of {len(prompts)} answers of --device {sys.argv[3]} are --device cpu's, token for token")
+# Seeded sampling (the engine samples on the device): reported, not
+# required: the GPU's logits are the CPU's only to within 1e-4.
+seeded = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7}
+mono_seeded = [complete(mono, p, seeded)[0] for p in prompts]
+same_pd = sum(complete(decode, p, seeded)[0] == want for p, want in zip(prompts, mono_seeded))
+same_cpu = sum(complete(cpu, p, seeded)[0] == want for p, want in zip(prompts, mono_seeded))
+print(f"gpu-smoke: P/D: seeded sampling (temperature 0.8, top-p 0.9, top-k 40): {same_pd} of {len(prompts)} "
+      f"answers through D are one agent's, {same_cpu} of {len(prompts)} are --device cpu's")
 n = tokens = 0
 t0 = time.monotonic()
 for i in range(50):

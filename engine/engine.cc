@@ -265,7 +265,7 @@ StepStats Engine::step() {
   const MonoTime t1 = clock_.now();
   std::vector<SequenceChunk> batch = buildBatch(plan.chunks, t1, &st);
   const std::vector<LayerReady> during_run = reportLeasedPrefills(plan.chunks);
-  const absl::Status status = runModel(batch, during_run);
+  const absl::Status status = runModel(plan.chunks, batch, during_run);
   const MonoTime t2 = clock_.now();
   if (status.ok()) {
     postprocess(plan.chunks, batch);
@@ -371,11 +371,28 @@ std::vector<LayerReady> Engine::reportLeasedPrefills(std::span<const ScheduledCh
   return during_run;
 }
 
-absl::Status Engine::runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run) {
+bool Engine::samplingOnDevice() const {
+  return options_.sample_on_device && options_.scripted_replies.empty() && backend_->samplesLogits();
+}
+
+absl::Status Engine::runModel(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch,
+                              std::span<const LayerReady> during_run) {
   if (batch.empty()) return absl::OkStatus();
   LayerObserver on_layer = [&](int layer) { announce(layer, during_run); };
   const bool observe = layer_observer_ && !during_run.empty();
-  return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
+  if (!samplingOnDevice()) return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
+  sample_params_.clear();
+  sample_draws_.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].want_logits) continue;
+    Sequence* s = chunks[i].seq;
+    sample_params_.push_back(s->spec.sampling);
+    // sampleToken's one draw, taken now: greedy draws nothing.
+    sample_draws_.push_back(s->spec.sampling.temperature <= 0.0f ? 0.0 : s->rng.uniform());
+  }
+  sampled_.assign(sample_params_.size(), 0);
+  const LlamaModel::Sampling sampling{sample_params_, sample_draws_, sampled_};
+  return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr, &sampling);
 }
 
 void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch) {
@@ -390,7 +407,11 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
     scheduler_.commitComputedBlocks(s);
     if (auto ready = announcer_.afterRun(*s)) completed.push_back(*ready);
     if (batch[i].want_logits) {
-      sample(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
+      if (samplingOnDevice()) {
+        acceptToken(s, sampled_[row]);
+      } else {
+        sample(s, std::span<const float>(logits_).subspan(row * vocab, vocab));
+      }
       ++row;
     }
   }

@@ -82,6 +82,10 @@ struct EngineOptions {
   // output token is the reply's n-th instead of a sampled one, then EOS.
   // The model still runs every step; only sampling is replaced.
   std::vector<std::vector<TokenId>> scripted_replies;
+  // Sample where the backend makes the logits when it can
+  // (Backend::samplesLogits: a device backend downloads one token per row,
+  // not the logits). The same tokens either way; off samples on the host.
+  bool sample_on_device = true;
 };
 
 // What one step did, for the agent's metrics. Hit rates are derived by the
@@ -248,7 +252,10 @@ class Engine {
   // Reports leased prefills' blocks before the model writes them; returns
   // what the layer observer announces during the run.
   std::vector<LayerReady> reportLeasedPrefills(std::span<const ScheduledChunk> chunks);
-  absl::Status runModel(const std::vector<SequenceChunk>& batch, std::span<const LayerReady> during_run);
+  absl::Status runModel(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch,
+                        std::span<const LayerReady> during_run);
+  // Whether this step's tokens are sampled by the backend (sampled_).
+  bool samplingOnDevice() const;
   // Calls the layer observer for `ready`; with a staged pool, after copying
   // layer `layer` of their blocks to the staging copy. False, announcing
   // nothing, when the backend failed: during a run the step then fails with
@@ -299,6 +306,12 @@ class Engine {
   uint64_t num_finished_ = 0;  // requests ended so far, by any path
   LayerObserverFn layer_observer_;
   std::vector<float> logits_;
+  // Device sampling (EngineOptions::sample_on_device): per chunk that wants
+  // logits, its params, its draw (taken before the step, as the host
+  // sampler takes it) and the token the backend sampled.
+  std::vector<SamplingParams> sample_params_;
+  std::vector<double> sample_draws_;
+  std::vector<TokenId> sampled_;
   SamplerScratch sample_scratch_;
 };
 

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "engine/kv/kv_storage.h"
+#include "engine/sched/request.h"
 #include "src/common/ids.h"
 
 namespace tandem::engine {
@@ -197,6 +198,17 @@ class Backend {
   // dim). Same arithmetic as gemm (and counted in its stats); separate
   // because its output goes to host memory.
   virtual void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) = 0;
+
+  // Sampling where the logits are made: a backend whose logits would live in
+  // device memory (KernelBackend) computes them there, samples each row there
+  // and downloads tokens instead of [m, vocab] floats. Row r uses params[r]
+  // and the draw uniforms[r] (its request's SamplerRng::uniform(); 0 when
+  // greedy) and gets the CPU sampler's token (sampleTokenWithDraw). Called
+  // only where samplesLogits().
+  virtual bool samplesLogits() const { return false; }
+  virtual void sampleLogits(const float* hidden, const PreparedWeight& lm_head, int32_t m,
+                            std::span<const SamplingParams> params, std::span<const double> uniforms,
+                            std::span<TokenId> tokens) {}
 
   virtual BackendStats stats() const = 0;
   virtual void resetStats() = 0;

@@ -260,7 +260,7 @@ void LlamaModel::addProjection(const float* in, const PreparedWeight& w, float* 
 }
 
 absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
-                                 const LayerObserver* on_layer) {
+                                 const LayerObserver* on_layer, const Sampling* sampling) {
   TANDEM_RETURN_IF_ERROR(validate(batch, kv, logits));
   if (logits != nullptr) logits->clear();
   if (batch.empty()) return absl::OkStatus();
@@ -268,6 +268,15 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   const ModelConfig& c = config();
   const int32_t rows = prepareBatch(batch);
   const auto num_logits = static_cast<int32_t>(logit_rows_.size());
+  if (sampling != nullptr && !backend_.samplesLogits()) sampling = nullptr;
+  if (sampling != nullptr &&
+      (sampling->params.size() != static_cast<size_t>(num_logits) ||
+       sampling->uniforms.size() != static_cast<size_t>(num_logits) ||
+       sampling->tokens.size() != static_cast<size_t>(num_logits))) {
+    return absl::InvalidArgumentError(strCat("forward: sampling is for ", sampling->params.size(), " rows, ",
+                                             sampling->uniforms.size(), " draws and ", sampling->tokens.size(),
+                                             " tokens; the batch has ", num_logits, " chunks that want logits"));
+  }
   x_.grow(backend_, product(rows, c.hidden_size));
   h_.grow(backend_, product(rows, c.hidden_size));
   q_.grow(backend_, product(rows, c.qDim()));
@@ -308,6 +317,10 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   if (num_logits == 0) return backend_.status();
 
   backend_.rmsNorm(tail_x_.data(), final_norm_->data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
+  if (sampling != nullptr) {
+    backend_.sampleLogits(h_.data(), *lm_head_, num_logits, sampling->params, sampling->uniforms, sampling->tokens);
+    return backend_.status();
+  }
   logits->resize(product(num_logits, c.vocab_size));
   backend_.logits(h_.data(), *lm_head_, logits->data(), num_logits);
   return backend_.status();

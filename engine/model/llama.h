@@ -91,8 +91,17 @@ class LlamaModel {
   // while some chunk wants logits.
   // Precondition (not checked): no two chunks of one batch write the same slot.
   // An empty batch is OK and does nothing.
+  // With `sampling`, on a backend that samplesLogits(): the rows are sampled
+  // where the logits are made (Backend::sampleLogits), sampling->tokens gets
+  // one token per chunk that wants logits, in batch order, and `logits`
+  // stays empty. On another backend `sampling` is ignored.
+  struct Sampling {
+    std::span<const SamplingParams> params;  // one per chunk that wants logits
+    std::span<const double> uniforms;
+    std::span<TokenId> tokens;
+  };
   [[nodiscard]] absl::Status forward(std::span<const SequenceChunk> batch, KvStorage& kv, std::vector<float>* logits,
-                                     const LayerObserver* on_layer = nullptr);
+                                     const LayerObserver* on_layer = nullptr, const Sampling* sampling = nullptr);
 
  private:
   LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& backend, AllReducePartials all_reduce);

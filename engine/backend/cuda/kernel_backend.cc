@@ -343,14 +343,10 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   ok(device_->attentionCombine(gpu::attentionCombineLaunch(rows, shape.num_heads), args));
 }
 
-std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_t vocab,
-                                           std::span<const SamplingParams> params, std::span<const double> uniforms,
-                                           int* on_host) {
+void KernelBackend::sampleOnDevice(const float* d_logits, int32_t vocab, std::span<const SamplingParams> params,
+                                   std::span<const double> uniforms, std::span<TokenId> tokens) {
   const auto rows = static_cast<int32_t>(params.size());
-  assert(logits.size() == static_cast<size_t>(rows) * static_cast<size_t>(vocab) && uniforms.size() == params.size());
-  std::vector<TokenId> tokens(params.size());
-  if (on_host != nullptr) *on_host = 0;
-  if (rows == 0) return tokens;
+  assert(uniforms.size() == params.size() && tokens.size() == params.size());
   temperature_.clear();
   top_p_.clear();
   top_k_.clear();
@@ -360,10 +356,8 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
     top_k_.push_back(p.top_k);
   }
   sampled_.assign(params.size(), gpu::kSampleOnHost);
-  // The logits are the host's here (the engine samples on the host); a
-  // device engine step would sample its own logits without the upload.
   int32_t* d_sampled = d_sampled_.upload<int32_t>(*this, sampled_);
-  const gpu::SampleArgs args{d_logits_.upload(*this, logits),
+  const gpu::SampleArgs args{d_logits,
                              d_temperature_.upload<float>(*this, temperature_),
                              d_top_k_.upload<int32_t>(*this, top_k_),
                              d_top_p_.upload<float>(*this, top_p_),
@@ -372,21 +366,57 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
                              d_sampled,
                              rows,
                              vocab};
-  // After a failure every row is decided on the host (status() says why).
-  if (status_.ok() && ok(device_->sample(gpu::sampleLaunch(rows), args))) {
+  if (d_logits != nullptr && status_.ok() && ok(device_->sample(gpu::sampleLaunch(rows), args))) {
     ok(device_->download(sampled_.data(), d_sampled, sampled_.size() * sizeof(int32_t)));
   }
-  for (int32_t r = 0; r < rows; ++r) {
-    const size_t i = static_cast<size_t>(r);
-    if (status_.ok() && sampled_[i] != gpu::kSampleOnHost) {
-      tokens[i] = sampled_[i];
-      continue;
-    }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = status_.ok() ? sampled_[i] : gpu::kSampleOnHost;
+    if (tokens[i] != gpu::kSampleOnHost) ++rows_sampled_on_device_;
+  }
+}
+
+std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_t vocab,
+                                           std::span<const SamplingParams> params, std::span<const double> uniforms,
+                                           int* on_host) {
+  assert(logits.size() == params.size() * static_cast<size_t>(vocab));
+  std::vector<TokenId> tokens(params.size());
+  if (on_host != nullptr) *on_host = 0;
+  if (params.empty()) return tokens;
+  // These logits are the host's: uploaded, sampled there.
+  sampleOnDevice(d_logits_.upload(*this, logits), vocab, params, uniforms, tokens);
+  // After a failure every row is decided on the host (status() says why).
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] != gpu::kSampleOnHost) continue;
     tokens[i] = sampleTokenWithDraw(logits.subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
                                     params[i], uniforms[i], &sampler_scratch_);
+    ++rows_sampled_on_host_;
     if (on_host != nullptr) ++*on_host;
   }
   return tokens;
+}
+
+void KernelBackend::sampleLogits(const float* hidden, const PreparedWeight& lm_head, int32_t m,
+                                 std::span<const SamplingParams> params, std::span<const double> uniforms,
+                                 std::span<TokenId> tokens) {
+  assert(params.size() == static_cast<size_t>(m));
+  if (m == 0 || !inDeviceMemory("sampleLogits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
+  const int32_t vocab = lm_head.n();
+  float* d_logits = d_logits_out_.reserve<float>(*this, size(m, vocab));
+  if (d_logits == nullptr || !ok(gemm_->gemm(hidden, lm_head, d_logits, m, false))) return;
+  sampleOnDevice(d_logits, vocab, params, uniforms, tokens);
+  if (!status_.ok()) return;  // the step fails: status() says why
+  // Rows the kernel hands back (more candidates than it holds): their logits
+  // row comes to the host, and the CPU sampler decides with the same draw.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] != gpu::kSampleOnHost) continue;
+    handed_back_.resize(static_cast<size_t>(vocab));
+    if (!ok(device_->download(handed_back_.data(), d_logits + i * static_cast<size_t>(vocab),
+                              handed_back_.size() * sizeof(float)))) {
+      return;
+    }
+    tokens[i] = sampleTokenWithDraw(handed_back_, params[i], uniforms[i], &sampler_scratch_);
+    ++rows_sampled_on_host_;
+  }
 }
 
 BackendStats KernelBackend::stats() const {

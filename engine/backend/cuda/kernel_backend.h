@@ -110,6 +110,9 @@ class KernelBackend : public Backend {
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                  const AttentionShape& shape, float* out) override;
   void logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) override;
+  bool samplesLogits() const override { return true; }
+  void sampleLogits(const float* hidden, const PreparedWeight& lm_head, int32_t m, std::span<const SamplingParams> params,
+                    std::span<const double> uniforms, std::span<TokenId> tokens) override;
   BackendStats stats() const override;
   void resetStats() override;
 
@@ -120,10 +123,19 @@ class KernelBackend : public Backend {
   // given, counts them. The same tokens as the CPU sampler's.
   std::vector<TokenId> sample(std::span<const float> logits, int32_t vocab, std::span<const SamplingParams> params,
                               std::span<const double> uniforms, int* on_host = nullptr);
+  // Rows the sampling kernel decided, and rows it left to the host, since
+  // construction (sampleLogits and sample).
+  int64_t rowsSampledOnDevice() const { return rows_sampled_on_device_; }
+  int64_t rowsSampledOnHost() const { return rows_sampled_on_host_; }
 
  private:
   // Keeps the first failure; false (do nothing more) once there is one.
   bool ok(const absl::Status& s);
+  // The sampling kernel over logits [rows, vocab] in device memory: tokens[r]
+  // its token, or gpu::kSampleOnHost where the host must decide (and after
+  // a failure: status() says which).
+  void sampleOnDevice(const float* d_logits, int32_t vocab, std::span<const SamplingParams> params,
+                      std::span<const double> uniforms, std::span<TokenId> tokens);
   struct Arg {
     const char* name;
     const void* p;
@@ -176,6 +188,8 @@ class KernelBackend : public Backend {
   Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_, d_logits_out_;
   Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;
   SamplerScratch sampler_scratch_;
+  std::vector<float> handed_back_;  // a logits row the kernel left to the host
+  int64_t rows_sampled_on_device_ = 0, rows_sampled_on_host_ = 0;
 };
 
 }  // namespace tandem::engine

@@ -3,7 +3,9 @@
 // and draw: greedy and temperature / top-k / top-p over random rows, with the
 // edges the CPU sampler defines (ties, -0 and +0, NaN first or later, +inf,
 // all-equal rows with more candidates than the kernel holds). Rows the kernel
-// leaves to the host are few and are still the CPU sampler's tokens.
+// leaves to the host are few and are still the CPU sampler's tokens. An
+// engine that samples where the logits are made (EngineOptions::
+// sample_on_device) gives the tokens of one that samples on the host.
 
 #include <cmath>
 #include <limits>
@@ -14,7 +16,9 @@
 
 #include "engine/backend/cuda/kernel_backend.h"
 #include "engine/backend/cuda/sampling_kernel.h"
+#include "engine/model/llama.h"
 #include "engine/sched/sampler.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace tandem::engine {
 namespace {
@@ -113,6 +117,82 @@ TEST(SamplingKernelTest, TheCpuSamplersEdgesGiveItsTokens) {
 TEST(SamplingKernelTest, TheLaunchFitsItsSharedMemory) {
   EXPECT_LE(gpu::kSampleSharedBytes, size_t{48} * 1024);
   EXPECT_EQ(gpu::sampleLaunch(7).shared_bytes, gpu::kSampleSharedBytes);
+}
+
+// The engine step with the kernel backend: sampling on the device (each
+// request's draw taken before the step, the kernel over the logits in device
+// memory, one token per row downloaded) gives every request the tokens the
+// host sampler gives it, for greedy, temperature, top-k and top-p requests
+// with seeds, batched together.
+TEST(DeviceSamplingTest, TheEngineSamplesTheSameTokensOnTheDeviceAsOnTheHost) {
+  auto run = [](bool on_device, KernelBackend** backend_out) {
+    auto backend = std::make_unique<KernelBackend>();
+    *backend_out = backend.get();
+    EngineOptions o;
+    o.num_blocks = 64;
+    o.block_size = 16;
+    o.max_num_seqs = 8;
+    o.seed = 11;
+    o.sample_on_device = on_device;
+    auto h = std::make_unique<testing::Harness>(o, true, std::move(backend));
+    std::mt19937 rng(5);
+    const struct {
+      float temperature;
+      int top_k;
+      float top_p;
+    } mixes[] = {{0.0f, 0, 1.0f}, {0.7f, 20, 1.0f}, {1.0f, 0, 0.9f}, {1.5f, 0, 1.0f}, {0.9f, 5, 0.5f}};
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 10; ++i) {
+      RequestSpec spec = testing::greedy(testing::randomPrompt(rng, 5 + 7 * i), 12);
+      spec.sampling.temperature = mixes[i % 5].temperature;
+      spec.sampling.top_k = mixes[i % 5].top_k;
+      spec.sampling.top_p = mixes[i % 5].top_p;
+      if (i % 2 == 0) spec.sampling.seed = 1000 + static_cast<uint64_t>(i);
+      ids.push_back(h->add(spec));
+    }
+    h->runToCompletion();
+    std::vector<std::vector<TokenId>> tokens;
+    for (RequestId id : ids) tokens.push_back(h->outcome(id).tokens);
+    return std::make_pair(std::move(h), tokens);
+  };
+  KernelBackend* device_backend = nullptr;
+  KernelBackend* host_backend = nullptr;
+  const auto [device_engine, on_device] = run(true, &device_backend);
+  const auto [host_engine, on_host] = run(false, &host_backend);
+  ASSERT_EQ(on_device.size(), on_host.size());
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    EXPECT_EQ(on_device[i].size(), 12u) << "request " << i;
+    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+  }
+  // Every token of the first engine came from the kernel (the tiny model's
+  // 100 candidates fit it); the second never ran it.
+  EXPECT_EQ(device_backend->rowsSampledOnDevice(), 10 * 12);
+  EXPECT_EQ(device_backend->rowsSampledOnHost(), 0);
+  EXPECT_EQ(host_backend->rowsSampledOnDevice(), 0);
+}
+
+// LlamaModel::forward refuses sampling spans that do not match the batch's
+// rows that want logits, naming the counts.
+TEST(DeviceSamplingTest, AForwardWithSamplingForTheWrongRowsIsRefused) {
+  KernelBackend backend;
+  auto model = LlamaModel::create(testing::tinyWeights(), backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const KvLayout layout = kvLayoutFor(testing::tinyWeights()->config, 8, 16);
+  auto memory = backend.kvMemory(layout.totalFloats() * sizeof(float));
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  KvStorage kv(layout, std::move(*memory));
+  const std::vector<TokenId> tokens = {1, 2, 3};
+  const std::vector<BlockId> table = {BlockId(0)};
+  const SequenceChunk chunk{.tokens = tokens, .start_pos = 0, .block_table = table, .want_logits = true};
+  const std::vector<SamplingParams> params(2);
+  const std::vector<double> draws(2);
+  std::vector<TokenId> out(2);
+  const LlamaModel::Sampling sampling{params, draws, out};
+  std::vector<float> logits;
+  const absl::Status s = (*model)->forward(std::span<const SequenceChunk>(&chunk, 1), kv, &logits, nullptr, &sampling);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("sampling is for 2 rows"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("the batch has 1 chunks that want logits"), std::string::npos) << s;
 }
 
 }  // namespace
