@@ -19,10 +19,11 @@
 #
 # GPUs: the build passes TANDEM_ENABLE_CUDA=ON, which adds the CUDA kernels
 # (libtandem_cuda, cuBLASLt GEMMs), tandem-gpu-kernel-check and the CUDA
-# backend to the agent (`--device cuda`; docs/cuda.md, never run on a GPU:
-# e2e/gpu-smoke.sh is for the first machine with one). Its agents run the CPU
-# backend unless started with --device cuda, with the CUDA runtime, cuBLAS,
-# NCCL and CUDA-enabled UCX in place.
+# backend to the agent (`--device cuda`; docs/cuda.md; e2e/gpu-smoke.sh has
+# passed on an H200 with binaries built like these: docs/cuda-build.md). Its
+# agents run the CPU backend unless started with --device cuda (the operator
+# passes it to roles with gpusPerPod), with the CUDA runtime, cuBLAS, NCCL and
+# CUDA-enabled UCX in place.
 
 # --- NVIDIA's CUDA repository for Debian 12 --------------------------------
 # Added with NVIDIA's keyring package, as NVIDIA's CUDA installation guide

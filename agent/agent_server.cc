@@ -477,10 +477,13 @@ struct AgentServer::Impl {
   absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
     const engine::CpuBackendOptions cpu{.simd = simd};
     if (config.device == "cuda") {
-      if (hasCudaDeviceBackend()) {
-        log.warn("--device cuda: the CUDA backend has not run on a GPU in this project's tests (docs/cuda.md)");
+      auto backend = makeCudaDeviceBackend();
+      if (const int gpus = visibleCudaDevices(); backend.ok() && gpus > 1) {
+        log.warn("--device cuda: serving on the first visible GPU only; the others stay idle (tensor parallelism "
+                 "across a pod's GPUs is not written yet: docs/cuda.md)",
+                 {{"visible_gpus", gpus}});
       }
-      return makeCudaDeviceBackend();
+      return backend;
     }
     if (config.device == "cuda-emulator") {
       log.warn("--device cuda-emulator: the GPU kernels run on the CPU executor, far slower than --device cpu",

@@ -17,4 +17,6 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend() {
 
 bool hasCudaDeviceBackend() { return true; }
 
+int visibleCudaDevices() { return gpu::cudaDeviceCount(); }
+
 }  // namespace tandem::agent

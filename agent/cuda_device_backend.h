@@ -17,5 +17,8 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend();
 
 // Whether this build has the CUDA backend.
 bool hasCudaDeviceBackend();
+// The GPUs this process sees (0 without the CUDA backend): the agent serves
+// on the first; more are idle (no tensor parallelism across them yet).
+int visibleCudaDevices();
 
 }  // namespace tandem::agent

@@ -13,4 +13,6 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend() {
 
 bool hasCudaDeviceBackend() { return false; }
 
+int visibleCudaDevices() { return 0; }
+
 }  // namespace tandem::agent

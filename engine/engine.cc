@@ -118,6 +118,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
 }
 
 Engine::~Engine() {
+  backend_->finishKvCopies();  // none may still use staging_ or the pool once they go
   if (kvStaged() && staging_pinned_.ok()) backend_->unpinKvHost(staging_.bytes);
   // Resident sessions release into blocks_, which outlives sessions_ by declaration order.
   sessions_.clear();

@@ -108,6 +108,12 @@ json args(const PoolSpec& pool, Role role) {
     a.push_back("--api-keys-file");
     a.push_back(strCat(kApiKeysPath, "/keys.yaml"));
   }
+  // A role given GPUs serves on them (the image's agent has the CUDA
+  // backend; docs/cuda.md); the user's args come after and can override it.
+  if (role != Role::kRouter && pool.role(role).gpus_per_pod > 0) {
+    a.push_back("--device");
+    a.push_back("cuda");
+  }
   for (const std::string& extra : pool.role(role).args) a.push_back(extra);
   return a;
 }

@@ -19,8 +19,8 @@
 // NCCL's all-reduce (nccl_group.h), against the whole model on the CPU.
 //
 // Prints one PASS/FAIL line per kernel with the largest difference, and one
-// throughput line per kernel. Exit status 0 when all pass, 1 on any FAIL or
-// CUDA error, 2 when there is no CUDA device. This project's machines have no
+// throughput line per kernel. Exit status 0 when all pass, 1 on any FAIL, CUDA error
+// or bad usage, 2 when there is no CUDA device. This project's machines have no
 // GPU: e2e/gpu-smoke.sh runs it where one is lent (docs/cuda-build.md says
 // where it has run).
 
@@ -668,7 +668,7 @@ int main(int argc, char** argv) {
   const bool tp = argc == 5 && std::string(argv[1]) == "--tp";
   if (argc > 1 && !model && !tp) {
     std::fprintf(stderr, "usage: tandem-gpu-kernel-check [--no-timing] [--gemm-split-k N ...] [--model | --tp RANK WORLD SOCKET]\n");
-    return 2;
+    return 1;  // not 2, which says there is no CUDA device
   }
   if (tp) return checkTensorParallel(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]) ? 0 : 1;
   int devices = 0;

@@ -177,7 +177,9 @@ class OperatorGpuNodesTest : public OperatorTest {
 // A pool that asks for more GPUs than any node has says so, naming the
 // role, and recovers when a node that fits joins.
 TEST_F(OperatorGpuNodesTest, AnUnschedulableRoleIsReportedAndRecoversWhenANodeIsAdded) {
-  apply("pool.yaml", pool("big", "  decode: {replicas: 1, gpusPerPod: 4}\n"));
+  // The operator gives a role with GPUs --device cuda; the emulated nodes'
+  // GPUs are not real, so this pool's args keep its agents on the CPU.
+  apply("pool.yaml", pool("big", "  decode: {replicas: 1, gpusPerPod: 4, args: [\"--device\", \"cpu\"]}\n"));
   ASSERT_TRUE(eventually([&] { return condition("big", "Ready", "reason") == "Unschedulable"; }, 60))
       << kubectl("get tpool big -o yaml").output << kubectl("get pods -o wide").output;
   EXPECT_EQ(condition("big", "Ready", "status"), "False");

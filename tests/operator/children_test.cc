@@ -102,6 +102,36 @@ TEST(ChildrenTest, QosGoesOnPrefillAndDecodePodsOnly) {
       << "no IPC_LOCK for the router: it registers no memory";
 }
 
+// A role given GPUs serves on them: its agents get --device cuda before the
+// user's args (which can override it); a role without GPUs, and the
+// router, keep the CPU backend.
+TEST(ChildrenTest, ARoleWithGpusServesOnThem) {
+  PoolSpec p = pool();
+  p.prefill.gpus_per_pod = 1;
+  p.decode.gpus_per_pod = 0;
+  p.prefill.args = {"--device", "cpu"};
+  const Children c = desiredChildren(p);
+  auto args_of = [&](Role role) {
+    return strings(c.deployments[static_cast<int>(role)]["spec"]["template"]["spec"]["containers"][0]["args"]);
+  };
+  const std::vector<std::string> prefill = args_of(Role::kPrefill);
+  const auto device = std::find(prefill.begin(), prefill.end(), "--device");
+  ASSERT_NE(device, prefill.end());
+  ASSERT_NE(device + 1, prefill.end());
+  EXPECT_EQ(*(device + 1), "cuda");
+  EXPECT_EQ(std::vector<std::string>(prefill.end() - 2, prefill.end()), (std::vector<std::string>{"--device", "cpu"}))
+      << "the user's args come after, so they win";
+  EXPECT_THAT(args_of(Role::kDecode), ::testing::Not(::testing::Contains("--device")));
+  EXPECT_THAT(args_of(Role::kRouter), ::testing::Not(::testing::Contains("--device")));
+  p.decode.gpus_per_pod = 8;
+  p.router.gpus_per_pod = 1;  // not a thing a router uses: still no --device
+  const Children gpu = desiredChildren(p);
+  EXPECT_THAT(strings(gpu.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"]["containers"][0]["args"]),
+              ::testing::IsSupersetOf({"--device", "cuda"}));
+  EXPECT_THAT(strings(gpu.deployments[static_cast<int>(Role::kRouter)]["spec"]["template"]["spec"]["containers"][0]["args"]),
+              ::testing::Not(::testing::Contains("--device")));
+}
+
 // Every pod: the pool key mounted as a directory (so a rotation reaches it)
 // and passed to the agent; non-root, read-only root filesystem, no
 // privilege escalation, every capability dropped.

@@ -149,6 +149,10 @@ std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m,
                             bool accumulate, void* stream) {
   cublasLtMatmulAlgo_t algo;
   if (std::string e = impl_->algoFor(n, k, &algo); !e.empty()) return e;
+  // Bounded (a step's m varies): past the bound the cache starts again.
+  if (impl_->calls.size() >= kMaxCachedShapes && impl_->calls.find({m, n, k}) == impl_->calls.end()) {
+    impl_->calls.clear();
+  }
   auto& call = impl_->calls[{m, n, k}];
   if (call == nullptr) {  // first call of this shape: its layouts, checked against the algorithm
     auto made = std::make_unique<Impl::Call>(m, n, k);
@@ -163,6 +167,12 @@ std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m,
         s != CUBLAS_STATUS_SUCCESS) {
       impl_->calls.erase({m, n, k});
       return cublasError("cublasLtMatmulAlgoCheck (the pinned algorithm for this m)", s);
+    }
+    if (checked.workspaceSize > kWorkspaceBytes) {
+      impl_->calls.erase({m, n, k});
+      return "the pinned algorithm for n=" + std::to_string(n) + ", k=" + std::to_string(k) + " needs " +
+             std::to_string(checked.workspaceSize) + " bytes of workspace at m=" + std::to_string(m) + ", over the " +
+             std::to_string(kWorkspaceBytes) + " it has (split-K " + std::to_string(impl_->options.split_k) + ")";
     }
     call = std::move(made);
   }

@@ -52,6 +52,8 @@ class CublasGemm {
   // Reference batch the algorithm of each shape is chosen for.
   static constexpr int32_t kReferenceRows = 256;
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  // Call shapes (m, n, k) whose layouts are kept.
+  static constexpr size_t kMaxCachedShapes = 4096;
 
  private:
   struct Impl;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include <absl/strings/str_cat.h>
@@ -107,12 +108,21 @@ class CudaDevice final : public Device {
     if (bytes == 0) return absl::OkStatus();
     if (owns(p, 1)) return absl::InvalidArgumentError(absl::StrCat(name_, ": pinHost of device memory"));
     TANDEM_RETURN_IF_ERROR(current());
-    return cudaStatus(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "pinning host memory (cudaHostRegister)");
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) {
+      pinned_by_us_.insert(p);
+      return absl::OkStatus();
+    }
+    // Not left as the thread's last error, which the next launch would report as its own.
+    cudaGetLastError();
+    // Someone registered it first (a UCX built with CUDA may): pinned, not ours to unpin.
+    if (e == cudaErrorHostMemoryAlreadyRegistered) return absl::OkStatus();
+    return cudaStatus(e, "pinning host memory (cudaHostRegister)");
   }
   void unpinHost(void* p) override {
-    if (!current().ok()) return;
+    if (pinned_by_us_.erase(p) == 0 || !current().ok()) return;
     cudaStreamSynchronize(stream_);  // no copy still using it
-    cudaHostUnregister(p);
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
   }
   absl::Status zero(void* device_dst, size_t bytes) override {
     TANDEM_RETURN_IF_ERROR(current());
@@ -169,6 +179,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string name_;
   cudaStream_t stream_;
+  std::set<void*> pinned_by_us_;  // host memory pinHost registered (unpinHost unregisters only these)
   std::map<uintptr_t, size_t> regions_;  // allocations by first address: their bytes
 };
 
@@ -183,6 +194,15 @@ absl::Status cudaMakeCurrent(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   if (cuda == nullptr) return absl::InvalidArgumentError("not a device makeCudaDevice made");
   return cuda->current();
+}
+
+int cudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {

@@ -25,6 +25,9 @@ namespace tandem::gpu {
 // CUDA device `ordinal` on a stream of its own. FailedPrecondition when there
 // is no such device (naming what cudaGetDeviceCount said).
 absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal);
+// The CUDA devices this process sees (CUDA_VISIBLE_DEVICES); 0 when none or
+// the runtime fails.
+int cudaDeviceCount();
 
 // For other CUDA-side code on such a device (cuBLAS, NCCL): its stream (a
 // cudaStream_t; nullptr for a device makeCudaDevice did not make), and

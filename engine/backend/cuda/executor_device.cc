@@ -107,7 +107,10 @@ absl::Status ExecutorDevice::pinHost(void* p, size_t bytes) {
   return absl::OkStatus();
 }
 
-void ExecutorDevice::unpinHost(void* p) { pinned_.erase(reinterpret_cast<uintptr_t>(p)); }
+void ExecutorDevice::unpinHost(void* p) {
+  runQueued();  // as a GPU waits for the copies using it
+  pinned_.erase(reinterpret_cast<uintptr_t>(p));
+}
 
 bool ExecutorDevice::pinned(const void* p, size_t bytes) const {
   return withinRegion(pinned_, p, bytes, [](size_t region_bytes) { return region_bytes; });

@@ -275,7 +275,9 @@ void KernelBackend::uploadKv(KvStorage& kv, size_t offset, std::span<const std::
 }
 
 void KernelBackend::finishKvCopies() {
-  if (status_.ok()) ok(device_->synchronize());
+  // Always waited for, after a failed copy too: the copies queued before it
+  // read or write host memory that may be freed once this returns.
+  ok(device_->synchronize());
 }
 
 absl::Status KernelBackend::pinKvHost(std::span<std::byte> host) { return device_->pinHost(host.data(), host.size()); }

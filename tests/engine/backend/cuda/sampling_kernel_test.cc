@@ -171,6 +171,33 @@ TEST(DeviceSamplingTest, TheEngineSamplesTheSameTokensOnTheDeviceAsOnTheHost) {
   EXPECT_EQ(host_backend->rowsSampledOnDevice(), 0);
 }
 
+// Backend::sampleLogits on the kernel backend: a row the kernel decides
+// comes back as a token; a row with more candidates than the kernel holds
+// (5,000 equal logits) has its logits row downloaded and sampled on the host
+// with the same draw: the CPU sampler's token either way.
+TEST(DeviceSamplingTest, ARowTheKernelHandsBackIsSampledOnTheHostWithTheSameDraw) {
+  KernelBackend backend;
+  const int32_t vocab = 5000, dim = 4;
+  const std::vector<float> w(static_cast<size_t>(vocab) * dim, 0.0f);  // every logit 0
+  const auto lm_head = backend.prepareWeight(w.data(), vocab, dim);
+  const auto hidden = backend.residentWeight(std::vector<float>(2 * dim, 1.0f));
+  ASSERT_TRUE(lm_head && hidden) << backend.status();
+  std::vector<SamplingParams> params(2);
+  params[0].temperature = 0.0f;  // greedy: the kernel decides (the lowest id of the equal maxima)
+  params[1].temperature = 1.0f;  // 5,000 candidates: handed back
+  const std::vector<double> draws = {0.0, 0.37};
+  std::vector<TokenId> tokens(2, -7);
+  backend.sampleLogits(hidden->data(), *lm_head, 2, params, draws, tokens);
+  ASSERT_TRUE(backend.status().ok()) << backend.status();
+  SamplerScratch scratch;
+  const std::vector<float> zeros(static_cast<size_t>(vocab), 0.0f);
+  EXPECT_EQ(tokens[0], sampleTokenWithDraw(zeros, params[0], draws[0], &scratch));
+  EXPECT_EQ(tokens[1], sampleTokenWithDraw(zeros, params[1], draws[1], &scratch));
+  EXPECT_NE(tokens[1], 0) << "a draw of 0.37 over equal weights is not the first token";
+  EXPECT_EQ(backend.rowsSampledOnDevice(), 1);
+  EXPECT_EQ(backend.rowsSampledOnHost(), 1);
+}
+
 // LlamaModel::forward refuses sampling spans that do not match the batch's
 // rows that want logits, naming the counts.
 TEST(DeviceSamplingTest, AForwardWithSamplingForTheWrongRowsIsRefused) {
