@@ -107,6 +107,7 @@ struct AgentServer::Impl {
   PublicApiAuth public_auth;                    // what /v1/... requests are checked with
   std::unique_ptr<http::Server> server;
   std::atomic<bool> draining{false};
+  bool backend_failure_logged = false;  // loop thread only
   int max_live = 0;
   int kv_port = 0;                 // roles prefill and decode: the bound UCX port
   uint64_t model_fingerprint = 0;  // set while the engine is built
@@ -359,8 +360,14 @@ struct AgentServer::Impl {
 
   http::Routes routes() {
     http::Routes r;
-    r.handle("GET", "/healthz", [](http::Request&) { return http::Response::json(200, json{{"status", "ok"}}); });
+    // A failed backend (a GPU error: every step fails from then on) fails
+    // both probes, so the pod leaves the Service and is restarted.
+    r.handle("GET", "/healthz", [this](http::Request&) {
+      if (auto failure = loop->failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *failure}});
+      return http::Response::json(200, json{{"status", "ok"}});
+    });
     r.handle("GET", "/readyz", [this](http::Request&) {
+      if (auto failure = loop->failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *failure}});
       if (draining.load()) return http::Response::json(503, json{{"status", "draining"}});
       if (!loop->alive()) return http::Response::json(503, json{{"status", "starting"}});
       return http::Response::json(200, json{{"status", "ready"}});
@@ -528,6 +535,11 @@ struct AgentServer::Impl {
           metrics->onStep(s);
           pd_metrics->leases.set(e.numLeases());
           events->onEngineStep(e.drainRoutableChanges(), s);
+          if (!backend_failure_logged && !e.backendStatus().ok()) {
+            backend_failure_logged = true;
+            log.error("the backend failed: every step fails from now on; /healthz and /readyz answer 503",
+                      {{"error", std::string(toStd(e.backendStatus().message()))}});
+          }
         });
     return absl::OkStatus();
   }

@@ -94,7 +94,9 @@ export UCX_MODULE_DIR="$here/ucx"
 built=$(cat "$here/system/glibc-version")
 have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
 libs=$here/lib
-machine_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && /x86-64/ {print $NF; exit}')
+ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
+[[ -x $ldconfig ]] || ldconfig=/usr/sbin/ldconfig
+machine_cxx=$("$ldconfig" -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && /x86-64/ {print $NF}' | head -1)
 if [[ -z $machine_cxx ]] || ! grep -aq "$(cat "$here/cxx/glibcxx-version")" "$machine_cxx"; then
   libs=$here/cxx:$libs
 fi

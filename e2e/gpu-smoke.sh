@@ -155,7 +155,7 @@ fi
 # project's build dependencies.
 if [[ ${1:-} == --bundle ]]; then
   [[ -n ${2:-} && -x $2/bin/tandem-gpu-kernel-check ]] ||
-    { echo "gpu-smoke: --bundle DIR: DIR/bin/tandem-gpu-kernel-check not found (make DIR with e2e/gpu-bundle.sh)" >&2; exit 2; }
+    { echo "gpu-smoke: --bundle DIR: DIR/bin/tandem-gpu-kernel-check not found (make DIR with e2e/gpu-bundle.sh)" >&2; exit 1; }
   bundle=$(cd "$2" && pwd)
   CHECK=$bundle/bin/tandem-gpu-kernel-check
   export TANDEM_SMOKE_BIN=${TANDEM_SMOKE_BIN:-$bundle/bin}
@@ -166,7 +166,7 @@ else
   "$ROOT/tandem" check cuda
 fi
 for tool in curl python3; do
-  command -v "$tool" >/dev/null || { echo "gpu-smoke: the P/D serving run needs $tool on PATH" >&2; exit 2; }
+  command -v "$tool" >/dev/null || { echo "gpu-smoke: the P/D serving run needs $tool on PATH" >&2; exit 1; }
 done
 
 if command -v nvidia-smi >/dev/null; then

@@ -125,6 +125,8 @@ Engine::~Engine() {
   leases_.clear();
 }
 
+absl::Status Engine::backendStatus() const { return backend_->status(); }
+
 RejectReason Engine::validate(const RequestSpec& spec, std::string* message) const {
   const SamplingParams& p = spec.sampling;
   const int vocab = weights_->config.vocab_size;

@@ -230,6 +230,10 @@ class Engine {
   std::span<std::byte> kvRegion() { return kv_->onDevice() ? staging_.bytes : kv_->bytes(); }
   // kvRegion() is a host copy of a device pool (staged), not the pool.
   bool kvStaged() const { return !staging_.bytes.empty(); }
+  // The backend's first failure (a device error, a launch refused); every
+  // step fails from then on. Engine thread only (EngineLoop::failure()
+  // publishes it to other threads).
+  absl::Status backendStatus() const;
   // Whether the staging copy is page-locked for the device's copies
   // (Backend::pinKvHost), or why not; OK without staging.
   const absl::Status& kvStagingPinned() const { return staging_pinned_; }

@@ -64,6 +64,11 @@ void EngineLoop::runOnLoop(std::function<void(Engine&)> fn) {
 int EngineLoop::numLive() const { return num_live_.load(); }
 bool EngineLoop::alive() const { return alive_.load(); }
 
+std::optional<std::string> EngineLoop::failure() const {
+  absl::MutexLock lock(&failure_mu_);
+  return failure_;
+}
+
 void EngineLoop::apply(Command& cmd) {
   if (auto* s = std::get_if<Submit>(&cmd)) {
     uint64_t handle = s->handle;
@@ -111,6 +116,10 @@ void EngineLoop::run() {
     if (engine_->hasWork()) {
       StepStats st = engine_->step();
       stalled = !st.progressed;
+      if (const absl::Status backend = engine_->backendStatus(); !backend.ok()) {
+        absl::MutexLock lock(&failure_mu_);
+        if (!failure_) failure_ = std::string(backend.message());
+      }
       if (on_step_) on_step_(st, *engine_);
     } else if (on_step_ && !batch.empty()) {
       // Commands changed state and no step follows (e.g. the last request was

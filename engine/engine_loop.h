@@ -15,6 +15,8 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <variant>
 
@@ -56,6 +58,9 @@ class EngineLoop {
   int numLive() const;
   // True once the loop thread has stepped at least once or idled; for readiness.
   bool alive() const;
+  // The backend's failure once a step saw one (Engine::backendStatus: sticky,
+  // every later step fails too), for health checks; nullopt while healthy.
+  std::optional<std::string> failure() const;
 
  private:
   struct Submit {
@@ -91,6 +96,8 @@ class EngineLoop {
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<int> num_live_{0};
   std::atomic<bool> alive_{false};
+  mutable absl::Mutex failure_mu_;
+  std::optional<std::string> failure_ ABSL_GUARDED_BY(failure_mu_);
 
   // Loop thread only.
   absl::flat_hash_map<uint64_t, RequestId> by_handle_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/backend/cuda/kernel_backend.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/testing/wait.h"
 
@@ -92,6 +93,36 @@ TEST(EngineLoopTest, CancelFromAnotherThreadFreesBlocks) {
   loop.runOnLoop([&](Engine& e) { available = e.numAvailableBlocks(); });
   EXPECT_EQ(available, 128);
   loop.cancel(h);  // a second cancel of a finished request is ignored
+}
+
+// A backend that fails (here the GPU kernels' attention refusing a head
+// size it cannot hold; on a GPU, a device error) fails every step from then
+// on: the loop publishes the failure for health checks, and the request in
+// the step ends with an error. A healthy loop reports none.
+TEST(EngineLoopTest, ABackendFailureIsPublishedForHealthChecks) {
+  EngineLoop healthy(makeEngine(SystemClock::instance()));
+  ModelConfig c = tinyModelConfig();
+  c.num_heads = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 512;  // over what the attention kernel holds
+  EngineOptions o;
+  o.num_blocks = 32;
+  auto engine = Engine::create(o, makeRandomWeights(c, 7), std::make_unique<KernelBackend>(),
+                               std::make_shared<ByteTokenizer>(), SystemClock::instance());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EngineLoop loop(std::move(*engine));
+  EXPECT_FALSE(loop.failure().has_value());
+  std::atomic<bool> finished{false};
+  FinishReason reason = FinishReason::kEos;
+  loop.submit(greedy({5, 6, 7}, 4), [&](const RequestUpdate& u) {
+    if (!u.finished) return;
+    reason = u.finish_reason;
+    finished.store(true);
+  });
+  ASSERT_TRUE(waitFor([&] { return finished.load() && loop.failure().has_value(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(reason, FinishReason::kError);
+  EXPECT_NE(loop.failure()->find("head_dim 512"), std::string::npos) << *loop.failure();
+  EXPECT_FALSE(healthy.failure().has_value());
 }
 
 TEST(EngineLoopTest, DestructionCancelsLiveRequests) {

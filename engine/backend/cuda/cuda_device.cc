@@ -220,6 +220,13 @@ absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {
   TANDEM_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
   cudaDeviceProp prop{};
   TANDEM_RETURN_IF_ERROR(cudaStatus(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties"));
+  // A GPU the kernels were not built for would start and fail its first launch.
+  if (const int e = kernelsRunnableHere(); e != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the GPU kernels cannot run on ", prop.name, " (compute capability ", prop.major, ".", prop.minor,
+        "): they are built for CMAKE_CUDA_ARCHITECTURES ", TANDEM_CUDA_ARCHITECTURES, " (", cudaErrorText(e),
+        "); rebuild with its capability, or serve with --device cpu"));
+  }
   cudaStream_t stream = nullptr;
   TANDEM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   return std::shared_ptr<Device>(std::make_shared<CudaDevice>(

@@ -59,4 +59,11 @@ int launchSample(const LaunchConfig& config, const SampleArgs& args, void* strea
 
 const char* cudaErrorText(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
+int kernelsRunnableHere() {
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, &rmsNormKernel);
+  if (e != cudaSuccess) cudaGetLastError();  // not left for the next launch to report
+  return static_cast<int>(e);
+}
+
 }  // namespace tandem::gpu

@@ -30,4 +30,8 @@ int launchSample(const LaunchConfig& config, const SampleArgs& args, void* strea
 // cudaGetErrorString of a code the launches (or any CUDA call) returned.
 const char* cudaErrorText(int code);
 
+// 0 when the kernels have code the current device can run, else the CUDA
+// error saying why not (no SASS or PTX for its compute capability).
+int kernelsRunnableHere();
+
 }  // namespace tandem::gpu
