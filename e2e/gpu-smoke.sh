@@ -17,7 +17,7 @@
 # CUDACXX=/path/to/nvcc) with this project's build dependencies, or a
 # bundle made elsewhere by e2e/gpu-bundle.sh (--bundle DIR: nothing is
 # built). Exit status: the check's (0 all PASS, 1 a FAIL or CUDA error, 2 no
-# CUDA device), or the build's. It has run once, on an H200, from a bundle;
+# CUDA device), or the build's. It has run on an H200, from a bundle;
 # docs/cuda-build.md says what has and has not been run.
 set -euo pipefail
 
