@@ -180,7 +180,8 @@ TEST(DeviceSamplingTest, ARowTheKernelHandsBackIsSampledOnTheHostWithTheSameDraw
   const int32_t vocab = 5000, dim = 4;
   const std::vector<float> w(static_cast<size_t>(vocab) * dim, 0.0f);  // every logit 0
   const auto lm_head = backend.prepareWeight(w.data(), vocab, dim);
-  const auto hidden = backend.residentWeight(std::vector<float>(2 * dim, 1.0f));
+  const std::vector<float> ones(2 * dim, 1.0f);  // outlives `hidden`: the executor may use it in place
+  const auto hidden = backend.residentWeight(ones);
   ASSERT_TRUE(lm_head && hidden) << backend.status();
   std::vector<SamplingParams> params(2);
   params[0].temperature = 0.0f;  // greedy: the kernel decides (the lowest id of the equal maxima)
