@@ -149,36 +149,32 @@ std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m,
                             bool accumulate, void* stream) {
   cublasLtMatmulAlgo_t algo;
   if (std::string e = impl_->algoFor(n, k, &algo); !e.empty()) return e;
-  // Bounded (a step's m varies): past the bound the cache starts again.
-  if (impl_->calls.size() >= kMaxCachedShapes && impl_->calls.find({m, n, k}) == impl_->calls.end()) {
-    impl_->calls.clear();
-  }
-  auto& call = impl_->calls[{m, n, k}];
-  if (call == nullptr) {  // first call of this shape: its layouts, checked against the algorithm
+  auto found = impl_->calls.find({m, n, k});
+  if (found == impl_->calls.end()) {  // first call of this shape: its layouts, checked against the algorithm
     auto made = std::make_unique<Impl::Call>(m, n, k);
     if (made->a.status() != CUBLAS_STATUS_SUCCESS || made->b.status() != CUBLAS_STATUS_SUCCESS ||
         made->c.status() != CUBLAS_STATUS_SUCCESS) {
-      impl_->calls.erase({m, n, k});
       return "cublasLtMatrixLayoutCreate failed for m=" + std::to_string(m);
     }
     cublasLtMatmulHeuristicResult_t checked = {};
     if (cublasStatus_t s = cublasLtMatmulAlgoCheck(impl_->handle, impl_->desc, made->a.get(), made->b.get(),
                                                    made->c.get(), made->c.get(), &algo, &checked);
         s != CUBLAS_STATUS_SUCCESS) {
-      impl_->calls.erase({m, n, k});
       return cublasError("cublasLtMatmulAlgoCheck (the pinned algorithm for this m)", s);
     }
     if (checked.workspaceSize > kWorkspaceBytes) {
-      impl_->calls.erase({m, n, k});
       return "the pinned algorithm for n=" + std::to_string(n) + ", k=" + std::to_string(k) + " needs " +
              std::to_string(checked.workspaceSize) + " bytes of workspace at m=" + std::to_string(m) + ", over the " +
              std::to_string(kWorkspaceBytes) + " it has (split-K " + std::to_string(impl_->options.split_k) + ")";
     }
-    call = std::move(made);
+    // Bounded (a step's m varies): past the bound the cache starts again.
+    if (impl_->calls.size() >= kMaxCachedShapes) impl_->calls.clear();
+    found = impl_->calls.emplace(std::make_tuple(m, n, k), std::move(made)).first;
   }
-  const Layout& a = call->a;
-  const Layout& b = call->b;
-  const Layout& c = call->c;
+  const Impl::Call& call = *found->second;
+  const Layout& a = call.a;
+  const Layout& b = call.b;
+  const Layout& c = call.c;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if (cublasStatus_t s = cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, a.get(), x, b.get(), &beta, y, c.get(),
                                         y, c.get(), &algo, impl_->workspace, kWorkspaceBytes,
