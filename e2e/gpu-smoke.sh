@@ -29,31 +29,16 @@ CHECK="$ROOT/build-cuda/bin/tandem-gpu-kernel-check"
 # moved from P to D (checksums verified, no transfer failure, no failover to
 # computing on D); prints requests/s and output tokens/s through D. Called in
 # an `||` context (set -e does not apply inside); every request has a time
-# limit, and the agents are stopped on every path (SMOKE_PIDS, trap below).
-SMOKE_PIDS=()
-trap 'kill "${SMOKE_PIDS[@]}" 2>/dev/null || true' EXIT
+# limit, and the agents are stopped on every path (AGENT_PIDS, trap below).
+# shellcheck source=e2e/start-agent.sh
+source "$ROOT/e2e/start-agent.sh"
+trap 'kill "${AGENT_PIDS[@]}" 2>/dev/null || true' EXIT
 cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   work=$(mktemp -d)
   "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }  # served as model "tiny"
-  start() {  # NAME DEVICE ARGS...: starts an agent, waits for /readyz, sets port_NAME and kv_NAME
-    local name=$1 dev=$2 p k
-    shift 2
-    "$bin/tandem-agent" --listen 127.0.0.1:0 --port-file "$work/$name.port" --model-dir "$work/tiny" \
-      --device "$dev" --num-blocks 256 --log-level info "$@" >"$work/$name.log" 2>&1 &
-    SMOKE_PIDS+=($!)
-    for _ in $(seq 600); do
-      if [[ -s $work/$name.port ]] && { read -r p; read -r k; } <"$work/$name.port" &&
-         curl -sf --max-time 5 "http://127.0.0.1:$p/readyz" >/dev/null; then
-        printf -v "port_$name" %s "$p"
-        printf -v "kv_$name" %s "${k:-0}"
-        return 0
-      fi
-      kill -0 "${SMOKE_PIDS[-1]}" 2>/dev/null || { echo "gpu-smoke: the $name agent exited during start-up"; return 1; }
-      sleep 0.2
-    done
-    echo "gpu-smoke: the $name agent was not ready in 120 s"
-    return 1
+  start() {  # NAME DEVICE ARGS...: start_agent (e2e/start-agent.sh) with this run's binaries and model
+    start_agent "$bin" "$work" "$@" --num-blocks 256 --log-level info || { echo "gpu-smoke: the $1 agent did not start"; return 1; }
   }
   # The client: compares D's answers with one agent's, then times 50
   # requests through D (only answered ones count). It also says how many
@@ -131,9 +116,9 @@ PY
     rc=1
   fi
   local pid
-  for pid in "${SMOKE_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${SMOKE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  SMOKE_PIDS=()
+  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${AGENT_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  AGENT_PIDS=()
   if [[ $rc -ne 0 ]]; then
     local f
     for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done

@@ -11,26 +11,15 @@
 set -uo pipefail
 bin=${1:?usage: agent_cuda_emulator_matches_cpu.sh BIN_DIR}
 work=$(mktemp -d)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill "${AGENT_PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { echo "FAIL: tandem-make-model" >&2; exit 1; }
 
-start() {  # NAME DEVICE: starts an agent and waits for /readyz; sets port_NAME
-  local name=$1 p
-  "$bin/tandem-agent" --listen 127.0.0.1:0 --port-file "$work/$name.port" --model-dir "$work/tiny" \
-    --device "$2" --num-blocks 64 >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 600); do
-    if [[ -s $work/$name.port ]] && read -r p <"$work/$name.port" &&
-       curl -sf --max-time 5 "http://127.0.0.1:$p/readyz" >/dev/null; then
-      printf -v "port_$name" %s "$p"
-      return 0
-    fi
-    kill -0 "${pids[-1]}" 2>/dev/null || break
-    sleep 0.2
-  done
+# shellcheck source=e2e/start-agent.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../e2e/start-agent.sh"
+start() {  # NAME DEVICE
+  start_agent "$bin" "$work" "$1" "$2" --num-blocks 64 && return 0
   echo "FAIL: the --device $2 agent did not become ready; it said:" >&2
-  tail -20 "$work/$name.log" >&2
+  tail -20 "$work/$1.log" >&2
   return 1
 }
 complete() {  # PORT PROMPT: the greedy answer's text
