@@ -7,6 +7,7 @@
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_import.h"
 #include "engine/model/llama.h"
+#include "engine/model/rank_group.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
 #include "src/common/strings.h"
@@ -63,8 +64,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     return absl::InvalidArgumentError(strCat("engine: tokenizer vocabulary (", tokenizer->vocabSize(),
                                              ") is larger than the model's vocab_size (", mc.vocab_size, ")"));
   }
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(weights, *backend));
   const KvLayout layout = kvLayoutFor(mc, o.num_blocks, o.block_size);
+  if (o.tensor_parallel) {
+    if (o.kv_staging) return bad("tensor_parallel", "cannot be combined with kv_staging (P/D across a group is not written)");
+    if (absl::Status s = o.tensor_parallel->checkLayout(layout); !s.ok()) {
+      return bad("tensor_parallel", std::string(toStd(s.message())));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                          LlamaModel::create(weights, *backend,
+                                             o.tensor_parallel ? o.tensor_parallel->allReduce() : nullptr));
   std::unique_ptr<KvStorage> kv;
   if (o.kv_memory) {
     TANDEM_ASSIGN_OR_RETURN(KvMemory memory, o.kv_memory(layout.totalFloats() * sizeof(float)));
@@ -125,7 +134,10 @@ Engine::~Engine() {
   leases_.clear();
 }
 
-absl::Status Engine::backendStatus() const { return backend_->status(); }
+absl::Status Engine::backendStatus() const {
+  TANDEM_RETURN_IF_ERROR(backend_->status());
+  return options_.tensor_parallel ? options_.tensor_parallel->status() : absl::OkStatus();
+}
 
 RejectReason Engine::validate(const RequestSpec& spec, std::string* message) const {
   const SamplingParams& p = spec.sampling;
@@ -268,7 +280,15 @@ StepStats Engine::step() {
   const MonoTime t1 = clock_.now();
   std::vector<SequenceChunk> batch = buildBatch(plan.chunks, t1, &st);
   const std::vector<LayerReady> during_run = reportLeasedPrefills(plan.chunks);
-  const absl::Status status = runModel(plan.chunks, batch, during_run);
+  // With tensor parallelism the other ranks get the step's copies and batch
+  // first, and answer once they have run it too.
+  RankGroupLeader* group = options_.tensor_parallel.get();
+  const bool mirrored = group != nullptr && (!batch.empty() || !plan.block_copies.empty());
+  absl::Status status = mirrored ? group->beginStep(plan.block_copies, batch) : absl::OkStatus();
+  if (status.ok()) status = runModel(plan.chunks, batch, during_run);
+  if (mirrored) {
+    if (absl::Status ranks = group->endStep(); status.ok()) status = std::move(ranks);
+  }
   const MonoTime t2 = clock_.now();
   if (status.ok()) {
     postprocess(plan.chunks, batch);

@@ -38,6 +38,7 @@ namespace tandem::engine {
 
 class Backend;
 class LlamaModel;
+class RankGroupLeader;
 class Tokenizer;
 struct ModelWeights;
 struct SequenceChunk;
@@ -86,6 +87,13 @@ struct EngineOptions {
   // (Backend::samplesLogits: a device backend downloads one token per row,
   // not the logits). The same tokens either way; off samples on the host.
   bool sample_on_device = true;
+  // Tensor parallelism across processes (engine/model/rank_group.h): this
+  // engine is rank 0 of the group, create()'s weights are its shard
+  // (shardWeights), and every step's block copies and batch run on the
+  // other ranks too. A failed rank fails the engine like a failed backend
+  // (backendStatus). Not with kv_staging (P/D across a group is not
+  // written). Unset: one process holds the whole model.
+  std::shared_ptr<RankGroupLeader> tensor_parallel;
 };
 
 // What one step did, for the agent's metrics. Hit rates are derived by the
@@ -230,8 +238,9 @@ class Engine {
   std::span<std::byte> kvRegion() { return kv_->onDevice() ? staging_.bytes : kv_->bytes(); }
   // kvRegion() is a host copy of a device pool (staged), not the pool.
   bool kvStaged() const { return !staging_.bytes.empty(); }
-  // The backend's first failure (a device error, a launch refused); every
-  // step fails from then on. Engine thread only (EngineLoop::failure()
+  // The backend's first failure (a device error, a launch refused), or a
+  // tensor-parallel rank's (EngineOptions::tensor_parallel); every step
+  // fails from then on. Engine thread only (EngineLoop::failure()
   // publishes it to other threads).
   absl::Status backendStatus() const;
   // Whether the staging copy is page-locked for the device's copies
