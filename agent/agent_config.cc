@@ -197,6 +197,10 @@ void addServerOptions(std::vector<Option>& o) {
                            "compute device: cpu, cuda (a GPU) or cuda-emulator (the GPU kernels run on the CPU, "
                            "slowly: for checking them end to end; docs/cuda.md)",
                            &AgentConfig::device, {"cpu", "cuda", "cuda-emulator"}));
+  o.push_back(numberOption("tensor-parallel", "engine", "tensor_parallel",
+                           "split the model across this many ranks, one process each (one GPU each with --device "
+                           "cuda); role both only (docs/cuda.md)",
+                           &AgentConfig::tensor_parallel, 1, 64));
 }
 
 // engine: the EngineOptions the agent passes through.
@@ -591,6 +595,12 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
     return absl::InvalidArgumentError(
         "--scripted-output (test.scripted_output) is a test hook: it needs --allow-test-hooks true as well");
   }
+  if (c.tensor_parallel > 1 && c.role != AgentRole::kBoth) {
+    return absl::InvalidArgumentError(strCat("--tensor-parallel ", c.tensor_parallel, " (engine.tensor_parallel) with role ",
+                                             agentRoleName(c.role),
+                                             ": tensor parallelism serves role both only (prefill and decode across "
+                                             "a group's ranks are not written yet: docs/cuda.md)"));
+  }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(
         "role decode needs exactly one of --prefill-peers (kv.prefill_peers) / --prefill-peer (kv.prefill_peer) and "
@@ -608,6 +618,7 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
   if (!cl.config_file.empty()) TANDEM_RETURN_IF_ERROR(applyConfigFile(cl.config_file, c));
   TANDEM_RETURN_IF_ERROR(applyFlags(cl.flags, c));
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(c));
+  c.command_line.assign(argv + std::min(argc, 1), argv + argc);
   fillDerivedDefaults(c);
   return c;
 }

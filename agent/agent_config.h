@@ -64,6 +64,15 @@ struct AgentConfig {
   // The engine's compute device: cpu | cuda | cuda-emulator (the CUDA
   // kernels run on the CPU; docs/cuda.md).
   std::string device = "cpu";
+  // Tensor parallelism (docs/cuda.md, "Tensor parallelism"): the model is
+  // split across this many ranks, each its own process; this process is
+  // rank 0 and starts the others. With --device cuda rank r runs on GPU r.
+  // 1: none. Role both only.
+  int tensor_parallel = 1;
+  // The arguments this agent was started with (after the program name):
+  // the tensor-parallel ranks it starts get the same. parseAgentConfig
+  // fills it.
+  std::vector<std::string> command_line;
   std::string http_server = "beast";  // HTTP server library: beast | cpprest (docs/http.md)
   // The public API's keys (docs/api-keys.md): the keys file ("": API keys
   // off, every request is served), how often it is re-read, and the limits

@@ -14,6 +14,7 @@
 #include "agent/agent_config.h"
 #include "agent/agent_server.h"
 #include "agent/api_keys.h"
+#include "agent/tensor_parallel_ranks.h"
 #include "agent/router/router_server.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -87,6 +88,9 @@ int hashApiKeyCommand(int argc, char** argv, const char* program) {
 
 int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_factory, const char* program) {
   if (argc >= 2 && std::string_view(argv[1]) == "hash-api-key") return hashApiKeyCommand(argc - 1, argv + 1, program);
+  if (argc >= 2 && std::string_view(argv[1]) == "tensor-parallel-rank") {
+    return runTensorParallelRank(argc - 1, argv + 1, program);
+  }
   bool help = false;
   auto config = parseAgentConfig(argc, argv, &help);
   if (help) {

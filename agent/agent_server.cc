@@ -16,6 +16,7 @@
 #include "agent/pd_metrics.h"
 #include "agent/prefill_service.h"
 #include "agent/routing_headers.h"
+#include "agent/tensor_parallel_ranks.h"
 #include "agent/tool_calls.h"
 #include "agent/trace.h"
 #include "agent/worker_events_http.h"
@@ -25,6 +26,8 @@
 #include "engine/model/files.h"
 #include "engine/model/model_fingerprint.h"
 #include "engine/model/model_loader.h"
+#include "engine/model/rank_group.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/tokenizer.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
@@ -97,6 +100,10 @@ struct AgentServer::Impl {
   std::unique_ptr<AgentMetrics> metrics;
   std::unique_ptr<TraceWriter> trace;
   std::unique_ptr<WorkerEventsPublisher> events;  // before loop: its observer publishes here
+  // --tensor-parallel: ranks 1..N-1 (before loop: they exit once the
+  // engine's group has closed their links), and the NCCL communicator.
+  std::unique_ptr<RankProcesses> ranks;
+  std::optional<DeviceAllReduce> nccl;
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<PdMetrics> pd_metrics;
   std::unique_ptr<PrefillService> prefill;  // role prefill
@@ -358,16 +365,24 @@ struct AgentServer::Impl {
     return bytes + encoder.finish("tool_calls", usage);
   }
 
+  // Why this agent cannot serve: its backend failed (a step saw it), or a
+  // tensor-parallel rank exited (seen here at once, even while idle).
+  std::optional<std::string> failure() const {
+    if (auto f = loop->failure()) return f;
+    if (ranks) return ranks->exited();
+    return std::nullopt;
+  }
+
   http::Routes routes() {
     http::Routes r;
     // A failed backend (a GPU error: every step fails from then on) fails
     // both probes, so the pod leaves the Service and is restarted.
     r.handle("GET", "/healthz", [this](http::Request&) {
-      if (auto failure = loop->failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *failure}});
+      if (auto f = failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *f}});
       return http::Response::json(200, json{{"status", "ok"}});
     });
     r.handle("GET", "/readyz", [this](http::Request&) {
-      if (auto failure = loop->failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *failure}});
+      if (auto f = failure()) return http::Response::json(503, json{{"status", "failed"}, {"error", *f}});
       if (draining.load()) return http::Response::json(503, json{{"status", "draining"}});
       if (!loop->alive()) return http::Response::json(503, json{{"status", "starting"}});
       return http::Response::json(200, json{{"status", "ready"}});
@@ -425,13 +440,41 @@ struct AgentServer::Impl {
     // The CPU backend's vector code: TANDEM_CPU_SIMD, or the CPU's best. A bad
     // value is a start-up error here (the backend itself would abort on it).
     TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
+    // The other ranks start once this one's device is there; they load
+    // their shards while this one loads its own.
+    const std::string rendezvous = config.tensor_parallel > 1 && config.device == "cuda"
+                                       ? strCat("/tmp/tandem-tp-", ::getpid(), ".sock")
+                                       : std::string();
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
+    if (config.tensor_parallel > 1) {
+      // A model that does not split is refused before any rank starts.
+      TANDEM_ASSIGN_OR_RETURN(const std::string config_json, engine::readFile(config.model_dir + "/config.json"));
+      TANDEM_ASSIGN_OR_RETURN(const engine::ModelConfig model_config,
+                              engine::parseModelConfig(config_json, config.model_dir + "/config.json"));
+      if (absl::Status s = engine::checkShardable(model_config, config.tensor_parallel); !s.ok()) {
+        return absl::InvalidArgumentError(strCat("--tensor-parallel ", config.tensor_parallel, ": ", s.message()));
+      }
+      TANDEM_ASSIGN_OR_RETURN(ranks, RankProcesses::start(config.tensor_parallel, config.command_line, rendezvous));
+    }
+    if (!rendezvous.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(nccl, joinCudaGroup(*backend, {.socket_path = rendezvous,
+                                                             .world = config.tensor_parallel,
+                                                             .rank = 0,
+                                                             .timeout = std::chrono::minutes(2)}));
+    }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
                             engine::loadTokenizer(config.model_dir, weights->config));
     tokenizer = std::move(tok);
+    if (config.tensor_parallel > 1) {
+      TANDEM_ASSIGN_OR_RETURN(engine::ModelWeights shard, engine::shardWeights(*weights, 0, config.tensor_parallel));
+      weights = std::make_unique<engine::ModelWeights>(std::move(shard));
+    }
     std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
     engine::EngineOptions options = config.engine;
+    if (ranks) {
+      TANDEM_ASSIGN_OR_RETURN(options.tensor_parallel, connectRanks(*shared_weights));
+    }
     TANDEM_ASSIGN_OR_RETURN(model_fingerprint, fingerprintModel());
     options.block_hash_root = blockHashRoot(model_fingerprint, config.cache_salt);
     if (!config.scripted_output_file.empty()) {  // validateAgentConfig: only with --allow-test-hooks
@@ -474,6 +517,7 @@ struct AgentServer::Impl {
     engine_options = engine->options();  // resolved, immutable: read on HTTP threads
     engine_options.kv_memory = nullptr;  // these refer to start()'s KvSetup
     engine_options.kv_staging = nullptr;
+    engine_options.tensor_parallel = nullptr;  // the engine thread's alone
     return engine;
   }
 
@@ -482,26 +526,49 @@ struct AgentServer::Impl {
   // (TANDEM_ENABLE_CUDA), on a GPU (cuda); a build without one, or a machine
   // without a usable GPU, stops start-up saying which (cuda_device_backend.h).
   absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
-    const engine::CpuBackendOptions cpu{.simd = simd};
+    const int world = config.tensor_parallel;
     if (config.device == "cuda") {
-      auto backend = makeCudaDeviceBackend();
-      if (const int gpus = visibleCudaDevices(); backend.ok() && gpus > 1) {
-        log.warn("--device cuda: serving on the first visible GPU only; the others stay idle (tensor parallelism "
-                 "across a pod's GPUs is not written yet: docs/cuda.md)",
-                 {{"visible_gpus", gpus}});
+      const int gpus = visibleCudaDevices();
+      if (hasCudaDeviceBackend() && world > gpus) {
+        return absl::FailedPreconditionError(strCat("--tensor-parallel ", world, " needs ", world,
+                                                    " GPUs (one per rank); this process sees ", gpus));
+      }
+      auto backend = makeRankBackend(config.device, simd, 0, world);
+      if (backend.ok() && gpus > world) {
+        log.warn("--device cuda: more GPUs are visible than --tensor-parallel uses; the others stay idle",
+                 {{"visible_gpus", gpus}, {"tensor_parallel", world}});
       }
       return backend;
     }
     if (config.device == "cuda-emulator") {
       log.warn("--device cuda-emulator: the GPU kernels run on the CPU executor, far slower than --device cpu",
                {{"executor_shuffle", gpu::CpuExecutor::optionsFromEnvironment().shuffle}});
-      auto backend = std::make_unique<engine::KernelBackend>(engine::KernelBackendOptions{.gemm = cpu});
-      cpu_simd = std::string(engine::simdLevelName(engine::resolveSimdLevel(simd)));  // its GEMM's
-      return backend;
     }
-    auto backend = std::make_unique<engine::CpuBackend>(cpu);
-    cpu_simd = std::string(engine::simdLevelName(backend->simdLevel()));
-    return backend;
+    cpu_simd = std::string(engine::simdLevelName(engine::resolveSimdLevel(simd)));  // the backend's or its GEMM's
+    return makeRankBackend(config.device, simd, 0, world);
+  }
+
+  // Rank 0's group: every other rank's Hello, checked against this rank's
+  // cache (its shard's KV heads, the pool's blocks). A rank that died
+  // first is named with its exit status.
+  absl::StatusOr<std::shared_ptr<engine::RankGroupLeader>> connectRanks(const engine::ModelWeights& shard) {
+    engine::RankGroupLeader::Options o{
+        .links = ranks->takeLinks(),
+        .layout = engine::kvLayoutFor(shard.config, config.engine.num_blocks, config.engine.block_size),
+        .socket_all_reduce = !nccl,
+        .external_status = nccl ? nccl->status : nullptr};
+    absl::StatusOr<std::unique_ptr<engine::RankGroupLeader>> group = engine::RankGroupLeader::connect(std::move(o));
+    if (!group.ok()) {
+      if (auto exited = ranks->exited(std::chrono::seconds(2))) {
+        return absl::Status(group.status().code(), strCat(group.status().message(), " (", *exited, ")"));
+      }
+      return group.status();
+    }
+    log.info("tensor-parallel group ready",
+             {{"world", config.tensor_parallel},
+              {"all_reduce", nccl ? "nccl" : "link"},
+              {"kv_heads_per_rank", shard.config.num_kv_heads}});
+    return std::shared_ptr<engine::RankGroupLeader>(std::move(*group));
   }
 
   // The operator's pinned fingerprint, or the model files' (read once: the
@@ -612,6 +679,7 @@ struct AgentServer::Impl {
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd},
                          {"device", config.device},
+                         {"tensor_parallel", config.tensor_parallel},
                          {"kv_memory", kv_memory},
                          {"ucx_cuda_memory", ucx_cuda_memory},
                          {"api_keys", api_keys ? "on" : "off"}});

@@ -4,11 +4,16 @@
 
 namespace tandem::agent {
 
-absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend() {
+absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int /*ordinal*/) {
   return absl::FailedPreconditionError(
       "--device cuda: this tandem-agent has no CUDA backend (an agent built with TANDEM_ENABLE_CUDA=ON has one: the "
       "CUDA image's; docs/cuda.md); use --device cpu, or --device cuda-emulator to serve through the GPU kernels on "
       "the CPU");
+}
+
+absl::StatusOr<DeviceAllReduce> joinCudaGroup(engine::Backend& /*backend*/,
+                                              const engine::RendezvousOptions& /*options*/) {
+  return absl::FailedPreconditionError("NCCL: this tandem-agent has no CUDA backend");
 }
 
 bool hasCudaDeviceBackend() { return false; }

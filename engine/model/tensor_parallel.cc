@@ -38,15 +38,20 @@ absl::Status checkDivisible(int value, std::string_view name, int world) {
 
 }  // namespace
 
+absl::Status checkShardable(const ModelConfig& c, int world) {
+  if (world < 1) return absl::InvalidArgumentError(strCat("tensor parallel: world size must be >= 1, got ", world));
+  TANDEM_RETURN_IF_ERROR(checkDivisible(c.num_heads, "num_attention_heads", world));
+  TANDEM_RETURN_IF_ERROR(checkDivisible(c.num_kv_heads, "num_key_value_heads", world));
+  return checkDivisible(c.intermediate_size, "intermediate_size", world);
+}
+
 absl::StatusOr<ModelWeights> shardWeights(const ModelWeights& full, int rank, int world) {
   if (world < 1) return absl::InvalidArgumentError(strCat("tensor parallel: world size must be >= 1, got ", world));
   if (rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(strCat("tensor parallel: rank ", rank, " is outside [0, ", world, ")"));
   }
   const ModelConfig& c = full.config;
-  TANDEM_RETURN_IF_ERROR(checkDivisible(c.num_heads, "num_attention_heads", world));
-  TANDEM_RETURN_IF_ERROR(checkDivisible(c.num_kv_heads, "num_key_value_heads", world));
-  TANDEM_RETURN_IF_ERROR(checkDivisible(c.intermediate_size, "intermediate_size", world));
+  TANDEM_RETURN_IF_ERROR(checkShardable(c, world));
   if (full.layers.size() != static_cast<size_t>(c.num_layers)) {
     return absl::InvalidArgumentError(
         strCat("tensor parallel: model weights have ", full.layers.size(), " layers, config has ", c.num_layers));

@@ -40,6 +40,11 @@ namespace tandem::engine {
 // the value, when world < 1, rank is outside [0, world), or world does not
 // divide the query heads, the KV heads or the intermediate size.
 // (world == 1 gives a copy of `full`.)
+// OK when a model of config `c` splits across `world` ranks (world >= 1
+// divides its query heads, KV heads and intermediate size); InvalidArgument
+// naming the config field and the world size otherwise.
+absl::Status checkShardable(const ModelConfig& c, int world);
+
 [[nodiscard]] absl::StatusOr<ModelWeights> shardWeights(const ModelWeights& full, int rank, int world);
 
 // A sum across `world` threads, one per rank. Every rank calls

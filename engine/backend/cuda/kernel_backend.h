@@ -80,6 +80,7 @@ class KernelBackend : public Backend {
   // OK, or the first failure (see the header comment).
   absl::Status status() const override { return status_; }
   gpu::Device& device() const { return *device_; }
+  const std::shared_ptr<gpu::Device>& sharedDevice() const { return device_; }
   // The executor when the device is the CPU executor (tests count its work), else nullptr.
   const gpu::CpuExecutor* executor() const;
 
