@@ -379,7 +379,7 @@ void RankGroupLeader::reduce(float* partial, int64_t n) {
   }
   for (size_t i = 0; i < links_.size(); ++i) {
     if (absl::Status s = links_[i]->send(RankLink::Type::kSum, floatBytes(partial, n)); !s.ok()) {
-      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " is gone: ", s.message())));
+      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " of ", world(), " is gone: ", s.message())));
       return;
     }
   }
@@ -391,7 +391,7 @@ absl::Status RankGroupLeader::beginStep(std::span<const std::pair<BlockId, Block
   const std::vector<std::byte> step = encodeRankStep(copies, batch);
   for (size_t i = 0; i < links_.size(); ++i) {
     if (absl::Status s = links_[i]->send(RankLink::Type::kStep, step); !s.ok()) {
-      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " is gone: ", s.message())));
+      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " of ", world(), " is gone: ", s.message())));
       return status_;
     }
   }

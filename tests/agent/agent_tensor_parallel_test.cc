@@ -117,7 +117,7 @@ TEST(AgentTensorParallelTest, ARankThatDiesFailsTheHealthChecksAndTheRequests) {
   }
   const auto r = post(*two, "/v1/completions", {{"model", "tiny"}, {"prompt", "after"}, {"max_tokens", 4}});
   EXPECT_EQ(r.status, 500) << r.body;
-  EXPECT_NE(r.body.find("tensor-parallel rank 1 is gone"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("tensor-parallel rank 1 of 2 is gone"), std::string::npos) << r.body;
   EXPECT_EQ(two->stop(SIGTERM), 0) << two->log();
 }
 
