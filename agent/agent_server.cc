@@ -528,12 +528,13 @@ struct AgentServer::Impl {
   absl::StatusOr<std::unique_ptr<engine::Backend>> makeBackend(engine::SimdLevel simd) {
     const int world = config.tensor_parallel;
     if (config.device == "cuda") {
+      // No GPU at all is the backend's error (it says what the runtime said).
+      auto backend = makeRankBackend(config.device, simd, 0, world);
       const int gpus = visibleCudaDevices();
-      if (hasCudaDeviceBackend() && world > gpus) {
+      if (backend.ok() && world > gpus) {
         return absl::FailedPreconditionError(strCat("--tensor-parallel ", world, " needs ", world,
                                                     " GPUs (one per rank); this process sees ", gpus));
       }
-      auto backend = makeRankBackend(config.device, simd, 0, world);
       if (backend.ok() && gpus > world) {
         log.warn("--device cuda: more GPUs are visible than --tensor-parallel uses; the others stay idle",
                  {{"visible_gpus", gpus}, {"tensor_parallel", world}});

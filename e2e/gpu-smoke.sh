@@ -7,7 +7,8 @@
 # model of each family through the CUDA backend (KernelBackend on a CUDA
 # device with cuBLASLt) against the CPU backend's logits, and with two GPUs
 # a tensor-parallel group of two processes (NCCL, wired through a rendezvous
-# socket). Then a short P/D serving run: a prefill and a decode agent with
+# socket) and an agent with --tensor-parallel 2 against one agent alone
+# (cuda_tp_smoke). Then a short P/D serving run: a prefill and a decode agent with
 # --device cuda (the KV pool in GPU memory, staged through host memory for
 # UCX) against one --device cuda agent alone: the same greedy answers, and
 # the decode agent's throughput (cuda_pd_smoke below).
@@ -127,6 +128,70 @@ PY
   return "$rc"
 }
 
+# An agent with --tensor-parallel 2 (two processes, one per GPU, NCCL's
+# all-reduce) against one agent alone on GPU 0: how many greedy answers
+# agree (expected, not required: NCCL sums in its own order, so the logits
+# agree to rounding only), every request answered, and requests/s and
+# tokens/s of each. Needs two GPUs; rehearsed on a CPU with
+# TANDEM_SMOKE_DEVICE=cuda-emulator TANDEM_SMOKE_BIN=build/bin --tp-only.
+cuda_tp_smoke() {
+  local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
+  work=$(mktemp -d)
+  "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }
+  if start_agent "$bin" "$work" one "$device" --num-blocks 256 --log-level info &&
+     start_agent "$bin" "$work" tp2 "$device" --tensor-parallel 2 --num-blocks 256 --log-level info; then
+    grep 'msg="tensor-parallel group ready"' "$work/tp2.log" | head -1 | sed 's/^.*msg=/gpu-smoke: TP: /'
+    python3 - "$port_one" "$port_tp2" "$device" <<'PY' || rc=1
+import json, sys, time, urllib.request
+one, tp2, device = sys.argv[1], sys.argv[2], sys.argv[3]
+def complete(port, prompt):
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = json.load(r)
+    return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
+same = sum(complete(one, p)[0] == complete(tp2, p)[0] for p in prompts)
+print(f"gpu-smoke: TP: {same} of {len(prompts)} greedy answers of --tensor-parallel 2 are one agent's, token for token")
+ok = True
+for name, port in (("one agent", one), ("--tensor-parallel 2", tp2)):
+    n = tokens = 0
+    t0 = time.monotonic()
+    for i in range(30):
+        try:
+            tokens += complete(port, f"throughput {i}")[1]
+            n += 1
+        except Exception as e:
+            print(f"gpu-smoke: TP FAIL: {name}: request {i}: {e}")
+            ok = False
+    t = time.monotonic() - t0
+    print(f"gpu-smoke: TP: {name} (--device {device}, tiny model, one client): {n / t:.1f} requests/s, "
+          f"{tokens / t:.0f} output tokens/s ({n} answered of 30 in {t:.1f} s)")
+sys.exit(0 if ok else 1)
+PY
+    [[ $rc -ne 0 ]] || echo "gpu-smoke: TP PASS: --tensor-parallel 2 (--device $device) served every request"
+  else
+    echo "gpu-smoke: TP FAIL: an agent did not start"
+    rc=1
+  fi
+  local pid
+  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${AGENT_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  AGENT_PIDS=()
+  if [[ $rc -ne 0 ]]; then
+    local f
+    for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
+  fi
+  rm -rf "$work"
+  return "$rc"
+}
+
+if [[ ${1:-} == --tp-only ]]; then
+  tp_status=0
+  cuda_tp_smoke || tp_status=$?
+  exit "$tp_status"
+fi
+
 # --pd-only: only the P/D serving run, e.g. rehearsed on a CPU with
 # TANDEM_SMOKE_DEVICE=cuda-emulator TANDEM_SMOKE_BIN=build/bin.
 if [[ ${1:-} == --pd-only ]]; then
@@ -177,6 +242,11 @@ if [[ ${gpus:-0} -ge 2 ]]; then
   timeout 600 "$CHECK" --tp 0 2 "$sock" || tp_status=$?
   wait "$rank1" || tp_status=$?
   echo "gpu-smoke: tensor parallel ranks exited $tp_status"
+  [[ $status -ne 0 ]] || status=$tp_status
+  echo "gpu-smoke: serving run with --tensor-parallel 2 --device cuda"
+  tp_status=0
+  cuda_tp_smoke || tp_status=$?
+  echo "gpu-smoke: tensor-parallel serving run exited $tp_status"
   [[ $status -ne 0 ]] || status=$tp_status
 else
   echo "gpu-smoke: fewer than 2 GPUs: the NCCL tensor-parallel check is skipped"
