@@ -462,14 +462,14 @@ struct AgentServer::Impl {
                                                              .rank = 0,
                                                              .timeout = std::chrono::minutes(2)}));
     }
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, engine::loadModelWeights(config.model_dir));
+    // With tensor parallelism, rank 0's shard (read layer by layer).
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights,
+                            config.tensor_parallel > 1
+                                ? engine::loadModelShard(config.model_dir, 0, config.tensor_parallel)
+                                : engine::loadModelWeights(config.model_dir));
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
                             engine::loadTokenizer(config.model_dir, weights->config));
     tokenizer = std::move(tok);
-    if (config.tensor_parallel > 1) {
-      TANDEM_ASSIGN_OR_RETURN(engine::ModelWeights shard, engine::shardWeights(*weights, 0, config.tensor_parallel));
-      weights = std::make_unique<engine::ModelWeights>(std::move(shard));
-    }
     std::shared_ptr<const engine::ModelWeights> shared_weights = std::move(weights);
     engine::EngineOptions options = config.engine;
     if (ranks) {

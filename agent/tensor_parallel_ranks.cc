@@ -19,7 +19,6 @@
 #include "engine/model/llama.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/rank_group.h"
-#include "engine/model/tensor_parallel.h"
 #include "src/common/log.h"
 #include "src/common/strings.h"
 
@@ -213,12 +212,8 @@ absl::Status serveRank(const RankArgs& a, const AgentConfig& config, Logger& log
   if (!a.rendezvous.empty()) {
     TANDEM_ASSIGN_OR_RETURN(nccl, joinCudaGroup(*backend, {.socket_path = a.rendezvous, .world = a.world, .rank = a.rank}));
   }
-  std::shared_ptr<const engine::ModelWeights> shard;
-  {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> full, engine::loadModelWeights(config.model_dir));
-    TANDEM_ASSIGN_OR_RETURN(engine::ModelWeights mine, engine::shardWeights(*full, a.rank, a.world));
-    shard = std::make_shared<const engine::ModelWeights>(std::move(mine));
-  }
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const engine::ModelWeights> shard,
+                          engine::loadModelShard(config.model_dir, a.rank, a.world));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::LlamaModel> model,
                           engine::LlamaModel::create(shard, *backend, nccl ? nccl->all_reduce : follower.allReduce()));
   const engine::KvLayout layout =

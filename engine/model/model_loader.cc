@@ -1,6 +1,7 @@
 #include "engine/model/model_loader.h"
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <system_error>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model/files.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/tokenizer.h"
 #include "src/common/strings.h"
 
@@ -106,8 +108,9 @@ class Checkpoint {
 // Calls f(name, shape, tensor) for every tensor the engine reads, in a
 // fixed order; `w` is a ModelWeights (loading) or a const one (writing), with
 // layers already sized to the config. Shapes come from the config.
+// `after_layer(i)`, when given, runs once layer i's tensors are done.
 template <typename W, typename F>
-void forEachTensor(W& w, F&& f) {
+void forEachTensor(W& w, F&& f, const std::function<void(int)>& after_layer = nullptr) {
   const ModelConfig& c = w.config;
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size, inter = c.intermediate_size;
   const int64_t q = c.qDim(), kv = c.kvDim();
@@ -132,6 +135,7 @@ void forEachTensor(W& w, F&& f) {
     f(layerName(i, "mlp.gate_proj.weight"), std::vector<int64_t>{inter, hidden}, l.w_gate);
     f(layerName(i, "mlp.up_proj.weight"), std::vector<int64_t>{inter, hidden}, l.w_up);
     f(layerName(i, "mlp.down_proj.weight"), std::vector<int64_t>{hidden, inter}, l.w_down);
+    if (after_layer) after_layer(i);
   }
   f(std::string("model.norm.weight"), std::vector<int64_t>{hidden}, w.final_norm);
   if (!c.tie_word_embeddings) f(std::string("lm_head.weight"), std::vector<int64_t>{vocab, hidden}, w.lm_head);
@@ -150,7 +154,11 @@ absl::Status rejectUnknownTensors(const Checkpoint& checkpoint, const std::set<s
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string& model_dir) {
+namespace {
+
+// loadModelWeights, calling `after_layer(i, weights)` once layer i is read.
+absl::StatusOr<std::unique_ptr<ModelWeights>> load(const std::string& model_dir,
+                                                   const std::function<void(int, ModelWeights&)>& after_layer) {
   const std::string config_path = join(model_dir, kConfigFile);
   TANDEM_ASSIGN_OR_RETURN(std::string config_text, readFile(config_path));
   auto weights = std::make_unique<ModelWeights>();
@@ -166,22 +174,52 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string
   TANDEM_RETURN_IF_ERROR(rejectUnknownTensors(checkpoint, expected));
 
   absl::Status status;
-  forEachTensor(*weights, [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& dest) {
-    if (!status.ok()) return;
-    if (name == "lm_head.weight" && !checkpoint.has(name)) {
-      status = absl::NotFoundError(
-          strCat(checkpoint.source(), ": tensor lm_head.weight: missing, and ", config_path,
-                 " has tie_word_embeddings false (true would use the embedding as the output projection)"));
-      return;
-    }
-    auto values = checkpoint.read(name, shape);
-    if (!values.ok()) {
-      status = values.status();
-      return;
-    }
-    dest = std::move(values).value();
-  });
+  forEachTensor(
+      *weights,
+      [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& dest) {
+        if (!status.ok()) return;
+        if (name == "lm_head.weight" && !checkpoint.has(name)) {
+          status = absl::NotFoundError(
+              strCat(checkpoint.source(), ": tensor lm_head.weight: missing, and ", config_path,
+                     " has tie_word_embeddings false (true would use the embedding as the output projection)"));
+          return;
+        }
+        auto values = checkpoint.read(name, shape);
+        if (!values.ok()) {
+          status = values.status();
+          return;
+        }
+        dest = std::move(values).value();
+      },
+      [&](int layer) {
+        if (status.ok() && after_layer) after_layer(layer, *weights);
+      });
   TANDEM_RETURN_IF_ERROR(status);
+  return weights;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string& model_dir) {
+  return load(model_dir, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelShard(const std::string& model_dir, int rank, int world) {
+  // The config first: a model that does not split fails before any tensor is read.
+  const std::string config_path = join(model_dir, kConfigFile);
+  TANDEM_ASSIGN_OR_RETURN(std::string config_text, readFile(config_path));
+  TANDEM_ASSIGN_OR_RETURN(const ModelConfig config, parseModelConfig(config_text, config_path));
+  TANDEM_RETURN_IF_ERROR(checkShard(config, rank, world));
+  std::vector<LayerWeights> shard_layers(static_cast<size_t>(config.num_layers));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                          load(model_dir, [&](int layer, ModelWeights& w) {
+                            // This layer's slices, then the whole layer goes.
+                            LayerWeights& full = w.layers[static_cast<size_t>(layer)];
+                            shard_layers[static_cast<size_t>(layer)] = shardLayer(full, w.config, rank, world);
+                            full = LayerWeights{};
+                          }));
+  weights->layers = std::move(shard_layers);
+  weights->config = shardConfig(weights->config, world);
   return weights;
 }
 

@@ -28,6 +28,16 @@ namespace tandem::engine {
 //   "/m/model.safetensors: tensor model.layers.3.mlp.up_proj.weight: expected shape [688, 256], got [688, 255]"
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string& model_dir);
 
+// Rank `rank` of `world`'s shard of the model in `model_dir`: what
+// shardWeights(*loadModelWeights(model_dir), rank, world) gives, bit for
+// bit, but each layer is sliced as soon as it is read and the whole layer
+// dropped, so memory holds the shard, the replicated tensors (embeddings,
+// norms, lm_head) and one whole layer at a time, not the whole model (a
+// tensor-parallel rank's load). Errors as loadModelWeights' and
+// checkShard's; a model that does not split fails before any tensor is read.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelShard(const std::string& model_dir, int rank,
+                                                                           int world);
+
 // Writes config.json (torch_dtype set from `dtype`), model.safetensors
 // (`dtype` kF32 or kBF16) and tokenizer_config.json selecting the byte
 // tokenizer, creating `dir` if needed. Deterministic: the same weights give

@@ -45,49 +45,60 @@ absl::Status checkShardable(const ModelConfig& c, int world) {
   return checkDivisible(c.intermediate_size, "intermediate_size", world);
 }
 
-absl::StatusOr<ModelWeights> shardWeights(const ModelWeights& full, int rank, int world) {
-  if (world < 1) return absl::InvalidArgumentError(strCat("tensor parallel: world size must be >= 1, got ", world));
+absl::Status checkShard(const ModelConfig& c, int rank, int world) {
+  TANDEM_RETURN_IF_ERROR(checkShardable(c, world));
   if (rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(strCat("tensor parallel: rank ", rank, " is outside [0, ", world, ")"));
   }
-  const ModelConfig& c = full.config;
-  TANDEM_RETURN_IF_ERROR(checkShardable(c, world));
-  if (full.layers.size() != static_cast<size_t>(c.num_layers)) {
-    return absl::InvalidArgumentError(
-        strCat("tensor parallel: model weights have ", full.layers.size(), " layers, config has ", c.num_layers));
-  }
+  return absl::OkStatus();
+}
 
-  ModelWeights shard;
-  shard.config = c;
-  shard.config.num_heads = c.num_heads / world;
-  shard.config.num_kv_heads = c.num_kv_heads / world;
-  shard.config.intermediate_size = c.intermediate_size / world;
-  const ModelConfig& s = shard.config;
+ModelConfig shardConfig(const ModelConfig& full, int world) {
+  ModelConfig s = full;
+  s.num_heads = full.num_heads / world;
+  s.num_kv_heads = full.num_kv_heads / world;
+  s.intermediate_size = full.intermediate_size / world;
+  return s;
+}
+
+LayerWeights shardLayer(const LayerWeights& l, const ModelConfig& c, int rank, int world) {
+  const ModelConfig s = shardConfig(c, world);
   const int64_t hidden = c.hidden_size;
   const int64_t q_begin = static_cast<int64_t>(rank) * s.qDim();  // this rank's query features
   const int64_t kv_begin = static_cast<int64_t>(rank) * s.kvDim();
   const int64_t i_begin = static_cast<int64_t>(rank) * s.intermediate_size;
+  LayerWeights o;
+  o.attn_norm = l.attn_norm;
+  o.ffn_norm = l.ffn_norm;
+  o.wq = sliceRows(l.wq, hidden, q_begin, s.qDim());
+  o.wk = sliceRows(l.wk, hidden, kv_begin, s.kvDim());
+  o.wv = sliceRows(l.wv, hidden, kv_begin, s.kvDim());
+  o.wo = sliceColumns(l.wo, c.qDim(), q_begin, s.qDim());
+  o.w_gate = sliceRows(l.w_gate, hidden, i_begin, s.intermediate_size);
+  o.w_up = sliceRows(l.w_up, hidden, i_begin, s.intermediate_size);
+  o.w_down = sliceColumns(l.w_down, c.intermediate_size, i_begin, s.intermediate_size);
+  if (!l.bq.empty()) o.bq = sliceRows(l.bq, 1, q_begin, s.qDim());
+  if (!l.bk.empty()) o.bk = sliceRows(l.bk, 1, kv_begin, s.kvDim());
+  if (!l.bv.empty()) o.bv = sliceRows(l.bv, 1, kv_begin, s.kvDim());
+  // Qwen3's q/k norms weigh each head's head_dim features alike: replicated.
+  o.q_norm = l.q_norm;
+  o.k_norm = l.k_norm;
+  return o;
+}
+
+absl::StatusOr<ModelWeights> shardWeights(const ModelWeights& full, int rank, int world) {
+  const ModelConfig& c = full.config;
+  TANDEM_RETURN_IF_ERROR(checkShard(c, rank, world));
+  if (full.layers.size() != static_cast<size_t>(c.num_layers)) {
+    return absl::InvalidArgumentError(
+        strCat("tensor parallel: model weights have ", full.layers.size(), " layers, config has ", c.num_layers));
+  }
+  ModelWeights shard;
+  shard.config = shardConfig(c, world);
   shard.embed = full.embed;
   shard.final_norm = full.final_norm;
   shard.lm_head = full.lm_head;  // empty when tied: the shard reads its own embed copy then
-  for (const LayerWeights& l : full.layers) {
-    LayerWeights& o = shard.layers.emplace_back();
-    o.attn_norm = l.attn_norm;
-    o.ffn_norm = l.ffn_norm;
-    o.wq = sliceRows(l.wq, hidden, q_begin, s.qDim());
-    o.wk = sliceRows(l.wk, hidden, kv_begin, s.kvDim());
-    o.wv = sliceRows(l.wv, hidden, kv_begin, s.kvDim());
-    o.wo = sliceColumns(l.wo, c.qDim(), q_begin, s.qDim());
-    o.w_gate = sliceRows(l.w_gate, hidden, i_begin, s.intermediate_size);
-    o.w_up = sliceRows(l.w_up, hidden, i_begin, s.intermediate_size);
-    o.w_down = sliceColumns(l.w_down, c.intermediate_size, i_begin, s.intermediate_size);
-    if (!l.bq.empty()) o.bq = sliceRows(l.bq, 1, q_begin, s.qDim());
-    if (!l.bk.empty()) o.bk = sliceRows(l.bk, 1, kv_begin, s.kvDim());
-    if (!l.bv.empty()) o.bv = sliceRows(l.bv, 1, kv_begin, s.kvDim());
-    // Qwen3's q/k norms weigh each head's head_dim features alike: replicated.
-    o.q_norm = l.q_norm;
-    o.k_norm = l.k_norm;
-  }
+  for (const LayerWeights& l : full.layers) shard.layers.push_back(shardLayer(l, c, rank, world));
   return shard;
 }
 

@@ -34,17 +34,27 @@
 
 namespace tandem::engine {
 
+// OK when a model of config `c` splits across `world` ranks (world >= 1
+// divides its query heads, KV heads and intermediate size); InvalidArgument
+// naming the config field and the world size otherwise.
+absl::Status checkShardable(const ModelConfig& c, int world);
+
+// checkShardable, and rank in [0, world) (InvalidArgument naming it).
+absl::Status checkShard(const ModelConfig& c, int rank, int world);
+// The shard's config: the full model's with num_heads, num_kv_heads and
+// intermediate_size divided by `world` (checkShardable must hold).
+ModelConfig shardConfig(const ModelConfig& full, int world);
+// Rank `rank` of `world`'s share of one layer of a model of config `full`
+// (as above; checkShard must hold): what shardWeights does to each layer,
+// for a loader that shards layer by layer (loadModelShard).
+LayerWeights shardLayer(const LayerWeights& layer, const ModelConfig& full, int rank, int world);
+
 // Rank `rank` of `world`'s shard of `full` (see above). Its config has the
 // shard's num_heads, num_kv_heads and intermediate_size; hidden_size,
 // head_dim, vocab and the rest are the full model's. InvalidArgument, naming
 // the value, when world < 1, rank is outside [0, world), or world does not
 // divide the query heads, the KV heads or the intermediate size.
 // (world == 1 gives a copy of `full`.)
-// OK when a model of config `c` splits across `world` ranks (world >= 1
-// divides its query heads, KV heads and intermediate size); InvalidArgument
-// naming the config field and the world size otherwise.
-absl::Status checkShardable(const ModelConfig& c, int world);
-
 [[nodiscard]] absl::StatusOr<ModelWeights> shardWeights(const ModelWeights& full, int rank, int world);
 
 // A sum across `world` threads, one per rank. Every rank calls

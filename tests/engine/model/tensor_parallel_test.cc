@@ -15,7 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/model/model_loader.h"
 #include "tests/engine/model/random_tokens.h"
+#include "tests/engine/model/scratch_dir.h"
 
 namespace tandem::engine {
 namespace {
@@ -300,6 +302,57 @@ TEST(ShardWeights, RejectsBadWorldRankAndShapes) {
 }
 
 // ---- InProcessAllReduce -------------------------------------------------------
+
+// A rank's load (loadModelShard, layer by layer) is the whole model's load
+// sharded afterwards, bit for bit, for every family and rank, with a
+// checkpoint in bf16 (widened on read) as well as fp32.
+TEST(ShardWeights, LoadingAShardIsShardingTheLoadedModel) {
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  for (const std::string family : {"tiny", "llama3", "qwen2", "qwen3"}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(family);
+      testing::ScratchDir dir;
+      const ModelConfig c = family == "tiny" ? tinyModelConfig() : *smallArchConfig(family);
+      ASSERT_TRUE(writeModelDir(dir.path(), *makeRandomWeights(c, kSeed, {.random_norm_gains = true}), dtype).ok());
+      auto full = loadModelWeights(dir.path());
+      ASSERT_TRUE(full.ok()) << full.status();
+      for (int rank = 0; rank < 2; ++rank) {
+        auto want = shardWeights(**full, rank, 2);
+        auto got = loadModelShard(dir.path(), rank, 2);
+        ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+        EXPECT_EQ((*got)->config.num_heads, want->config.num_heads);
+        EXPECT_EQ((*got)->config.num_kv_heads, want->config.num_kv_heads);
+        EXPECT_EQ((*got)->config.intermediate_size, want->config.intermediate_size);
+        EXPECT_TRUE(same((*got)->embed, want->embed));
+        EXPECT_TRUE(same((*got)->lm_head, want->lm_head));
+        EXPECT_TRUE(same((*got)->final_norm, want->final_norm));
+        ASSERT_EQ((*got)->layers.size(), want->layers.size());
+        for (size_t i = 0; i < want->layers.size(); ++i) {
+          const LayerWeights &g = (*got)->layers[i], &w = want->layers[i];
+          for (auto [a, b] : {std::pair{&g.wq, &w.wq}, {&g.wk, &w.wk}, {&g.wv, &w.wv}, {&g.wo, &w.wo},
+                              {&g.w_gate, &w.w_gate}, {&g.w_up, &w.w_up}, {&g.w_down, &w.w_down},
+                              {&g.attn_norm, &w.attn_norm}, {&g.ffn_norm, &w.ffn_norm}, {&g.bq, &w.bq},
+                              {&g.bk, &w.bk}, {&g.bv, &w.bv}, {&g.q_norm, &w.q_norm}, {&g.k_norm, &w.k_norm}}) {
+            EXPECT_TRUE(same(*a, *b)) << "layer " << i << " rank " << rank;
+          }
+        }
+      }
+    }
+  }
+  // A model that does not split, or a rank outside the world, fails naming
+  // it before any tensor is read (the checkpoint here is not even there).
+  testing::ScratchDir bare;
+  std::ofstream(bare.file("config.json")) << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 100, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000})";
+  EXPECT_THAT(std::string(loadModelShard(bare.path(), 0, 4).status().message()),
+              HasSubstr("num_key_value_heads (2) is not divisible by the world size 4"));
+  EXPECT_THAT(std::string(loadModelShard(bare.path(), 2, 2).status().message()),
+              HasSubstr("rank 2 is outside [0, 2)"));
+  EXPECT_THAT(std::string(loadModelShard(bare.path(), 0, 2).status().message()), HasSubstr("no weights"));
+}
 
 TEST(InProcessAllReduce, EveryRankGetsTheRankOrderSum) {
   constexpr int kWorld = 3;
