@@ -194,7 +194,7 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
     rope_uploaded_ = rope_table_.floats();
     rope_uploaded_freq_.assign(freq.begin(), freq.end());
   }
-  const int32_t* d_positions = d_positions_.upload(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows)));
+  const int32_t* d_positions = d_positions_.uploadOnce(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows)));
   if (d_positions == nullptr) return;
   ok(device_->rope(gpu::ropeLaunch(rows),
                    gpu::RopeArgs{x, d_positions, d_rope_cos_.reserve<float>(*this, rope_uploaded_),
@@ -219,7 +219,7 @@ void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t nu
   int32_t src_rows = 0;
   for (int32_t r = 0; r < num_rows; ++r) src_rows = std::max(src_rows, rows[r] + 1);
   if (!inDeviceMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
-  const int32_t* d_rows = d_rows_.upload(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
+  const int32_t* d_rows = d_rows_.uploadOnce(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
   if (d_rows == nullptr) return;
   ok(device_->gatherRows(gpu::gatherRowsLaunch(num_rows), gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim}));
 }
@@ -243,8 +243,8 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   const size_t floats = size(rows, static_cast<int64_t>(layout.floatsPerToken()));
   if (!inDeviceMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
   float* pool = kvPool(kv);
-  const int32_t* d_block = d_row_block_.upload<int32_t>(*this, row_block_);
-  const int32_t* d_slot = d_row_slot_.upload<int32_t>(*this, row_slot_);
+  const int32_t* d_block = d_row_block_.uploadOnce<int32_t>(*this, row_block_);
+  const int32_t* d_slot = d_row_slot_.uploadOnce<int32_t>(*this, row_slot_);
   if (pool == nullptr || d_block == nullptr || d_slot == nullptr) return;
   ok(device_->writeKv(gpu::writeKvLaunch(rows), gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer,
                                                                   layout.num_blocks, layout.block_size,
@@ -318,10 +318,10 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   const float* pool = kvPool(kv);
   float* partial = d_partial_.reserve<float>(*this, static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
                                                     static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
-  const int32_t* d_tables = d_block_tables_.upload<int32_t>(*this, block_tables_);
-  const int32_t* d_pos = d_row_pos_.upload<int32_t>(*this, row_pos_);
-  const int32_t* d_table = d_row_table_.upload<int32_t>(*this, row_table_);
-  const int32_t* d_split = d_row_split_.upload<int32_t>(*this, row_split_);
+  const int32_t* d_tables = d_block_tables_.uploadOnce<int32_t>(*this, block_tables_);
+  const int32_t* d_pos = d_row_pos_.uploadOnce<int32_t>(*this, row_pos_);
+  const int32_t* d_table = d_row_table_.uploadOnce<int32_t>(*this, row_table_);
+  const int32_t* d_split = d_row_split_.uploadOnce<int32_t>(*this, row_split_);
   if (!status_.ok() || pool == nullptr || partial == nullptr) return;
   const gpu::AttentionArgs args{q,
                                 out,

@@ -128,6 +128,16 @@ class KernelBackend : public Backend {
   // construction (sampleLogits and sample).
   int64_t rowsSampledOnDevice() const { return rows_sampled_on_device_; }
   int64_t rowsSampledOnHost() const { return rows_sampled_on_host_; }
+  // Uploads to the per-call scratch buffers (the step's metadata:
+  // positions, block tables, KV slots, rows; sampling parameters; host
+  // logits) since construction, and metadata uploads skipped because the
+  // device already held the same bytes (an earlier layer of the same step
+  // uploaded them).
+  struct MetadataUploads {
+    int64_t uploaded = 0;
+    int64_t reused = 0;
+  };
+  MetadataUploads metadataUploads() const { return metadata_uploads_; }
 
  private:
   // Keeps the first failure; false (do nothing more) once there is one.
@@ -155,7 +165,27 @@ class KernelBackend : public Backend {
     template <typename T>
     T* upload(KernelBackend& backend, std::span<const T> host) {
       T* d = reserve<T>(backend, host.size());
+      uploaded_.clear();  // a buffer written here may be written by a kernel too: never reused
       if (d != nullptr && !backend.ok(backend.device_->upload(d, host.data(), host.size_bytes()))) return nullptr;
+      if (d != nullptr) ++backend.metadata_uploads_.uploaded;
+      return d;
+    }
+    // upload(), skipped when `host` holds byte for byte what this buffer
+    // got last: the step's metadata (positions, block tables, slots) that
+    // every layer's calls pass again, uploaded once per step instead of
+    // once per layer (each upload waits for the stream). Only for
+    // metadata no kernel writes: the device copy must still be what was
+    // uploaded.
+    template <typename T>
+    T* uploadOnce(KernelBackend& backend, std::span<const T> host) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(host.data());
+      if (buffer_ && !host.empty() && uploaded_.size() == host.size_bytes() &&
+          std::equal(uploaded_.begin(), uploaded_.end(), bytes)) {
+        ++backend.metadata_uploads_.reused;
+        return reinterpret_cast<T*>(buffer_->data());
+      }
+      T* d = upload(backend, host);
+      if (d != nullptr) uploaded_.assign(bytes, bytes + host.size_bytes());
       return d;
     }
     template <typename T>
@@ -164,6 +194,7 @@ class KernelBackend : public Backend {
       if (!buffer_ || buffer_->floats() < floats) {
         const size_t grown = std::max(floats, 2 * (buffer_ ? buffer_->floats() : 0));
         buffer_.reset();
+        uploaded_.clear();
         buffer_ = backend.allocate(grown);
       }
       return buffer_ ? reinterpret_cast<T*>(buffer_->data()) : nullptr;
@@ -171,6 +202,7 @@ class KernelBackend : public Backend {
 
    private:
     std::unique_ptr<BackendBuffer> buffer_;
+    std::vector<std::byte> uploaded_;  // what uploadOnce put there last
   };
 
   std::shared_ptr<gpu::Device> device_;
@@ -191,6 +223,7 @@ class KernelBackend : public Backend {
   SamplerScratch sampler_scratch_;
   std::vector<float> handed_back_;  // a logits row the kernel left to the host
   int64_t rows_sampled_on_device_ = 0, rows_sampled_on_host_ = 0;
+  MetadataUploads metadata_uploads_;
 };
 
 }  // namespace tandem::engine

@@ -171,6 +171,31 @@ TEST(ExecutorDeviceTest, QueuedCopiesAreDoneAtSynchronizeAndOnlyHostMemoryIsPinn
   EXPECT_THAT(device.pinHost(*d, 16).message(), ::testing::HasSubstr("pinHost of device memory"));
 }
 
+// Each layer passes the step's positions, KV slots and block tables again;
+// they go to the device once per step (each upload waits for the stream),
+// so a step's uploads do not grow with the layers, and a step's metadata
+// that changed is uploaded again (the next steps' logits stay right: the
+// other tests here hold them to the CPU backend's).
+TEST(KernelBackendUploadTest, AStepUploadsItsMetadataOncePerStepNotOncePerLayer) {
+  auto uploadsPerStep = [](int layers) {
+    ModelConfig c = tinyModelConfig();
+    c.num_layers = layers;
+    const std::shared_ptr<const ModelWeights> weights = makeRandomWeights(c, 20261127);
+    KernelBackend gpu;
+    const auto tokens = randomTokens(20, 5, c.vocab_size);
+    run(gpu, weights, tokens, 16, 16);  // a 16-token prefill, then 4 decode steps
+    EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+    return gpu.metadataUploads();
+  };
+  const KernelBackend::MetadataUploads two = uploadsPerStep(2), six = uploadsPerStep(6);
+  EXPECT_EQ(six.uploaded, two.uploaded) << "uploads grew with the layers";
+  EXPECT_GT(six.reused, two.reused);
+  EXPECT_LE(two.uploaded, 5 * 12) << "5 steps, each at most a dozen metadata arrays";
+  std::printf("scratch uploads over 5 steps: %lld (2 layers), %lld (6 layers); reused %lld and %lld\n",
+              static_cast<long long>(two.uploaded), static_cast<long long>(six.uploaded),
+              static_cast<long long>(two.reused), static_cast<long long>(six.reused));
+}
+
 class KernelBackendTest : public ::testing::TestWithParam<std::string> {};
 
 // The KV pool in device memory (KernelBackend::kvMemory: zeroed by the
