@@ -176,7 +176,7 @@ absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const Kv
                                                  ", outside the cache's [0, ", layout.num_blocks, ")"));
       }
     }
-    if (chunk.want_logits && logits == nullptr) {
+    if (chunk.want_logits && logits == nullptr && !skip_logits_) {
       return absl::InvalidArgumentError(where + "wants logits but no logits output was given");
     }
   }
@@ -314,7 +314,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
       finishLayer(layer, tail_q_.data(), tail_x_.data(), tail_chunks_, num_logits, kv);
     }
   }
-  if (num_logits == 0) return backend_.status();
+  if (num_logits == 0 || skip_logits_) return backend_.status();
 
   backend_.rmsNorm(tail_x_.data(), final_norm_->data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
   if (sampling != nullptr) {

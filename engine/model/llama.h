@@ -80,6 +80,13 @@ class LlamaModel {
 
   const ModelConfig& config() const { return weights_->config; }
 
+  // For a tensor-parallel rank whose logits nobody reads (ranks 1..N-1 of a
+  // group across processes, rank_group.h): forward() still runs the last
+  // layer for the rows that want logits (their all-reduces are the
+  // group's), writes the same KV, but stops before the final norm and
+  // lm_head; `logits` may then be null, and is left empty.
+  void skipLogits() { skip_logits_ = true; }
+
   // Runs one step. Writes the K/V of every token of `batch` into `kv` (at the
   // slots its block table maps its positions to) and, for each chunk with
   // want_logits, appends that chunk's last-token logits to *logits, which is
@@ -125,6 +132,7 @@ class LlamaModel {
   std::shared_ptr<const ModelWeights> weights_;
   Backend& backend_;
   AllReducePartials all_reduce_;      // null: not tensor parallel
+  bool skip_logits_ = false;          // skipLogits()
   const ArchSpec& arch_;              // config().arch(), checked known by create()
   std::vector<float> rope_inv_freq_;  // [head_dim / 2] ropeInverseFrequencies(config())
   // The projections in the backend's layout, made once by create().

@@ -447,7 +447,7 @@ absl::Status RankGroupFollower::hello(const KvLayout& layout, bool socket_all_re
 absl::Status RankGroupFollower::serve(LlamaModel& model, KvStorage& kv, Backend& backend,
                                       const std::function<absl::Status()>& external_status) {
   std::vector<std::byte> payload;
-  std::vector<float> logits;
+  model.skipLogits();
   for (;;) {
     bool at_boundary = false;
     absl::StatusOr<RankLink::Type> type = link_.receive(&payload, &at_boundary);
@@ -471,7 +471,7 @@ absl::Status RankGroupFollower::serve(LlamaModel& model, KvStorage& kv, Backend&
     }
     if (result.ok()) {
       const std::vector<SequenceChunk> batch = step.batch();
-      result = model.forward(batch, kv, &logits);
+      result = model.forward(batch, kv, nullptr);  // rank 0 makes the logits (skipLogits)
     }
     if (result.ok()) result = link_status_;
     if (result.ok()) result = backend.status();

@@ -183,7 +183,8 @@ class RankGroupFollower {
   AllReducePartials allReduce();
   // Tells the leader this rank is ready, with the cache it holds.
   absl::Status hello(const KvLayout& layout, bool socket_all_reduce);
-  // Runs the leader's steps on `model`, `kv` and `backend` until the leader
+  // Runs the leader's steps on `model` (which it sets to skipLogits: rank
+  // 0 makes the logits), `kv` and `backend` until the leader
   // closes the link between steps (OK) or something breaks (the error: the
   // link closed mid-step, a frame out of turn, a step that does not decode).
   // A step the model fails is reported to the leader in Done, and ends the

@@ -570,6 +570,29 @@ TEST(LlamaModel, LayerObserverCalledOncePerLayerAfterKvWritten) {
   EXPECT_EQ(seen, want);
 }
 
+// skipLogits (a tensor-parallel rank other than 0): the same KV bits, no
+// logits, and a null logits vector is accepted where chunks want them.
+TEST(LlamaModel, SkippingLogitsWritesTheSameKv) {
+  const auto weights = tinyWeights();
+  const ModelConfig& c = weights->config;
+  const auto tokens = randomTokens(6, 11, c.vocab_size);
+  const auto table = blockRange(0, 2);
+  const std::vector<SequenceChunk> batch = {{.tokens = tokens, .start_pos = 0, .block_table = table, .want_logits = true}};
+  CpuBackend backend;
+  KvStorage want_kv(kvLayoutFor(c, 2, 4)), got_kv(kvLayoutFor(c, 2, 4));
+  auto full = LlamaModel::create(weights, backend);
+  auto skipping = LlamaModel::create(weights, backend);
+  ASSERT_TRUE(full.ok() && skipping.ok());
+  (*skipping)->skipLogits();
+  std::vector<float> logits = {1.0f};
+  ASSERT_TRUE((*full)->forward(batch, want_kv, &logits).ok());
+  EXPECT_EQ(logits.size(), static_cast<size_t>(c.vocab_size));
+  ASSERT_TRUE((*skipping)->forward(batch, got_kv, nullptr).ok());
+  ASSERT_TRUE((*skipping)->forward(batch, got_kv, &logits).ok());
+  EXPECT_TRUE(logits.empty());
+  EXPECT_EQ(std::memcmp(got_kv.data(), want_kv.data(), want_kv.layout().totalFloats() * sizeof(float)), 0);
+}
+
 TEST(LlamaModel, RejectsInvalidInputsWithoutTouchingTheCache) {
   ModelConfig config = tinyModelConfig();
   config.max_position_embeddings = 64;
