@@ -1,5 +1,6 @@
 #include "agent/agent_main.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -110,7 +111,7 @@ int runAgent(int argc, char** argv, transport::KvTransportFactory kv_transport_f
   }
   Logger log("agent");
 
-  if (pipe(g_signal_pipe) != 0) {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {  // not inherited by the tensor-parallel ranks
     log.error("cannot create the signal pipe");
     return 1;
   }

@@ -557,6 +557,7 @@ struct AgentServer::Impl {
         .links = ranks->takeLinks(),
         .layout = engine::kvLayoutFor(shard.config, config.engine.num_blocks, config.engine.block_size),
         .socket_all_reduce = !nccl,
+        .all_reduce = nccl ? nccl->all_reduce : nullptr,
         .external_status = nccl ? nccl->status : nullptr};
     absl::StatusOr<std::unique_ptr<engine::RankGroupLeader>> group = engine::RankGroupLeader::connect(std::move(o));
     if (!group.ok()) {

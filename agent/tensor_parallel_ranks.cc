@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,7 +82,12 @@ absl::StatusOr<std::unique_ptr<RankProcesses>> RankProcesses::start(int world, s
     // (dup2 clears it; one already at 3 is moved first so dup2 is not a no-op).
     int child = fds[1];
     if (child == kRankLinkFd) child = ::fcntl(fds[1], F_DUPFD_CLOEXEC, kRankLinkFd + 1);
-    posix_spawn_file_actions_adddup2(&fa, child, kRankLinkFd);
+    if (child < 0 || posix_spawn_file_actions_adddup2(&fa, child, kRankLinkFd) != 0) {
+      posix_spawn_file_actions_destroy(&fa);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return absl::InternalError(strCat("tensor-parallel rank ", rank, ": cannot pass its link: ", std::strerror(errno)));
+    }
     int pid = -1;
     const int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -251,7 +257,11 @@ int runTensorParallelRank(int argc, char** argv, const char* program) {
   }
   auto format = parseLogFormat(config->log_format);
   configureLogging({.spec = config->log_level, .format = format.ok() ? *format : LogFormat::kText}).IgnoreError();
-  // Rank 0 decides when this rank ends: it drains on SIGTERM, then closes the link.
+  // Rank 0 decides when this rank ends: it drains on SIGTERM, then closes
+  // the link. If rank 0 is killed, this rank goes too, even while it loads
+  // or waits inside NCCL (where it would not see the link close).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) return 1;  // rank 0 went before the line above
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);

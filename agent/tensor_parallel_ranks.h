@@ -14,8 +14,9 @@
 // otherwise over the link.
 //
 // The ranks live and die with rank 0: they ignore SIGTERM and SIGINT (rank
-// 0 drains, then closes the links and they exit), and they exit when rank 0
-// is gone (the link closes). Rank 0 reaps them; a rank that exits while rank
+// 0 drains, then closes the links and they exit), and they are killed when
+// rank 0 is gone (PR_SET_PDEATHSIG; a rank waiting in serve() also sees
+// its link close). Rank 0 reaps them; a rank that exits while rank
 // 0 runs fails rank 0's health checks (exited()), so the pod restarts.
 
 #include <memory>
@@ -48,8 +49,8 @@ class RankProcesses {
   // arguments) and, for NCCL, `rendezvous` (empty: the socket all-reduce).
   static absl::StatusOr<std::unique_ptr<RankProcesses>> start(int world, std::span<const std::string> agent_args,
                                                               const std::string& rendezvous);
-  // Waits up to 10 s for each rank to exit (rank 0 closed the links
-  // first), then kills it.
+  // Waits up to 10 s in all for the ranks to exit (rank 0 closed the
+  // links first), then kills those still running.
   ~RankProcesses();
   RankProcesses(const RankProcesses&) = delete;
   RankProcesses& operator=(const RankProcesses&) = delete;

@@ -287,7 +287,7 @@ StepStats Engine::step() {
   absl::Status status = mirrored ? group->beginStep(plan.block_copies, batch) : absl::OkStatus();
   if (status.ok()) status = runModel(plan.chunks, batch, during_run);
   if (mirrored) {
-    if (absl::Status ranks = group->endStep(); status.ok()) status = std::move(ranks);
+    if (absl::Status ranks = group->endStep(status); status.ok()) status = std::move(ranks);
   }
   const MonoTime t2 = clock_.now();
   if (status.ok()) {

@@ -110,7 +110,7 @@ absl::Status recvAll(int fd, void* data, size_t n, size_t* got) {
   return absl::OkStatus();
 }
 
-bool knownType(uint32_t t) { return t >= 1 && t <= 5; }
+bool knownType(uint32_t t) { return t >= 1 && t <= 8; }
 
 std::string layoutText(const KvLayout& l) {
   return strCat(l.num_layers, " layers x ", l.num_blocks, " blocks of ", l.block_size, " tokens x ", l.num_kv_heads,
@@ -150,6 +150,9 @@ const char* RankLink::typeName(Type type) {
     case Type::kPartial: return "Partial";
     case Type::kSum: return "Sum";
     case Type::kDone: return "Done";
+    case Type::kStageOut: return "StageOut";
+    case Type::kKvData: return "KvData";
+    case Type::kStageIn: return "StageIn";
   }
   return "?";
 }
@@ -164,7 +167,12 @@ absl::Status RankLink::send(Type type, std::span<const std::byte> payload) {
   return sendAll(fd_, payload.data(), payload.size());
 }
 
-absl::StatusOr<RankLink::Type> RankLink::receive(std::vector<std::byte>* payload, bool* at_boundary) {
+absl::StatusOr<RankLink::Type> RankLink::receive(std::vector<std::byte>* payload, bool* at_boundary,
+                                                 std::optional<std::chrono::milliseconds> timeout) {
+  if (timeout && !readable(*timeout)) {
+    if (at_boundary != nullptr) *at_boundary = false;
+    return absl::DeadlineExceededError(strCat("tensor-parallel link: nothing for ", timeout->count() / 1000, " s"));
+  }
   FrameHeader h{};
   size_t got = 0;
   absl::Status s = recvAll(fd_, &h, sizeof(h), &got);
@@ -274,6 +282,42 @@ absl::StatusOr<RankStep> decodeRankStep(std::span<const std::byte> payload) {
   return step;
 }
 
+std::vector<std::byte> encodeRankStage(std::span<const int32_t> layers, std::span<const BlockId> blocks) {
+  Writer w;
+  w.put(static_cast<uint32_t>(layers.size()));
+  for (int32_t l : layers) w.put(l);
+  w.put(static_cast<uint32_t>(blocks.size()));
+  for (BlockId b : blocks) w.put(b.value());
+  return w.take();
+}
+
+absl::StatusOr<RankStage> decodeRankStage(std::span<const std::byte> payload, bool with_data) {
+  const uint32_t layers = [&] {
+    uint32_t n = 0;
+    if (payload.size() >= 4) std::memcpy(&n, payload.data(), 4);
+    return n;
+  }();
+  // The lists' length, so the Reader checks them and leaves the data.
+  const uint64_t list_bytes = 8 + 4 * static_cast<uint64_t>(layers);
+  uint32_t blocks = 0;
+  if (payload.size() >= list_bytes) std::memcpy(&blocks, payload.data() + list_bytes - 4, 4);
+  const uint64_t header = list_bytes + 4 * static_cast<uint64_t>(blocks);
+  const char* what = with_data ? "StageIn" : "StageOut";
+  if (payload.size() < header || (!with_data && payload.size() != header)) {
+    return absl::DataLossError(strCat("tensor-parallel ", what, ": ", payload.size(), " bytes for ", layers,
+                                      " layers and ", blocks, " blocks"));
+  }
+  Reader r(payload.first(header), what);
+  RankStage stage;
+  r.count("layers", 4);
+  for (uint32_t i = 0; i < layers; ++i) stage.layers.push_back(r.get<int32_t>("layer"));
+  r.count("blocks", 4);
+  for (uint32_t i = 0; i < blocks; ++i) stage.blocks.emplace_back(r.get<int32_t>("block"));
+  TANDEM_RETURN_IF_ERROR(r.finish());
+  stage.data = payload.subspan(header);
+  return stage;
+}
+
 // --- leader ---
 
 RankGroupLeader::RankGroupLeader(Options options) : options_(std::move(options)) {
@@ -296,10 +340,14 @@ absl::StatusOr<std::unique_ptr<RankGroupLeader>> RankGroupLeader::connect(Option
                                                 g->options_.hello_timeout.count() / 1000, " s"));
     }
     absl::StatusOr<RankLink::Type> type = g->links_[i]->receive(&payload);
-    if (!type.ok()) {
+    if (!type.ok() && absl::IsUnavailable(type.status())) {
       return absl::UnavailableError(strCat("tensor-parallel rank ", rank, " of ", world,
                                            " closed its link before it was ready (it exited; its log says why): ",
                                            type.status().message()));
+    }
+    if (!type.ok()) {
+      return absl::DataLossError(strCat("tensor-parallel rank ", rank, " of ", world, " broke the protocol before it was ready: ",
+                                        type.status().message()));
     }
     if (*type != RankLink::Type::kHello) {
       return absl::DataLossError(strCat("tensor-parallel rank ", rank, " sent ", RankLink::typeName(*type),
@@ -332,7 +380,7 @@ absl::Status RankGroupLeader::checkLayout(const KvLayout& layout) const {
 }
 
 AllReducePartials RankGroupLeader::allReduce() {
-  if (!options_.socket_all_reduce) return nullptr;
+  if (!options_.socket_all_reduce) return options_.all_reduce;
   return [this](float* partial, int64_t n) { reduce(partial, n); };
 }
 
@@ -343,11 +391,19 @@ void RankGroupLeader::fail(absl::Status status) {
 
 bool RankGroupLeader::expect(size_t follower, RankLink::Type want, std::vector<std::byte>* payload) {
   const int rank = static_cast<int>(follower) + 1;
-  absl::StatusOr<RankLink::Type> type = links_[follower]->receive(payload);
+  absl::StatusOr<RankLink::Type> type = links_[follower]->receive(payload, nullptr, options_.step_timeout);
   if (!type.ok()) {
-    fail(absl::UnavailableError(strCat("tensor-parallel rank ", rank, " of ", world(),
-                                       " is gone (its link closed mid-step: it exited or was killed): ",
-                                       type.status().message())));
+    const std::string why(type.status().message());
+    if (absl::IsUnavailable(type.status())) {
+      fail(absl::UnavailableError(strCat("tensor-parallel rank ", rank, " of ", world(),
+                                         " is gone (its link closed mid-step: it exited or was killed): ", why)));
+    } else if (absl::IsDeadlineExceeded(type.status())) {
+      fail(absl::DeadlineExceededError(strCat("tensor-parallel rank ", rank, " of ", world(), " sent no ",
+                                              RankLink::typeName(want), " within ", options_.step_timeout.count() / 1000,
+                                              " s (it is stuck): ", why)));
+    } else {
+      fail(absl::DataLossError(strCat("tensor-parallel rank ", rank, " of ", world(), " broke the protocol: ", why)));
+    }
     return false;
   }
   if (*type == want) return true;
@@ -396,12 +452,63 @@ absl::Status RankGroupLeader::beginStep(std::span<const std::pair<BlockId, Block
     }
   }
   in_step_ = true;
+  copies_sent_ += static_cast<int64_t>(copies.size());
   return absl::OkStatus();
 }
 
-absl::Status RankGroupLeader::endStep() {
+absl::Status RankGroupLeader::endStep(const absl::Status& rank0) {
   if (!in_step_) return status();
   in_step_ = false;
+  if (!rank0.ok()) {
+    // The followers may be mid-step, waiting for a Sum that will not come.
+    fail(absl::Status(rank0.code(), strCat("tensor-parallel rank 0 failed a step: ", rank0.message())));
+    return status_;
+  }
+  for (size_t i = 0; i < links_.size() && status_.ok(); ++i) {
+    if (!expect(i, RankLink::Type::kDone, &scratch_)) break;
+    if (absl::Status done = doneStatus(static_cast<int>(i) + 1, scratch_); !done.ok()) fail(std::move(done));
+  }
+  return status();
+}
+
+absl::Status RankGroupLeader::stageOut(std::span<const int32_t> layers, std::span<const BlockId> blocks,
+                                       const std::function<void(int, std::span<const std::byte>)>& take) {
+  TANDEM_RETURN_IF_ERROR(status());
+  if (layers.empty() || blocks.empty()) return absl::OkStatus();
+  const std::vector<std::byte> request = encodeRankStage(layers, blocks);
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (absl::Status s = links_[i]->send(RankLink::Type::kStageOut, request); !s.ok()) {
+      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " of ", world(), " is gone: ", s.message())));
+      return status_;
+    }
+  }
+  const size_t want = layers.size() * blocks.size() * options_.layout.bytesPerLayerBlock();
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (!expect(i, RankLink::Type::kKvData, &scratch_)) return status_;
+    if (scratch_.size() != want) {
+      fail(absl::DataLossError(strCat("tensor-parallel rank ", i + 1, " sent ", scratch_.size(),
+                                      " bytes of KV where ", want, " were due")));
+      return status_;
+    }
+    take(static_cast<int>(i) + 1, scratch_);
+  }
+  return status();
+}
+
+absl::Status RankGroupLeader::stageIn(std::span<const int32_t> layers, std::span<const BlockId> blocks,
+                                      const std::function<void(int, std::vector<std::byte>*)>& give) {
+  TANDEM_RETURN_IF_ERROR(status());
+  if (layers.empty() || blocks.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < links_.size(); ++i) {
+    std::vector<std::byte> request = encodeRankStage(layers, blocks);
+    scratch_.clear();
+    give(static_cast<int>(i) + 1, &scratch_);
+    request.insert(request.end(), scratch_.begin(), scratch_.end());
+    if (absl::Status s = links_[i]->send(RankLink::Type::kStageIn, request); !s.ok()) {
+      fail(absl::UnavailableError(strCat("tensor-parallel rank ", i + 1, " of ", world(), " is gone: ", s.message())));
+      return status_;
+    }
+  }
   for (size_t i = 0; i < links_.size() && status_.ok(); ++i) {
     if (!expect(i, RankLink::Type::kDone, &scratch_)) break;
     if (absl::Status done = doneStatus(static_cast<int>(i) + 1, scratch_); !done.ok()) fail(std::move(done));
@@ -444,6 +551,101 @@ absl::Status RankGroupFollower::hello(const KvLayout& layout, bool socket_all_re
   return link_.send(RankLink::Type::kHello, encodeRankHello(h));
 }
 
+namespace {
+
+// A Done frame: the status's code and message.
+std::vector<std::byte> doneFrame(const absl::Status& result) {
+  Writer w;
+  w.put(static_cast<int32_t>(result.code()));
+  std::vector<std::byte> done = w.take();
+  const std::string message(result.message());
+  done.insert(done.end(), reinterpret_cast<const std::byte*>(message.data()),
+              reinterpret_cast<const std::byte*>(message.data()) + message.size());
+  return done;
+}
+
+// OK when every layer and block a stage names is in the cache.
+absl::Status checkStage(const RankStage& stage, const KvLayout& layout, const char* what) {
+  for (int32_t l : stage.layers) {
+    if (l < 0 || l >= layout.num_layers) {
+      return absl::DataLossError(strCat(what, " names layer ", l, ", outside this rank's ", layout.num_layers));
+    }
+  }
+  for (BlockId b : stage.blocks) {
+    if (b.value() < 0 || b.value() >= layout.num_blocks) {
+      return absl::DataLossError(strCat(what, " names block ", b.value(), ", outside this rank's ", layout.num_blocks,
+                                        " blocks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RankGroupFollower::runStep(std::span<const std::byte> payload, LlamaModel& model, KvStorage& kv,
+                                        Backend& backend, const std::function<absl::Status()>& external_status) {
+  TANDEM_ASSIGN_OR_RETURN(RankStep step, decodeRankStep(payload));
+  absl::Status result;
+  for (const auto& [src, dst] : step.copies) {
+    const int n = kv.layout().num_blocks;
+    if (src.value() < 0 || src.value() >= n || dst.value() < 0 || dst.value() >= n) {
+      result = absl::DataLossError(strCat("Step copies block ", src.value(), " to ", dst.value(), ", outside this rank's ",
+                                          n, " blocks"));
+      break;
+    }
+    backend.copyKvBlock(kv, src, dst);
+  }
+  if (result.ok()) {
+    const std::vector<SequenceChunk> batch = step.batch();
+    result = model.forward(batch, kv, nullptr);  // rank 0 makes the logits (skipLogits)
+  }
+  if (result.ok()) result = link_status_;
+  if (result.ok()) result = backend.status();
+  if (result.ok() && external_status) result = external_status();
+  if (!link_status_.ok()) return link_status_;  // no Done: the link is broken
+  TANDEM_RETURN_IF_ERROR(link_.send(RankLink::Type::kDone, doneFrame(result)));
+  return result;
+}
+
+absl::Status RankGroupFollower::runStage(RankLink::Type type, std::span<const std::byte> payload, KvStorage& kv,
+                                         Backend& backend) {
+  const bool in = type == RankLink::Type::kStageIn;
+  const char* what = in ? "StageIn" : "StageOut";
+  const size_t block_bytes = kv.layout().bytesPerLayerBlock();
+  absl::StatusOr<RankStage> stage = decodeRankStage(payload, in);
+  absl::Status result = stage.status();
+  if (result.ok()) result = checkStage(*stage, kv.layout(), what);
+  const size_t bytes = result.ok() ? stage->layers.size() * stage->blocks.size() * block_bytes : 0;
+  if (result.ok() && in && stage->data.size() != bytes) {
+    result = absl::DataLossError(strCat("StageIn carries ", stage->data.size(), " bytes for ", bytes));
+  }
+  if (result.ok()) {
+    // Queued copies, one wait (a device pool's are real copies; a host
+    // pool's are done at once).
+    if (!in) scratch_.resize(bytes);
+    size_t at = 0;
+    for (int32_t layer : stage->layers) {
+      for (BlockId block : stage->blocks) {
+        const size_t offset = kv.layerBlockByteOffset(layer, block);
+        if (in) {
+          backend.uploadKv(kv, offset, stage->data.subspan(at, block_bytes));
+        } else {
+          backend.downloadKv(kv, offset, std::span<std::byte>(scratch_).subspan(at, block_bytes));
+        }
+        at += block_bytes;
+      }
+    }
+    backend.finishKvCopies();
+    result = backend.status();
+  }
+  if (in || !result.ok()) {
+    TANDEM_RETURN_IF_ERROR(link_.send(RankLink::Type::kDone, doneFrame(result)));
+  } else {
+    TANDEM_RETURN_IF_ERROR(link_.send(RankLink::Type::kKvData, scratch_));
+  }
+  return result;
+}
+
 absl::Status RankGroupFollower::serve(LlamaModel& model, KvStorage& kv, Backend& backend,
                                       const std::function<absl::Status()>& external_status) {
   std::vector<std::byte> payload;
@@ -455,36 +657,18 @@ absl::Status RankGroupFollower::serve(LlamaModel& model, KvStorage& kv, Backend&
       if (at_boundary && absl::IsUnavailable(type.status())) return absl::OkStatus();  // rank 0 is done
       return type.status();
     }
-    if (*type != RankLink::Type::kStep) {
-      return absl::DataLossError(strCat("rank 0 sent ", RankLink::typeName(*type), " where a Step was due"));
-    }
-    TANDEM_ASSIGN_OR_RETURN(RankStep step, decodeRankStep(payload));
-    absl::Status result;
-    for (const auto& [src, dst] : step.copies) {
-      const int n = kv.layout().num_blocks;
-      if (src.value() < 0 || src.value() >= n || dst.value() < 0 || dst.value() >= n) {
-        result = absl::DataLossError(strCat("Step copies block ", src.value(), " to ", dst.value(),
-                                            ", outside this rank's ", n, " blocks"));
+    switch (*type) {
+      case RankLink::Type::kStep:
+        TANDEM_RETURN_IF_ERROR(runStep(payload, model, kv, backend, external_status));
         break;
-      }
-      backend.copyKvBlock(kv, src, dst);
+      case RankLink::Type::kStageOut:
+      case RankLink::Type::kStageIn:
+        TANDEM_RETURN_IF_ERROR(runStage(*type, payload, kv, backend));
+        break;
+      default:
+        return absl::DataLossError(
+            strCat("rank 0 sent ", RankLink::typeName(*type), " where a Step, StageOut or StageIn was due"));
     }
-    if (result.ok()) {
-      const std::vector<SequenceChunk> batch = step.batch();
-      result = model.forward(batch, kv, nullptr);  // rank 0 makes the logits (skipLogits)
-    }
-    if (result.ok()) result = link_status_;
-    if (result.ok()) result = backend.status();
-    if (result.ok() && external_status) result = external_status();
-    if (!link_status_.ok()) return link_status_;  // no Done: the link is broken
-    Writer w;
-    w.put(static_cast<int32_t>(result.code()));
-    std::vector<std::byte> done = w.take();
-    const std::string message(result.message());
-    done.insert(done.end(), reinterpret_cast<const std::byte*>(message.data()),
-                reinterpret_cast<const std::byte*>(message.data()) + message.size());
-    TANDEM_RETURN_IF_ERROR(link_.send(RankLink::Type::kDone, done));
-    if (!result.ok()) return result;
   }
 }
 

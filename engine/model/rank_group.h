@@ -25,6 +25,15 @@
 //   leader -> follower  Sum      every rank's share, added in rank order
 //   follower -> leader  Done     i32 status code, the message (UTF-8)
 //
+// Between steps, for P/D (the transport's staging copy holds every rank's
+// KV heads, on rank 0: Engine's kv_staging with tensor parallelism):
+//
+//   leader -> follower  StageOut u32 layers, i32 each; u32 blocks, i32 each
+//   follower -> leader  KvData   those layer blocks of its cache (layers
+//                                outer, blocks inner), or Done with an error
+//   leader -> follower  StageIn  the same lists, then the bytes to write
+//   follower -> leader  Done
+//
 // Partial and Sum cross the socket only with the socket all-reduce (host
 // memory: the CPU backend and the CUDA emulator). The leader adds the
 // partials in rank order, left to right, exactly as InProcessAllReduce does,
@@ -43,6 +52,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -60,7 +70,16 @@ class Backend;
 // blocking. Owns the descriptor.
 class RankLink {
  public:
-  enum class Type : uint32_t { kHello = 1, kStep = 2, kPartial = 3, kSum = 4, kDone = 5 };
+  enum class Type : uint32_t {
+    kHello = 1,
+    kStep = 2,
+    kPartial = 3,
+    kSum = 4,
+    kDone = 5,
+    kStageOut = 6,
+    kKvData = 7,
+    kStageIn = 8,
+  };
   static const char* typeName(Type type);
 
   explicit RankLink(int fd) : fd_(fd) {}
@@ -73,7 +92,9 @@ class RankLink {
   // peer closed the link: `*at_boundary` says whether it closed between
   // frames (a clean close) or inside one. DataLoss for a frame that is not
   // one (a wrong magic, an unknown type, a length past the limit).
-  absl::StatusOr<Type> receive(std::vector<std::byte>* payload, bool* at_boundary = nullptr);
+  // DeadlineExceeded when `timeout` (if given) passes with no frame started.
+  absl::StatusOr<Type> receive(std::vector<std::byte>* payload, bool* at_boundary = nullptr,
+                               std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // Whether a frame (or the close) is waiting, within `timeout`.
   bool readable(std::chrono::milliseconds timeout) const;
   // Both directions shut down: the peer's reads see the close now.
@@ -107,12 +128,22 @@ struct RankStep {
   std::vector<SequenceChunk> batch() const;
 };
 
+// Which layer blocks a StageOut or StageIn names; a StageIn's bytes follow.
+struct RankStage {
+  std::vector<int32_t> layers;
+  std::vector<BlockId> blocks;
+  std::span<const std::byte> data;  // StageIn: into the decoded payload
+};
+
 std::vector<std::byte> encodeRankHello(const RankHello& hello);
 absl::StatusOr<RankHello> decodeRankHello(std::span<const std::byte> payload);
 std::vector<std::byte> encodeRankStep(std::span<const std::pair<BlockId, BlockId>> copies,
                                       std::span<const SequenceChunk> batch);
 // DataLoss naming what was short or out of range.
 absl::StatusOr<RankStep> decodeRankStep(std::span<const std::byte> payload);
+std::vector<std::byte> encodeRankStage(std::span<const int32_t> layers, std::span<const BlockId> blocks);
+// `with_data`: the rest of the payload is the StageIn's bytes.
+absl::StatusOr<RankStage> decodeRankStage(std::span<const std::byte> payload, bool with_data);
 
 // Rank 0's side: the followers' links, the step broadcast and, with the
 // socket all-reduce, the sum. Engine thread only (EngineOptions::
@@ -125,11 +156,16 @@ class RankGroupLeader {
     // The leader's own cache: every follower's must be the same shape.
     KvLayout layout;
     // Partials cross the links (host memory). False: the ranks reduce
-    // elsewhere (NCCL), whose sticky error `external_status` reports.
+    // elsewhere: `all_reduce` is rank 0's (NCCL's), and `external_status`
+    // its sticky error.
     bool socket_all_reduce = true;
+    AllReducePartials all_reduce;
     std::function<absl::Status()> external_status;
     // How long a follower may take to load its shard and say Hello.
     std::chrono::milliseconds hello_timeout{std::chrono::minutes(20)};
+    // How long rank 0 waits for a follower's frame within a step or a
+    // stage before it gives up on the group (a rank alive but stuck).
+    std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
   };
   // Waits for every follower's Hello and checks it (its rank, the world
   // size, the cache's shape, the all-reduce); the error names the rank and
@@ -146,17 +182,33 @@ class RankGroupLeader {
   // hold; the error names both.
   absl::Status checkLayout(const KvLayout& layout) const;
 
-  // Rank 0's all-reduce for its LlamaModel: the socket sum, or null when
-  // the ranks reduce elsewhere.
+  // Rank 0's all-reduce for its LlamaModel: the socket sum, or
+  // Options::all_reduce when the ranks reduce elsewhere.
   AllReducePartials allReduce();
 
   // Sends one step to every follower (before rank 0 runs it). Fails at once
   // when the group has failed.
   absl::Status beginStep(std::span<const std::pair<BlockId, BlockId>> copies, std::span<const SequenceChunk> batch);
   // Every follower's Done for the step beginStep sent; the group's status.
-  absl::Status endStep();
+  // `rank0` is rank 0's own result: when it failed, the followers may be
+  // waiting mid-step (for a Sum, or in NCCL), so the group fails with it
+  // rather than reading them out of step.
+  absl::Status endStep(const absl::Status& rank0 = absl::OkStatus());
+  // Copy-on-write block copies sent to the followers so far.
+  int64_t copiesSent() const { return copies_sent_; }
   // OK, or the first failure (sticky).
   absl::Status status() const;
+
+  // Between steps: layers `layers` of `blocks` of every follower's cache,
+  // each follower's bytes (its layer blocks, layers outer, blocks inner)
+  // handed to take(rank, bytes) in rank order. A follower's error fails
+  // the group.
+  absl::Status stageOut(std::span<const int32_t> layers, std::span<const BlockId> blocks,
+                        const std::function<void(int rank, std::span<const std::byte> bytes)>& take);
+  // The reverse: give(rank, &bytes) fills what each follower writes into
+  // those layer blocks of its cache (the same order and size).
+  absl::Status stageIn(std::span<const int32_t> layers, std::span<const BlockId> blocks,
+                       const std::function<void(int rank, std::vector<std::byte>* bytes)>& give);
 
  private:
   explicit RankGroupLeader(Options options);
@@ -170,6 +222,7 @@ class RankGroupLeader {
   std::vector<int> pids_;
   absl::Status status_;
   bool in_step_ = false;
+  int64_t copies_sent_ = 0;
   std::vector<std::byte> scratch_;
 };
 
@@ -183,8 +236,9 @@ class RankGroupFollower {
   AllReducePartials allReduce();
   // Tells the leader this rank is ready, with the cache it holds.
   absl::Status hello(const KvLayout& layout, bool socket_all_reduce);
-  // Runs the leader's steps on `model` (which it sets to skipLogits: rank
-  // 0 makes the logits), `kv` and `backend` until the leader
+  // Runs the leader's steps (and its stage requests) on `model` (which it
+  // sets to skipLogits: rank 0 makes the logits), `kv` and `backend` until
+  // the leader
   // closes the link between steps (OK) or something breaks (the error: the
   // link closed mid-step, a frame out of turn, a step that does not decode).
   // A step the model fails is reported to the leader in Done, and ends the
@@ -195,6 +249,12 @@ class RankGroupFollower {
 
  private:
   void reduce(float* partial, int64_t n);
+  // One Step: the copies and the forward pass, answered with Done.
+  absl::Status runStep(std::span<const std::byte> payload, LlamaModel& model, KvStorage& kv, Backend& backend,
+                       const std::function<absl::Status()>& external_status);
+  // One StageOut (answered with KvData, or Done with the error) or StageIn
+  // (answered with Done).
+  absl::Status runStage(RankLink::Type type, std::span<const std::byte> payload, KvStorage& kv, Backend& backend);
 
   RankLink link_;
   int rank_;

@@ -43,10 +43,13 @@ std::array<int, 2> socketPair() {
 // CPU backend and a cache of num_blocks x block_size, serving until the
 // leader closes its link. `layout_blocks` overrides the block count its
 // Hello reports (a follower whose cache differs).
+// `external`: the ranks sum through it (standing in for NCCL) instead of
+// over the links.
 class Follower {
  public:
-  Follower(int fd, std::shared_ptr<const ModelWeights> full, int rank, int world, int num_blocks = kNumBlocks)
-      : thread_([this, fd, full = std::move(full), rank, world, num_blocks] {
+  Follower(int fd, std::shared_ptr<const ModelWeights> full, int rank, int world, int num_blocks = kNumBlocks,
+           InProcessAllReduce* external = nullptr)
+      : thread_([this, fd, full = std::move(full), rank, world, num_blocks, external] {
           RankGroupFollower follower(fd, rank, world);
           auto shard = shardWeights(*full, rank, world);
           if (!shard.ok()) {
@@ -55,13 +58,16 @@ class Follower {
           }
           auto weights = std::make_shared<const ModelWeights>(std::move(*shard));
           CpuBackend backend(CpuBackendOptions{.num_threads = 1});
-          auto model = LlamaModel::create(weights, backend, follower.allReduce());
+          auto model = LlamaModel::create(
+              weights, backend,
+              external ? AllReducePartials([external, rank](float* p, int64_t n) { external->allReduce(rank, p, n); })
+                       : follower.allReduce());
           if (!model.ok()) {
             result_ = model.status();
             return;
           }
           kv_ = std::make_unique<KvStorage>(kvLayoutFor(weights->config, num_blocks, kBlockSize));
-          result_ = follower.hello(kv_->layout(), /*socket_all_reduce=*/true);
+          result_ = follower.hello(kv_->layout(), /*socket_all_reduce=*/external == nullptr);
           if (result_.ok()) result_ = follower.serve(**model, *kv_, backend);
         }) {}
   ~Follower() {
@@ -87,12 +93,20 @@ struct Group {
   std::shared_ptr<RankGroupLeader> leader;
   std::shared_ptr<const ModelWeights> shard0;
 
-  Group(std::shared_ptr<const ModelWeights> weights, int world) : full(std::move(weights)) {
+  std::unique_ptr<InProcessAllReduce> external;
+
+  // `nccl_like`: the ranks sum through an InProcessAllReduce, not the links.
+  Group(std::shared_ptr<const ModelWeights> weights, int world, bool nccl_like = false) : full(std::move(weights)) {
     RankGroupLeader::Options o;
+    if (nccl_like) {
+      external = std::make_unique<InProcessAllReduce>(world);
+      o.socket_all_reduce = false;
+      o.all_reduce = [e = external.get()](float* p, int64_t n) { e->allReduce(0, p, n); };
+    }
     for (int r = 1; r < world; ++r) {
       const auto fds = socketPair();
       o.links.push_back(fds[0]);
-      followers.push_back(std::make_unique<Follower>(fds[1], full, r, world));
+      followers.push_back(std::make_unique<Follower>(fds[1], full, r, world, kNumBlocks, external.get()));
     }
     auto shard = shardWeights(*full, 0, world);
     EXPECT_TRUE(shard.ok()) << shard.status();
@@ -139,14 +153,38 @@ bool sameBits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A config that splits `world` ways (3 or 4 ranks: the order of a sum of
+// three or more partials shows; two add the same either way).
+ModelConfig splittable(int world) {
+  ModelConfig c = tinyModelConfig();
+  c.num_heads = 2 * world;
+  c.num_kv_heads = world;
+  c.intermediate_size = 96;
+  return c;
+}
+
 TEST(RankGroup, AcrossTheLinksTheGroupComputesTheInProcessGroupsBits) {
-  for (const char* family : {"llama", "qwen3"}) {
-    SCOPED_TRACE(family);
-    const std::shared_ptr<const ModelWeights> full =
-        std::string(family) == "llama" ? makeRandomWeights(tinyModelConfig(), kSeed)
-                                       : makeRandomWeights(*smallArchConfig(family), kSeed, {.random_norm_gains = true});
-    for (int world : {2}) {
-      Group g(full, world);
+  struct Case {
+    std::string what;
+    std::shared_ptr<const ModelWeights> full;
+    int world;
+    bool nccl_like = false;
+  };
+  const std::vector<Case> cases = {
+      {"tiny", makeRandomWeights(tinyModelConfig(), kSeed), 2},
+      {"qwen3", makeRandomWeights(*smallArchConfig("qwen3"), kSeed, {.random_norm_gains = true}), 2},
+      {"3 ranks", makeRandomWeights(splittable(3), kSeed), 3},
+      {"4 ranks", makeRandomWeights(splittable(4), kSeed), 4},
+      // The ranks reduce elsewhere (NCCL on GPUs): rank 0's model must use
+      // the group's all-reduce, and only Steps and Dones cross the links.
+      {"4 ranks reducing elsewhere", makeRandomWeights(splittable(4), kSeed), 4, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::shared_ptr<const ModelWeights>& full = c.full;
+    {
+      const int world = c.world;
+      Group g(full, world, c.nccl_like);
       ASSERT_NE(g.leader, nullptr);
       CpuBackend backend(CpuBackendOptions{.num_threads = 1});
       auto model = LlamaModel::create(g.shard0, backend, g.leader->allReduce());
@@ -228,6 +266,7 @@ TEST(RankGroup, AnEngineLeadingAGroupServesWhatOneProcessServes) {
   ASSERT_TRUE(leader.ok()) << leader.status();
   o.tensor_parallel = std::move(*leader);
   EXPECT_EQ(serve(o, shard0), want);
+  EXPECT_GT(o.tensor_parallel->copiesSent(), 0) << "no copy-on-write block copy reached the follower";
   o.tensor_parallel.reset();  // the engine is gone: this closes the link
   EXPECT_TRUE(follower.join().ok());
 }
@@ -315,6 +354,44 @@ TEST(RankGroup, TheLeaderRefusesAFollowerThatIsNotTheRankItExpects) {
   ::close(fds[1]);
   ASSERT_FALSE(g.ok());
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("rank 1 of 2 did not say it was ready within"));
+}
+
+// Between steps rank 0 writes layer blocks into a follower's cache
+// (StageIn: an imported prompt's KV) and reads them back (StageOut: a
+// prefill's KV for the transport); a stage naming what the cache does not
+// have fails the group, naming it.
+TEST(RankGroup, StagedLayerBlocksRoundTripThroughAFollowersCache) {
+  const auto full = testing::tinyWeights();
+  const auto fds = socketPair();
+  Follower follower(fds[1], full, 1, 2);
+  auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
+  const KvLayout layout = kvLayoutFor(shard0->config, kNumBlocks, kBlockSize);
+  auto leader = RankGroupLeader::connect({.links = {fds[0]}, .layout = layout});
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  const std::vector<int32_t> layers = {0, 3};
+  const std::vector<BlockId> blocks = {BlockId(2), BlockId(7), BlockId(8)};
+  const size_t bytes = layers.size() * blocks.size() * layout.bytesPerLayerBlock();
+  std::vector<std::byte> sent(bytes);
+  for (size_t i = 0; i < bytes; ++i) sent[i] = static_cast<std::byte>(i * 7 + 1);
+  ASSERT_TRUE((*leader)->stageIn(layers, blocks, [&](int rank, std::vector<std::byte>* out) {
+    EXPECT_EQ(rank, 1);
+    *out = sent;
+  }).ok());
+  std::vector<std::byte> back;
+  ASSERT_TRUE((*leader)->stageOut(layers, blocks, [&](int rank, std::span<const std::byte> in) {
+    EXPECT_EQ(rank, 1);
+    back.assign(in.begin(), in.end());
+  }).ok());
+  EXPECT_EQ(back, sent);
+  // Layer 4 of a 4-layer cache.
+  const std::vector<int32_t> outside = {4};
+  const absl::Status bad = (*leader)->stageOut(outside, blocks, [](int, std::span<const std::byte>) {
+    ADD_FAILURE() << "no data was due";
+  });
+  EXPECT_THAT(std::string(bad.message()),
+              HasSubstr("tensor-parallel rank 1 failed the step: StageOut names layer 4, outside this rank's 4"));
+  EXPECT_FALSE((*leader)->stageIn(layers, blocks, [&](int, std::vector<std::byte>* out) { *out = sent; }).ok());
+  EXPECT_THAT(std::string(follower.join().message()), HasSubstr("StageOut names layer 4"));
 }
 
 TEST(RankGroup, StepsRoundTripAndMalformedOnesAreNamed) {
