@@ -199,7 +199,7 @@ void addServerOptions(std::vector<Option>& o) {
                            &AgentConfig::device, {"cpu", "cuda", "cuda-emulator"}));
   o.push_back(numberOption("tensor-parallel", "engine", "tensor_parallel",
                            "split the model across this many ranks, one process each (one GPU each with --device "
-                           "cuda); role both only (docs/cuda.md)",
+                           "cuda; docs/cuda.md)",
                            &AgentConfig::tensor_parallel, 1, 64));
 }
 
@@ -595,11 +595,9 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
     return absl::InvalidArgumentError(
         "--scripted-output (test.scripted_output) is a test hook: it needs --allow-test-hooks true as well");
   }
-  if (c.tensor_parallel > 1 && c.role != AgentRole::kBoth) {
-    return absl::InvalidArgumentError(strCat("--tensor-parallel ", c.tensor_parallel, " (engine.tensor_parallel) with role ",
-                                             agentRoleName(c.role),
-                                             ": tensor parallelism serves role both only (prefill and decode across "
-                                             "a group's ranks are not written yet: docs/cuda.md)"));
+  if (c.tensor_parallel > 1 && c.role == AgentRole::kRouter) {
+    return absl::InvalidArgumentError(strCat("--tensor-parallel ", c.tensor_parallel,
+                                             " (engine.tensor_parallel) with role router: a router holds no model"));
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(

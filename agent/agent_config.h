@@ -67,7 +67,7 @@ struct AgentConfig {
   // Tensor parallelism (docs/cuda.md, "Tensor parallelism"): the model is
   // split across this many ranks, each its own process; this process is
   // rank 0 and starts the others. With --device cuda rank r runs on GPU r.
-  // 1: none. Role both only.
+  // 1: none. Not for role router.
   int tensor_parallel = 1;
   // The arguments this agent was started with (after the program name):
   // the tensor-parallel ranks it starts get the same. parseAgentConfig

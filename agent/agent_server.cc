@@ -1,5 +1,7 @@
 #include "agent/agent_server.h"
 
+#include <unistd.h>
+
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -442,9 +444,13 @@ struct AgentServer::Impl {
     TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
     // The other ranks start once this one's device is there; they load
     // their shards while this one loads its own.
-    const std::string rendezvous = config.tensor_parallel > 1 && config.device == "cuda"
-                                       ? strCat("/tmp/tandem-tp-", ::getpid(), ".sock")
-                                       : std::string();
+    // NCCL's group id is handed out over a Unix socket: in /dev/shm, which
+    // a pod with a read-only root filesystem still has writable (the
+    // operator mounts one for a group), else /tmp.
+    const std::string rendezvous =
+        config.tensor_parallel > 1 && config.device == "cuda"
+            ? strCat(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", "/tandem-tp-", ::getpid(), ".sock")
+            : std::string();
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
     if (config.tensor_parallel > 1) {
       // A model that does not split is refused before any rank starts.
@@ -492,20 +498,26 @@ struct AgentServer::Impl {
     // The GPU kernels keep the pool in the device's memory (on the CPU
     // executor too, so that the emulator runs what a GPU runs); roles prefill
     // and decode stage it through the UCX region (docs/cuda.md).
+    // With tensor parallelism the UCX region is a staging copy holding every
+    // rank's KV heads (engine.h, kvRegionLayout), whatever the device.
     if (auto* kernels = dynamic_cast<engine::KernelBackend*>(backend.get())) {
       options.kv_memory = [kernels](size_t bytes) { return kernels->kvMemory(bytes); };
       if (isPdRole(config.role)) options.kv_staging = ucx_region;
       kv_memory = isPdRole(config.role) ? "device, staged through host memory" : "device";
+    } else if (isPdRole(config.role) && ranks) {
+      options.kv_staging = ucx_region;
+      kv_memory = "host, staged through host memory";
     } else if (isPdRole(config.role)) {
       options.kv_memory = ucx_region;
     }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
-    if (engine->kvStaged()) {  // pinning is for speed: without it the copies still run
+    if (engine->kvStaged() && engine->kv().onDevice()) {  // pinning is for speed: without it the copies still run
       const absl::Status& pinned = engine->kvStagingPinned();
       kv_memory = pinned.ok() ? "device, staged through pinned host memory"
                               : strCat("device, staged through host memory (not pinned: ", toStd(pinned.message()), ")");
     }
+    if (engine->kvStaged() && ranks) kv_memory += ", every rank's KV heads";
     TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
     limits = {.model_name = config.model_name,
               .max_model_len = engine->options().max_model_len,

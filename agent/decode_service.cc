@@ -811,7 +811,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
   Impl* raw = impl.get();
   std::span<std::byte> region;
   env.loop.runOnLoop([&](engine::Engine& e) {
-    raw->layout = e.kv().layout();
+    raw->layout = e.kvRegionLayout();
     raw->model = {.fingerprint = options.model_fingerprint,
                   .hash_root = e.blockHashRoot(),
                   .tensor_parallel = options.tensor_parallel};

@@ -43,9 +43,8 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   const Clock& clock;
   const PdOptions options;
   Logger log{"prefill"};
-  engine::KvLayout layout;
+  engine::KvLayout layout;  // the region's (Engine::kvRegionLayout)
   ModelIdentity model;                    // set at start, before the transport exists
-  const engine::KvStorage* kv = nullptr;  // read on the engine thread only
   // What decode agents read (Engine::kvRegion: the pool, or a device
   // pool's staging copy, which the engine fills before announcing).
   const std::byte* region = nullptr;
@@ -108,7 +107,10 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
       msg.first_block = static_cast<uint32_t>(r.first_block);
       for (BlockId b : r.blocks) {
         msg.checksums.push_back(kvproto::layerBlockChecksum(
-            std::span<const std::byte>(region + kv->layerBlockByteOffset(layer, b), layout.bytesPerLayerBlock())));
+            std::span<const std::byte>(region + layerBlockOffset(static_cast<uint32_t>(layer), static_cast<uint32_t>(b.value()),
+                                                                 static_cast<uint32_t>(layout.num_blocks),
+                                                                 layout.bytesPerLayerBlock()),
+                                       layout.bytesPerLayerBlock())));
       }
       if (!stopping.load()) t->send(k->second.first, kvproto::encode(out));
     }
@@ -408,11 +410,10 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
   std::span<std::byte> region;
   Impl* raw = impl.get();
   env.loop.runOnLoop([&](engine::Engine& e) {
-    raw->layout = e.kv().layout();
+    raw->layout = e.kvRegionLayout();
     raw->model = {.fingerprint = options.model_fingerprint,
                   .hash_root = e.blockHashRoot(),
                   .tensor_parallel = options.tensor_parallel};
-    raw->kv = &e.kv();
     region = e.kvRegion();
   });
   raw->region = region.data();

@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 #include <random>
 #include <utility>
 
@@ -65,11 +67,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
                                              ") is larger than the model's vocab_size (", mc.vocab_size, ")"));
   }
   const KvLayout layout = kvLayoutFor(mc, o.num_blocks, o.block_size);
+  // The transport's copy (kv_staging): the pool's layout, or with tensor
+  // parallelism every rank's KV heads (the whole model's layout).
+  KvLayout staging_layout = layout;
   if (o.tensor_parallel) {
-    if (o.kv_staging) return bad("tensor_parallel", "cannot be combined with kv_staging (P/D across a group is not written)");
     if (absl::Status s = o.tensor_parallel->checkLayout(layout); !s.ok()) {
       return bad("tensor_parallel", std::string(toStd(s.message())));
     }
+    staging_layout.num_kv_heads *= o.tensor_parallel->world();
   }
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
                           LlamaModel::create(weights, *backend,
@@ -84,23 +89,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   }
   KvMemory staging;
   if (o.kv_staging) {
-    if (!kv->onDevice()) {
-      return bad("kv_staging", "is for a KV pool in device memory (kv_memory returned host memory)");
+    if (!kv->onDevice() && !o.tensor_parallel) {
+      return bad("kv_staging", "is for a KV pool in device memory (kv_memory returned host memory) or a tensor-parallel group");
     }
-    TANDEM_ASSIGN_OR_RETURN(staging, o.kv_staging(layout.totalFloats() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(staging, o.kv_staging(staging_layout.totalFloats() * sizeof(float)));
     if (staging.device) return bad("kv_staging", "must be host memory (the transport reads and writes it)");
-    if (absl::Status st = KvStorage::checkMemory(layout, staging); !st.ok()) {
+    if (absl::Status st = KvStorage::checkMemory(staging_layout, staging); !st.ok()) {
       return bad("kv_staging", std::string(toStd(st.message())));
     }
   }
   return std::unique_ptr<Engine>(new Engine(o, std::move(weights), std::move(backend), std::move(model),
-                                            std::move(tokenizer), clock, std::move(kv), std::move(staging)));
+                                            std::move(tokenizer), clock, std::move(kv), std::move(staging),
+                                            staging_layout));
 }
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights,
                std::unique_ptr<Backend> backend, std::unique_ptr<LlamaModel> model,
                std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock, std::unique_ptr<KvStorage> kv,
-               KvMemory staging)
+               KvMemory staging, const KvLayout& staging_layout)
     : options_(options),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
@@ -109,6 +115,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
       clock_(clock),
       kv_(std::move(kv)),
       staging_(std::move(staging)),
+      staging_layout_(staging_layout),
       blocks_(options.num_blocks),
       sessions_(blocks_),
       leases_(blocks_),
@@ -289,6 +296,13 @@ StepStats Engine::step() {
   if (mirrored) {
     if (absl::Status ranks = group->endStep(status); status.ok()) status = std::move(ranks);
   }
+  if (status.ok() && group != nullptr && layer_observer_ && !during_run.empty()) {
+    // The other ranks' layers are done only once the step is: every layer
+    // of the prefills that finished their prompt is announced now.
+    for (int layer = 0; layer < weights_->config.num_layers && status.ok(); ++layer) {
+      if (!announce(layer, during_run)) status = backendStatus();
+    }
+  }
   const MonoTime t2 = clock_.now();
   if (status.ok()) {
     postprocess(plan.chunks, batch);
@@ -402,7 +416,9 @@ absl::Status Engine::runModel(std::span<const ScheduledChunk> chunks, const std:
                               std::span<const LayerReady> during_run) {
   if (batch.empty()) return absl::OkStatus();
   LayerObserver on_layer = [&](int layer) { announce(layer, during_run); };
-  const bool observe = layer_observer_ && !during_run.empty();
+  // (With tensor parallelism step() announces after the step: the other
+  // ranks' layers are not known to be done during it.)
+  const bool observe = layer_observer_ && !during_run.empty() && !options_.tensor_parallel;
   if (!samplingOnDevice()) return model_->forward(batch, *kv_, &logits_, observe ? &on_layer : nullptr);
   sample_params_.clear();
   sample_draws_.clear();
@@ -447,7 +463,7 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
       for (RequestId id : failed) {
         if (auto it = live_.find(id); it != live_.end()) {
           finish(it->second.get(), FinishReason::kError, RejectReason::kNone,
-                 strCat("staging the KV for the transport: ", toStd(backend_->status().message())));
+                 strCat("staging the KV for the transport: ", toStd(backendStatus().message())));
         }
       }
       break;
@@ -476,10 +492,19 @@ void Engine::copyStaged(int layer, std::span<const BlockId> blocks, bool to_host
 bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   if (kvStaged()) {
     const MonoTime start = clock_.now();
-    for (const LayerReady& r : ready) copyStaged(layer, r.blocks, /*to_host=*/true);
-    backend_->finishKvCopies();  // one wait for the layer's copies, before the transport reads them
-    staging_time_ += clock_.now() - start;
-    if (!backend_->status().ok()) return false;
+    if (options_.tensor_parallel) {
+      std::vector<BlockId> blocks;
+      for (const LayerReady& r : ready) blocks.insert(blocks.end(), r.blocks.begin(), r.blocks.end());
+      const int32_t layers[] = {layer};
+      const bool staged = stageGroup(layers, blocks, /*to_host=*/true);
+      staging_time_ += clock_.now() - start;
+      if (!staged) return false;
+    } else {
+      for (const LayerReady& r : ready) copyStaged(layer, r.blocks, /*to_host=*/true);
+      backend_->finishKvCopies();  // one wait for the layer's copies, before the transport reads them
+      staging_time_ += clock_.now() - start;
+      if (!backend_->status().ok()) return false;
+    }
   }
   layer_observer_(layer, ready);
   return true;
@@ -488,10 +513,91 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
 bool Engine::stageIn(std::span<const BlockId> blocks) {
   if (!kvStaged()) return true;
   const MonoTime start = clock_.now();
+  if (options_.tensor_parallel) {
+    std::vector<int32_t> layers(static_cast<size_t>(kv_->layout().num_layers));
+    std::iota(layers.begin(), layers.end(), 0);
+    const bool staged = stageGroup(layers, blocks, /*to_host=*/false);
+    staging_time_ += clock_.now() - start;
+    return staged;
+  }
   for (int layer = 0; layer < kv_->layout().num_layers; ++layer) copyStaged(layer, blocks, /*to_host=*/false);
   backend_->finishKvCopies();  // one wait for every layer's copies
   staging_time_ += clock_.now() - start;
   return backend_->status().ok();
+}
+
+void Engine::spliceHeads(int rank, std::span<std::byte> rank_bytes, std::span<const int32_t> layers,
+                         std::span<const BlockId> blocks, bool to_staging) {
+  // A layer block is [2 (K, V)][block_size][heads][head_dim]: 2·block_size
+  // rows, each the rank's heads of one token in the pool and its slice of
+  // the whole model's heads in the staging copy.
+  const KvLayout& mine = kv_->layout();
+  const size_t row = mine.floatsPerToken() * sizeof(float);
+  const size_t staging_row = staging_layout_.floatsPerToken() * sizeof(float);
+  const size_t rows = 2 * static_cast<size_t>(mine.block_size);
+  const size_t staging_block = staging_layout_.bytesPerLayerBlock();
+  std::byte* r = rank_bytes.data();
+  for (int32_t layer : layers) {
+    for (BlockId block : blocks) {
+      std::byte* g = staging_.bytes.data() +
+                     (static_cast<size_t>(layer) * static_cast<size_t>(mine.num_blocks) +
+                      static_cast<size_t>(block.value())) * staging_block +
+                     static_cast<size_t>(rank) * row;
+      for (size_t i = 0; i < rows; ++i, r += row, g += staging_row) {
+        if (to_staging) {
+          std::memcpy(g, r, row);
+        } else {
+          std::memcpy(r, g, row);
+        }
+      }
+    }
+  }
+}
+
+bool Engine::stageGroup(std::span<const int32_t> layers, std::span<const BlockId> blocks, bool to_host) {
+  if (blocks.empty()) return true;
+  RankGroupLeader& group = *options_.tensor_parallel;
+  const size_t block_bytes = kv_->layout().bytesPerLayerBlock();
+  const size_t bytes = layers.size() * blocks.size() * block_bytes;
+  group_stage_.resize(bytes);
+  const std::span<std::byte> mine(group_stage_);
+  if (to_host) {
+    // Rank 0's layer blocks (a device pool's downloaded, one wait), then
+    // every other rank's, each spliced into its heads of the staging copy.
+    size_t at = 0;
+    for (int32_t layer : layers) {
+      for (BlockId block : blocks) {
+        backend_->downloadKv(*kv_, kv_->layerBlockByteOffset(layer, block), mine.subspan(at, block_bytes));
+        at += block_bytes;
+      }
+    }
+    backend_->finishKvCopies();
+    if (!backend_->status().ok()) return false;
+    spliceHeads(0, mine, layers, blocks, /*to_staging=*/true);
+    const absl::Status ranks = group.stageOut(layers, blocks, [&](int rank, std::span<const std::byte> theirs) {
+      // The splice reads theirs only.
+      spliceHeads(rank, std::span<std::byte>(const_cast<std::byte*>(theirs.data()), theirs.size()), layers, blocks,
+                  /*to_staging=*/true);
+    });
+    staged_to_host_bytes_ += static_cast<int64_t>(bytes) * group.world();
+    return ranks.ok();
+  }
+  spliceHeads(0, mine, layers, blocks, /*to_staging=*/false);
+  size_t at = 0;
+  for (int32_t layer : layers) {
+    for (BlockId block : blocks) {
+      backend_->uploadKv(*kv_, kv_->layerBlockByteOffset(layer, block), mine.subspan(at, block_bytes));
+      at += block_bytes;
+    }
+  }
+  backend_->finishKvCopies();  // before group_stage_ is reused
+  if (!backend_->status().ok()) return false;
+  const absl::Status ranks = group.stageIn(layers, blocks, [&](int rank, std::vector<std::byte>* theirs) {
+    theirs->resize(bytes);
+    spliceHeads(rank, *theirs, layers, blocks, /*to_staging=*/false);
+  });
+  staged_to_device_bytes_ += static_cast<int64_t>(bytes) * group.world();
+  return ranks.ok();
 }
 
 void Engine::fillGauges(StepStats* st) const {
@@ -540,7 +646,7 @@ bool Engine::completeImport(RequestId id, TokenId first_token) {
   // A staged pool: the importer wrote the staging copy of the blocks it was given.
   if (!stageIn(seq->blocks)) {
     finish(seq, FinishReason::kError, RejectReason::kNone,
-           strCat("loading the imported KV into device memory: ", toStd(backend_->status().message())));
+           strCat("loading the imported KV into the KV pool: ", toStd(backendStatus().message())));
     return true;
   }
   if (absl::Status st = engine::completeImport(*seq, first_token, weights_->config.vocab_size, clock_.now());

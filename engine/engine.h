@@ -91,8 +91,10 @@ struct EngineOptions {
   // engine is rank 0 of the group, create()'s weights are its shard
   // (shardWeights), and every step's block copies and batch run on the
   // other ranks too. A failed rank fails the engine like a failed backend
-  // (backendStatus). Not with kv_staging (P/D across a group is not
-  // written). Unset: one process holds the whole model.
+  // (backendStatus). With kv_staging (P/D) the staging copy holds every
+  // rank's KV heads (kvRegionLayout) and is filled and read between steps
+  // (prefill layers are announced after the step that computed them).
+  // Unset: one process holds the whole model.
   std::shared_ptr<RankGroupLeader> tensor_parallel;
 };
 
@@ -235,8 +237,17 @@ class Engine {
   // The memory the transport registers and reads and writes only as the
   // P/D protocol allows: the KV pool itself, or with a pool in device
   // memory its staging copy (EngineOptions::kv_staging; empty without one).
-  std::span<std::byte> kvRegion() { return kv_->onDevice() ? staging_.bytes : kv_->bytes(); }
-  // kvRegion() is a host copy of a device pool (staged), not the pool.
+  std::span<std::byte> kvRegion() {
+    if (kvStaged()) return staging_.bytes;
+    return kv_->onDevice() ? std::span<std::byte>() : kv_->bytes();
+  }
+  // kvRegion()'s layout: the pool's, or with tensor parallelism and a
+  // staging copy, the whole model's (every rank's KV heads, rank r's at
+  // [r·KV/N, (r+1)·KV/N) of each token): what a peer reads is a one-process
+  // agent's KV, whatever either side's group size.
+  const KvLayout& kvRegionLayout() const { return kvStaged() ? staging_layout_ : kv_->layout(); }
+  // kvRegion() is a host copy of the pool (a device pool's, or a
+  // tensor-parallel group's every rank's), not the pool.
   bool kvStaged() const { return !staging_.bytes.empty(); }
   // The backend's first failure (a device error, a launch refused), or a
   // tensor-parallel rank's (EngineOptions::tensor_parallel); every step
@@ -250,7 +261,7 @@ class Engine {
  private:
   Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights> weights, std::unique_ptr<Backend> backend,
          std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer, const Clock& clock,
-         std::unique_ptr<KvStorage> kv, KvMemory staging);
+         std::unique_ptr<KvStorage> kv, KvMemory staging, const KvLayout& staging_layout);
   RejectReason validate(const RequestSpec& spec, std::string* message) const;
 
   // The phases of step(), in order.
@@ -279,6 +290,14 @@ class Engine {
   bool stageIn(std::span<const BlockId> blocks);
   // Layer `layer` of `blocks` between the device pool and the staging copy.
   void copyStaged(int layer, std::span<const BlockId> blocks, bool to_host);
+  // With tensor parallelism: `layers` of `blocks` between every rank's
+  // cache and the staging copy (rank 0's through the backend, the others'
+  // over their links). False when the backend or the group failed.
+  bool stageGroup(std::span<const int32_t> layers, std::span<const BlockId> blocks, bool to_host);
+  // Rank `rank`'s layer blocks (`rank_bytes`, its layout, layers outer)
+  // into (to_staging) or out of its KV heads of the staging copy.
+  void spliceHeads(int rank, std::span<std::byte> rank_bytes, std::span<const int32_t> layers,
+                   std::span<const BlockId> blocks, bool to_staging);
   // Advances computed tokens, commits full blocks to the prefix cache,
   // announces what earlier chunks completed, samples where logits came out.
   void postprocess(std::span<const ScheduledChunk> chunks, const std::vector<SequenceChunk>& batch);
@@ -302,7 +321,9 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
-  KvMemory staging_;  // a device pool's host copy for the transport (kvRegion)
+  KvMemory staging_;  // the transport's host copy of the pool (kvRegion): a device pool's, or a group's
+  KvLayout staging_layout_;  // its layout (kvRegionLayout)
+  std::vector<std::byte> group_stage_;  // stageGroup's rank-0 layer blocks
   absl::Status staging_pinned_;  // Backend::pinKvHost's answer for staging_
   // Staging copies since the last step's stats (StepStats::kv_staged_*).
   int64_t staged_to_host_bytes_ = 0, staged_to_device_bytes_ = 0;

@@ -109,10 +109,16 @@ json args(const PoolSpec& pool, Role role) {
     a.push_back(strCat(kApiKeysPath, "/keys.yaml"));
   }
   // A role given GPUs serves on them (the image's agent has the CUDA
-  // backend; docs/cuda.md); the user's args come after and can override it.
+  // backend; docs/cuda.md), the model split across all of them (one
+  // tensor-parallel rank per GPU); the user's args come after and can
+  // override either.
   if (role != Role::kRouter && pool.role(role).gpus_per_pod > 0) {
     a.push_back("--device");
     a.push_back("cuda");
+    if (pool.role(role).gpus_per_pod > 1) {
+      a.push_back("--tensor-parallel");
+      a.push_back(std::to_string(pool.role(role).gpus_per_pod));
+    }
   }
   for (const std::string& extra : pool.role(role).args) a.push_back(extra);
   return a;
@@ -181,6 +187,11 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
   if (!pool.api_keys_secret.empty()) {
     container["volumeMounts"].push_back({{"name", "api-keys"}, {"mountPath", kApiKeysPath}, {"readOnly", true}});
   }
+  // A tensor-parallel group (several GPUs) meets over a socket in /dev/shm,
+  // and NCCL keeps its shared memory there: memory-backed, not the
+  // runtime's small default.
+  const bool tensor_parallel = role != Role::kRouter && r.gpus_per_pod > 1;
+  if (tensor_parallel) container["volumeMounts"].push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
   // Hardened: nothing to write (the agent writes no file unless given
   // --trace-file; UCX's shared memory is under /dev/shm, which the runtime
@@ -221,6 +232,7 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
     pod_spec["volumes"].push_back(
         {{"name", "api-keys"}, {"secret", {{"secretName", pool.api_keys_secret}, {"defaultMode", kSecretFileMode}}}});
   }
+  if (tensor_parallel) pod_spec["volumes"].push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}});
   if (!r.node_selector.empty()) pod_spec["nodeSelector"] = r.node_selector;
   if (!r.tolerations.empty()) pod_spec["tolerations"] = r.tolerations;
   if (r.affinity.is_object()) pod_spec["affinity"] = r.affinity;

@@ -121,6 +121,58 @@ TEST(AgentTensorParallelTest, ARankThatDiesFailsTheHealthChecksAndTheRequests) {
   EXPECT_EQ(two->stop(SIGTERM), 0) << two->log();
 }
 
+// Prefill and decode across groups: a group's staging copy holds every
+// rank's KV heads (the whole model's layout), so P and D of any group sizes
+// pair up, and the KV moves as between one-process agents: the same
+// answers as one agent alone, every transfer's checksums verified, no
+// failure and no failover to computing the prompt on D.
+TEST(AgentTensorParallelTest, PrefillAndDecodeGroupsOfAnySizeMoveTheKvAndAnswerAsOneAgent) {
+  struct Case {
+    int prefill_tp, decode_tp;
+    std::string device, tls;
+  };
+  const std::vector<Case> cases = {{2, 2, "cpu", "tcp"},
+                                   {2, 1, "cpu", "posix,cma,tcp"},
+                                   {1, 2, "cpu", "tcp"},
+                                   // Device pools: each rank downloads and uploads its own heads.
+                                   {2, 2, "cuda-emulator", "tcp"}};
+  auto mono = AgentProcess::start({"--num-blocks", "128"});
+  ASSERT_NE(mono, nullptr);
+  for (const Case& c : cases) {
+    const std::string what = "P TP=" + std::to_string(c.prefill_tp) + ", D TP=" + std::to_string(c.decode_tp) + ", " +
+                             c.device + ", " + c.tls;
+    SCOPED_TRACE(what);
+    auto prefill = AgentProcess::start({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", c.tls,
+                                        "--num-blocks", "128", "--device", c.device, "--tensor-parallel",
+                                        std::to_string(c.prefill_tp), "--log-level", "info"});
+    ASSERT_NE(prefill, nullptr);
+    auto decode = AgentProcess::start({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", c.tls,
+                                       "--num-blocks", "128", "--device", c.device, "--tensor-parallel",
+                                       std::to_string(c.decode_tp), "--checksum-rate", "1", "--prefill-peer",
+                                       "127.0.0.1:" + std::to_string(prefill->kvPort())});
+    ASSERT_NE(decode, nullptr);
+    const std::vector<std::string> prompts = {"x", "sixteen chars ok",
+                                              "a prompt that spans several blocks of sixteen tokens each, and then some"};
+    for (const std::string& prompt : prompts) EXPECT_EQ(complete(*decode, prompt), complete(*mono, prompt)) << prompt;
+    const std::string d = testing::scrape(*decode);
+    EXPECT_EQ(testing::metricValueWith(d, "tandem_request_path_total", "path=\"disagg\""), 3);
+    EXPECT_GT(testing::metricValue(d, "tandem_kv_checksum_verified_total{"), 0);
+    for (const char* reason : {"checksum_mismatch", "transfer_failed", "prefill_timeout"}) {
+      EXPECT_EQ(testing::metricValueWith(d, "tandem_kv_transfer_failures_total",
+                                         std::string("reason=\"") + reason + "\""),
+                0)
+          << reason;
+    }
+    EXPECT_EQ(testing::metricValue(d, "tandem_kv_prefill_failovers_total{"), 0);
+    if (c.prefill_tp > 1) {
+      EXPECT_NE(prefill->log().find("every rank's KV heads"), std::string::npos) << prefill->log();
+    }
+    EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
+    EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
+  }
+  EXPECT_EQ(mono->stop(SIGTERM), 0);
+}
+
 // Start-up errors: the command, what it prints, exit status 1 or 2.
 void expectStartUpError(const std::string& args, int status, const std::string& error) {
   SCOPED_TRACE(args);
@@ -139,9 +191,8 @@ TEST(AgentTensorParallelTest, WhatCannotBeSplitIsRefusedSayingWhy) {
   expectStartUpError("--tensor-parallel 4", 1,
                      "--tensor-parallel 4: tensor parallel: num_key_value_heads (2) is not divisible by the world size 4");
   expectStartUpError("--tensor-parallel 0", 2, "--tensor-parallel: 0 is out of range [1, 64]");
-  expectStartUpError("--tensor-parallel 2 --role prefill --kv-listen 127.0.0.1:0", 2,
-                     "--tensor-parallel 2 (engine.tensor_parallel) with role prefill: tensor parallelism serves role "
-                     "both only");
+  expectStartUpError("--tensor-parallel 2 --role router --decode-workers 127.0.0.1:1", 2,
+                     "--tensor-parallel 2 (engine.tensor_parallel) with role router: a router holds no model");
   const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
   const std::string bin = std::string(bin_dir ? bin_dir : "build/bin") + "/tandem-agent";
   // The rank's own command is not for people; bad arguments say so.

@@ -102,9 +102,10 @@ TEST(ChildrenTest, QosGoesOnPrefillAndDecodePodsOnly) {
       << "no IPC_LOCK for the router: it registers no memory";
 }
 
-// A role given GPUs serves on them: its agents get --device cuda before the
-// user's args (which can override it); a role without GPUs, and the
-// router, keep the CPU backend.
+// A role given GPUs serves on them: its agents get --device cuda (and with
+// several GPUs --tensor-parallel, one rank per GPU) before the user's args
+// (which can override them); a role without GPUs, and the router, keep the
+// CPU backend.
 TEST(ChildrenTest, ARoleWithGpusServesOnThem) {
   PoolSpec p = pool();
   p.prefill.gpus_per_pod = 1;
@@ -128,6 +129,19 @@ TEST(ChildrenTest, ARoleWithGpusServesOnThem) {
   const Children gpu = desiredChildren(p);
   EXPECT_THAT(strings(gpu.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"]["containers"][0]["args"]),
               ::testing::IsSupersetOf({"--device", "cuda"}));
+  // Several GPUs: one tensor-parallel rank each, meeting in a memory-backed /dev/shm.
+  const json& decode_pod = gpu.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"];
+  const std::vector<std::string> decode_args = strings(decode_pod["containers"][0]["args"]);
+  const auto tp = std::find(decode_args.begin(), decode_args.end(), "--tensor-parallel");
+  ASSERT_NE(tp, decode_args.end());
+  ASSERT_NE(tp + 1, decode_args.end());
+  EXPECT_EQ(*(tp + 1), "8");
+  EXPECT_THAT(prefill, ::testing::Not(::testing::Contains("--tensor-parallel"))) << "one GPU: no group";
+  EXPECT_THAT(decode_pod["volumes"].dump(), ::testing::HasSubstr(R"({"emptyDir":{"medium":"Memory"},"name":"dshm"})"));
+  EXPECT_THAT(decode_pod["containers"][0]["volumeMounts"].dump(),
+              ::testing::HasSubstr(R"({"mountPath":"/dev/shm","name":"dshm"})"));
+  const json& prefill_pod = c.deployments[static_cast<int>(Role::kPrefill)]["spec"]["template"]["spec"];
+  EXPECT_THAT(prefill_pod["volumes"].dump(), ::testing::Not(::testing::HasSubstr("dshm")));
   EXPECT_THAT(strings(gpu.deployments[static_cast<int>(Role::kRouter)]["spec"]["template"]["spec"]["containers"][0]["args"]),
               ::testing::Not(::testing::Contains("--device")));
 }
