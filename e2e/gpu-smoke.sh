@@ -116,10 +116,7 @@ PY
   else
     rc=1
   fi
-  local pid
-  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${AGENT_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  AGENT_PIDS=()
+  stop_agents
   if [[ $rc -ne 0 ]]; then
     local f
     for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
@@ -132,7 +129,9 @@ PY
 # all-reduce) against one agent alone on GPU 0: how many greedy answers
 # agree (expected, not required: NCCL sums in its own order, so the logits
 # agree to rounding only), every request answered, and requests/s and
-# tokens/s of each. Needs two GPUs; rehearsed on a CPU with
+# tokens/s of each; then a prefill group of two feeding a decode group of
+# two (the same GPUs): answers, and a FAIL unless D verified checksums with
+# no transfer failure. Needs two GPUs; rehearsed on a CPU with
 # TANDEM_SMOKE_DEVICE=cuda-emulator TANDEM_SMOKE_BIN=build/bin --tp-only.
 cuda_tp_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
@@ -169,15 +168,40 @@ for name, port in (("one agent", one), ("--tensor-parallel 2", tp2)):
           f"{tokens / t:.0f} output tokens/s ({n} answered of 30 in {t:.1f} s)")
 sys.exit(0 if ok else 1)
 PY
-    [[ $rc -ne 0 ]] || echo "gpu-smoke: TP PASS: --tensor-parallel 2 (--device $device) served every request"
+    # Prefill and decode groups of two on the same two GPUs: the KV of both
+    # ranks moves through rank 0's staging copy.
+    if start_agent "$bin" "$work" tp_prefill "$device" --tensor-parallel 2 --num-blocks 256 --role prefill \
+         --kv-listen 127.0.0.1:0 &&
+       start_agent "$bin" "$work" tp_decode "$device" --tensor-parallel 2 --num-blocks 256 --role decode \
+         --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_tp_prefill"; then
+      python3 - "$port_one" "$port_tp_decode" <<'PY' || rc=1
+import json, sys, urllib.request
+def complete(port, prompt):
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)["choices"][0]["text"]
+prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
+same = sum(complete(sys.argv[1], p) == complete(sys.argv[2], p) for p in prompts)
+print(f"gpu-smoke: TP P/D: {same} of {len(prompts)} greedy answers through a decode group of 2 fed by a prefill group of 2 are one agent's")
+PY
+      local verified failures
+      verified=$(curl -sf --max-time 10 "http://127.0.0.1:$port_tp_decode/metrics" |
+        awk '$1 ~ /^tandem_kv_checksum_verified_total/ { s += $2 } END { print s + 0 }')
+      failures=$(curl -sf --max-time 10 "http://127.0.0.1:$port_tp_decode/metrics" |
+        awk '$1 ~ /^tandem_kv_transfer_failures_total/ { s += $2 } END { print s + 0 }')
+      echo "gpu-smoke: TP P/D: $verified layer blocks checksummed on D, $failures transfer failures"
+      [[ $verified != 0 && $failures == 0 ]] || { echo "gpu-smoke: TP P/D FAIL: the KV did not move cleanly"; rc=1; }
+    else
+      echo "gpu-smoke: TP P/D FAIL: a prefill or decode group did not start"
+      rc=1
+    fi
+    [[ $rc -ne 0 ]] || echo "gpu-smoke: TP PASS: --tensor-parallel 2 (--device $device) served every request, alone and as P/D"
   else
     echo "gpu-smoke: TP FAIL: an agent did not start"
     rc=1
   fi
-  local pid
-  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${AGENT_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  AGENT_PIDS=()
+  stop_agents
   if [[ $rc -ne 0 ]]; then
     local f
     for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done

@@ -2,6 +2,11 @@
 # Sourced by e2e/gpu-smoke.sh and tests/deploy/agent_cuda_emulator_matches_cpu.sh:
 # starting a tandem-agent on loopback and waiting until it is ready.
 #
+# stop_agents
+#   Sends SIGTERM to every agent in AGENT_PIDS, waits up to 30 s for them
+#   (an agent drains, and ends its tensor-parallel ranks), kills those still
+#   running, and empties AGENT_PIDS.
+#
 # start_agent BIN WORK NAME DEVICE ARGS...
 #   Starts BIN/tandem-agent with --device DEVICE serving the model in WORK/tiny
 #   (made by tandem-make-model), logging to WORK/NAME.log, and waits up to
@@ -27,4 +32,17 @@ start_agent() {
   done
   echo "the $name agent (--device $device) was not ready in 120 s" >&2
   return 1
+}
+
+stop_agents() {
+  local pid
+  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for _ in $(seq 150); do
+    local alive=0
+    for pid in "${AGENT_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive -eq 1 ]] || break
+    sleep 0.2
+  done
+  for pid in "${AGENT_PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  AGENT_PIDS=()
 }
