@@ -512,7 +512,7 @@ struct AgentServer::Impl {
     }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                             engine::Engine::create(options, shared_weights, std::move(backend), tokenizer, clock));
-    if (engine->kvStaged() && engine->kv().onDevice()) {  // pinning is for speed: without it the copies still run
+    if (engine->kvStaged() && engine->kv().onDevice() && !ranks) {  // pinning is for speed: without it the copies still run
       const absl::Status& pinned = engine->kvStagingPinned();
       kv_memory = pinned.ok() ? "device, staged through pinned host memory"
                               : strCat("device, staged through host memory (not pinned: ", toStd(pinned.message()), ")");

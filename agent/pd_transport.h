@@ -35,8 +35,9 @@ class PdMetrics;
 // (engine/model/tensor_parallel.h): rank `rank` of `world`, KV heads
 // [kv_head_begin, kv_head_begin + the layout's num_kv_heads). Sent in the
 // Hello, so a decode rank pulls only from the prefill rank with the same
-// heads. No agent runs tensor-parallel yet, so no flag sets it: every agent
-// is rank 0 of 1 holding all the KV heads.
+// heads. Nothing sets it yet: an agent with --tensor-parallel keeps the
+// transport in rank 0 with every rank's KV heads (Engine::kvRegionLayout),
+// so every agent is rank 0 of 1 holding all the KV heads.
 struct TensorParallelShard {
   uint16_t rank = 0;
   uint16_t world = 1;

@@ -130,12 +130,14 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const ModelWeights>
                  blocks_, sessions_),
       seed_rng_(options.seed != 0 ? options.seed
                                   : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {
-  if (kvStaged()) staging_pinned_ = backend_->pinKvHost(staging_.bytes);
+  // A group's staging copy is filled on the host (spliced), not by the
+  // device's copies: nothing to pin.
+  if (kvStaged() && !options_.tensor_parallel) staging_pinned_ = backend_->pinKvHost(staging_.bytes);
 }
 
 Engine::~Engine() {
   backend_->finishKvCopies();  // none may still use staging_ or the pool once they go
-  if (kvStaged() && staging_pinned_.ok()) backend_->unpinKvHost(staging_.bytes);
+  if (kvStaged() && !options_.tensor_parallel && staging_pinned_.ok()) backend_->unpinKvHost(staging_.bytes);
   // Resident sessions release into blocks_, which outlives sessions_ by declaration order.
   sessions_.clear();
   leases_.clear();
@@ -300,7 +302,10 @@ StepStats Engine::step() {
     // The other ranks' layers are done only once the step is: every layer
     // of the prefills that finished their prompt is announced now.
     for (int layer = 0; layer < weights_->config.num_layers && status.ok(); ++layer) {
-      if (!announce(layer, during_run)) status = backendStatus();
+      if (!announce(layer, during_run)) {
+        status = absl::Status(backendStatus().code(),
+                              strCat("staging the KV for the transport: ", toStd(backendStatus().message())));
+      }
     }
   }
   const MonoTime t2 = clock_.now();
@@ -514,9 +519,13 @@ bool Engine::stageIn(std::span<const BlockId> blocks) {
   if (!kvStaged()) return true;
   const MonoTime start = clock_.now();
   if (options_.tensor_parallel) {
-    std::vector<int32_t> layers(static_cast<size_t>(kv_->layout().num_layers));
-    std::iota(layers.begin(), layers.end(), 0);
-    const bool staged = stageGroup(layers, blocks, /*to_host=*/false);
+    // A layer at a time: each follower's share of a long prompt's KV in
+    // bounded frames and buffers.
+    bool staged = true;
+    for (int32_t layer = 0; layer < kv_->layout().num_layers && staged; ++layer) {
+      const int32_t layers[] = {layer};
+      staged = stageGroup(layers, blocks, /*to_host=*/false);
+    }
     staging_time_ += clock_.now() - start;
     return staged;
   }
@@ -579,7 +588,7 @@ bool Engine::stageGroup(std::span<const int32_t> layers, std::span<const BlockId
       spliceHeads(rank, std::span<std::byte>(const_cast<std::byte*>(theirs.data()), theirs.size()), layers, blocks,
                   /*to_staging=*/true);
     });
-    staged_to_host_bytes_ += static_cast<int64_t>(bytes) * group.world();
+    if (ranks.ok()) staged_to_host_bytes_ += static_cast<int64_t>(bytes) * group.world();
     return ranks.ok();
   }
   spliceHeads(0, mine, layers, blocks, /*to_staging=*/false);
@@ -596,7 +605,7 @@ bool Engine::stageGroup(std::span<const int32_t> layers, std::span<const BlockId
     theirs->resize(bytes);
     spliceHeads(rank, *theirs, layers, blocks, /*to_staging=*/false);
   });
-  staged_to_device_bytes_ += static_cast<int64_t>(bytes) * group.world();
+  if (ranks.ok()) staged_to_device_bytes_ += static_cast<int64_t>(bytes) * group.world();
   return ranks.ok();
 }
 

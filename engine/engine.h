@@ -75,7 +75,8 @@ struct EngineOptions {
   // downloads each layer block of a leased prefill there before announcing
   // it, and uploads an import's blocks from there when the import
   // completes. Unset with a device pool: kvRegion() is empty (no P/D).
-  // Must be host memory of the pool's size, 64-byte aligned.
+  // Must be host memory of the pool's size (with tensor_parallel, the
+  // whole model's: world times the pool), 64-byte aligned.
   std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_staging;
   // Test hook (tandem-agent --scripted-output, which needs
   // --allow-test-hooks): when not empty, request k (k = 1, 2, ... in
@@ -255,7 +256,8 @@ class Engine {
   // publishes it to other threads).
   absl::Status backendStatus() const;
   // Whether the staging copy is page-locked for the device's copies
-  // (Backend::pinKvHost), or why not; OK without staging.
+  // (Backend::pinKvHost), or why not; OK without staging. A
+  // tensor-parallel group's is not pinned (it is filled on the host).
   const absl::Status& kvStagingPinned() const { return staging_pinned_; }
 
  private:

@@ -62,6 +62,20 @@ std::string hex64(uint64_t v) {
 
 // The role's command line: the shared config, the role, where it listens,
 // how it finds its peers, the router's policy knobs, then the user's args.
+// Whether a role's agents split the model across the pod's GPUs (one
+// tensor-parallel rank per GPU): several GPUs, and no --device of the
+// role's own args that keeps it off them (`--device cpu` on a GPU node).
+bool splitsAcrossGpus(const PoolSpec& pool, Role role) {
+  const RoleSpec& r = pool.role(role);
+  if (role == Role::kRouter || r.gpus_per_pod <= 1) return false;
+  std::string device = "cuda";
+  for (size_t i = 0; i < r.args.size(); ++i) {
+    if (r.args[i] == "--device" && i + 1 < r.args.size()) device = r.args[i + 1];
+    if (r.args[i].rfind("--device=", 0) == 0) device = r.args[i].substr(9);
+  }
+  return device == "cuda";
+}
+
 json args(const PoolSpec& pool, Role role) {
   json a = json::array({"--config", strCat(kConfigPath, "/agent.yaml"), "--role", roleName(role), "--pool-key-dir",
                         kPoolKeyPath});
@@ -115,7 +129,7 @@ json args(const PoolSpec& pool, Role role) {
   if (role != Role::kRouter && pool.role(role).gpus_per_pod > 0) {
     a.push_back("--device");
     a.push_back("cuda");
-    if (pool.role(role).gpus_per_pod > 1) {
+    if (splitsAcrossGpus(pool, role)) {
       a.push_back("--tensor-parallel");
       a.push_back(std::to_string(pool.role(role).gpus_per_pod));
     }
@@ -190,7 +204,7 @@ json deployment(const PoolSpec& pool, Role role, const std::string& config_hash)
   // A tensor-parallel group (several GPUs) meets over a socket in /dev/shm,
   // and NCCL keeps its shared memory there: memory-backed, not the
   // runtime's small default.
-  const bool tensor_parallel = role != Role::kRouter && r.gpus_per_pod > 1;
+  const bool tensor_parallel = splitsAcrossGpus(pool, role);
   if (tensor_parallel) container["volumeMounts"].push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
   if (json res = resources(pool, role); !res.empty()) container["resources"] = res;
   // Hardened: nothing to write (the agent writes no file unless given

@@ -177,13 +177,10 @@ class OperatorGpuNodesTest : public OperatorTest {
 // A pool that asks for more GPUs than any node has says so, naming the
 // role, and recovers when a node that fits joins.
 TEST_F(OperatorGpuNodesTest, AnUnschedulableRoleIsReportedAndRecoversWhenANodeIsAdded) {
-  // The operator gives a role with GPUs --device cuda and, with several,
-  // --tensor-parallel (one rank per GPU); the emulated nodes' GPUs are not
-  // real, and the tiny model has 2 KV heads, so this pool's args keep its
-  // agents on the CPU in one process.
-  apply("pool.yaml", pool("big",
-                          "  decode: {replicas: 1, gpusPerPod: 4, args: [\"--device\", \"cpu\", \"--tensor-parallel\", "
-                          "\"1\"]}\n"));
+  // The operator gives a role with GPUs --device cuda (and with several,
+  // --tensor-parallel); the emulated nodes' GPUs are not real, so this
+  // pool's args keep its agents on the CPU, in one process.
+  apply("pool.yaml", pool("big", "  decode: {replicas: 1, gpusPerPod: 4, args: [\"--device\", \"cpu\"]}\n"));
   ASSERT_TRUE(eventually([&] { return condition("big", "Ready", "reason") == "Unschedulable"; }, 60))
       << kubectl("get tpool big -o yaml").output << kubectl("get pods -o wide").output;
   EXPECT_EQ(condition("big", "Ready", "status"), "False");

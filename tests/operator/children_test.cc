@@ -142,6 +142,12 @@ TEST(ChildrenTest, ARoleWithGpusServesOnThem) {
               ::testing::HasSubstr(R"({"mountPath":"/dev/shm","name":"dshm"})"));
   const json& prefill_pod = c.deployments[static_cast<int>(Role::kPrefill)]["spec"]["template"]["spec"];
   EXPECT_THAT(prefill_pod["volumes"].dump(), ::testing::Not(::testing::HasSubstr("dshm")));
+  // Several GPUs but the role's args keep it on the CPU: no group, no /dev/shm.
+  p.decode.args = {"--device=cpu"};
+  const Children cpu = desiredChildren(p);
+  const json& cpu_pod = cpu.deployments[static_cast<int>(Role::kDecode)]["spec"]["template"]["spec"];
+  EXPECT_THAT(strings(cpu_pod["containers"][0]["args"]), ::testing::Not(::testing::Contains("--tensor-parallel")));
+  EXPECT_THAT(cpu_pod["volumes"].dump(), ::testing::Not(::testing::HasSubstr("dshm")));
   EXPECT_THAT(strings(gpu.deployments[static_cast<int>(Role::kRouter)]["spec"]["template"]["spec"]["containers"][0]["args"]),
               ::testing::Not(::testing::Contains("--device")));
 }
