@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/model/model_loader.h"
+#include "engine/model/weights.h"
 #include "src/http/client.h"
 #include "tests/agent/agent_process.h"
 #include "tests/testing/command.h"
@@ -167,6 +169,45 @@ TEST(AgentTensorParallelTest, PrefillAndDecodeGroupsOfAnySizeMoveTheKvAndAnswerA
     if (c.prefill_tp > 1) {
       EXPECT_NE(prefill->log().find("every rank's KV heads"), std::string::npos) << prefill->log();
     }
+    EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
+    EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
+  }
+  EXPECT_EQ(mono->stop(SIGTERM), 0);
+}
+
+// With several KV heads per rank (a model with 4: 2 per rank at TP=2, 1 at
+// TP=4), each rank's heads must land in their own slice of every token:
+// groups of 4 and 2 and one process feed each other and answer as one agent.
+TEST(AgentTensorParallelTest, GroupsOfFourAndTwoPairWithSeveralKvHeadsPerRank) {
+  const std::string dir = testing::testScratchDir() / "kv4";
+  engine::ModelConfig c = engine::tinyModelConfig();
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.intermediate_size = 96;
+  ASSERT_TRUE(engine::writeModelDir(dir, *engine::makeRandomWeights(c, 20261127), engine::DType::kF32).ok());
+  const std::vector<std::string> model = {"--model-dir", dir, "--model-name", "tiny", "--num-blocks", "128"};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), model.begin(), model.end());
+    return args;
+  };
+  auto mono = AgentProcess::start(with({}));
+  ASSERT_NE(mono, nullptr);
+  for (const auto& [p_tp, d_tp] : std::vector<std::pair<int, int>>{{4, 2}, {2, 1}, {1, 4}}) {
+    SCOPED_TRACE("P TP=" + std::to_string(p_tp) + ", D TP=" + std::to_string(d_tp));
+    auto prefill = AgentProcess::start(with({"--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                             "--tensor-parallel", std::to_string(p_tp)}));
+    ASSERT_NE(prefill, nullptr);
+    auto decode = AgentProcess::start(with({"--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-tls", "tcp",
+                                            "--tensor-parallel", std::to_string(d_tp), "--checksum-rate", "1",
+                                            "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())}));
+    ASSERT_NE(decode, nullptr);
+    for (const std::string& prompt : {std::string("sixteen chars ok"),
+                                      std::string("a prompt that spans several blocks of sixteen tokens each")}) {
+      EXPECT_EQ(complete(*decode, prompt), complete(*mono, prompt)) << prompt;
+    }
+    const std::string d = testing::scrape(*decode);
+    EXPECT_EQ(testing::metricValueWith(d, "tandem_request_path_total", "path=\"disagg\""), 2);
+    EXPECT_EQ(testing::metricValue(d, "tandem_kv_prefill_failovers_total{"), 0);
     EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
     EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
   }
