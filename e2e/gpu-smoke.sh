@@ -34,6 +34,11 @@ CHECK="$ROOT/build-cuda/bin/tandem-gpu-kernel-check"
 # shellcheck source=e2e/start-agent.sh
 source "$ROOT/e2e/start-agent.sh"
 trap 'kill "${AGENT_PIDS[@]}" 2>/dev/null || true' EXIT
+# PORT NAME: the sum of the series of NAME on an agent's /metrics (0 when absent).
+metric() {
+  curl -sf --max-time 10 "http://127.0.0.1:$1/metrics" |
+    awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
+}
 cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   work=$(mktemp -d)
@@ -48,50 +53,26 @@ cuda_pd_smoke() {
   # a near-tie can pick another token; tandem-gpu-kernel-check --model
   # compares the logits themselves).
   client() {
-    python3 - "$port_mono" "$port_decode" "$device" "$port_cpu" <<'PY'
-import json, sys, time, urllib.request
-mono, decode, cpu = sys.argv[1], sys.argv[2], sys.argv[4]
-def complete(port, prompt, sampling={"temperature": 0}):
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, **sampling}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out = json.load(r)
-    return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+    PYTHONPATH="$ROOT/e2e" python3 - "$port_mono" "$port_decode" "$device" "$port_cpu" <<'PY'
+import sys
+from smoke_client import PROMPTS, complete, same_answers, throughput
+mono, decode, device, cpu = sys.argv[1:5]
 ok = True
-prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
-same_as_cpu = 0
-for prompt in prompts:
-    want, got = complete(mono, prompt)[0], complete(decode, prompt)[0]
-    if want != got:
+for prompt in PROMPTS:
+    if complete(mono, prompt)[0] != complete(decode, prompt)[0]:
         print(f"gpu-smoke: P/D FAIL: answers differ for a {len(prompt)}-char prompt")
         ok = False
-    same_as_cpu += want == complete(cpu, prompt)[0]
-print(f"gpu-smoke: P/D: {same_as_cpu} of {len(prompts)} answers of --device {sys.argv[3]} are --device cpu's, token for token")
+print(f"gpu-smoke: P/D: {same_answers(mono, cpu)} of {len(PROMPTS)} answers of --device {device} are --device cpu's, "
+      "token for token")
 # Seeded sampling (the engine samples on the device): reported, not
 # required: the GPU's logits are the CPU's only to within 1e-4.
 seeded = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7}
-mono_seeded = [complete(mono, p, seeded)[0] for p in prompts]
-same_pd = sum(complete(decode, p, seeded)[0] == want for p, want in zip(prompts, mono_seeded))
-same_cpu = sum(complete(cpu, p, seeded)[0] == want for p, want in zip(prompts, mono_seeded))
-print(f"gpu-smoke: P/D: seeded sampling (temperature 0.8, top-p 0.9, top-k 40): {same_pd} of {len(prompts)} "
-      f"answers through D are one agent's, {same_cpu} of {len(prompts)} are --device cpu's")
-n = tokens = 0
-t0 = time.monotonic()
-for i in range(50):
-    try:
-        tokens += complete(decode, f"throughput {i}")[1]
-        n += 1
-    except Exception as e:
-        print(f"gpu-smoke: P/D FAIL: request {i}: {e}")
-        ok = False
-t = time.monotonic() - t0
-print(f"gpu-smoke: P/D with --device {sys.argv[3]}, tiny model, one client: {n / t:.1f} requests/s, {tokens / t:.0f} output tokens/s ({n} answered of 50 in {t:.1f} s)")
+print(f"gpu-smoke: P/D: seeded sampling (temperature 0.8, top-p 0.9, top-k 40): {same_answers(mono, decode, seeded)} "
+      f"of {len(PROMPTS)} answers through D are one agent's, {same_answers(mono, cpu, seeded)} of {len(PROMPTS)} "
+      "are --device cpu's")
+ok = throughput(decode, 50, f"gpu-smoke: P/D with --device {device}, tiny model, one client", "gpu-smoke: P/D FAIL") and ok
 sys.exit(0 if ok else 1)
 PY
-  }
-  metric() {  # PORT NAME: the sum of the series of NAME (0 when absent)
-    curl -sf --max-time 10 "http://127.0.0.1:$1/metrics" |
-      awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
   }
   if start cpu cpu && start mono "$device" && start prefill "$device" --role prefill --kv-listen 127.0.0.1:0 &&
      start decode "$device" --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill"; then
@@ -140,32 +121,16 @@ cuda_tp_smoke() {
   if start_agent "$bin" "$work" one "$device" --num-blocks 256 --log-level info &&
      start_agent "$bin" "$work" tp2 "$device" --tensor-parallel 2 --num-blocks 256 --log-level info; then
     grep 'msg="tensor-parallel group ready"' "$work/tp2.log" | head -1 | sed 's/^.*msg=/gpu-smoke: TP: /'
-    python3 - "$port_one" "$port_tp2" "$device" <<'PY' || rc=1
-import json, sys, time, urllib.request
-one, tp2, device = sys.argv[1], sys.argv[2], sys.argv[3]
-def complete(port, prompt):
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out = json.load(r)
-    return out["choices"][0]["text"], out["usage"]["completion_tokens"]
-prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
-same = sum(complete(one, p)[0] == complete(tp2, p)[0] for p in prompts)
-print(f"gpu-smoke: TP: {same} of {len(prompts)} greedy answers of --tensor-parallel 2 are one agent's, token for token")
+    PYTHONPATH="$ROOT/e2e" python3 - "$port_one" "$port_tp2" "$device" <<'PY' || rc=1
+import sys
+from smoke_client import PROMPTS, same_answers, throughput
+one, tp2, device = sys.argv[1:4]
+print(f"gpu-smoke: TP: {same_answers(one, tp2)} of {len(PROMPTS)} greedy answers of --tensor-parallel 2 are one "
+      "agent's, token for token")
 ok = True
 for name, port in (("one agent", one), ("--tensor-parallel 2", tp2)):
-    n = tokens = 0
-    t0 = time.monotonic()
-    for i in range(30):
-        try:
-            tokens += complete(port, f"throughput {i}")[1]
-            n += 1
-        except Exception as e:
-            print(f"gpu-smoke: TP FAIL: {name}: request {i}: {e}")
-            ok = False
-    t = time.monotonic() - t0
-    print(f"gpu-smoke: TP: {name} (--device {device}, tiny model, one client): {n / t:.1f} requests/s, "
-          f"{tokens / t:.0f} output tokens/s ({n} answered of 30 in {t:.1f} s)")
+    ok = throughput(port, 30, f"gpu-smoke: TP: {name} (--device {device}, tiny model, one client)",
+                    f"gpu-smoke: TP FAIL: {name}") and ok
 sys.exit(0 if ok else 1)
 PY
     # Prefill and decode groups of two on the same two GPUs: the KV of both
@@ -174,22 +139,15 @@ PY
          --kv-listen 127.0.0.1:0 &&
        start_agent "$bin" "$work" tp_decode "$device" --tensor-parallel 2 --num-blocks 256 --role decode \
          --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_tp_prefill"; then
-      python3 - "$port_one" "$port_tp_decode" <<'PY' || rc=1
-import json, sys, urllib.request
-def complete(port, prompt):
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.load(r)["choices"][0]["text"]
-prompts = ["x", "sixteen chars ok", "a prompt of several blocks " * 20]
-same = sum(complete(sys.argv[1], p) == complete(sys.argv[2], p) for p in prompts)
-print(f"gpu-smoke: TP P/D: {same} of {len(prompts)} greedy answers through a decode group of 2 fed by a prefill group of 2 are one agent's")
+      PYTHONPATH="$ROOT/e2e" python3 - "$port_one" "$port_tp_decode" <<'PY' || rc=1
+import sys
+from smoke_client import PROMPTS, same_answers
+print(f"gpu-smoke: TP P/D: {same_answers(sys.argv[1], sys.argv[2])} of {len(PROMPTS)} greedy answers through a decode "
+      "group of 2 fed by a prefill group of 2 are one agent's")
 PY
       local verified failures
-      verified=$(curl -sf --max-time 10 "http://127.0.0.1:$port_tp_decode/metrics" |
-        awk '$1 ~ /^tandem_kv_checksum_verified_total/ { s += $2 } END { print s + 0 }')
-      failures=$(curl -sf --max-time 10 "http://127.0.0.1:$port_tp_decode/metrics" |
-        awk '$1 ~ /^tandem_kv_transfer_failures_total/ { s += $2 } END { print s + 0 }')
+      verified=$(metric "$port_tp_decode" tandem_kv_checksum_verified_total)
+      failures=$(metric "$port_tp_decode" tandem_kv_transfer_failures_total)
       echo "gpu-smoke: TP P/D: $verified layer blocks checksummed on D, $failures transfer failures"
       [[ $verified != 0 && $failures == 0 ]] || { echo "gpu-smoke: TP P/D FAIL: the KV did not move cleanly"; rc=1; }
     else
