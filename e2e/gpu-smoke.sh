@@ -39,6 +39,17 @@ metric() {
   curl -sf --max-time 10 "http://127.0.0.1:$1/metrics" |
     awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
 }
+# WORK RC: stops the run's agents, shows the tail of their logs when RC is
+# not 0, removes WORK, and returns RC.
+end_run() {
+  stop_agents
+  if [[ $2 -ne 0 ]]; then
+    local f
+    for f in "$1"/*.log; do echo "--- $f"; tail -20 "$f"; done
+  fi
+  rm -rf "$1"
+  return "$2"
+}
 cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   work=$(mktemp -d)
@@ -97,13 +108,7 @@ PY
   else
     rc=1
   fi
-  stop_agents
-  if [[ $rc -ne 0 ]]; then
-    local f
-    for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
-  fi
-  rm -rf "$work"
-  return "$rc"
+  end_run "$work" "$rc"
 }
 
 # An agent with --tensor-parallel 2 (two processes, one per GPU, NCCL's
@@ -159,13 +164,7 @@ PY
     echo "gpu-smoke: TP FAIL: an agent did not start"
     rc=1
   fi
-  stop_agents
-  if [[ $rc -ne 0 ]]; then
-    local f
-    for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done
-  fi
-  rm -rf "$work"
-  return "$rc"
+  end_run "$work" "$rc"
 }
 
 if [[ ${1:-} == --tp-only ]]; then
