@@ -532,8 +532,10 @@ AllReducePartials RankGroupFollower::allReduce() {
 
 void RankGroupFollower::reduce(float* partial, int64_t n) {
   if (!link_status_.ok() || n <= 0) return;
-  link_status_ = link_.send(RankLink::Type::kPartial, floatBytes(partial, n));
-  if (!link_status_.ok()) return;
+  if (absl::Status sent = link_.send(RankLink::Type::kPartial, floatBytes(partial, n)); !sent.ok()) {
+    link_status_ = absl::UnavailableError(strCat("rank 0 closed the link mid-step: ", sent.message()));
+    return;
+  }
   absl::StatusOr<RankLink::Type> type = link_.receive(&scratch_);
   if (!type.ok()) {
     link_status_ = absl::UnavailableError(strCat("rank 0 closed the link mid-step: ", type.status().message()));

@@ -305,6 +305,29 @@ TEST(RankGroup, AFollowerGoneMidRunFailsTheEngineAndItsRequests) {
   EXPECT_EQ(h.outcome(next).final.finish_reason, FinishReason::kError);
 }
 
+// Rank 0 failing a step on its own (its forward pass stopped before an
+// all-reduce): the followers are waiting for a Sum, so the group fails as
+// rank 0's failure, and they are let go instead of waiting for good.
+TEST(RankGroup, RankZeroFailingAStepAloneFailsTheGroupAsItsOwnFailure) {
+  const auto full = testing::tinyWeights();
+  const auto fds = socketPair();
+  Follower follower(fds[1], full, 1, 2);
+  auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
+  auto leader =
+      RankGroupLeader::connect({.links = {fds[0]}, .layout = kvLayoutFor(shard0->config, kNumBlocks, kBlockSize)});
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  const std::vector<TokenId> tokens = {10, 11, 12};
+  const std::vector<BlockId> table = {BlockId(0)};
+  const SequenceChunk chunk{.tokens = tokens, .start_pos = 0, .block_table = table, .want_logits = true};
+  ASSERT_TRUE((*leader)->beginStep({}, std::span<const SequenceChunk>(&chunk, 1)).ok());
+  // Rank 0 never runs its forward pass: the follower sends a Partial and waits.
+  const absl::Status s = (*leader)->endStep(absl::ResourceExhaustedError("the device is out of memory"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("tensor-parallel rank 0 failed a step: the device is out of memory"));
+  EXPECT_EQ((*leader)->status().code(), absl::StatusCode::kResourceExhausted) << "sticky";
+  EXPECT_THAT(std::string(follower.join().message()), HasSubstr("rank 0 closed the link mid-step"));
+}
+
 TEST(RankGroup, TheLeaderRefusesAFollowerThatIsNotTheRankItExpects) {
   const auto full = testing::tinyWeights();
   auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
