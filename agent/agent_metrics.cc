@@ -35,8 +35,10 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       session_evictions_(buildCounter().name("tandem_kv_session_evictions_total").help("Resident sessions evicted to free KV blocks (watermark, admission, running sequences' growth).").labels(labels_).registerOn(r).add({})),
       prefill_tokens_(buildCounter().name("tandem_engine_prefill_tokens_total").help("Prompt tokens the engine computed (cache hits not counted).").labels(labels_).registerOn(r).add({})),
       busy_seconds_(buildCounter().name("tandem_engine_busy_seconds_total").help("Time the engine spent in steps that computed something. Prefill capacity = rate(prefill tokens) / rate(busy seconds).").labels(labels_).registerOn(r).add({})),
-      kv_staged_bytes_(buildCounter().name("tandem_kv_staged_bytes_total").help("KV bytes copied between a pool in device memory and its host staging copy for the P/D transport (to_host: announced prefill layers; to_device: completed imports). Zero on a host pool.").labels(labels_).registerOn(r)),
+      kv_staged_bytes_(buildCounter().name("tandem_kv_staged_bytes_total").help("KV bytes copied between the KV pool and the P/D transport's host staging copy: a pool in device memory, or every rank's of a tensor-parallel group (to_host: announced prefill layers; to_device: completed imports). Zero on a one-process host pool.").labels(labels_).registerOn(r)),
       kv_staging_seconds_(buildCounter().name("tandem_kv_staging_seconds_total").help("Time the engine thread spent on those staging copies (no step runs meanwhile).").labels(labels_).registerOn(r).add({})),
+      tensor_parallel_ranks_(buildGauge().name("tandem_tensor_parallel_ranks").help("Processes the model is split across (--tensor-parallel; 1: none).").labels(labels_).registerOn(r).add({})),
+      tensor_parallel_wait_seconds_(buildCounter().name("tandem_tensor_parallel_wait_seconds_total").help("Time rank 0 waited for the other tensor-parallel ranks (their partial sums, step ends and staged KV): the links' cost and the slowest rank's lag.").labels(labels_).registerOn(r).add({})),
       kv_blocks_capacity_(buildGauge().name("tandem_kv_blocks_capacity").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
       kv_blocks_free_(buildGauge().name("tandem_kv_blocks_free").help("KV blocks available now (free or cached-unreferenced).").labels(labels_).registerOn(r).add({})),
       running_(buildGauge().name("tandem_requests_running").help("Sequences admitted and running.").labels(labels_).registerOn(r).add({})),
@@ -80,6 +82,7 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
     kv_staged_bytes_.add({{"direction", "to_device"}}).increment(static_cast<double>(s.kv_staged_to_device_bytes));
   }
   kv_staging_seconds_.increment(std::chrono::duration<double>(s.kv_staging_time).count());
+  tensor_parallel_wait_seconds_.increment(std::chrono::duration<double>(s.tensor_parallel_wait_time).count());
   if (s.num_scheduled_tokens > 0) {
     busy_seconds_.increment(std::chrono::duration<double>(s.schedule_time + s.model_time + s.postprocess_time).count());
   }

@@ -16,6 +16,8 @@ class AgentMetrics {
 
   // Loop thread, after each step.
   void onStep(const engine::StepStats& stats);
+  // The engine's tensor-parallel group: this many ranks (1: none).
+  void setTensorParallelRanks(int ranks) { tensor_parallel_ranks_.set(ranks); }
   // A finished request (any reason).
   void onFinish(const engine::RequestUpdate& update, const std::string& path);
 
@@ -40,6 +42,8 @@ class AgentMetrics {
   metrics::Counter& busy_seconds_;
   metrics::Family<metrics::Counter>& kv_staged_bytes_;
   metrics::Counter& kv_staging_seconds_;
+  metrics::Gauge& tensor_parallel_ranks_;
+  metrics::Counter& tensor_parallel_wait_seconds_;
   metrics::Gauge& kv_blocks_capacity_;
   metrics::Gauge& kv_blocks_free_;
   metrics::Gauge& running_;

@@ -601,6 +601,7 @@ struct AgentServer::Impl {
   // the gauges current after every step.
   absl::Status startEngineLoop(std::unique_ptr<engine::Engine> engine) {
     metrics = std::make_unique<AgentMetrics>(registry, config.pool, role);
+    metrics->setTensorParallelRanks(config.tensor_parallel);
     if (!config.trace_file.empty()) {
       TANDEM_ASSIGN_OR_RETURN(trace, TraceWriter::open(config.trace_file));
     }

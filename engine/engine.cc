@@ -333,6 +333,7 @@ StepStats Engine::step() {
   st.kv_staged_to_host_bytes = std::exchange(staged_to_host_bytes_, 0);
   st.kv_staged_to_device_bytes = std::exchange(staged_to_device_bytes_, 0);
   st.kv_staging_time = std::exchange(staging_time_, Duration{0});
+  if (group != nullptr) st.tensor_parallel_wait_time = std::chrono::duration_cast<Duration>(group->takeWaitTime());
   return st;
 }
 

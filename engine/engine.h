@@ -132,6 +132,9 @@ struct StepStats {
   int64_t kv_staged_to_host_bytes = 0;
   int64_t kv_staged_to_device_bytes = 0;
   Duration kv_staging_time{0};
+  // With tensor parallelism: time rank 0 waited for the other ranks (their
+  // partials, Dones and staged KV) since the previous step's stats.
+  Duration tensor_parallel_wait_time{0};
 };
 
 // Tokens a request reserves at admission: prompt + expected output

@@ -391,7 +391,9 @@ void RankGroupLeader::fail(absl::Status status) {
 
 bool RankGroupLeader::expect(size_t follower, RankLink::Type want, std::vector<std::byte>* payload) {
   const int rank = static_cast<int>(follower) + 1;
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<RankLink::Type> type = links_[follower]->receive(payload, nullptr, options_.step_timeout);
+  wait_time_ += std::chrono::steady_clock::now() - start;
   if (!type.ok()) {
     const std::string why(type.status().message());
     if (absl::IsUnavailable(type.status())) {

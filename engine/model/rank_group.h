@@ -196,6 +196,10 @@ class RankGroupLeader {
   absl::Status endStep(const absl::Status& rank0 = absl::OkStatus());
   // Copy-on-write block copies sent to the followers so far.
   int64_t copiesSent() const { return copies_sent_; }
+  // Time rank 0 spent waiting for the other ranks' frames (their partials,
+  // Dones and staged KV) since the last call: the links' cost and the
+  // slowest rank's lag.
+  std::chrono::nanoseconds takeWaitTime() { return std::exchange(wait_time_, std::chrono::nanoseconds(0)); }
   // OK, or the first failure (sticky).
   absl::Status status() const;
 
@@ -223,6 +227,7 @@ class RankGroupLeader {
   absl::Status status_;
   bool in_step_ = false;
   int64_t copies_sent_ = 0;
+  std::chrono::nanoseconds wait_time_{0};
   std::vector<std::byte> scratch_;
 };
 

@@ -71,6 +71,12 @@ TEST(AgentTensorParallelTest, TwoRanksAnswerWhatOneProcessAnswersAndStopWithTheA
   for (const std::string& prompt : {stem, stem + "append one", stem + "append two", std::string("x")}) {
     EXPECT_EQ(complete(*two, prompt), complete(*one, prompt)) << prompt;
   }
+  // The group's size and how long rank 0 waited on the other rank.
+  const std::string m2 = testing::scrape(*two), m1 = testing::scrape(*one);
+  EXPECT_EQ(testing::metricValue(m2, "tandem_tensor_parallel_ranks{"), 2);
+  EXPECT_GT(testing::metricValue(m2, "tandem_tensor_parallel_wait_seconds_total{"), 0);
+  EXPECT_EQ(testing::metricValue(m1, "tandem_tensor_parallel_ranks{"), 1);
+  EXPECT_EQ(testing::metricValue(m1, "tandem_tensor_parallel_wait_seconds_total{"), 0);
   const std::string log = two->log();
   EXPECT_NE(log.find("msg=\"tensor-parallel rank ready\" rank=1 world=2 device=cpu kv_heads=1 all_reduce=link"),
             std::string::npos)
