@@ -65,6 +65,9 @@ class Reader {
     }
     return status_.ok() ? n : 0;
   }
+  // The bytes not read yet, and the first failure (OK while there is none).
+  std::span<const std::byte> rest() const { return in_.subspan(pos_); }
+  const absl::Status& status() const { return status_; }
   absl::Status finish() {
     if (status_.ok() && pos_ != in_.size()) {
       status_ = absl::DataLossError(
@@ -292,29 +295,15 @@ std::vector<std::byte> encodeRankStage(std::span<const int32_t> layers, std::spa
 }
 
 absl::StatusOr<RankStage> decodeRankStage(std::span<const std::byte> payload, bool with_data) {
-  const uint32_t layers = [&] {
-    uint32_t n = 0;
-    if (payload.size() >= 4) std::memcpy(&n, payload.data(), 4);
-    return n;
-  }();
-  // The lists' length, so the Reader checks them and leaves the data.
-  const uint64_t list_bytes = 8 + 4 * static_cast<uint64_t>(layers);
-  uint32_t blocks = 0;
-  if (payload.size() >= list_bytes) std::memcpy(&blocks, payload.data() + list_bytes - 4, 4);
-  const uint64_t header = list_bytes + 4 * static_cast<uint64_t>(blocks);
-  const char* what = with_data ? "StageIn" : "StageOut";
-  if (payload.size() < header || (!with_data && payload.size() != header)) {
-    return absl::DataLossError(strCat("tensor-parallel ", what, ": ", payload.size(), " bytes for ", layers,
-                                      " layers and ", blocks, " blocks"));
-  }
-  Reader r(payload.first(header), what);
+  Reader r(payload, with_data ? "StageIn" : "StageOut");
   RankStage stage;
-  r.count("layers", 4);
+  const uint32_t layers = r.count("layers", 4);
   for (uint32_t i = 0; i < layers; ++i) stage.layers.push_back(r.get<int32_t>("layer"));
-  r.count("blocks", 4);
+  const uint32_t blocks = r.count("blocks", 4);
   for (uint32_t i = 0; i < blocks; ++i) stage.blocks.emplace_back(r.get<int32_t>("block"));
-  TANDEM_RETURN_IF_ERROR(r.finish());
-  stage.data = payload.subspan(header);
+  if (!with_data) TANDEM_RETURN_IF_ERROR(r.finish());  // nothing may follow the lists
+  TANDEM_RETURN_IF_ERROR(r.status());
+  stage.data = r.rest();
   return stage;
 }
 

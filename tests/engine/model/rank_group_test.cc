@@ -446,6 +446,26 @@ TEST(RankGroup, StepsRoundTripAndMalformedOnesAreNamed) {
   std::memcpy(huge.data(), &many, 4);  // 2^30 copies in a few bytes
   EXPECT_THAT(std::string(decodeRankStep(huge).status().message()), HasSubstr("copies says 1073741824 but only"));
 
+  // Stage requests: the lists round-trip, a StageIn's bytes follow them, and
+  // a short or overlong StageOut is refused naming what was wrong.
+  const std::vector<int32_t> layers = {1, 3};
+  std::vector<std::byte> stage = encodeRankStage(layers, table);
+  auto out = decodeRankStage(stage, /*with_data=*/false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->layers, layers);
+  EXPECT_EQ(out->blocks, table);
+  EXPECT_TRUE(out->data.empty());
+  EXPECT_THAT(std::string(decodeRankStage(std::span<const std::byte>(stage).first(stage.size() - 1), false)
+                              .status()
+                              .message()),
+              HasSubstr("tensor-parallel StageOut: blocks says 2 but only 7 bytes follow"));
+  stage.push_back(std::byte{7});
+  EXPECT_THAT(std::string(decodeRankStage(stage, false).status().message()), HasSubstr("1 bytes left over"));
+  auto in = decodeRankStage(stage, /*with_data=*/true);
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_EQ(in->data.size(), 1u);
+  EXPECT_EQ(in->data[0], std::byte{7});
+
   // A follower given a Step that names blocks outside its cache stops with
   // that error, and tells the leader.
   const auto full = testing::tinyWeights();
