@@ -454,9 +454,7 @@ struct AgentServer::Impl {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeBackend(simd));
     if (config.tensor_parallel > 1) {
       // A model that does not split is refused before any rank starts.
-      TANDEM_ASSIGN_OR_RETURN(const std::string config_json, engine::readFile(config.model_dir + "/config.json"));
-      TANDEM_ASSIGN_OR_RETURN(const engine::ModelConfig model_config,
-                              engine::parseModelConfig(config_json, config.model_dir + "/config.json"));
+      TANDEM_ASSIGN_OR_RETURN(const engine::ModelConfig model_config, engine::loadModelConfig(config.model_dir));
       if (absl::Status s = engine::checkShardable(model_config, config.tensor_parallel); !s.ok()) {
         return absl::InvalidArgumentError(strCat("--tensor-parallel ", config.tensor_parallel, ": ", s.message()));
       }

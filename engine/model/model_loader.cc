@@ -156,13 +156,13 @@ absl::Status rejectUnknownTensors(const Checkpoint& checkpoint, const std::set<s
 
 namespace {
 
-// loadModelWeights, calling `after_layer(i, weights)` once layer i is read.
-absl::StatusOr<std::unique_ptr<ModelWeights>> load(const std::string& model_dir,
+// loadModelWeights with the directory's `config` (loadModelConfig),
+// calling `after_layer(i, weights)` once layer i is read.
+absl::StatusOr<std::unique_ptr<ModelWeights>> load(const std::string& model_dir, const ModelConfig& config,
                                                    const std::function<void(int, ModelWeights&)>& after_layer) {
-  const std::string config_path = join(model_dir, kConfigFile);
-  TANDEM_ASSIGN_OR_RETURN(std::string config_text, readFile(config_path));
+  const std::string config_path = join(model_dir, kConfigFile);  // for messages
   auto weights = std::make_unique<ModelWeights>();
-  TANDEM_ASSIGN_OR_RETURN(weights->config, parseModelConfig(config_text, config_path));
+  weights->config = config;
 
   TANDEM_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(model_dir));
   weights->layers.resize(static_cast<size_t>(weights->config.num_layers));
@@ -200,19 +200,24 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> load(const std::string& model_dir,
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> loadModelConfig(const std::string& model_dir) {
+  const std::string config_path = join(model_dir, kConfigFile);
+  TANDEM_ASSIGN_OR_RETURN(std::string config_text, readFile(config_path));
+  return parseModelConfig(config_text, config_path);
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string& model_dir) {
-  return load(model_dir, nullptr);
+  TANDEM_ASSIGN_OR_RETURN(const ModelConfig config, loadModelConfig(model_dir));
+  return load(model_dir, config, nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelShard(const std::string& model_dir, int rank, int world) {
   // The config first: a model that does not split fails before any tensor is read.
-  const std::string config_path = join(model_dir, kConfigFile);
-  TANDEM_ASSIGN_OR_RETURN(std::string config_text, readFile(config_path));
-  TANDEM_ASSIGN_OR_RETURN(const ModelConfig config, parseModelConfig(config_text, config_path));
+  TANDEM_ASSIGN_OR_RETURN(const ModelConfig config, loadModelConfig(model_dir));
   TANDEM_RETURN_IF_ERROR(checkShard(config, rank, world));
   std::vector<LayerWeights> shard_layers(static_cast<size_t>(config.num_layers));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
-                          load(model_dir, [&](int layer, ModelWeights& w) {
+                          load(model_dir, config, [&](int layer, ModelWeights& w) {
                             // This layer's slices, then the whole layer goes.
                             LayerWeights& full = w.layers[static_cast<size_t>(layer)];
                             shard_layers[static_cast<size_t>(layer)] = shardLayer(full, w.config, rank, world);

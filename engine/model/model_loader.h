@@ -28,6 +28,10 @@ namespace tandem::engine {
 //   "/m/model.safetensors: tensor model.layers.3.mlp.up_proj.weight: expected shape [688, 256], got [688, 255]"
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> loadModelWeights(const std::string& model_dir);
 
+// The directory's config.json, parsed (model_config.h); errors name the
+// file and the field.
+[[nodiscard]] absl::StatusOr<ModelConfig> loadModelConfig(const std::string& model_dir);
+
 // Rank `rank` of `world`'s shard of the model in `model_dir`: what
 // shardWeights(*loadModelWeights(model_dir), rank, world) gives, bit for
 // bit, but each layer is sliced as soon as it is read and the whole layer
