@@ -309,23 +309,18 @@ TEST(RankGroup, AFollowerGoneMidRunFailsTheEngineAndItsRequests) {
 // all-reduce): the followers are waiting for a Sum, so the group fails as
 // rank 0's failure, and they are let go instead of waiting for good.
 TEST(RankGroup, RankZeroFailingAStepAloneFailsTheGroupAsItsOwnFailure) {
-  const auto full = testing::tinyWeights();
-  const auto fds = socketPair();
-  Follower follower(fds[1], full, 1, 2);
-  auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
-  auto leader =
-      RankGroupLeader::connect({.links = {fds[0]}, .layout = kvLayoutFor(shard0->config, kNumBlocks, kBlockSize)});
-  ASSERT_TRUE(leader.ok()) << leader.status();
+  Group g(testing::tinyWeights(), 2);
+  ASSERT_NE(g.leader, nullptr);
   const std::vector<TokenId> tokens = {10, 11, 12};
   const std::vector<BlockId> table = {BlockId(0)};
   const SequenceChunk chunk{.tokens = tokens, .start_pos = 0, .block_table = table, .want_logits = true};
-  ASSERT_TRUE((*leader)->beginStep({}, std::span<const SequenceChunk>(&chunk, 1)).ok());
+  ASSERT_TRUE(g.leader->beginStep({}, std::span<const SequenceChunk>(&chunk, 1)).ok());
   // Rank 0 never runs its forward pass: the follower sends a Partial and waits.
-  const absl::Status s = (*leader)->endStep(absl::ResourceExhaustedError("the device is out of memory"));
+  const absl::Status s = g.leader->endStep(absl::ResourceExhaustedError("the device is out of memory"));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(s.message()), HasSubstr("tensor-parallel rank 0 failed a step: the device is out of memory"));
-  EXPECT_EQ((*leader)->status().code(), absl::StatusCode::kResourceExhausted) << "sticky";
-  EXPECT_THAT(std::string(follower.join().message()), HasSubstr("rank 0 closed the link mid-step"));
+  EXPECT_EQ(g.leader->status().code(), absl::StatusCode::kResourceExhausted) << "sticky";
+  EXPECT_THAT(std::string(g.followers[0]->join().message()), HasSubstr("rank 0 closed the link mid-step"));
 }
 
 TEST(RankGroup, TheLeaderRefusesAFollowerThatIsNotTheRankItExpects) {
@@ -384,37 +379,33 @@ TEST(RankGroup, TheLeaderRefusesAFollowerThatIsNotTheRankItExpects) {
 // prefill's KV for the transport); a stage naming what the cache does not
 // have fails the group, naming it.
 TEST(RankGroup, StagedLayerBlocksRoundTripThroughAFollowersCache) {
-  const auto full = testing::tinyWeights();
-  const auto fds = socketPair();
-  Follower follower(fds[1], full, 1, 2);
-  auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
-  const KvLayout layout = kvLayoutFor(shard0->config, kNumBlocks, kBlockSize);
-  auto leader = RankGroupLeader::connect({.links = {fds[0]}, .layout = layout});
-  ASSERT_TRUE(leader.ok()) << leader.status();
+  Group g(testing::tinyWeights(), 2);
+  ASSERT_NE(g.leader, nullptr);
+  const KvLayout layout = kvLayoutFor(g.shard0->config, kNumBlocks, kBlockSize);
   const std::vector<int32_t> layers = {0, 3};
   const std::vector<BlockId> blocks = {BlockId(2), BlockId(7), BlockId(8)};
   const size_t bytes = layers.size() * blocks.size() * layout.bytesPerLayerBlock();
   std::vector<std::byte> sent(bytes);
   for (size_t i = 0; i < bytes; ++i) sent[i] = static_cast<std::byte>(i * 7 + 1);
-  ASSERT_TRUE((*leader)->stageIn(layers, blocks, [&](int rank, std::vector<std::byte>* out) {
+  ASSERT_TRUE(g.leader->stageIn(layers, blocks, [&](int rank, std::vector<std::byte>* out) {
     EXPECT_EQ(rank, 1);
     *out = sent;
   }).ok());
   std::vector<std::byte> back;
-  ASSERT_TRUE((*leader)->stageOut(layers, blocks, [&](int rank, std::span<const std::byte> in) {
+  ASSERT_TRUE(g.leader->stageOut(layers, blocks, [&](int rank, std::span<const std::byte> in) {
     EXPECT_EQ(rank, 1);
     back.assign(in.begin(), in.end());
   }).ok());
   EXPECT_EQ(back, sent);
   // Layer 4 of a 4-layer cache.
   const std::vector<int32_t> outside = {4};
-  const absl::Status bad = (*leader)->stageOut(outside, blocks, [](int, std::span<const std::byte>) {
+  const absl::Status bad = g.leader->stageOut(outside, blocks, [](int, std::span<const std::byte>) {
     ADD_FAILURE() << "no data was due";
   });
   EXPECT_THAT(std::string(bad.message()),
               HasSubstr("tensor-parallel rank 1 failed the step: StageOut names layer 4, outside this rank's 4"));
-  EXPECT_FALSE((*leader)->stageIn(layers, blocks, [&](int, std::vector<std::byte>* out) { *out = sent; }).ok());
-  EXPECT_THAT(std::string(follower.join().message()), HasSubstr("StageOut names layer 4"));
+  EXPECT_FALSE(g.leader->stageIn(layers, blocks, [&](int, std::vector<std::byte>* out) { *out = sent; }).ok());
+  EXPECT_THAT(std::string(g.followers[0]->join().message()), HasSubstr("StageOut names layer 4"));
 }
 
 TEST(RankGroup, StepsRoundTripAndMalformedOnesAreNamed) {
@@ -468,19 +459,14 @@ TEST(RankGroup, StepsRoundTripAndMalformedOnesAreNamed) {
 
   // A follower given a Step that names blocks outside its cache stops with
   // that error, and tells the leader.
-  const auto full = testing::tinyWeights();
-  const auto fds = socketPair();
-  Follower follower(fds[1], full, 1, 2);
-  auto shard0 = std::make_shared<const ModelWeights>(std::move(*shardWeights(*full, 0, 2)));
-  auto leader =
-      RankGroupLeader::connect({.links = {fds[0]}, .layout = kvLayoutFor(shard0->config, kNumBlocks, kBlockSize)});
-  ASSERT_TRUE(leader.ok()) << leader.status();
+  Group g(testing::tinyWeights(), 2);
+  ASSERT_NE(g.leader, nullptr);
   const std::vector<std::pair<BlockId, BlockId>> outside = {{BlockId(0), BlockId(kNumBlocks)}};
-  ASSERT_TRUE((*leader)->beginStep(outside, {}).ok());
-  const absl::Status done = (*leader)->endStep();
+  ASSERT_TRUE(g.leader->beginStep(outside, {}).ok());
+  const absl::Status done = g.leader->endStep();
   EXPECT_THAT(std::string(done.message()), HasSubstr("tensor-parallel rank 1 failed the step: Step copies block 0 to 16"));
-  EXPECT_FALSE((*leader)->beginStep({}, {}).ok());  // sticky
-  EXPECT_THAT(std::string(follower.join().message()), HasSubstr("outside this rank's 16 blocks"));
+  EXPECT_FALSE(g.leader->beginStep({}, {}).ok());  // sticky
+  EXPECT_THAT(std::string(g.followers[0]->join().message()), HasSubstr("outside this rank's 16 blocks"));
 }
 
 }  // namespace
