@@ -39,6 +39,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
       kv_staging_seconds_(buildCounter().name("tandem_kv_staging_seconds_total").help("Time the engine thread spent on those staging copies (no step runs meanwhile).").labels(labels_).registerOn(r).add({})),
       tensor_parallel_ranks_(buildGauge().name("tandem_tensor_parallel_ranks").help("Processes the model is split across (--tensor-parallel; 1: none).").labels(labels_).registerOn(r).add({})),
       tensor_parallel_wait_seconds_(buildCounter().name("tandem_tensor_parallel_wait_seconds_total").help("Time rank 0 waited for the other tensor-parallel ranks (their partial sums, step ends and staged KV): the links' cost and the slowest rank's lag.").labels(labels_).registerOn(r).add({})),
+      cuda_graph_steps_(buildCounter().name("tandem_cuda_graph_steps_total").help("Decode steps the CUDA backend ran as CUDA graphs (docs/cuda.md): outcome=captured (a new graph, then run), replayed, or left (a launch differed from the graph's, so the step ran launch by launch). Zero on the CPU backend.").labels(labels_).registerOn(r)),
       kv_blocks_capacity_(buildGauge().name("tandem_kv_blocks_capacity").help("KV blocks in the pool.").labels(labels_).registerOn(r).add({})),
       kv_blocks_free_(buildGauge().name("tandem_kv_blocks_free").help("KV blocks available now (free or cached-unreferenced).").labels(labels_).registerOn(r).add({})),
       running_(buildGauge().name("tandem_requests_running").help("Sequences admitted and running.").labels(labels_).registerOn(r).add({})),
@@ -57,6 +58,7 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const std::string& pool, const 
   }
   for (const char* p : {"direct", "disagg", "fallback"}) path_.add({{"path", p}});
   for (const char* d : {"to_host", "to_device"}) kv_staged_bytes_.add({{"direction", d}});
+  for (const char* o : {"captured", "replayed", "left"}) cuda_graph_steps_.add({{"outcome", o}});
 }
 
 void AgentMetrics::onStep(const engine::StepStats& s) {
@@ -83,6 +85,9 @@ void AgentMetrics::onStep(const engine::StepStats& s) {
   }
   kv_staging_seconds_.increment(std::chrono::duration<double>(s.kv_staging_time).count());
   tensor_parallel_wait_seconds_.increment(std::chrono::duration<double>(s.tensor_parallel_wait_time).count());
+  if (s.graph_steps_captured > 0) cuda_graph_steps_.add({{"outcome", "captured"}}).increment(s.graph_steps_captured);
+  if (s.graph_steps_replayed > 0) cuda_graph_steps_.add({{"outcome", "replayed"}}).increment(s.graph_steps_replayed);
+  if (s.graph_steps_left > 0) cuda_graph_steps_.add({{"outcome", "left"}}).increment(s.graph_steps_left);
   if (s.num_scheduled_tokens > 0) {
     busy_seconds_.increment(std::chrono::duration<double>(s.schedule_time + s.model_time + s.postprocess_time).count());
   }

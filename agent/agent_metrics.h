@@ -44,6 +44,7 @@ class AgentMetrics {
   metrics::Counter& kv_staging_seconds_;
   metrics::Gauge& tensor_parallel_ranks_;
   metrics::Counter& tensor_parallel_wait_seconds_;
+  metrics::Family<metrics::Counter>& cuda_graph_steps_;
   metrics::Gauge& kv_blocks_capacity_;
   metrics::Gauge& kv_blocks_free_;
   metrics::Gauge& running_;

@@ -44,7 +44,9 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> makeRankBackend(const std::stri
   const engine::CpuBackendOptions cpu{.num_threads = world > 1 ? std::max(1, cores / world) : 0, .simd = simd};
   if (device == "cuda") return makeCudaDeviceBackend(rank);
   if (device == "cuda-emulator") {
-    return std::unique_ptr<engine::Backend>(std::make_unique<engine::KernelBackend>(engine::KernelBackendOptions{.gemm = cpu}));
+    auto kernels = std::make_unique<engine::KernelBackend>(engine::KernelBackendOptions{.gemm = cpu});
+    TANDEM_RETURN_IF_ERROR(kernels->status());  // TANDEM_CUDA_GRAPHS unreadable
+    return std::unique_ptr<engine::Backend>(std::move(kernels));
   }
   return std::unique_ptr<engine::Backend>(std::make_unique<engine::CpuBackend>(cpu));
 }

@@ -334,6 +334,10 @@ StepStats Engine::step() {
   st.kv_staged_to_device_bytes = std::exchange(staged_to_device_bytes_, 0);
   st.kv_staging_time = std::exchange(staging_time_, Duration{0});
   if (group != nullptr) st.tensor_parallel_wait_time = std::chrono::duration_cast<Duration>(group->takeWaitTime());
+  const BackendStats backend = backend_->stats();
+  st.graph_steps_captured = static_cast<int>(backend.graph_steps_captured - std::exchange(graph_captured_seen_, backend.graph_steps_captured));
+  st.graph_steps_replayed = static_cast<int>(backend.graph_steps_replayed - std::exchange(graph_replayed_seen_, backend.graph_steps_replayed));
+  st.graph_steps_left = static_cast<int>(backend.graph_steps_left - std::exchange(graph_left_seen_, backend.graph_steps_left));
   return st;
 }
 

@@ -135,6 +135,11 @@ struct StepStats {
   // With tensor parallelism: time rank 0 waited for the other ranks (their
   // partials, Dones and staged KV) since the previous step's stats.
   Duration tensor_parallel_wait_time{0};
+  // Decode steps the backend ran as CUDA graphs since the previous step's
+  // stats (BackendStats::graph_steps_*): at most one of the three is 1.
+  int graph_steps_captured = 0;
+  int graph_steps_replayed = 0;
+  int graph_steps_left = 0;
 };
 
 // Tokens a request reserves at admission: prompt + expected output
@@ -344,6 +349,8 @@ class Engine {
   size_t max_stop_len_ = 0;
   uint64_t num_finished_ = 0;  // requests ended so far, by any path
   LayerObserverFn layer_observer_;
+  // The backend's graph counters (BackendStats::graph_steps_*) at the last step's stats.
+  int64_t graph_captured_seen_ = 0, graph_replayed_seen_ = 0, graph_left_seen_ = 0;
   std::vector<float> logits_;
   // Device sampling (EngineOptions::sample_on_device): per chunk that wants
   // logits, its params, its draw (taken before the step, as the host

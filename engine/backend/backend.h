@@ -55,6 +55,12 @@ struct BackendStats {
   double gemm_flops = 0;                  // 2·m·n·k summed over calls (requested shapes, not padding)
   std::chrono::nanoseconds attention_time{0};    // inside attention()
   std::chrono::nanoseconds elementwise_time{0};  // inside rmsNorm, rope, swiglu, gatherRows and writeKv
+  // Decode steps run as graphs (KernelBackend's CUDA graphs): captured (a
+  // new graph, then run), replayed, and left (a launch differed, so the
+  // step ran launch by launch). Not reset by resetStats(). Zero elsewhere.
+  int64_t graph_steps_captured = 0;
+  int64_t graph_steps_replayed = 0;
+  int64_t graph_steps_left = 0;
 };
 
 // Shape of multi-head attention with grouped-query KV heads.
@@ -209,6 +215,23 @@ class Backend {
   virtual void sampleLogits(const float* hidden, const PreparedWeight& lm_head, int32_t m,
                             std::span<const SamplingParams> params, std::span<const double> uniforms,
                             std::span<TokenId> tokens) {}
+
+  // A forward pass brackets its calls with beginStep() and endStep(). A
+  // backend that replays captured steps (KernelBackend's CUDA graphs) may
+  // pad a decode step to a bucket of rows: beginStep() returns the rows the
+  // model must then run, `step.rows` or more. The model gives every padding
+  // row a chunk of one row with an empty block table (written nowhere, its
+  // attention zeros), token 0 and position 0, and reads nothing from it.
+  // The calls between may be deferred: they are done when a download
+  // (logits, sampleLogits) returns, or by endStep() (and have failed if
+  // status() says so). On the host backends nothing is padded or deferred.
+  struct StepShape {
+    int32_t rows = 0;          // the batch's rows
+    bool decode = false;  // one row per chunk, each wanting logits; no layer observer, no all-reduce
+    int32_t max_position = 0;  // the highest position of any row
+  };
+  virtual int32_t beginStep(const StepShape& step) { return step.rows; }
+  virtual void endStep() {}
 
   virtual BackendStats stats() const = 0;
   virtual void resetStats() = 0;

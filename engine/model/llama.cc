@@ -5,6 +5,8 @@
 #include <string_view>
 #include <utility>
 
+#include <absl/cleanup/cleanup.h>
+
 #include "engine/backend/kernel_math.h"
 #include "src/common/strings.h"
 
@@ -209,6 +211,16 @@ int32_t LlamaModel::prepareBatch(std::span<const SequenceChunk> batch) {
   return rows;
 }
 
+void LlamaModel::padBatch(int32_t rows) {
+  for (auto r = static_cast<int32_t>(positions_.size()); r < rows; ++r) {
+    chunks_.push_back(ChunkDesc{.row_begin = r, .num_rows = 1, .start_pos = 0, .block_table = {}});
+    tail_chunks_.push_back(ChunkDesc{.row_begin = r, .num_rows = 1, .start_pos = 0, .block_table = {}});
+    positions_.push_back(0);
+    tokens_.push_back(0);
+    logit_rows_.push_back(r);
+  }
+}
+
 void LlamaModel::queryKeyValue(int layer, int32_t rows) {
   const ModelConfig& c = config();
   const LayerResident& w = resident_[static_cast<size_t>(layer)];
@@ -266,8 +278,8 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   if (batch.empty()) return absl::OkStatus();
 
   const ModelConfig& c = config();
-  const int32_t rows = prepareBatch(batch);
-  const auto num_logits = static_cast<int32_t>(logit_rows_.size());
+  int32_t rows = prepareBatch(batch);
+  auto num_logits = static_cast<int32_t>(logit_rows_.size());
   if (sampling != nullptr && !backend_.samplesLogits()) sampling = nullptr;
   if (sampling != nullptr &&
       (sampling->params.size() != static_cast<size_t>(num_logits) ||
@@ -276,6 +288,25 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
     return absl::InvalidArgumentError(strCat("forward: sampling is for ", sampling->params.size(), " rows, ",
                                              sampling->uniforms.size(), " draws and ", sampling->tokens.size(),
                                              " tokens; the batch has ", num_logits, " chunks that want logits"));
+  }
+  // A decode step may be padded to the backend's bucket (Backend::beginStep).
+  int32_t max_position = 0;
+  for (int32_t p : positions_) max_position = std::max(max_position, p);
+  const bool decode = num_logits == rows && (on_layer == nullptr || !*on_layer) && !all_reduce_ && !skip_logits_;
+  const int32_t step_rows = backend_.beginStep({.rows = rows, .decode = decode, .max_position = max_position});
+  const absl::Cleanup end_step = [&] { backend_.endStep(); };
+  const int32_t real_logits = num_logits;
+  if (step_rows > rows) {
+    padBatch(step_rows);
+    rows = step_rows;
+    num_logits = step_rows;
+    if (sampling != nullptr) {
+      pad_params_.assign(sampling->params.begin(), sampling->params.end());
+      pad_params_.resize(static_cast<size_t>(rows), SamplingParams{.temperature = 0.0f});  // greedy
+      pad_uniforms_.assign(sampling->uniforms.begin(), sampling->uniforms.end());
+      pad_uniforms_.resize(static_cast<size_t>(rows));
+      pad_tokens_.assign(static_cast<size_t>(rows), 0);
+    }
   }
   x_.grow(backend_, product(rows, c.hidden_size));
   h_.grow(backend_, product(rows, c.hidden_size));
@@ -317,12 +348,18 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   if (num_logits == 0 || skip_logits_) return backend_.status();
 
   backend_.rmsNorm(tail_x_.data(), final_norm_->data(), h_.data(), num_logits, c.hidden_size, c.rms_norm_eps);
+  if (sampling != nullptr && num_logits > real_logits) {
+    backend_.sampleLogits(h_.data(), *lm_head_, num_logits, pad_params_, pad_uniforms_, pad_tokens_);
+    std::copy_n(pad_tokens_.begin(), real_logits, sampling->tokens.begin());
+    return backend_.status();
+  }
   if (sampling != nullptr) {
     backend_.sampleLogits(h_.data(), *lm_head_, num_logits, sampling->params, sampling->uniforms, sampling->tokens);
     return backend_.status();
   }
   logits->resize(product(num_logits, c.vocab_size));
   backend_.logits(h_.data(), *lm_head_, logits->data(), num_logits);
+  logits->resize(product(real_logits, c.vocab_size));  // without the padding rows'
   return backend_.status();
 }
 

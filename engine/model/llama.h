@@ -117,6 +117,8 @@ class LlamaModel {
                         const std::vector<float>* logits) const;
   // Fills chunks_, positions_, tokens_ and logit_rows_ for the batch; returns the total token count.
   int32_t prepareBatch(std::span<const SequenceChunk> batch);
+  // Pads a decode step's metadata to `rows` rows (Backend::beginStep's padding rows).
+  void padBatch(int32_t rows);
   // q_, k_, v_ of `rows` rows from the normed input h_: projections, the
   // architecture's biases and q/k norms, and RoPE of q and k.
   void queryKeyValue(int layer, int32_t rows);
@@ -157,6 +159,10 @@ class LlamaModel {
   std::vector<int32_t> positions_;      // [total_tokens] absolute position of each row
   std::vector<int32_t> tokens_;         // [total_tokens] token id of each row
   std::vector<int32_t> logit_rows_;     // [num_want_logits] row of each chunk's last token
+  // A padded decode step's sampling inputs and tokens (padding rows greedy).
+  std::vector<SamplingParams> pad_params_;
+  std::vector<double> pad_uniforms_;
+  std::vector<TokenId> pad_tokens_;
   // An activation buffer of at least `floats` floats (its data() for this step).
   class Activation {
    public:

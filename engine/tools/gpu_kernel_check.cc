@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -604,6 +605,105 @@ bool checkModel(const std::string& family) {
   return compareLogits("model " + family + " through the CUDA backend (" + (*cuda)->device().name() + ")", want, got);
 }
 
+// Decode steps as CUDA graphs (KernelBackend's graph steps): 8 sequences of
+// the tiny model decoding together on the device, graphed and launch by
+// launch: the same bits, the graphs replayed, and the time per step of each
+// (the host's launch cost is what graphs remove; the tiny model shows it
+// best).
+bool checkGraphs() {
+  const auto weights = weightsOf("tiny");
+  const engine::ModelConfig& config = weights->config;
+  constexpr int kSeqs = 8, kPrompt = 40, kDecodes = 40, kTimedFrom = 8;
+  struct Run {
+    std::vector<std::vector<float>> logits;
+    double seconds_per_step = 0;
+    engine::KernelBackend::GraphStats stats;
+    std::string error;
+  };
+  auto run = [&](int32_t graph_max_rows) {
+    Run r;
+    auto backend = engine::makeCudaBackend(0, graph_max_rows);
+    if (!backend.ok()) {
+      r.error = std::string(backend.status().message());
+      return r;
+    }
+    auto model = engine::LlamaModel::create(weights, **backend);
+    const engine::KvLayout layout = engine::kvLayoutFor(config, kSeqs * 8, 16);
+    auto memory = (*backend)->kvMemory(layout.totalFloats() * sizeof(float));
+    if (!model.ok() || !memory.ok()) {
+      r.error = std::string(!model.ok() ? model.status().message() : memory.status().message());
+      return r;
+    }
+    engine::KvStorage kv(layout, std::move(*memory));
+    std::mt19937 token_rng(11);
+    std::vector<std::vector<tandem::TokenId>> tokens(kSeqs);
+    std::vector<std::vector<tandem::BlockId>> tables(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) {
+      for (int t = 0; t < kPrompt + kDecodes; ++t) {
+        tokens[s].push_back(static_cast<tandem::TokenId>(token_rng() % static_cast<uint32_t>(config.vocab_size)));
+      }
+      for (int b = 0; b < 8; ++b) tables[s].push_back(tandem::BlockId(s * 8 + b));
+    }
+    std::vector<float> logits;
+    auto forward = [&](std::span<const engine::SequenceChunk> batch) {
+      const absl::Status st = (*model)->forward(batch, kv, &logits);
+      if (!st.ok() && r.error.empty()) r.error = std::string(st.message());
+      return st.ok();
+    };
+    for (int s = 0; s < kSeqs; ++s) {
+      const engine::SequenceChunk c{.tokens = std::span<const tandem::TokenId>(tokens[s]).first(kPrompt),
+                                    .start_pos = 0,
+                                    .block_table = tables[s],
+                                    .want_logits = true};
+      if (!forward(std::span<const engine::SequenceChunk>(&c, 1))) return r;
+    }
+    auto start = std::chrono::steady_clock::now();
+    for (int d = 0; d < kDecodes; ++d) {
+      if (d == kTimedFrom) start = std::chrono::steady_clock::now();
+      std::vector<engine::SequenceChunk> batch;
+      for (int s = 0; s < kSeqs; ++s) {
+        batch.push_back(engine::SequenceChunk{
+            .tokens = std::span<const tandem::TokenId>(tokens[s]).subspan(static_cast<size_t>(kPrompt + d), 1),
+            .start_pos = kPrompt + d,
+            .block_table = tables[s],
+            .want_logits = true});
+      }
+      if (!forward(batch)) return r;
+      r.logits.push_back(logits);  // each step waits for its logits: the step's whole time
+    }
+    r.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                         (kDecodes - kTimedFrom);
+    r.stats = (*backend)->graphStats();
+    return r;
+  };
+  const Run eager = run(0), graphed = run(engine::kDefaultGraphMaxRows);
+  for (const Run* r : {&eager, &graphed}) {
+    if (!r->error.empty()) {
+      std::printf("FAIL graphs: %s\n", r->error.c_str());
+      return false;
+    }
+  }
+  bool same = eager.logits.size() == graphed.logits.size();
+  for (size_t s = 0; same && s < eager.logits.size(); ++s) {
+    same = eager.logits[s].size() == graphed.logits[s].size() &&
+           std::memcmp(eager.logits[s].data(), graphed.logits[s].data(), eager.logits[s].size() * sizeof(float)) == 0;
+  }
+  const bool replayed = graphed.stats.replayed >= kDecodes - 2 && eager.stats.replayed == 0;
+  const bool pass = same && replayed;
+  std::printf("%s graphs           decode steps of %d rows: %s bits graphed and launch by launch; %lld captured, "
+              "%lld replayed, %lld left\n",
+              pass ? "PASS" : "FAIL", kSeqs, same ? "the same" : "DIFFERENT",
+              static_cast<long long>(graphed.stats.captured), static_cast<long long>(graphed.stats.replayed),
+              static_cast<long long>(graphed.stats.eager));
+  if (g_timing) {
+    std::printf("     graphs           %.1f us per decode step graphed, %.1f us launch by launch (graphed / launch by "
+                "launch %.3f)\n",
+                graphed.seconds_per_step * 1e6, eager.seconds_per_step * 1e6,
+                graphed.seconds_per_step / eager.seconds_per_step);
+  }
+  return pass;
+}
+
 // One rank of a tensor-parallel group of `world` processes (one per GPU):
 // the tiny model's shard on GPU rank % devices, NCCL's all-reduce wired
 // through the rendezvous at `socket`, against the whole model on the CPU.
@@ -693,6 +793,7 @@ int main(int argc, char** argv) {
   for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;
   if (model) {
     for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModel(family) && all_pass;
+    all_pass = checkGraphs() && all_pass;
   }
   std::printf("%s\n", all_pass ? "all kernels PASS" : "some kernels FAIL");
   return all_pass ? 0 : 1;

@@ -47,6 +47,12 @@ TEST(AgentDeviceTest, TheCudaEmulatorServesWhatTheCpuBackendServes) {
     EXPECT_FALSE(want.empty());
     EXPECT_EQ(complete(*emulated, prompt), want) << prompt;
   }
+  // The decode steps ran as graphs (docs/cuda.md), each replay matching
+  // the launches (or the answers above would differ); none on the CPU.
+  const std::string m = scrape(*emulated), c = scrape(*cpu);
+  EXPECT_GE(metricValueWith(m, "tandem_cuda_graph_steps_total", "outcome=\"captured\""), 1) << m;
+  EXPECT_GE(metricValueWith(m, "tandem_cuda_graph_steps_total", "outcome=\"replayed\""), 10) << m;
+  EXPECT_EQ(metricValueWith(c, "tandem_cuda_graph_steps_total", "outcome=\"replayed\""), 0);
   EXPECT_EQ(emulated->stop(SIGTERM), 0) << emulated->log();
   EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
 }
@@ -101,6 +107,17 @@ TEST(AgentDeviceTest, CudaWithoutACudaBackendIsAStartUpErrorThatSaysWhatToUse) {
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("--device cuda: this tandem-agent has no CUDA backend"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("use --device cpu"), std::string::npos) << r.out;
+}
+
+// A TANDEM_CUDA_GRAPHS the backend cannot read stops start-up, naming it,
+// instead of serving with graphs silently on or off.
+TEST(AgentDeviceTest, AnUnreadableGraphSettingIsAStartUpErrorNamingIt) {
+  const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
+  const testutil::CommandResult r = testutil::runCommand(
+      "TANDEM_CUDA_GRAPHS=sometimes " + std::string(bin_dir ? bin_dir : "build/bin") +
+      "/tandem-agent --listen 127.0.0.1:0 --device cuda-emulator --model-dir " + testing::tinyModelDir() + " 2>&1");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("TANDEM_CUDA_GRAPHS=sometimes: expected on, off"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -31,6 +31,13 @@ absl::Status launched(int code, const char* kernel) {
   return absl::InternalError(absl::StrCat(kernel, " launch: ", cudaErrorText(code), " (", code, ")"));
 }
 
+class CudaGraph final : public DeviceGraph {
+ public:
+  explicit CudaGraph(cudaGraphExec_t e) : exec(e) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec); }
+  cudaGraphExec_t exec;
+};
+
 class CudaDevice final : public Device {
  public:
   CudaDevice(int ordinal, std::string name, cudaStream_t stream)
@@ -175,6 +182,29 @@ class CudaDevice final : public Device {
     return launched(launchSample(c, a, stream_), "sample");
   }
 
+  // Thread-local mode: this thread's calls that a capture forbids fail
+  // (and end it), other threads' do not.
+  absl::Status beginCapture() override {
+    TANDEM_RETURN_IF_ERROR(current());
+    return cudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() override {
+    TANDEM_RETURN_IF_ERROR(current());
+    cudaGraph_t graph = nullptr;
+    TANDEM_RETURN_IF_ERROR(cudaStatus(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture"));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TANDEM_RETURN_IF_ERROR(cudaStatus(e, "cudaGraphInstantiate"));
+    return std::unique_ptr<DeviceGraph>(std::make_unique<CudaGraph>(exec));
+  }
+  absl::Status launchGraph(const DeviceGraph& graph) override {
+    TANDEM_RETURN_IF_ERROR(current());
+    const auto* g = dynamic_cast<const CudaGraph*>(&graph);
+    if (g == nullptr) return absl::InvalidArgumentError(absl::StrCat(name_, ": a graph another device captured"));
+    return cudaStatus(cudaGraphLaunch(g->exec, stream_), "cudaGraphLaunch");
+  }
+
  private:
   int ordinal_;
   std::string name_;
@@ -278,6 +308,9 @@ class CublasKernelGemm final : public KernelGemm {
   }
   BackendStats stats() const override { return stats_; }
   void resetStats() override { stats_ = BackendStats{}; }
+  const void* weightData(const PreparedWeight& w) const override {
+    return static_cast<const DeviceWeight&>(w).data();
+  }
 
  private:
   absl::Status run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
@@ -312,10 +345,12 @@ absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu
   return std::unique_ptr<KernelGemm>(std::make_unique<CublasKernelGemm>(std::move(device), stream, std::move(cublas)));
 }
 
-absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal) {
+absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal, std::optional<int32_t> graph_max_rows) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<gpu::Device> device, gpu::makeCudaDevice(ordinal));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KernelGemm> gemm, cublasKernelGemm(device));
-  return std::make_unique<KernelBackend>(std::move(device), std::move(gemm));
+  auto backend = std::make_unique<KernelBackend>(std::move(device), std::move(gemm), graph_max_rows);
+  TANDEM_RETURN_IF_ERROR(backend->status());  // TANDEM_CUDA_GRAPHS unreadable
+  return backend;
 }
 
 }  // namespace tandem::engine

@@ -15,6 +15,7 @@
 // against the CPU backend on the first machine with one (e2e/gpu-smoke.sh).
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "engine/backend/cuda/device.h"
@@ -43,7 +44,9 @@ namespace tandem::engine {
 // prepareWeight, GEMMs on the device's stream.
 absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device);
 
-// The CUDA backend on device `ordinal`.
-absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal);
+// The CUDA backend on device `ordinal`; decode steps graphed up to
+// `graph_max_rows` rows (unset: TANDEM_CUDA_GRAPHS, kernel_backend.h).
+absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal,
+                                                               std::optional<int32_t> graph_max_rows = std::nullopt);
 
 }  // namespace tandem::engine

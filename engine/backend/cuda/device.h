@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -43,6 +44,15 @@ bool withinRegion(const std::map<uintptr_t, Region>& regions, const void* p, siz
   --it;
   return at + bytes <= it->first + size_of(it->second);
 }
+
+// A captured sequence of launches (a CUDA graph), run again and again by
+// Device::launchGraph with the pointers and shapes it was captured with:
+// only the contents of the memory it reads change between runs. Belongs to
+// the device that captured it, and must go before it.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+};
 
 class Device {
  public:
@@ -96,13 +106,23 @@ class Device {
   virtual absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) = 0;
   virtual absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) = 0;
   virtual absl::Status sample(const LaunchConfig& c, const SampleArgs& a) = 0;
+
+  // Graph capture (CUDA's stream capture): between beginCapture() and
+  // endCapture() the launches (and a GPU's cuBLAS calls on the stream) are
+  // recorded, not run; endCapture() returns them as a graph, and
+  // launchGraph() runs it in stream order. While capturing, nothing may
+  // copy, zero, synchronize, allocate or release (an error on the executor,
+  // as on a GPU): a graph holds launches only, and the memory they read is
+  // filled by copies made outside it.
+  virtual absl::Status beginCapture() = 0;
+  virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() = 0;
+  virtual absl::Status launchGraph(const DeviceGraph& graph) = 0;
 };
 
 // Host memory as device memory, kernels on the CPU executor.
 class ExecutorDevice final : public Device {
  public:
-  explicit ExecutorDevice(const CpuExecutor::Options& options = CpuExecutor::optionsFromEnvironment())
-      : executor_(options) {}
+  explicit ExecutorDevice(const CpuExecutor::Options& options = CpuExecutor::optionsFromEnvironment());
   ~ExecutorDevice() override;
 
   std::string name() const override { return "cpu-executor"; }
@@ -140,6 +160,17 @@ class ExecutorDevice final : public Device {
   absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) override;
   absl::Status sample(const LaunchConfig& c, const SampleArgs& a) override;
 
+  // Recording closures of the launches (each argument checked when it is
+  // recorded), run in order by launchGraph.
+  absl::Status beginCapture() override;
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() override;
+  absl::Status launchGraph(const DeviceGraph& graph) override;
+  bool capturing() const { return capture_ != nullptr; }
+  // Host work in stream order: run now, or recorded into the graph being
+  // captured. The executor's GEMM goes through it (cpuKernelGemm), as
+  // cuBLAS's calls on a GPU's stream go into its graphs.
+  absl::Status hostTask(std::function<absl::Status()> work);
+
   const CpuExecutor& executor() const { return executor_; }
 
  private:
@@ -158,11 +189,15 @@ class ExecutorDevice final : public Device {
   absl::Status check(const char* kernel, std::initializer_list<std::pair<const char*, const void*>> pointers);
   bool ownsStart(const void* p) const;
   void runQueued();
+  // An error naming `what` while a graph is being captured (see Device).
+  absl::Status notWhileCapturing(const char* what) const;
+  class Graph;
 
   CpuExecutor executor_;
   std::map<uintptr_t, Region> regions_;  // by first address
   std::map<uintptr_t, size_t> pinned_;   // host memory pinned: first address -> bytes
   std::vector<QueuedCopy> queued_;
+  std::unique_ptr<Graph> capture_;  // the graph being captured, if any
 };
 
 }  // namespace tandem::gpu

@@ -4,8 +4,11 @@
 #include <cassert>
 #include <chrono>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 
 #include "engine/backend/cuda/kernels.h"
@@ -37,40 +40,309 @@ class DeviceBuffer final : public BackendBuffer {
   bool adopted_;
 };
 
-// The CPU backend's GEMM on the executor device's (host) memory.
+// The CPU backend's GEMM on the executor device's (host) memory, in its
+// stream order (hostTask).
 class CpuKernelGemm final : public KernelGemm {
  public:
-  explicit CpuKernelGemm(const CpuBackendOptions& options) : cpu_(options) {}
+  CpuKernelGemm(const CpuBackendOptions& options, std::shared_ptr<gpu::ExecutorDevice> device)
+      : cpu_(options), device_(std::move(device)) {}
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w_host, int32_t n, int32_t k) override {
     return cpu_.prepareWeight(w_host, n, k);
   }
   absl::Status gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
-    cpu_.gemm(x, w, y, m, accumulate);
-    return absl::OkStatus();
+    return device_->hostTask([this, x, &w, y, m, accumulate] {
+      cpu_.gemm(x, w, y, m, accumulate);
+      return absl::OkStatus();
+    });
   }
   absl::Status gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
                     bool accumulate) override {
-    cpu_.gemm(x, w, y, m, n, k, accumulate);
-    return absl::OkStatus();
+    return device_->hostTask([this, x, w, y, m, n, k, accumulate] {
+      cpu_.gemm(x, w, y, m, n, k, accumulate);
+      return absl::OkStatus();
+    });
   }
   BackendStats stats() const override { return cpu_.stats(); }
   void resetStats() override { cpu_.resetStats(); }
 
  private:
   CpuBackend cpu_;
+  std::shared_ptr<gpu::ExecutorDevice> device_;
 };
 
 }  // namespace
 
-std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options) {
-  return std::make_unique<CpuKernelGemm>(options);
+std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options,
+                                          std::shared_ptr<gpu::ExecutorDevice> device) {
+  return std::make_unique<CpuKernelGemm>(options, std::move(device));
 }
 
-KernelBackend::KernelBackend(const KernelBackendOptions& options)
-    : KernelBackend(std::make_shared<gpu::ExecutorDevice>(options.executor), cpuKernelGemm(options.gemm)) {}
+absl::StatusOr<int32_t> graphMaxRowsFromEnvironment() {
+  const char* v = std::getenv("TANDEM_CUDA_GRAPHS");
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "on") return kDefaultGraphMaxRows;
+  if (std::string_view(v) == "off") return 0;
+  int32_t rows = 0;
+  if (!absl::SimpleAtoi(v, &rows) || rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GRAPHS=", v,
+                                                   ": expected on, off, or the most rows a graphed decode step has"));
+  }
+  return rows;
+}
 
-KernelBackend::KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm)
-    : device_(std::move(device)), gemm_(std::move(gemm)) {}
+namespace {
+std::shared_ptr<gpu::ExecutorDevice> executorDevice(const KernelBackendOptions& options) {
+  return std::make_shared<gpu::ExecutorDevice>(options.executor);
+}
+}  // namespace
+
+KernelBackend::KernelBackend(const KernelBackendOptions& options) : KernelBackend(executorDevice(options), options) {}
+
+KernelBackend::KernelBackend(std::shared_ptr<gpu::ExecutorDevice> device, const KernelBackendOptions& options)
+    : KernelBackend(device, cpuKernelGemm(options.gemm, device), options.graph_max_rows) {}
+
+KernelBackend::KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm,
+                             std::optional<int32_t> graph_max_rows)
+    : device_(std::move(device)), gemm_(std::move(gemm)) {
+  if (graph_max_rows) {
+    graph_max_rows_ = *graph_max_rows;
+  } else if (absl::StatusOr<int32_t> rows = graphMaxRowsFromEnvironment(); rows.ok()) {
+    graph_max_rows_ = *rows;
+  } else {
+    status_ = rows.status();
+  }
+}
+
+class KernelBackend::RecordedCall {
+ public:
+  virtual ~RecordedCall() = default;
+  // The same launch: kernel, shape and every argument (pointers included).
+  virtual bool same(const RecordedCall& other) const = 0;
+  virtual absl::Status run(gpu::Device& device, KernelGemm& gemm) const = 0;
+};
+
+namespace {
+
+template <typename Args>
+class KernelCall final : public KernelBackend::RecordedCall {
+ public:
+  using Kernel = absl::Status (gpu::Device::*)(const gpu::LaunchConfig&, const Args&);
+  KernelCall(Kernel kernel, const gpu::LaunchConfig& config, const Args& args)
+      : kernel_(kernel), config_(config), args_(args) {}
+  bool same(const RecordedCall& other) const override {
+    const auto* o = dynamic_cast<const KernelCall*>(&other);
+    return o != nullptr && o->kernel_ == kernel_ && o->config_ == config_ && o->args_ == args_;
+  }
+  absl::Status run(gpu::Device& device, KernelGemm&) const override { return (device.*kernel_)(config_, args_); }
+
+ private:
+  Kernel kernel_;
+  gpu::LaunchConfig config_;
+  Args args_;
+};
+
+class GemmCall final : public KernelBackend::RecordedCall {
+ public:
+  GemmCall(const float* x, const PreparedWeight* prepared, const void* weight_data, const float* w, float* y,
+           int32_t m, int32_t n, int32_t k, bool accumulate)
+      : x_(x),
+        prepared_(prepared),
+        weight_data_(weight_data),
+        w_(w),
+        y_(y),
+        m_(m),
+        n_(n),
+        k_(k),
+        accumulate_(accumulate) {}
+  bool same(const RecordedCall& other) const override {
+    const auto* o = dynamic_cast<const GemmCall*>(&other);
+    return o != nullptr && o->x_ == x_ && o->prepared_ == prepared_ && o->weight_data_ == weight_data_ &&
+           o->w_ == w_ && o->y_ == y_ && o->m_ == m_ && o->n_ == n_ && o->k_ == k_ && o->accumulate_ == accumulate_;
+  }
+  absl::Status run(gpu::Device&, KernelGemm& gemm) const override {
+    if (prepared_ != nullptr) return gemm.gemm(x_, *prepared_, y_, m_, accumulate_);
+    return gemm.gemm(x_, w_, y_, m_, n_, k_, accumulate_);
+  }
+
+ private:
+  const float* x_;
+  const PreparedWeight* prepared_;  // or w_
+  const void* weight_data_;         // KernelGemm::weightData(*prepared_)
+  const float* w_;
+  float* y_;
+  int32_t m_, n_, k_;
+  bool accumulate_;
+};
+
+}  // namespace
+
+template <typename Args>
+void KernelBackend::launch(absl::Status (gpu::Device::*kernel)(const gpu::LaunchConfig&, const Args&),
+                           const gpu::LaunchConfig& c, const Args& a) {
+  if (!status_.ok()) return;
+  if (graphStep() && deferred(std::make_unique<KernelCall<Args>>(kernel, c, a))) return;
+  ok((device_.get()->*kernel)(c, a));
+}
+
+void KernelBackend::runGemm(const float* x, const PreparedWeight* prepared, const float* w, float* y, int32_t m,
+                            int32_t n, int32_t k, bool accumulate) {
+  if (!status_.ok()) return;
+  if (graphStep() &&
+      deferred(std::make_unique<GemmCall>(x, prepared, prepared != nullptr ? gemm_->weightData(*prepared) : nullptr, w,
+                                          y, m, n, k, accumulate))) {
+    return;
+  }
+  ok(prepared != nullptr ? gemm_->gemm(x, *prepared, y, m, accumulate) : gemm_->gemm(x, w, y, m, n, k, accumulate));
+}
+
+int32_t KernelBackend::beginStep(const StepShape& step) {
+  if (mode_ != GraphMode::kOff) endStep();  // a step left open
+  if (!step.decode || step.rows <= 0 || step.rows > graph_max_rows_ || !status_.ok()) return step.rows;
+  int32_t rows = step.rows;
+  for (int32_t b : kGraphRowBuckets) {
+    if (b >= step.rows) {
+      rows = b;
+      break;
+    }
+  }
+  if (rows > graph_max_rows_) rows = step.rows;  // a limit between buckets: this size alone
+  key_ = GraphKey{rows, static_cast<int32_t>(std::bit_ceil(
+                            static_cast<uint32_t>(gpu::attentionSplits(kmath::visibleKeys(step.max_position, 0)))))};
+  mode_ = graphs_.contains(key_) ? GraphMode::kReplay : GraphMode::kCapture;
+  capturing_ = false;
+  captured_.clear();
+  replay_at_ = 0;
+  ++step_id_;
+  staged_scratch_.clear();
+  graph_stats_.padding_rows += rows - step.rows;
+  return rows;
+}
+
+void KernelBackend::endStep() {
+  if (mode_ == GraphMode::kOff) return;
+  finishGraph();
+  // The staged metadata's host copies are rewritten by the next graph
+  // step: its uploads must be done (the stream is idle after the step's
+  // download; a step that had none waits here).
+  ok(device_->synchronize());
+}
+
+bool KernelBackend::deferred(std::unique_ptr<RecordedCall> call) {
+  if (mode_ == GraphMode::kCapture) {
+    if (!capturing_) {
+      if (!ok(device_->beginCapture())) return true;  // failed: status() says why, and nothing more runs
+      capturing_ = true;
+    }
+    ok(call->run(*device_, *gemm_));  // captured, not run
+    captured_.push_back(std::move(call));
+    return true;
+  }
+  const StepGraph& g = graphs_.at(key_);
+  if (replay_at_ < g.calls.size() && g.calls[replay_at_]->same(*call)) {
+    ++replay_at_;
+    return true;
+  }
+  leaveGraph();
+  return false;
+}
+
+void KernelBackend::leaveGraph() {
+  if (!graphStep()) return;
+  const GraphMode mode = mode_;
+  mode_ = GraphMode::kEager;
+  ++graph_stats_.eager;
+  if (mode == GraphMode::kCapture) {
+    if (capturing_) {
+      capturing_ = false;
+      ok(device_->endCapture().status());  // the graph is dropped; it captured nothing it may not
+    }
+    uploadStaged();
+    for (const auto& call : captured_) ok(call->run(*device_, *gemm_));
+    captured_.clear();
+    return;
+  }
+  auto it = graphs_.find(key_);
+  uploadStaged();
+  for (size_t i = 0; i < replay_at_; ++i) ok(it->second.calls[i]->run(*device_, *gemm_));
+  graphs_.erase(it);  // captured again by the next step of this key
+}
+
+void KernelBackend::finishGraph() {
+  const GraphMode mode = mode_;
+  mode_ = GraphMode::kOff;
+  if (mode == GraphMode::kOff || mode == GraphMode::kEager) return;
+  if (mode == GraphMode::kCapture) {
+    std::vector<std::unique_ptr<RecordedCall>> calls = std::move(captured_);
+    captured_.clear();
+    if (!capturing_) return;  // nothing was launched
+    capturing_ = false;
+    absl::StatusOr<std::unique_ptr<gpu::DeviceGraph>> graph = device_->endCapture();
+    if (!ok(graph.status())) return;
+    uploadStaged();
+    if (!ok(device_->launchGraph(**graph))) return;
+    graphs_[key_] = StepGraph{std::move(*graph), std::move(calls)};
+    ++graph_stats_.captured;
+    return;
+  }
+  auto it = graphs_.find(key_);
+  if (replay_at_ != it->second.calls.size()) {  // the step made fewer calls than the graph has
+    mode_ = GraphMode::kReplay;
+    leaveGraph();
+    mode_ = GraphMode::kOff;
+    return;
+  }
+  uploadStaged();
+  if (ok(device_->launchGraph(*it->second.graph))) ++graph_stats_.replayed;
+}
+
+void KernelBackend::uploadStaged() {
+  for (Scratch* scratch : staged_scratch_) {
+    const std::span<const std::byte> staged = scratch->staged();
+    ok(device_->uploadAsync(scratch->data(), staged.data(), staged.size()));
+  }
+  staged_scratch_.clear();
+}
+
+KernelBackend::GraphStats KernelBackend::graphStats() const {
+  GraphStats s = graph_stats_;
+  s.graphs = static_cast<int64_t>(graphs_.size());
+  return s;
+}
+
+void KernelBackend::Scratch::reserveBytes(KernelBackend& backend, size_t bytes) {
+  const size_t floats = std::max<size_t>((bytes + sizeof(float) - 1) / sizeof(float), 1);
+  if (buffer_ && buffer_->floats() >= floats) return;
+  // Launches deferred by a graph step may read this buffer, and its
+  // graph holds its address: the step leaves the graph first.
+  backend.leaveGraph();
+  const size_t grown = std::max(floats, 2 * (buffer_ ? buffer_->floats() : 0));
+  buffer_.reset();
+  uploaded_.clear();
+  buffer_ = backend.allocate(grown);
+}
+
+void* KernelBackend::Scratch::stageBytes(KernelBackend& backend, std::span<const std::byte> host) {
+  if (staged_step_ != backend.step_id_) {
+    staged_step_ = backend.step_id_;
+    staged_.clear();
+    places_.clear();
+  }
+  if (backend.graphStep()) uploaded_.clear();  // the device copy becomes what is staged
+  for (const Place& p : places_) {
+    if (p.bytes == host.size() && std::equal(host.begin(), host.end(), staged_.begin() + static_cast<ptrdiff_t>(p.offset))) {
+      return backend.graphStep() ? buffer_->data() + p.offset / sizeof(float) : nullptr;
+    }
+  }
+  const size_t offset = places_.empty() ? 0 : staged_.size();
+  const size_t room = std::bit_ceil(std::max<size_t>(host.size(), 64));
+  const bool fits = buffer_ && buffer_->floats() * sizeof(float) >= offset + room;
+  if (!fits) reserveBytes(backend, offset + room);  // leaves the graph: the caller uploads now
+  staged_.resize(offset + room);
+  std::copy(host.begin(), host.end(), staged_.begin() + static_cast<ptrdiff_t>(offset));
+  places_.push_back(Place{offset, host.size()});
+  if (!fits || !backend.graphStep()) return nullptr;  // the room is made; uploaded by the caller
+  if (places_.size() == 1) backend.staged_scratch_.push_back(this);
+  return buffer_->data() + offset / sizeof(float);
+}
 
 KernelBackend::~KernelBackend() {
   if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));
@@ -142,7 +414,7 @@ void KernelBackend::add(float* x, const float* y, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
   if (n <= 0 || !inDeviceMemory("add", {{"x", x, count}, {"y", y, count}})) return;
-  ok(device_->add(gpu::elementwiseLaunch(n), gpu::AddArgs{x, y, n}));
+  launch(&gpu::Device::add, gpu::elementwiseLaunch(n), gpu::AddArgs{x, y, n});
 }
 
 std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
@@ -151,19 +423,22 @@ std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int
 
 void KernelBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
   if (!inDeviceMemory("gemm", {{"x", x, size(m, w.k())}, {"y", y, size(m, w.n())}})) return;
-  ok(gemm_->gemm(x, w, y, m, accumulate));
+  runGemm(x, &w, nullptr, y, m, w.n(), w.k(), accumulate);
 }
 
 void KernelBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
   if (!inDeviceMemory("gemm", {{"x", x, size(m, k)}, {"w", w, size(n, k)}, {"y", y, size(m, n)}})) return;
-  ok(gemm_->gemm(x, w, y, m, n, k, accumulate));
+  runGemm(x, nullptr, w, y, m, n, k, accumulate);
 }
 
 void KernelBackend::logits(const float* hidden, const PreparedWeight& lm_head, float* logits_host, int32_t m) {
   if (!inDeviceMemory("logits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
   const size_t n = size(m, lm_head.n());
   float* out = d_logits_out_.reserve<float>(*this, n);
-  if (out == nullptr || !ok(gemm_->gemm(hidden, lm_head, out, m, false))) return;
+  if (out == nullptr) return;
+  runGemm(hidden, &lm_head, nullptr, out, m, lm_head.n(), lm_head.k(), false);
+  finishGraph();
+  if (!status_.ok()) return;
   ok(device_->download(logits_host, out, n * sizeof(float)));
 }
 
@@ -172,7 +447,7 @@ void KernelBackend::rmsNorm(const float* x, const float* weight, float* out, int
   if (!inDeviceMemory("rmsNorm", {{"x", x, size(rows, dim)}, {"weight", weight, size(1, dim)}, {"out", out, size(rows, dim)}})) {
     return;
   }
-  ok(device_->rmsNorm(gpu::rmsNormLaunch(rows), gpu::RmsNormArgs{x, weight, out, rows, dim, eps}));
+  launch(&gpu::Device::rmsNorm, gpu::rmsNormLaunch(rows), gpu::RmsNormArgs{x, weight, out, rows, dim, eps});
 }
 
 void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
@@ -196,22 +471,23 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
   }
   const int32_t* d_positions = d_positions_.uploadOnce(*this, std::span<const int32_t>(positions, static_cast<size_t>(rows)));
   if (d_positions == nullptr) return;
-  ok(device_->rope(gpu::ropeLaunch(rows),
+  launch(&gpu::Device::rope, gpu::ropeLaunch(rows),
                    gpu::RopeArgs{x, d_positions, d_rope_cos_.reserve<float>(*this, rope_uploaded_),
-                                 d_rope_sin_.reserve<float>(*this, rope_uploaded_), rows, num_heads, head_dim}));
+                                 d_rope_sin_.reserve<float>(*this, rope_uploaded_), rows, num_heads, head_dim});
 }
 
 void KernelBackend::addBias(float* y, const float* bias, int32_t rows, int32_t dim) {
   const ScopedTimer t(&stats_.elementwise_time);
   if (!inDeviceMemory("addBias", {{"y", y, size(rows, dim)}, {"bias", bias, size(1, dim)}})) return;
-  ok(device_->addBias(gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim), gpu::AddBiasArgs{y, bias, rows, dim}));
+  launch(&gpu::Device::addBias, gpu::elementwiseLaunch(static_cast<int64_t>(rows) * dim),
+         gpu::AddBiasArgs{y, bias, rows, dim});
 }
 
 void KernelBackend::swiglu(const float* gate, const float* up, float* out, int64_t n) {
   const ScopedTimer t(&stats_.elementwise_time);
   const auto count = static_cast<size_t>(n);
   if (n <= 0 || !inDeviceMemory("swiglu", {{"gate", gate, count}, {"up", up, count}, {"out", out, count}})) return;
-  ok(device_->swiglu(gpu::elementwiseLaunch(n), gpu::SwigluArgs{gate, up, out, n}));
+  launch(&gpu::Device::swiglu, gpu::elementwiseLaunch(n), gpu::SwigluArgs{gate, up, out, n});
 }
 
 void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) {
@@ -221,7 +497,7 @@ void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t nu
   if (!inDeviceMemory("gatherRows", {{"src", src, size(src_rows, dim)}, {"dst", dst, size(num_rows, dim)}})) return;
   const int32_t* d_rows = d_rows_.uploadOnce(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
   if (d_rows == nullptr) return;
-  ok(device_->gatherRows(gpu::gatherRowsLaunch(num_rows), gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim}));
+  launch(&gpu::Device::gatherRows, gpu::gatherRowsLaunch(num_rows), gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim});
 }
 
 void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
@@ -233,6 +509,11 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   for (const ChunkDesc& c : chunks) {
     for (int32_t r = 0; r < c.num_rows; ++r) {
       const int32_t pos = c.start_pos + r;
+      if (c.block_table.empty()) {  // a graph bucket's padding row (Backend::beginStep): written nowhere
+        row_block_.push_back(-1);
+        row_slot_.push_back(0);
+        continue;
+      }
       row_block_.push_back(c.block_table[static_cast<size_t>(kmath::blockIndexOf(pos, layout.block_size))].value());
       row_slot_.push_back(kmath::slotOf(pos, layout.block_size));
     }
@@ -246,9 +527,9 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   const int32_t* d_block = d_row_block_.uploadOnce<int32_t>(*this, row_block_);
   const int32_t* d_slot = d_row_slot_.uploadOnce<int32_t>(*this, row_slot_);
   if (pool == nullptr || d_block == nullptr || d_slot == nullptr) return;
-  ok(device_->writeKv(gpu::writeKvLaunch(rows), gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer,
+  launch(&gpu::Device::writeKv, gpu::writeKvLaunch(rows), gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer,
                                                                   layout.num_blocks, layout.block_size,
-                                                                  layout.num_kv_heads, layout.head_dim}));
+                                                                  layout.num_kv_heads, layout.head_dim});
 }
 
 void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
@@ -257,9 +538,9 @@ void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
   const KvLayout& layout = kv.layout();
   float* pool = kvPool(kv);
   if (pool == nullptr) return;
-  ok(device_->copyKvBlock(gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()),
+  launch(&gpu::Device::copyKvBlock, gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()),
                           gpu::CopyKvBlockArgs{pool, src.value(), dst.value(), layout.num_blocks,
-                                               static_cast<int64_t>(layout.floatsPerLayerBlock())}));
+                                               static_cast<int64_t>(layout.floatsPerLayerBlock())});
 }
 
 void KernelBackend::downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
@@ -302,7 +583,8 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
     const auto table_at = static_cast<int32_t>(block_tables_.size());
     for (BlockId b : c.block_table) block_tables_.push_back(b.value());
     for (int32_t r = 0; r < c.num_rows; ++r) {
-      const int32_t pos = c.start_pos + r;
+      // A graph bucket's padding row (an empty table) reads no keys.
+      const int32_t pos = c.block_table.empty() ? -1 : c.start_pos + r;
       const int32_t s = gpu::attentionSplits(kmath::visibleKeys(c.start_pos, r));
       row_pos_.push_back(pos);
       row_table_.push_back(table_at);
@@ -316,6 +598,14 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   const size_t floats = size(rows, int64_t{shape.num_heads} * shape.head_dim);
   if (!inDeviceMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
   const float* pool = kvPool(kv);
+  if (inGraphStep()) {
+    // The graph's shape: its key's splits, whatever this step's rows need
+    // (at most that: the key is the bucket above them); the partials' room
+    // for them, so the buffer stays put. (Also once the step has left its
+    // graph: the next step of the key then fits.)
+    max_splits = key_.splits;
+    splits = rows * key_.splits;
+  }
   float* partial = d_partial_.reserve<float>(*this, static_cast<size_t>(splits) * static_cast<size_t>(shape.num_heads) *
                                                     static_cast<size_t>(gpu::attentionPartialFloats(shape.head_dim)));
   const int32_t* d_tables = d_block_tables_.uploadOnce<int32_t>(*this, block_tables_);
@@ -339,10 +629,9 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
                                 shape.num_kv_heads,
                                 shape.head_dim,
                                 kmath::attentionScale(shape.head_dim)};
-  if (!ok(device_->attentionSplit(gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim), args))) {
-    return;
-  }
-  ok(device_->attentionCombine(gpu::attentionCombineLaunch(rows, shape.num_heads), args));
+  launch(&gpu::Device::attentionSplit, gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim),
+         args);
+  launch(&gpu::Device::attentionCombine, gpu::attentionCombineLaunch(rows, shape.num_heads), args);
 }
 
 void KernelBackend::sampleOnDevice(const float* d_logits, int32_t vocab, std::span<const SamplingParams> params,
@@ -368,7 +657,9 @@ void KernelBackend::sampleOnDevice(const float* d_logits, int32_t vocab, std::sp
                              d_sampled,
                              rows,
                              vocab};
-  if (d_logits != nullptr && status_.ok() && ok(device_->sample(gpu::sampleLaunch(rows), args))) {
+  if (d_logits != nullptr && status_.ok()) launch(&gpu::Device::sample, gpu::sampleLaunch(rows), args);
+  finishGraph();
+  if (d_logits != nullptr && status_.ok()) {
     ok(device_->download(sampled_.data(), d_sampled, sampled_.size() * sizeof(int32_t)));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -404,7 +695,8 @@ void KernelBackend::sampleLogits(const float* hidden, const PreparedWeight& lm_h
   if (m == 0 || !inDeviceMemory("sampleLogits", {{"hidden", hidden, size(m, lm_head.k())}})) return;
   const int32_t vocab = lm_head.n();
   float* d_logits = d_logits_out_.reserve<float>(*this, size(m, vocab));
-  if (d_logits == nullptr || !ok(gemm_->gemm(hidden, lm_head, d_logits, m, false))) return;
+  if (d_logits == nullptr) return;
+  runGemm(hidden, &lm_head, nullptr, d_logits, m, vocab, lm_head.k(), false);
   sampleOnDevice(d_logits, vocab, params, uniforms, tokens);
   if (!status_.ok()) return;  // the step fails: status() says why
   // Rows the kernel hands back (more candidates than it holds): their logits
@@ -427,6 +719,9 @@ BackendStats KernelBackend::stats() const {
   s.gemm_calls = g.gemm_calls;
   s.gemm_time = g.gemm_time;
   s.gemm_flops = g.gemm_flops;
+  s.graph_steps_captured = graph_stats_.captured;
+  s.graph_steps_replayed = graph_stats_.replayed;
+  s.graph_steps_left = graph_stats_.eager;
   return s;
 }
 

@@ -36,7 +36,9 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -59,14 +61,30 @@ class KernelGemm {
                             bool accumulate) = 0;
   virtual BackendStats stats() const = 0;  // gemm_calls, gemm_time, gemm_flops
   virtual void resetStats() = 0;
+  // The memory a GEMM with `w` reads, where a captured graph holds it
+  // instead of `w` (a GPU's copy); nullptr where the GEMM reads through `w`
+  // when it runs. A graph replay compares it, so that a weight freed and
+  // another made at its address is never taken for it.
+  virtual const void* weightData(const PreparedWeight& w) const { return nullptr; }
 };
 
-// The CPU backend's GEMM (host memory: the executor device's).
-std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options);
+// The CPU backend's GEMM on `device`'s (host) memory, in its stream order
+// (ExecutorDevice::hostTask): captured into its graphs as cuBLAS's calls
+// are into a GPU's.
+std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options, std::shared_ptr<gpu::ExecutorDevice> device);
+
+// Decode steps run as CUDA graphs (KernelBackend's "Graph steps" below) up
+// to this many rows by default; TANDEM_CUDA_GRAPHS overrides it: "off" (or
+// 0) runs every step launch by launch, a number N graphs steps of up to N
+// rows. Anything else is an error (graphMaxRowsFromEnvironment's status).
+constexpr int32_t kDefaultGraphMaxRows = 128;
+absl::StatusOr<int32_t> graphMaxRowsFromEnvironment();
 
 struct KernelBackendOptions {
   gpu::CpuExecutor::Options executor = gpu::CpuExecutor::optionsFromEnvironment();
   CpuBackendOptions gemm;  // the stand-in for cuBLAS
+  // Graph decode steps of up to this many rows; 0: never. Unset: from the environment.
+  std::optional<int32_t> graph_max_rows;
 };
 
 class KernelBackend : public Backend {
@@ -74,8 +92,12 @@ class KernelBackend : public Backend {
   // On the CPU executor with the CPU backend's GEMM.
   explicit KernelBackend(const KernelBackendOptions& options = {});
   // On `device` with `gemm` (which works on that device's memory).
-  KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm);
+  KernelBackend(std::shared_ptr<gpu::Device> device, std::unique_ptr<KernelGemm> gemm,
+                std::optional<int32_t> graph_max_rows = std::nullopt);
   ~KernelBackend() override;
+
+  // On the executor `device` with the CPU backend's GEMM (tests that look at the device).
+  KernelBackend(std::shared_ptr<gpu::ExecutorDevice> device, const KernelBackendOptions& options);
 
   // OK, or the first failure (see the header comment).
   absl::Status status() const override { return status_; }
@@ -114,8 +136,41 @@ class KernelBackend : public Backend {
   bool samplesLogits() const override { return true; }
   void sampleLogits(const float* hidden, const PreparedWeight& lm_head, int32_t m, std::span<const SamplingParams> params,
                     std::span<const double> uniforms, std::span<TokenId> tokens) override;
+  int32_t beginStep(const StepShape& step) override;
+  void endStep() override;
   BackendStats stats() const override;
   void resetStats() override;
+
+  // Graph steps (CUDA graphs). A decode step of up to graph_max_rows rows
+  // is padded to a bucket of rows (kGraphRowBuckets) and keyed by (bucket,
+  // attention splits bucket: the power of two at or above the most splits a
+  // row has). The first step of a key captures its launches and GEMMs into a
+  // graph (Device::beginCapture); later steps of the key replay it: the
+  // model makes the same calls, the backend builds the same launches
+  // (pointers, shapes, scalars) and checks each against the graph's, stages
+  // the step's metadata (positions, slots, block tables, sampling
+  // parameters) in host memory instead of uploading it, and at the step's
+  // download uploads it (one asynchronous copy per buffer) and launches the
+  // graph: one launch instead of hundreds, and no wait between them. A
+  // launch that differs (a buffer grown, so a pointer moved), a staging
+  // buffer without room, or a growing RoPE table leaves the graph for the
+  // rest of the step: what it had deferred runs launch by launch, then the
+  // rest does; the next step of that key captures it again. So a graph
+  // never runs with anything but the launches the step asked for, and the
+  // results are the step's launch-by-launch results, bit for bit.
+  static constexpr int32_t kGraphRowBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128};
+  struct GraphStats {
+    int64_t captured = 0;  // steps that captured a graph (and ran it)
+    int64_t replayed = 0;  // steps that ran a captured graph
+    int64_t eager = 0;     // graph steps that left their graph and ran launch by launch
+    int64_t padding_rows = 0;  // rows added to reach a bucket
+    int64_t graphs = 0;        // graphs held now
+  };
+  GraphStats graphStats() const;
+  int32_t graphMaxRows() const { return graph_max_rows_; }
+
+  // A launch or GEMM a graph step recorded (kernel_backend.cc).
+  class RecordedCall;
 
   // One token per row of logits [rows, vocab] (host) by the sampling kernel
   // (sampling_kernel.h): row r with params[r] and the draw uniforms[r] (its
@@ -158,12 +213,36 @@ class KernelBackend : public Backend {
   // The cache's pool as device memory (adopted in place on the executor).
   float* kvPool(const KvStorage& kv);
 
+  // A kernel launch or a GEMM: run now, or taken by the graph step
+  // (captured, or matched against the graph being replayed).
+  template <typename Args>
+  void launch(absl::Status (gpu::Device::*kernel)(const gpu::LaunchConfig&, const Args&), const gpu::LaunchConfig& c,
+              const Args& a);
+  void runGemm(const float* x, const PreparedWeight* prepared, const float* w, float* y, int32_t m, int32_t n,
+               int32_t k, bool accumulate);
+  // True when the graph step took `call`; false: run it now.
+  bool deferred(std::unique_ptr<RecordedCall> call);
+  bool graphStep() const { return mode_ == GraphMode::kCapture || mode_ == GraphMode::kReplay; }
+  // A decode step the graphs took, including one that has left its graph.
+  bool inGraphStep() const { return mode_ != GraphMode::kOff; }
+  // Leaves the graph for the rest of the step: the staged metadata is
+  // uploaded and the calls deferred so far run launch by launch.
+  void leaveGraph();
+  // The step's deferred work: the staged metadata uploaded and the graph
+  // launched (captured first, when capturing).
+  void finishGraph();
+  void uploadStaged();
+
   // Device memory for one kind of per-call metadata, grown on demand.
   class Scratch {
    public:
-    // Uploads `host`; nullptr (and status() set) when that failed.
+    // Uploads `host`; nullptr (and status() set) when that failed. In a
+    // graph step, staged instead (stage()).
     template <typename T>
     T* upload(KernelBackend& backend, std::span<const T> host) {
+      if (backend.inGraphStep()) {
+        if (T* d = stage(backend, host)) return d;
+      }
       T* d = reserve<T>(backend, host.size());
       uploaded_.clear();  // a buffer written here may be written by a kernel too: never reused
       if (d != nullptr && !backend.ok(backend.device_->upload(d, host.data(), host.size_bytes()))) return nullptr;
@@ -178,6 +257,9 @@ class KernelBackend : public Backend {
     // uploaded.
     template <typename T>
     T* uploadOnce(KernelBackend& backend, std::span<const T> host) {
+      if (backend.inGraphStep()) {
+        if (T* d = stage(backend, host)) return d;
+      }
       const auto* bytes = reinterpret_cast<const std::byte*>(host.data());
       if (buffer_ && !host.empty() && uploaded_.size() == host.size_bytes() &&
           std::equal(uploaded_.begin(), uploaded_.end(), bytes)) {
@@ -190,19 +272,42 @@ class KernelBackend : public Backend {
     }
     template <typename T>
     T* reserve(KernelBackend& backend, size_t n) {
-      const size_t floats = std::max<size_t>((n * sizeof(T) + sizeof(float) - 1) / sizeof(float), 1);
-      if (!buffer_ || buffer_->floats() < floats) {
-        const size_t grown = std::max(floats, 2 * (buffer_ ? buffer_->floats() : 0));
-        buffer_.reset();
-        uploaded_.clear();
-        buffer_ = backend.allocate(grown);
-      }
+      reserveBytes(backend, n * sizeof(T));
       return buffer_ ? reinterpret_cast<T*>(buffer_->data()) : nullptr;
     }
+    // The contents staged in this buffer by the current graph step (host),
+    // for uploadStaged().
+    std::span<const std::byte> staged() const { return staged_; }
+    float* data() const { return buffer_ ? buffer_->data() : nullptr; }
 
    private:
+    // At least `bytes` of device memory (a graph step leaves its graph
+    // before the buffer moves).
+    void reserveBytes(KernelBackend& backend, size_t bytes);
+    // A graph step's copy of `host` in this buffer: where it will be once
+    // uploadStaged() has run. The same contents staged twice in a step
+    // share a place; different contents get places of their own, each
+    // rounded up to a power of two (so a step's places stay where the last
+    // step's were while the sizes stay within them). nullptr when the
+    // buffer has no room: the step has left its graph, and the buffer has
+    // grown to the room it needed. After the step has left its graph,
+    // nothing is staged but the room is still made, so that the next step
+    // of the key fits.
+    template <typename T>
+    T* stage(KernelBackend& backend, std::span<const T> host) {
+      void* d = stageBytes(backend, {reinterpret_cast<const std::byte*>(host.data()), host.size_bytes()});
+      return static_cast<T*>(d);
+    }
+    void* stageBytes(KernelBackend& backend, std::span<const std::byte> host);
+
     std::unique_ptr<BackendBuffer> buffer_;
     std::vector<std::byte> uploaded_;  // what uploadOnce put there last
+    std::vector<std::byte> staged_;    // this graph step's contents (host), uploaded by uploadStaged
+    struct Place {
+      size_t offset, bytes;
+    };
+    std::vector<Place> places_;  // of staged_
+    int64_t staged_step_ = -1;   // the graph step they belong to
   };
 
   std::shared_ptr<gpu::Device> device_;
@@ -224,6 +329,27 @@ class KernelBackend : public Backend {
   std::vector<float> handed_back_;  // a logits row the kernel left to the host
   int64_t rows_sampled_on_device_ = 0, rows_sampled_on_host_ = 0;
   MetadataUploads metadata_uploads_;
+
+  // Graph steps.
+  enum class GraphMode { kOff, kCapture, kReplay, kEager };
+  struct GraphKey {
+    int32_t rows = 0, splits = 0;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct StepGraph {
+    std::unique_ptr<gpu::DeviceGraph> graph;
+    std::vector<std::unique_ptr<RecordedCall>> calls;  // what it was captured from
+  };
+  int32_t graph_max_rows_ = 0;
+  std::map<GraphKey, StepGraph> graphs_;
+  GraphMode mode_ = GraphMode::kOff;
+  GraphKey key_;               // the graph step's
+  bool capturing_ = false;     // the device is capturing (since the step's first launch)
+  std::vector<std::unique_ptr<RecordedCall>> captured_;  // the calls captured so far
+  size_t replay_at_ = 0;       // the calls of the replayed graph matched so far
+  int64_t step_id_ = 0;        // counts graph steps (Scratch::staged_step_)
+  std::vector<Scratch*> staged_scratch_;  // the Scratch buffers this graph step staged in
+  GraphStats graph_stats_;
 };
 
 }  // namespace tandem::engine

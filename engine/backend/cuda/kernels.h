@@ -34,6 +34,7 @@ struct RmsNormArgs {
   float* out;           // [rows, dim]; may equal x
   int32_t rows, dim;
   float eps;
+  bool operator==(const RmsNormArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kRmsNormThreads = 128;
 inline LaunchConfig rmsNormLaunch(int32_t rows) {
@@ -78,6 +79,7 @@ struct RopeArgs {
   const float* cos_table;    // [positions][head_dim / 2]
   const float* sin_table;    // [positions][head_dim / 2]
   int32_t rows, num_heads, head_dim;
+  bool operator==(const RopeArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kRopeThreads = 128;
 inline LaunchConfig ropeLaunch(int32_t rows) { return {{static_cast<uint32_t>(rows), 1, 1}, {kRopeThreads, 1, 1}, 0}; }
@@ -116,6 +118,7 @@ struct SwigluArgs {
   const float* up;    // [n]
   float* out;         // [n]; may equal gate or up
   int64_t n;
+  bool operator==(const SwigluArgs&) const = default;  // a graph replay compares its launches
 };
 TANDEM_KERNEL swigluKernel(const SwigluArgs a) {
   const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
@@ -129,6 +132,7 @@ struct AddArgs {
   float* x;        // [n]
   const float* y;  // [n]; does not overlap x
   int64_t n;
+  bool operator==(const AddArgs&) const = default;  // a graph replay compares its launches
 };
 TANDEM_KERNEL addKernel(const AddArgs a) {
   const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
@@ -139,6 +143,7 @@ struct AddBiasArgs {
   float* y;           // [rows, dim]
   const float* bias;  // [dim]
   int32_t rows, dim;
+  bool operator==(const AddBiasArgs&) const = default;  // a graph replay compares its launches
 };
 TANDEM_KERNEL addBiasKernel(const AddBiasArgs a) {
   const int64_t n = static_cast<int64_t>(a.rows) * a.dim;
@@ -153,6 +158,7 @@ struct GatherRowsArgs {
   const int32_t* rows;  // [num_rows], indices into src
   float* dst;           // [num_rows, dim]
   int32_t num_rows, dim;
+  bool operator==(const GatherRowsArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kGatherThreads = 128;
 inline LaunchConfig gatherRowsLaunch(int32_t num_rows) {
@@ -174,9 +180,10 @@ struct WriteKvArgs {
   const float* k;            // [rows, num_kv_heads * head_dim]
   const float* v;            // [rows, num_kv_heads * head_dim]
   float* kv;                 // the pool: [layers][blocks][2][block_size][num_kv_heads][head_dim]
-  const int32_t* row_block;  // [rows]
+  const int32_t* row_block;  // [rows]; negative: a padding row (a graph's bucket), written nowhere
   const int32_t* row_slot;   // [rows]
   int32_t rows, layer, num_blocks, block_size, num_kv_heads, head_dim;
+  bool operator==(const WriteKvArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kWriteKvThreads = 128;
 inline LaunchConfig writeKvLaunch(int32_t rows) {
@@ -184,6 +191,7 @@ inline LaunchConfig writeKvLaunch(int32_t rows) {
 }
 TANDEM_KERNEL writeKvKernel(const WriteKvArgs a) {
   const int r = blockX();
+  if (a.row_block[r] < 0) return;  // the whole block: it has no barrier
   const int width = a.num_kv_heads * a.head_dim;
   const size_t k_at = kmath::kvOffset(a.layer, a.row_block[r], false, a.row_slot[r], 0, a.num_blocks, a.block_size,
                                       a.num_kv_heads, a.head_dim);
@@ -204,6 +212,7 @@ struct CopyKvBlockArgs {
   float* kv;  // the pool (WriteKvArgs::kv)
   int32_t src, dst, num_blocks;
   int64_t floats_per_layer_block;  // KvLayout::floatsPerLayerBlock
+  bool operator==(const CopyKvBlockArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kCopyThreads = 256;
 inline LaunchConfig copyKvBlockLaunch(int32_t num_layers, size_t floats_per_layer_block) {
@@ -266,12 +275,14 @@ struct AttentionArgs {
   float* out;                   // [rows, num_heads * head_dim]
   const float* kv;              // the pool (WriteKvArgs::kv)
   const int32_t* block_tables;  // every row's chunk's block table, concatenated
-  const int32_t* row_pos;       // [rows] the row's position (it sees keys [0, row_pos])
+  const int32_t* row_pos;       // [rows] the row's position (it sees keys [0, row_pos]); negative: a
+                                //   padding row (a graph's bucket), which reads no keys and gets zeros
   const int32_t* row_table;     // [rows] where its block table starts in block_tables
   const int32_t* row_split;     // [rows] its first split's index in `partial`
   float* partial;               // [splits of all rows][num_heads][attentionPartialFloats]
   int32_t rows, layer, num_blocks, block_size, num_heads, num_kv_heads, head_dim;
   float scale;  // kmath::attentionScale(head_dim)
+  bool operator==(const AttentionArgs&) const = default;  // a graph replay compares its launches
 };
 // Grid: x = query heads, y = rows, z = the most splits any row has.
 inline LaunchConfig attentionSplitLaunch(int32_t rows, int32_t num_heads, int32_t max_splits, int32_t head_dim) {
@@ -281,6 +292,7 @@ inline LaunchConfig attentionSplitLaunch(int32_t rows, int32_t num_heads, int32_
 }
 TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
   const int h = blockX(), row = blockY(), split = blockZ();
+  if (a.row_pos[row] < 0) return;  // a padding row (the whole block)
   const int32_t visible = a.row_pos[row] + 1;
   if (split >= attentionSplits(visible)) return;  // the whole block: no barrier is left waiting
   const int32_t split_keys = attentionSplitKeys(visible);
@@ -350,8 +362,14 @@ inline LaunchConfig attentionCombineLaunch(int32_t rows, int32_t num_heads) {
 // order. With one split the factor is exactly 1 (expIeee(0) = 1): out = o / l.
 TANDEM_KERNEL attentionCombineKernel(const AttentionArgs a) {
   const int h = blockX(), row = blockY();
-  const int32_t splits = attentionSplits(a.row_pos[row] + 1);
   const int hd = a.head_dim;
+  float* out = a.out + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h)) *
+                           static_cast<size_t>(hd);
+  if (a.row_pos[row] < 0) {  // a padding row: zeros, not 0 / 0
+    for (int d = laneId(); d < hd; d += kWarpSize) out[d] = 0.0f;
+    return;
+  }
+  const int32_t splits = attentionSplits(a.row_pos[row] + 1);
   const size_t stride = static_cast<size_t>(a.num_heads) * static_cast<size_t>(attentionPartialFloats(hd));
   const float* first = a.partial + static_cast<size_t>(a.row_split[row]) * stride +
                        static_cast<size_t>(h) * static_cast<size_t>(attentionPartialFloats(hd));
@@ -362,8 +380,6 @@ TANDEM_KERNEL attentionCombineKernel(const AttentionArgs a) {
     const float* part = first + static_cast<size_t>(s) * stride;
     if (part[hd + 1] > 0.0f) l += part[hd + 1] * kmath::expIeee(part[hd] - m);
   }
-  float* out = a.out + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h)) *
-                           static_cast<size_t>(hd);
   for (int d = laneId(); d < hd; d += kWarpSize) {
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) {

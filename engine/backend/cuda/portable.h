@@ -38,12 +38,14 @@ constexpr int kWarpSize = 32;
 // A launch's shape (CUDA's dim3, spelled out so host code needs no CUDA header).
 struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
+  bool operator==(const Dim3&) const = default;  // a graph replay compares its launches
 };
 
 struct LaunchConfig {
   Dim3 grid;
   Dim3 block;               // block.y == block.z == 1; block.x a multiple of 32
   size_t shared_bytes = 0;  // dynamic shared memory per block
+  bool operator==(const LaunchConfig&) const = default;  // a graph replay compares its launches
 };
 
 }  // namespace tandem::gpu

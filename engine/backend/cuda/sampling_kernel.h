@@ -40,6 +40,7 @@ struct SampleArgs {
   double* probs;             // [rows, kSampleMaxCandidates] scratch
   int32_t* out;              // [rows] the token, or kSampleOnHost
   int32_t rows, vocab;
+  bool operator==(const SampleArgs&) const = default;  // a graph replay compares its launches
 };
 
 // Shared memory: the candidates' keys, then the reductions' values, ids and counts.

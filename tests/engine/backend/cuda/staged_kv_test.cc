@@ -157,7 +157,7 @@ TEST(StagedKvTest, TheStagingCopyIsPinnedWhileTheEngineLives) {
   // Page-locked for the device's copies (a GPU copies it by DMA, and
   // asynchronously) from creation until the engine is destroyed.
   auto device = std::make_shared<gpu::ExecutorDevice>();
-  auto backend = std::make_unique<KernelBackend>(device, cpuKernelGemm({}));
+  auto backend = std::make_unique<KernelBackend>(device, KernelBackendOptions{});
   KernelBackend* raw = backend.get();
   EngineOptions o = opts();
   o.kv_memory = [raw](size_t bytes) { return raw->kvMemory(bytes); };
