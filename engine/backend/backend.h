@@ -229,6 +229,7 @@ class Backend {
     int32_t rows = 0;          // the batch's rows
     bool decode = false;  // one row per chunk, each wanting logits; no layer observer, no all-reduce
     int32_t max_position = 0;  // the highest position of any row
+    bool samples = false;      // ends in sampleLogits (else logits, or nothing)
   };
   virtual int32_t beginStep(const StepShape& step) { return step.rows; }
   virtual void endStep() {}

@@ -293,7 +293,8 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
   int32_t max_position = 0;
   for (int32_t p : positions_) max_position = std::max(max_position, p);
   const bool decode = num_logits == rows && (on_layer == nullptr || !*on_layer) && !all_reduce_ && !skip_logits_;
-  const int32_t step_rows = backend_.beginStep({.rows = rows, .decode = decode, .max_position = max_position});
+  const int32_t step_rows = backend_.beginStep(
+      {.rows = rows, .decode = decode, .max_position = max_position, .samples = sampling != nullptr});
   const absl::Cleanup end_step = [&] { backend_.endStep(); };
   const int32_t real_logits = num_logits;
   if (step_rows > rows) {

@@ -605,17 +605,24 @@ bool checkModel(const std::string& family) {
   return compareLogits("model " + family + " through the CUDA backend (" + (*cuda)->device().name() + ")", want, got);
 }
 
-// Decode steps as CUDA graphs (KernelBackend's graph steps): 8 sequences of
-// the tiny model decoding together on the device, graphed and launch by
-// launch: the same bits, the graphs replayed, and the time per step of each
-// (the host's launch cost is what graphs remove; the tiny model shows it
-// best).
+// Decode steps as CUDA graphs (KernelBackend's graph steps) on the device,
+// graphed and launch by launch, with what a graph step must get right on a
+// GPU: 7 sequences (padded to a bucket of 8), one crossing 512 keys (a new
+// splits bucket, so a new graph), a prefill longer than any before halfway
+// (the activations move: the next replay must be refused), logits for the
+// first half and sampling on the device (greedy and seeded) for the second.
+// The same logits and tokens, bit for bit; the graphs captured, replayed
+// and left; and the time per decode step of each, over the second half's
+// steady replays (the host's launch cost is what graphs remove; the tiny
+// model shows it best).
 bool checkGraphs() {
   const auto weights = weightsOf("tiny");
   const engine::ModelConfig& config = weights->config;
-  constexpr int kSeqs = 8, kPrompt = 40, kDecodes = 40, kTimedFrom = 8;
+  constexpr int kSeqs = 7, kDecodes = 40, kHalf = 20, kTimedFrom = 24, kLongPrefill = 700;
+  constexpr int kBlock = 16;
   struct Run {
     std::vector<std::vector<float>> logits;
+    std::vector<tandem::TokenId> tokens;
     double seconds_per_step = 0;
     engine::KernelBackend::GraphStats stats;
     std::string error;
@@ -628,7 +635,7 @@ bool checkGraphs() {
       return r;
     }
     auto model = engine::LlamaModel::create(weights, **backend);
-    const engine::KvLayout layout = engine::kvLayoutFor(config, kSeqs * 8, 16);
+    const engine::KvLayout layout = engine::kvLayoutFor(config, 160, kBlock);
     auto memory = (*backend)->kvMemory(layout.totalFloats() * sizeof(float));
     if (!model.ok() || !memory.ok()) {
       r.error = std::string(!model.ok() ? model.status().message() : memory.status().message());
@@ -636,44 +643,80 @@ bool checkGraphs() {
     }
     engine::KvStorage kv(layout, std::move(*memory));
     std::mt19937 token_rng(11);
-    std::vector<std::vector<tandem::TokenId>> tokens(kSeqs);
-    std::vector<std::vector<tandem::BlockId>> tables(kSeqs);
+    auto tokensOf = [&](int n) {
+      std::vector<tandem::TokenId> t(static_cast<size_t>(n));
+      for (auto& x : t) x = static_cast<tandem::TokenId>(token_rng() % static_cast<uint32_t>(config.vocab_size));
+      return t;
+    };
+    int32_t next_block = 0;
+    auto tableOf = [&](int positions) {
+      std::vector<tandem::BlockId> t;
+      for (int b = 0; b < (positions + kBlock - 1) / kBlock; ++b) t.push_back(tandem::BlockId(next_block++));
+      return t;
+    };
+    std::vector<int> prompt(kSeqs, 40);
+    prompt[0] = 500;  // crosses 512 keys at decode step 12
+    std::vector<std::vector<tandem::TokenId>> tokens;
+    std::vector<std::vector<tandem::BlockId>> tables;
     for (int s = 0; s < kSeqs; ++s) {
-      for (int t = 0; t < kPrompt + kDecodes; ++t) {
-        tokens[s].push_back(static_cast<tandem::TokenId>(token_rng() % static_cast<uint32_t>(config.vocab_size)));
-      }
-      for (int b = 0; b < 8; ++b) tables[s].push_back(tandem::BlockId(s * 8 + b));
+      tokens.push_back(tokensOf(prompt[s] + kDecodes));
+      tables.push_back(tableOf(prompt[s] + kDecodes));
     }
     std::vector<float> logits;
+    const engine::LlamaModel::Sampling* sampling = nullptr;
     auto forward = [&](std::span<const engine::SequenceChunk> batch) {
-      const absl::Status st = (*model)->forward(batch, kv, &logits);
+      const absl::Status st = (*model)->forward(batch, kv, &logits, nullptr, sampling);
       if (!st.ok() && r.error.empty()) r.error = std::string(st.message());
       return st.ok();
     };
+    auto prefill = [&](std::span<const tandem::TokenId> t, std::span<const tandem::BlockId> table) {
+      const engine::SequenceChunk c{.tokens = t, .start_pos = 0, .block_table = table, .want_logits = true};
+      return forward(std::span<const engine::SequenceChunk>(&c, 1));
+    };
     for (int s = 0; s < kSeqs; ++s) {
-      const engine::SequenceChunk c{.tokens = std::span<const tandem::TokenId>(tokens[s]).first(kPrompt),
-                                    .start_pos = 0,
-                                    .block_table = tables[s],
-                                    .want_logits = true};
-      if (!forward(std::span<const engine::SequenceChunk>(&c, 1))) return r;
+      if (!prefill(std::span<const tandem::TokenId>(tokens[s]).first(static_cast<size_t>(prompt[s])), tables[s])) {
+        return r;
+      }
     }
+    std::vector<engine::SamplingParams> params(kSeqs);
+    std::vector<double> uniforms(kSeqs);
+    std::vector<tandem::TokenId> sampled(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) {
+      params[s].temperature = s % 2 == 0 ? 0.0f : 0.8f;
+      params[s].top_k = s % 2 == 0 ? 0 : 40;
+      uniforms[s] = s % 2 == 0 ? 0.0 : 0.125 * s;
+    }
+    const engine::LlamaModel::Sampling sample_on_device{params, uniforms, sampled};
     auto start = std::chrono::steady_clock::now();
     for (int d = 0; d < kDecodes; ++d) {
+      if (d == kHalf) {
+        const auto long_prompt = tokensOf(kLongPrefill);
+        const auto long_table = tableOf(kLongPrefill);
+        sampling = nullptr;
+        if (!prefill(long_prompt, long_table)) return r;
+        sampling = &sample_on_device;
+      }
       if (d == kTimedFrom) start = std::chrono::steady_clock::now();
       std::vector<engine::SequenceChunk> batch;
       for (int s = 0; s < kSeqs; ++s) {
         batch.push_back(engine::SequenceChunk{
-            .tokens = std::span<const tandem::TokenId>(tokens[s]).subspan(static_cast<size_t>(kPrompt + d), 1),
-            .start_pos = kPrompt + d,
+            .tokens = std::span<const tandem::TokenId>(tokens[s]).subspan(static_cast<size_t>(prompt[s] + d), 1),
+            .start_pos = prompt[s] + d,
             .block_table = tables[s],
             .want_logits = true});
       }
       if (!forward(batch)) return r;
-      r.logits.push_back(logits);  // each step waits for its logits: the step's whole time
+      // Each step waits for its logits or tokens: the step's whole time.
+      if (sampling == nullptr) {
+        r.logits.push_back(logits);
+      } else {
+        r.tokens.insert(r.tokens.end(), sampled.begin(), sampled.end());
+      }
     }
     r.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
                          (kDecodes - kTimedFrom);
     r.stats = (*backend)->graphStats();
+    if (!(*backend)->graphFailure().ok()) r.error = std::string((*backend)->graphFailure().message());
     return r;
   };
   const Run eager = run(0), graphed = run(engine::kDefaultGraphMaxRows);
@@ -683,23 +726,26 @@ bool checkGraphs() {
       return false;
     }
   }
-  bool same = eager.logits.size() == graphed.logits.size();
+  bool same = eager.logits.size() == graphed.logits.size() && eager.tokens == graphed.tokens;
   for (size_t s = 0; same && s < eager.logits.size(); ++s) {
     same = eager.logits[s].size() == graphed.logits[s].size() &&
            std::memcmp(eager.logits[s].data(), graphed.logits[s].data(), eager.logits[s].size() * sizeof(float)) == 0;
   }
-  const bool replayed = graphed.stats.replayed >= kDecodes - 2 && eager.stats.replayed == 0;
-  const bool pass = same && replayed;
-  std::printf("%s graphs           decode steps of %d rows: %s bits graphed and launch by launch; %lld captured, "
-              "%lld replayed, %lld left\n",
-              pass ? "PASS" : "FAIL", kSeqs, same ? "the same" : "DIFFERENT",
-              static_cast<long long>(graphed.stats.captured), static_cast<long long>(graphed.stats.replayed),
-              static_cast<long long>(graphed.stats.eager));
+  // Replays in both halves; at least the refused replay after the long
+  // prefill left its graph; none at all launch by launch.
+  const engine::KernelBackend::GraphStats& g = graphed.stats;
+  const bool graphs_ran = g.replayed >= kDecodes / 2 && g.captured >= 3 && g.left >= 1 && g.padding_rows > 0 &&
+                          eager.stats.captured + eager.stats.replayed == 0;
+  const bool pass = same && graphs_ran;
+  std::printf("%s graphs           %d decode steps of %d rows (bucket 8), logits then sampling: %s bits graphed "
+              "and launch by launch; %lld warm-ups, %lld captured, %lld replayed, %lld left\n",
+              pass ? "PASS" : "FAIL", kDecodes, kSeqs, same ? "the same" : "DIFFERENT", static_cast<long long>(g.warmed),
+              static_cast<long long>(g.captured), static_cast<long long>(g.replayed), static_cast<long long>(g.left));
   if (g_timing) {
     std::printf("     graphs           %.1f us per decode step graphed, %.1f us launch by launch (graphed / launch by "
-                "launch %.3f)\n",
+                "launch %.3f; steps %d to %d, sampling on the device)\n",
                 graphed.seconds_per_step * 1e6, eager.seconds_per_step * 1e6,
-                graphed.seconds_per_step / eager.seconds_per_step);
+                graphed.seconds_per_step / eager.seconds_per_step, kTimedFrom, kDecodes - 1);
   }
   return pass;
 }

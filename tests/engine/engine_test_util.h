@@ -89,6 +89,18 @@ class Harness {
   std::map<RequestId, std::shared_ptr<Outcome>> outcomes;
 };
 
+// A small pool for engines on the (slow) kernel backend: 64 blocks of 16,
+// 8 sequences, 256 tokens a step.
+inline EngineOptions smallPoolOptions() {
+  EngineOptions o;
+  o.num_blocks = 64;
+  o.block_size = 16;
+  o.max_num_batched_tokens = 256;
+  o.max_num_seqs = 8;
+  o.seed = 7;
+  return o;
+}
+
 inline RequestSpec greedy(std::vector<TokenId> prompt, int max_tokens) {
   RequestSpec s;
   s.prompt = std::move(prompt);

@@ -15,6 +15,9 @@
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "src/common/status.h"
 
+// cudaGraphInstantiate(exec, graph, flags) and stream capture as used here.
+static_assert(CUDART_VERSION >= 12000, "the CUDA backend needs CUDA 12 or later");
+
 namespace tandem::gpu {
 namespace {
 
@@ -197,6 +200,18 @@ class CudaDevice final : public Device {
     cudaGraphDestroy(graph);
     TANDEM_RETURN_IF_ERROR(cudaStatus(e, "cudaGraphInstantiate"));
     return std::unique_ptr<DeviceGraph>(std::make_unique<CudaGraph>(exec));
+  }
+  void abortCapture() override {
+    if (!current().ok()) return;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capturing) != cudaSuccess || capturing == cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return;
+    }
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);  // an invalidated capture ends with an error and no graph
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // not the next launch's error
   }
   absl::Status launchGraph(const DeviceGraph& graph) override {
     TANDEM_RETURN_IF_ERROR(current());

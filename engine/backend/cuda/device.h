@@ -116,11 +116,15 @@ class Device {
   // filled by copies made outside it.
   virtual absl::Status beginCapture() = 0;
   virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() = 0;
+  // Ends a capture and drops what it recorded (nothing is instantiated);
+  // nothing to do when none is open. For a capture that is given up on.
+  virtual void abortCapture() = 0;
   virtual absl::Status launchGraph(const DeviceGraph& graph) = 0;
 };
 
-// Host memory as device memory, kernels on the CPU executor.
-class ExecutorDevice final : public Device {
+// Host memory as device memory, kernels on the CPU executor. (Tests derive
+// from it to make a call fail.)
+class ExecutorDevice : public Device {
  public:
   explicit ExecutorDevice(const CpuExecutor::Options& options = CpuExecutor::optionsFromEnvironment());
   ~ExecutorDevice() override;
@@ -164,6 +168,7 @@ class ExecutorDevice final : public Device {
   // recorded), run in order by launchGraph.
   absl::Status beginCapture() override;
   absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() override;
+  void abortCapture() override;
   absl::Status launchGraph(const DeviceGraph& graph) override;
   bool capturing() const { return capture_ != nullptr; }
   // Host work in stream order: run now, or recorded into the graph being

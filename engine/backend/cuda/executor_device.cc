@@ -242,6 +242,8 @@ absl::StatusOr<std::unique_ptr<DeviceGraph>> ExecutorDevice::endCapture() {
   return std::unique_ptr<DeviceGraph>(std::move(graph));
 }
 
+void ExecutorDevice::abortCapture() { capture_.reset(); }
+
 absl::Status ExecutorDevice::launchGraph(const DeviceGraph& graph) {
   TANDEM_RETURN_IF_ERROR(notWhileCapturing("launchGraph"));
   const auto* g = dynamic_cast<const Graph*>(&graph);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string_view>
 
+#include <absl/cleanup/cleanup.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 
@@ -82,9 +83,11 @@ absl::StatusOr<int32_t> graphMaxRowsFromEnvironment() {
   if (v == nullptr || *v == '\0' || std::string_view(v) == "on") return kDefaultGraphMaxRows;
   if (std::string_view(v) == "off") return 0;
   int32_t rows = 0;
-  if (!absl::SimpleAtoi(v, &rows) || rows < 0) {
+  if (!absl::SimpleAtoi(v, &rows) || rows < 0 || rows > KernelBackend::kMaxGraphRows) {
     return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GRAPHS=", v,
-                                                   ": expected on, off, or the most rows a graphed decode step has"));
+                                                   ": expected on, off, or the most rows a graphed decode step has, 0 "
+                                                   "to ",
+                                                   KernelBackend::kMaxGraphRows));
   }
   return rows;
 }
@@ -186,6 +189,9 @@ void KernelBackend::launch(absl::Status (gpu::Device::*kernel)(const gpu::Launch
 void KernelBackend::runGemm(const float* x, const PreparedWeight* prepared, const float* w, float* y, int32_t m,
                             int32_t n, int32_t k, bool accumulate) {
   if (!status_.ok()) return;
+  // Counted here, once per GEMM asked for, whether it runs now or in a graph.
+  ++stats_.gemm_calls;
+  stats_.gemm_flops += 2.0 * m * n * k;
   if (graphStep() &&
       deferred(std::make_unique<GemmCall>(x, prepared, prepared != nullptr ? gemm_->weightData(*prepared) : nullptr, w,
                                           y, m, n, k, accumulate))) {
@@ -196,6 +202,7 @@ void KernelBackend::runGemm(const float* x, const PreparedWeight* prepared, cons
 
 int32_t KernelBackend::beginStep(const StepShape& step) {
   if (mode_ != GraphMode::kOff) endStep();  // a step left open
+  step_rows_ = -1;
   if (!step.decode || step.rows <= 0 || step.rows > graph_max_rows_ || !status_.ok()) return step.rows;
   int32_t rows = step.rows;
   for (int32_t b : kGraphRowBuckets) {
@@ -205,19 +212,30 @@ int32_t KernelBackend::beginStep(const StepShape& step) {
     }
   }
   if (rows > graph_max_rows_) rows = step.rows;  // a limit between buckets: this size alone
-  key_ = GraphKey{rows, static_cast<int32_t>(std::bit_ceil(
-                            static_cast<uint32_t>(gpu::attentionSplits(kmath::visibleKeys(step.max_position, 0)))))};
-  mode_ = graphs_.contains(key_) ? GraphMode::kReplay : GraphMode::kCapture;
+  const auto splits = static_cast<int32_t>(
+      std::bit_ceil(static_cast<uint32_t>(gpu::attentionSplits(kmath::visibleKeys(step.max_position, 0)))));
+  key_ = GraphKey{rows, splits, step.samples};
+  if (graphs_.contains(key_)) {
+    mode_ = GraphMode::kReplay;
+  } else if (warmed_.contains(key_)) {
+    mode_ = GraphMode::kCapture;
+  } else {
+    mode_ = GraphMode::kWarmup;
+    warmed_.insert(key_);
+    ++graph_stats_.warmed;
+  }
   capturing_ = false;
   captured_.clear();
   replay_at_ = 0;
   ++step_id_;
   staged_scratch_.clear();
+  step_rows_ = step.rows;
   graph_stats_.padding_rows += rows - step.rows;
   return rows;
 }
 
 void KernelBackend::endStep() {
+  step_rows_ = -1;
   if (mode_ == GraphMode::kOff) return;
   finishGraph();
   // The staged metadata's host copies are rewritten by the next graph
@@ -229,10 +247,16 @@ void KernelBackend::endStep() {
 bool KernelBackend::deferred(std::unique_ptr<RecordedCall> call) {
   if (mode_ == GraphMode::kCapture) {
     if (!capturing_) {
-      if (!ok(device_->beginCapture())) return true;  // failed: status() says why, and nothing more runs
+      if (absl::Status s = device_->beginCapture(); !s.ok()) {
+        graphFailed(s);
+        return false;
+      }
       capturing_ = true;
     }
-    ok(call->run(*device_, *gemm_));  // captured, not run
+    if (absl::Status s = call->run(*device_, *gemm_); !s.ok()) {  // captured, not run
+      graphFailed(s);
+      return false;  // run now, where a bug in the launch fails the step
+    }
     captured_.push_back(std::move(call));
     return true;
   }
@@ -245,59 +269,73 @@ bool KernelBackend::deferred(std::unique_ptr<RecordedCall> call) {
   return false;
 }
 
+void KernelBackend::runDeferred(std::span<const std::unique_ptr<RecordedCall>> calls) {
+  uploadStaged();
+  for (const auto& call : calls) {
+    if (!ok(call->run(*device_, *gemm_))) return;
+  }
+}
+
 void KernelBackend::leaveGraph() {
   if (!graphStep()) return;
   const GraphMode mode = mode_;
-  mode_ = GraphMode::kEager;
-  ++graph_stats_.eager;
+  mode_ = GraphMode::kLeft;
+  ++graph_stats_.left;
   if (mode == GraphMode::kCapture) {
-    if (capturing_) {
-      capturing_ = false;
-      ok(device_->endCapture().status());  // the graph is dropped; it captured nothing it may not
-    }
-    uploadStaged();
-    for (const auto& call : captured_) ok(call->run(*device_, *gemm_));
+    if (capturing_) device_->abortCapture();
+    capturing_ = false;
+    runDeferred(captured_);
     captured_.clear();
     return;
   }
   auto it = graphs_.find(key_);
-  uploadStaged();
-  for (size_t i = 0; i < replay_at_; ++i) ok(it->second.calls[i]->run(*device_, *gemm_));
+  runDeferred(std::span<const std::unique_ptr<RecordedCall>>(it->second.calls).first(replay_at_));
   graphs_.erase(it);  // captured again by the next step of this key
 }
 
+void KernelBackend::graphFailed(const absl::Status& why) {
+  if (graph_failure_.ok()) {
+    graph_failure_ = absl::Status(why.code(), absl::StrCat("CUDA graphs turned off: ", why.message()));
+  }
+  leaveGraph();
+  graph_max_rows_ = 0;
+  graphs_.clear();
+}
+
 void KernelBackend::finishGraph() {
-  const GraphMode mode = mode_;
-  mode_ = GraphMode::kOff;
-  if (mode == GraphMode::kOff || mode == GraphMode::kEager) return;
-  if (mode == GraphMode::kCapture) {
-    std::vector<std::unique_ptr<RecordedCall>> calls = std::move(captured_);
+  const absl::Cleanup off = [this] { mode_ = GraphMode::kOff; };
+  if (!graphStep()) return;  // warming up, or left: nothing deferred
+  if (!status_.ok()) {       // nothing more runs
+    if (capturing_) device_->abortCapture();
+    capturing_ = false;
     captured_.clear();
+    return;
+  }
+  if (mode_ == GraphMode::kCapture) {
     if (!capturing_) return;  // nothing was launched
     capturing_ = false;
     absl::StatusOr<std::unique_ptr<gpu::DeviceGraph>> graph = device_->endCapture();
-    if (!ok(graph.status())) return;
+    if (!graph.ok()) return graphFailed(graph.status());
     uploadStaged();
-    if (!ok(device_->launchGraph(**graph))) return;
-    graphs_[key_] = StepGraph{std::move(*graph), std::move(calls)};
+    if (absl::Status s = device_->launchGraph(**graph); !s.ok()) return graphFailed(s);
+    graphs_[key_] = StepGraph{std::move(*graph), std::move(captured_)};
+    captured_.clear();
     ++graph_stats_.captured;
     return;
   }
   auto it = graphs_.find(key_);
-  if (replay_at_ != it->second.calls.size()) {  // the step made fewer calls than the graph has
-    mode_ = GraphMode::kReplay;
-    leaveGraph();
-    mode_ = GraphMode::kOff;
-    return;
-  }
+  if (replay_at_ != it->second.calls.size()) return leaveGraph();  // the step made fewer calls than the graph has
   uploadStaged();
-  if (ok(device_->launchGraph(*it->second.graph))) ++graph_stats_.replayed;
+  if (absl::Status s = device_->launchGraph(*it->second.graph); !s.ok()) return graphFailed(s);
+  ++graph_stats_.replayed;
 }
 
 void KernelBackend::uploadStaged() {
   for (Scratch* scratch : staged_scratch_) {
     const std::span<const std::byte> staged = scratch->staged();
-    ok(device_->uploadAsync(scratch->data(), staged.data(), staged.size()));
+    if (status_.ok() && ok(device_->uploadAsync(scratch->data(), staged.data(), staged.size()))) {
+      ++metadata_uploads_.uploaded;
+    }
   }
   staged_scratch_.clear();
 }
@@ -306,6 +344,10 @@ KernelBackend::GraphStats KernelBackend::graphStats() const {
   GraphStats s = graph_stats_;
   s.graphs = static_cast<int64_t>(graphs_.size());
   return s;
+}
+
+KernelBackend::Scratch::~Scratch() {
+  if (pinned_on_ != nullptr) pinned_on_->unpinHost(staged_.data());
 }
 
 void KernelBackend::Scratch::reserveBytes(KernelBackend& backend, size_t bytes) {
@@ -318,33 +360,63 @@ void KernelBackend::Scratch::reserveBytes(KernelBackend& backend, size_t bytes) 
   buffer_.reset();
   uploaded_.clear();
   buffer_ = backend.allocate(grown);
+  if (staged_.capacity() > 0) mirror(backend);  // a buffer that stages keeps its host side as large
 }
 
-void* KernelBackend::Scratch::stageBytes(KernelBackend& backend, std::span<const std::byte> host) {
+void KernelBackend::Scratch::mirror(KernelBackend& backend) {
+  const size_t bytes = buffer_ ? buffer_->floats() * sizeof(float) : 0;
+  if (bytes == 0 || staged_.capacity() >= bytes) return;
+  // Pinning is nothing to do while capturing, and a copy may still read
+  // the old host side: the step leaves its graph, and the copies finish
+  // (unpinning waits for them).
+  backend.leaveGraph();
+  if (pinned_on_ != nullptr) {
+    pinned_on_->unpinHost(staged_.data());
+  } else {
+    backend.device_->synchronize().IgnoreError();  // a failure is the next call's to report
+  }
+  pinned_on_ = nullptr;
+  std::vector<std::byte> host;
+  host.reserve(bytes);
+  host.assign(staged_.begin(), staged_.end());
+  staged_.swap(host);
+  // Not pinned: the copies still work, through the driver's own buffers.
+  if (backend.device_->pinHost(staged_.data(), staged_.capacity()).ok()) pinned_on_ = backend.device_.get();
+}
+
+void* KernelBackend::Scratch::stageBytes(KernelBackend& backend, std::span<const std::byte> host, bool share) {
   if (staged_step_ != backend.step_id_) {
     staged_step_ = backend.step_id_;
     staged_.clear();
     places_.clear();
   }
-  if (backend.graphStep()) uploaded_.clear();  // the device copy becomes what is staged
-  for (const Place& p : places_) {
-    if (p.bytes == host.size() && std::equal(host.begin(), host.end(), staged_.begin() + static_cast<ptrdiff_t>(p.offset))) {
-      return backend.graphStep() ? buffer_->data() + p.offset / sizeof(float) : nullptr;
+  const bool staging = backend.graphStep();
+  if (staging) uploaded_.clear();  // the device copy becomes what is staged
+  if (share) {
+    for (const Place& p : places_) {
+      if (p.shared && p.host == host.data() && p.bytes == host.size() &&
+          std::equal(host.begin(), host.end(), staged_.begin() + static_cast<ptrdiff_t>(p.offset))) {
+        return staging ? buffer_->data() + p.offset / sizeof(float) : nullptr;
+      }
     }
   }
-  const size_t offset = places_.empty() ? 0 : staged_.size();
+  const size_t offset = staged_.size();
   const size_t room = std::bit_ceil(std::max<size_t>(host.size(), 64));
-  const bool fits = buffer_ && buffer_->floats() * sizeof(float) >= offset + room;
-  if (!fits) reserveBytes(backend, offset + room);  // leaves the graph: the caller uploads now
-  staged_.resize(offset + room);
+  if (!buffer_ || buffer_->floats() * sizeof(float) < offset + room) {
+    reserveBytes(backend, offset + room);  // leaves the graph: the caller uploads now
+  }
+  mirror(backend);  // the first staging in this buffer (left the graph too)
+  if (!buffer_) return nullptr;
+  staged_.resize(offset + room);  // within its capacity: the buffer's bytes
   std::copy(host.begin(), host.end(), staged_.begin() + static_cast<ptrdiff_t>(offset));
-  places_.push_back(Place{offset, host.size()});
-  if (!fits || !backend.graphStep()) return nullptr;  // the room is made; uploaded by the caller
+  places_.push_back(Place{offset, host.size(), host.data(), share});
+  if (!backend.graphStep()) return nullptr;  // the room is made; uploaded by the caller
   if (places_.size() == 1) backend.staged_scratch_.push_back(this);
   return buffer_->data() + offset / sizeof(float);
 }
 
 KernelBackend::~KernelBackend() {
+  if (capturing_) device_->abortCapture();
   if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));
 }
 
@@ -387,6 +459,7 @@ float* KernelBackend::kvPool(const KvStorage& kv) {
 }
 
 absl::StatusOr<KvMemory> KernelBackend::kvMemory(size_t bytes) {
+  leaveGraph();  // (a graph step defers launches, and a capture allows no allocation)
   TANDEM_ASSIGN_OR_RETURN(void* p, device_->allocate(bytes));
   std::shared_ptr<void> keep(p, [device = device_](void* q) { device->release(q); });
   TANDEM_RETURN_IF_ERROR(device_->zero(p, bytes));
@@ -394,12 +467,14 @@ absl::StatusOr<KvMemory> KernelBackend::kvMemory(size_t bytes) {
 }
 
 std::unique_ptr<BackendBuffer> KernelBackend::allocate(size_t floats) {
+  if (capturing_) leaveGraph();  // a capture allows no allocation
   absl::StatusOr<void*> p = device_->allocate(floats * sizeof(float));
   if (!ok(p.status())) return nullptr;
   return std::make_unique<DeviceBuffer>(static_cast<float*>(*p), floats, device_, false);
 }
 
 std::unique_ptr<BackendBuffer> KernelBackend::residentWeight(std::span<const float> host) {
+  leaveGraph();
   // In place where the device can (the executor's host memory), else a copy.
   auto* p = const_cast<float*>(host.data());
   if (!host.empty() && device_->adoptHost(p, host.size_bytes()).ok()) {
@@ -509,7 +584,7 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   for (const ChunkDesc& c : chunks) {
     for (int32_t r = 0; r < c.num_rows; ++r) {
       const int32_t pos = c.start_pos + r;
-      if (c.block_table.empty()) {  // a graph bucket's padding row (Backend::beginStep): written nowhere
+      if (c.block_table.empty() && inGraphStep()) {  // a graph bucket's padding row (beginStep): written nowhere
         row_block_.push_back(-1);
         row_slot_.push_back(0);
         continue;
@@ -544,26 +619,35 @@ void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
 }
 
 void KernelBackend::downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
+  leaveGraph();  // (a copy is not for a graph: it would be replayed with the step)
   if (!kv.onDevice()) return Backend::downloadKv(kv, offset, host);
   if (!status_.ok()) return;
   ok(device_->downloadAsync(host.data(), kv.bytes().data() + offset, host.size()));
 }
 
 void KernelBackend::uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) {
+  leaveGraph();
   if (!kv.onDevice()) return Backend::uploadKv(kv, offset, host);
   if (!status_.ok()) return;
   ok(device_->uploadAsync(kv.bytes().data() + offset, host.data(), host.size()));
 }
 
 void KernelBackend::finishKvCopies() {
+  leaveGraph();
   // Always waited for, after a failed copy too: the copies queued before it
   // read or write host memory that may be freed once this returns.
   ok(device_->synchronize());
 }
 
-absl::Status KernelBackend::pinKvHost(std::span<std::byte> host) { return device_->pinHost(host.data(), host.size()); }
+absl::Status KernelBackend::pinKvHost(std::span<std::byte> host) {
+  leaveGraph();
+  return device_->pinHost(host.data(), host.size());
+}
 
-void KernelBackend::unpinKvHost(std::span<std::byte> host) { device_->unpinHost(host.data()); }
+void KernelBackend::unpinKvHost(std::span<std::byte> host) {
+  leaveGraph();
+  device_->unpinHost(host.data());
+}
 
 void KernelBackend::attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
                               const AttentionShape& shape, float* out) {
@@ -584,7 +668,7 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
     for (BlockId b : c.block_table) block_tables_.push_back(b.value());
     for (int32_t r = 0; r < c.num_rows; ++r) {
       // A graph bucket's padding row (an empty table) reads no keys.
-      const int32_t pos = c.block_table.empty() ? -1 : c.start_pos + r;
+      const int32_t pos = c.block_table.empty() && inGraphStep() ? -1 : c.start_pos + r;
       const int32_t s = gpu::attentionSplits(kmath::visibleKeys(c.start_pos, r));
       row_pos_.push_back(pos);
       row_table_.push_back(table_at);
@@ -664,7 +748,7 @@ void KernelBackend::sampleOnDevice(const float* d_logits, int32_t vocab, std::sp
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = status_.ok() ? sampled_[i] : gpu::kSampleOnHost;
-    if (tokens[i] != gpu::kSampleOnHost) ++rows_sampled_on_device_;
+    if (tokens[i] != gpu::kSampleOnHost && !padding(i)) ++rows_sampled_on_device_;
   }
 }
 
@@ -675,6 +759,7 @@ std::vector<TokenId> KernelBackend::sample(std::span<const float> logits, int32_
   std::vector<TokenId> tokens(params.size());
   if (on_host != nullptr) *on_host = 0;
   if (params.empty()) return tokens;
+  leaveGraph();
   // These logits are the host's: uploaded, sampled there.
   sampleOnDevice(d_logits_.upload(*this, logits), vocab, params, uniforms, tokens);
   // After a failure every row is decided on the host (status() says why).
@@ -709,19 +794,19 @@ void KernelBackend::sampleLogits(const float* hidden, const PreparedWeight& lm_h
       return;
     }
     tokens[i] = sampleTokenWithDraw(handed_back_, params[i], uniforms[i], &sampler_scratch_);
-    ++rows_sampled_on_host_;
+    if (!padding(i)) ++rows_sampled_on_host_;
   }
 }
 
 BackendStats KernelBackend::stats() const {
   BackendStats s = stats_;
   const BackendStats g = gemm_->stats();
-  s.gemm_calls = g.gemm_calls;
+  // Calls and flops are counted per GEMM asked for (runGemm), graphed or
+  // not; the time is the GEMM's own (on a GPU, the host's time to issue it).
   s.gemm_time = g.gemm_time;
-  s.gemm_flops = g.gemm_flops;
   s.graph_steps_captured = graph_stats_.captured;
   s.graph_steps_replayed = graph_stats_.replayed;
-  s.graph_steps_left = graph_stats_.eager;
+  s.graph_steps_left = graph_stats_.left;
   return s;
 }
 

@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -75,8 +76,9 @@ std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options, std:
 
 // Decode steps run as CUDA graphs (KernelBackend's "Graph steps" below) up
 // to this many rows by default; TANDEM_CUDA_GRAPHS overrides it: "off" (or
-// 0) runs every step launch by launch, a number N graphs steps of up to N
-// rows. Anything else is an error (graphMaxRowsFromEnvironment's status).
+// 0) runs every step launch by launch, a number N (at most
+// KernelBackend::kMaxGraphRows) graphs steps of up to N rows. Anything else
+// is an error (graphMaxRowsFromEnvironment's status).
 constexpr int32_t kDefaultGraphMaxRows = 128;
 absl::StatusOr<int32_t> graphMaxRowsFromEnvironment();
 
@@ -143,31 +145,42 @@ class KernelBackend : public Backend {
 
   // Graph steps (CUDA graphs). A decode step of up to graph_max_rows rows
   // is padded to a bucket of rows (kGraphRowBuckets) and keyed by (bucket,
-  // attention splits bucket: the power of two at or above the most splits a
-  // row has). The first step of a key captures its launches and GEMMs into a
-  // graph (Device::beginCapture); later steps of the key replay it: the
-  // model makes the same calls, the backend builds the same launches
-  // (pointers, shapes, scalars) and checks each against the graph's, stages
-  // the step's metadata (positions, slots, block tables, sampling
-  // parameters) in host memory instead of uploading it, and at the step's
-  // download uploads it (one asynchronous copy per buffer) and launches the
-  // graph: one launch instead of hundreds, and no wait between them. A
-  // launch that differs (a buffer grown, so a pointer moved), a staging
-  // buffer without room, or a growing RoPE table leaves the graph for the
-  // rest of the step: what it had deferred runs launch by launch, then the
-  // rest does; the next step of that key captures it again. So a graph
-  // never runs with anything but the launches the step asked for, and the
-  // results are the step's launch-by-launch results, bit for bit.
-  static constexpr int32_t kGraphRowBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128};
+  // attention splits bucket: the power of two at or above the most splits
+  // a row has, and whether it samples on the device or downloads logits).
+  // The first step of a key runs launch by launch (a warm-up: the key's
+  // buffers reach their sizes, and first-use work such as cuBLASLt's
+  // heuristics happens outside any capture). The second captures its
+  // launches and GEMMs into a graph (Device::beginCapture); later steps of
+  // the key replay it: the model makes the same calls, the backend builds
+  // the same launches (pointers, shapes, scalars) and checks each against
+  // the graph's, stages the step's metadata (positions, slots, block
+  // tables, sampling parameters) in pinned host memory instead of uploading
+  // it, and at the step's download uploads it (one asynchronous copy per
+  // buffer) and launches the graph: one launch instead of hundreds, and no
+  // wait between them. A launch that differs (a buffer grown, so a pointer
+  // moved), a staging buffer without room, or a growing RoPE table leaves
+  // the graph for the rest of the step: what it had deferred runs launch
+  // by launch, then the rest does; the next step of that key captures it
+  // again. So a graph never runs anything but the launches the step asked
+  // for, and the results are the step's launch-by-launch results, bit for
+  // bit. A capture or graph launch that fails turns graphs off for good
+  // (graphFailure() says why): that step and every later one run launch
+  // by launch, and the backend keeps serving.
+  static constexpr int32_t kGraphRowBuckets[] = {1,  2,   4,   8,   16,  24,  32,  48,  64, 96,
+                                                 128, 160, 192, 224, 256, 320, 384, 448, 512};
+  static constexpr int32_t kMaxGraphRows = 512;
   struct GraphStats {
-    int64_t captured = 0;  // steps that captured a graph (and ran it)
-    int64_t replayed = 0;  // steps that ran a captured graph
-    int64_t eager = 0;     // graph steps that left their graph and ran launch by launch
+    int64_t warmed = 0;        // first steps of a key, run launch by launch
+    int64_t captured = 0;      // steps that captured a graph (and ran it)
+    int64_t replayed = 0;      // steps that ran a captured graph
+    int64_t left = 0;          // graph steps that left their graph and ran launch by launch
     int64_t padding_rows = 0;  // rows added to reach a bucket
     int64_t graphs = 0;        // graphs held now
   };
   GraphStats graphStats() const;
   int32_t graphMaxRows() const { return graph_max_rows_; }
+  // Why graphs were turned off: OK while they are on (or were never).
+  absl::Status graphFailure() const { return graph_failure_; }
 
   // A launch or GEMM a graph step recorded (kernel_backend.cc).
   class RecordedCall;
@@ -222,26 +235,39 @@ class KernelBackend : public Backend {
                int32_t k, bool accumulate);
   // True when the graph step took `call`; false: run it now.
   bool deferred(std::unique_ptr<RecordedCall> call);
+  // Capturing or replaying: calls are deferred, metadata is staged.
   bool graphStep() const { return mode_ == GraphMode::kCapture || mode_ == GraphMode::kReplay; }
-  // A decode step the graphs took, including one that has left its graph.
+  // A decode step of the graphs' (warming up, or having left its graph too):
+  // padding rows are known, and staging room is made.
   bool inGraphStep() const { return mode_ != GraphMode::kOff; }
   // Leaves the graph for the rest of the step: the staged metadata is
-  // uploaded and the calls deferred so far run launch by launch.
+  // uploaded and the calls deferred so far run launch by launch. Nothing
+  // to do outside graphStep().
   void leaveGraph();
+  // leaveGraph(), and graphs off for good: `why` a capture or graph failed.
+  void graphFailed(const absl::Status& why);
   // The step's deferred work: the staged metadata uploaded and the graph
   // launched (captured first, when capturing).
   void finishGraph();
   void uploadStaged();
+  // Staged metadata, then `calls`, launch by launch.
+  void runDeferred(std::span<const std::unique_ptr<RecordedCall>> calls);
+  // Row `row` of this step is a padding row (not counted in the stats).
+  bool padding(size_t row) const { return step_rows_ >= 0 && row >= static_cast<size_t>(step_rows_); }
 
   // Device memory for one kind of per-call metadata, grown on demand.
   class Scratch {
    public:
+    Scratch() = default;
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch();
     // Uploads `host`; nullptr (and status() set) when that failed. In a
     // graph step, staged instead (stage()).
     template <typename T>
     T* upload(KernelBackend& backend, std::span<const T> host) {
       if (backend.inGraphStep()) {
-        if (T* d = stage(backend, host)) return d;
+        if (T* d = stage(backend, host, /*share=*/false)) return d;
       }
       T* d = reserve<T>(backend, host.size());
       uploaded_.clear();  // a buffer written here may be written by a kernel too: never reused
@@ -258,7 +284,7 @@ class KernelBackend : public Backend {
     template <typename T>
     T* uploadOnce(KernelBackend& backend, std::span<const T> host) {
       if (backend.inGraphStep()) {
-        if (T* d = stage(backend, host)) return d;
+        if (T* d = stage(backend, host, /*share=*/true)) return d;
       }
       const auto* bytes = reinterpret_cast<const std::byte*>(host.data());
       if (buffer_ && !host.empty() && uploaded_.size() == host.size_bytes() &&
@@ -285,26 +311,36 @@ class KernelBackend : public Backend {
     // before the buffer moves).
     void reserveBytes(KernelBackend& backend, size_t bytes);
     // A graph step's copy of `host` in this buffer: where it will be once
-    // uploadStaged() has run. The same contents staged twice in a step
-    // share a place; different contents get places of their own, each
-    // rounded up to a power of two (so a step's places stay where the last
-    // step's were while the sizes stay within them). nullptr when the
-    // buffer has no room: the step has left its graph, and the buffer has
-    // grown to the room it needed. After the step has left its graph,
-    // nothing is staged but the room is still made, so that the next step
-    // of the key fits.
+    // uploadStaged() has run. With `share`, the same host array with the
+    // same contents staged again in a step shares its place (metadata no
+    // kernel writes, passed by every layer); otherwise, and for different
+    // contents, a place of its own, each rounded up to a power of two (so
+    // a step's places stay where the last step's were while the sizes stay
+    // within them). nullptr when the buffer has no room: the step has left
+    // its graph, and the buffer has grown to the room it needed. Outside
+    // graphStep() (a warm-up, or a step that has left its graph) nothing is
+    // staged, but the room is still made, so that the next step fits.
     template <typename T>
-    T* stage(KernelBackend& backend, std::span<const T> host) {
-      void* d = stageBytes(backend, {reinterpret_cast<const std::byte*>(host.data()), host.size_bytes()});
+    T* stage(KernelBackend& backend, std::span<const T> host, bool share) {
+      void* d = stageBytes(backend, {reinterpret_cast<const std::byte*>(host.data()), host.size_bytes()}, share);
       return static_cast<T*>(d);
     }
-    void* stageBytes(KernelBackend& backend, std::span<const std::byte> host);
+    void* stageBytes(KernelBackend& backend, std::span<const std::byte> host, bool share);
+    // staged_'s capacity at the buffer's bytes, pinned (leaves a graph
+    // step's graph when it must grow).
+    void mirror(KernelBackend& backend);
 
     std::unique_ptr<BackendBuffer> buffer_;
     std::vector<std::byte> uploaded_;  // what uploadOnce put there last
-    std::vector<std::byte> staged_;    // this graph step's contents (host), uploaded by uploadStaged
+    // This graph step's contents (host), uploaded by uploadStaged: its
+    // capacity is the buffer's bytes, page-locked on the device (pinHost)
+    // so the uploads are asynchronous; never grown past it while pinned.
+    std::vector<std::byte> staged_;
+    gpu::Device* pinned_on_ = nullptr;  // the device staged_ is pinned on, if it is
     struct Place {
       size_t offset, bytes;
+      const void* host;  // the array it is a copy of
+      bool shared;
     };
     std::vector<Place> places_;  // of staged_
     int64_t staged_step_ = -1;   // the graph step they belong to
@@ -331,9 +367,10 @@ class KernelBackend : public Backend {
   MetadataUploads metadata_uploads_;
 
   // Graph steps.
-  enum class GraphMode { kOff, kCapture, kReplay, kEager };
+  enum class GraphMode { kOff, kWarmup, kCapture, kReplay, kLeft };
   struct GraphKey {
     int32_t rows = 0, splits = 0;
+    bool samples = false;
     auto operator<=>(const GraphKey&) const = default;
   };
   struct StepGraph {
@@ -341,7 +378,10 @@ class KernelBackend : public Backend {
     std::vector<std::unique_ptr<RecordedCall>> calls;  // what it was captured from
   };
   int32_t graph_max_rows_ = 0;
+  absl::Status graph_failure_;
   std::map<GraphKey, StepGraph> graphs_;
+  std::set<GraphKey> warmed_;  // keys whose warm-up step has run
+  int32_t step_rows_ = -1;     // a padded step's rows before padding; -1 outside one
   GraphMode mode_ = GraphMode::kOff;
   GraphKey key_;               // the graph step's
   bool capturing_ = false;     // the device is capturing (since the step's first launch)

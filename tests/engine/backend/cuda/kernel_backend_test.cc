@@ -181,7 +181,9 @@ TEST(KernelBackendUploadTest, AStepUploadsItsMetadataOncePerStepNotOncePerLayer)
     ModelConfig c = tinyModelConfig();
     c.num_layers = layers;
     const std::shared_ptr<const ModelWeights> weights = makeRandomWeights(c, 20261127);
-    KernelBackend gpu;
+    // Launch by launch: a graphed decode step stages its metadata instead
+    // (graph_step_test), one copy per array whatever the layers.
+    KernelBackend gpu(KernelBackendOptions{.graph_max_rows = 0});
     const auto tokens = randomTokens(20, 5, c.vocab_size);
     run(gpu, weights, tokens, 16, 16);  // a 16-token prefill, then 4 decode steps
     EXPECT_TRUE(gpu.status().ok()) << gpu.status();
@@ -258,12 +260,7 @@ TEST_P(KernelBackendTest, ChunkedPrefillGivesTheOneShotBits) {
 // copying the shared partial last one through Backend::copyKvBlock (the copy
 // kernel), and a batch of prompts decodes; every token is the CPU engine's.
 TEST(KernelBackendEngineTest, TheEngineOnTheKernelsGivesTheCpuEnginesTokens) {
-  EngineOptions o;
-  o.num_blocks = 64;
-  o.block_size = 16;
-  o.max_num_batched_tokens = 256;
-  o.max_num_seqs = 8;
-  o.seed = 7;
+  const EngineOptions o = testing::smallPoolOptions();
   std::mt19937 rng(11);
   // 3 full blocks: run again, the whole prompt is cached and its last block is
   // copied (its final token is computed again, writing into the copy).
