@@ -309,6 +309,8 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
       pad_tokens_.assign(static_cast<size_t>(rows), 0);
     }
   }
+  // Grown (old buffers freed) before the step's first call: a graph step
+  // (KernelBackend) defers its launches from then on.
   x_.grow(backend_, product(rows, c.hidden_size));
   h_.grow(backend_, product(rows, c.hidden_size));
   q_.grow(backend_, product(rows, c.qDim()));

@@ -21,8 +21,13 @@ static_assert(CUDART_VERSION >= 12000, "the CUDA backend needs CUDA 12 or later"
 namespace tandem::gpu {
 namespace {
 
+// A failed call's error, taken off the thread's last error so that the
+// next launch (whose error is read with cudaGetLastError) does not report
+// it as its own: a failed capture must not fail the launches that run
+// instead. (A sticky error stays: every later call reports it.)
 absl::Status cudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), " (", static_cast<int>(e), ")"));
 }
 

@@ -113,7 +113,8 @@ class Device {
   // launchGraph() runs it in stream order. While capturing, nothing may
   // copy, zero, synchronize, allocate or release (an error on the executor,
   // as on a GPU): a graph holds launches only, and the memory they read is
-  // filled by copies made outside it.
+  // filled by copies made outside it. A launchGraph that fails may have run
+  // part of the graph (the executor stops at a failing launch).
   virtual absl::Status beginCapture() = 0;
   virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> endCapture() = 0;
   // Ends a capture and drops what it recorded (nothing is instantiated);

@@ -116,6 +116,7 @@ void ExecutorDevice::runQueued() {
 }
 
 absl::Status ExecutorDevice::pinHost(void* p, size_t bytes) {
+  TANDEM_RETURN_IF_ERROR(notWhileCapturing("pinHost"));
   if (bytes == 0) return absl::OkStatus();
   if (owns(p, 1)) return absl::InvalidArgumentError("executor device: pinHost of device memory (it is not host memory)");
   pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
@@ -123,6 +124,7 @@ absl::Status ExecutorDevice::pinHost(void* p, size_t bytes) {
 }
 
 void ExecutorDevice::unpinHost(void* p) {
+  if (capture_ != nullptr && capture_->error.ok()) capture_->error = notWhileCapturing("unpinHost");
   runQueued();  // as a GPU waits for the copies using it
   pinned_.erase(reinterpret_cast<uintptr_t>(p));
 }

@@ -272,7 +272,8 @@ bool KernelBackend::deferred(std::unique_ptr<RecordedCall> call) {
 void KernelBackend::runDeferred(std::span<const std::unique_ptr<RecordedCall>> calls) {
   uploadStaged();
   for (const auto& call : calls) {
-    if (!ok(call->run(*device_, *gemm_))) return;
+    if (!status_.ok()) return;  // (the metadata was not uploaded either)
+    ok(call->run(*device_, *gemm_));
   }
 }
 
@@ -297,6 +298,8 @@ void KernelBackend::graphFailed(const absl::Status& why) {
   if (graph_failure_.ok()) {
     graph_failure_ = absl::Status(why.code(), absl::StrCat("CUDA graphs turned off: ", why.message()));
   }
+  device_->abortCapture();  // whatever state the failure left the capture in
+  capturing_ = false;
   leaveGraph();
   graph_max_rows_ = 0;
   graphs_.clear();
@@ -317,7 +320,7 @@ void KernelBackend::finishGraph() {
     absl::StatusOr<std::unique_ptr<gpu::DeviceGraph>> graph = device_->endCapture();
     if (!graph.ok()) return graphFailed(graph.status());
     uploadStaged();
-    if (absl::Status s = device_->launchGraph(**graph); !s.ok()) return graphFailed(s);
+    if (absl::Status s = device_->launchGraph(**graph); !s.ok()) return launchFailed(s);
     graphs_[key_] = StepGraph{std::move(*graph), std::move(captured_)};
     captured_.clear();
     ++graph_stats_.captured;
@@ -326,8 +329,20 @@ void KernelBackend::finishGraph() {
   auto it = graphs_.find(key_);
   if (replay_at_ != it->second.calls.size()) return leaveGraph();  // the step made fewer calls than the graph has
   uploadStaged();
-  if (absl::Status s = device_->launchGraph(*it->second.graph); !s.ok()) return graphFailed(s);
+  if (absl::Status s = device_->launchGraph(*it->second.graph); !s.ok()) return launchFailed(s);
   ++graph_stats_.replayed;
+}
+
+void KernelBackend::launchFailed(const absl::Status& why) {
+  // Part of the graph may have run: running its calls again could apply an
+  // accumulation twice, so the step fails (status()), and graphs are off.
+  graph_failure_ = absl::Status(why.code(), absl::StrCat("CUDA graphs turned off: ", why.message()));
+  ok(absl::Status(why.code(), absl::StrCat("a CUDA graph's launch failed (TANDEM_CUDA_GRAPHS=off runs without "
+                                           "them): ",
+                                           why.message())));
+  captured_.clear();
+  graph_max_rows_ = 0;
+  graphs_.clear();
 }
 
 void KernelBackend::uploadStaged() {
@@ -367,14 +382,10 @@ void KernelBackend::Scratch::mirror(KernelBackend& backend) {
   const size_t bytes = buffer_ ? buffer_->floats() * sizeof(float) : 0;
   if (bytes == 0 || staged_.capacity() >= bytes) return;
   // Pinning is nothing to do while capturing, and a copy may still read
-  // the old host side: the step leaves its graph, and the copies finish
-  // (unpinning waits for them).
+  // the old host side: the step leaves its graph, and the copies finish.
   backend.leaveGraph();
-  if (pinned_on_ != nullptr) {
-    pinned_on_->unpinHost(staged_.data());
-  } else {
-    backend.device_->synchronize().IgnoreError();  // a failure is the next call's to report
-  }
+  backend.device_->synchronize().IgnoreError();  // a failure is the next call's to report
+  if (pinned_on_ != nullptr) pinned_on_->unpinHost(staged_.data());
   pinned_on_ = nullptr;
   std::vector<std::byte> host;
   host.reserve(bytes);
@@ -417,6 +428,8 @@ void* KernelBackend::Scratch::stageBytes(KernelBackend& backend, std::span<const
 
 KernelBackend::~KernelBackend() {
   if (capturing_) device_->abortCapture();
+  // No copy may still read a Scratch's host side when it goes.
+  device_->synchronize().IgnoreError();
   if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));
 }
 
@@ -493,6 +506,7 @@ void KernelBackend::add(float* x, const float* y, int64_t n) {
 }
 
 std::unique_ptr<PreparedWeight> KernelBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
+  leaveGraph();  // (a GPU's copy: allocated and uploaded)
   return gemm_->prepareWeight(w, n, k);
 }
 
@@ -538,8 +552,11 @@ void KernelBackend::rope(float* x, int32_t rows, int32_t num_heads, int32_t head
   const std::span<const float> freq = rope_table_.frequencies();
   if (rope_table_.floats() != rope_uploaded_ || !std::equal(freq.begin(), freq.end(), rope_uploaded_freq_.begin(),
                                                             rope_uploaded_freq_.end())) {
-    const bool uploaded = d_rope_cos_.upload(*this, std::span<const float>(rope_table_.cos(), rope_table_.floats())) &&
-                          d_rope_sin_.upload(*this, std::span<const float>(rope_table_.sin(), rope_table_.floats()));
+    // Not staged: a table that grew does not fit a graph's room (the step
+    // leaves its graph), and staging it would pin a copy of it for nothing.
+    const bool uploaded =
+        d_rope_cos_.uploadNow(*this, std::span<const float>(rope_table_.cos(), rope_table_.floats())) &&
+        d_rope_sin_.uploadNow(*this, std::span<const float>(rope_table_.sin(), rope_table_.floats()));
     if (!uploaded) return;
     rope_uploaded_ = rope_table_.floats();
     rope_uploaded_freq_.assign(freq.begin(), freq.end());

@@ -163,9 +163,10 @@ class KernelBackend : public Backend {
   // by launch, then the rest does; the next step of that key captures it
   // again. So a graph never runs anything but the launches the step asked
   // for, and the results are the step's launch-by-launch results, bit for
-  // bit. A capture or graph launch that fails turns graphs off for good
-  // (graphFailure() says why): that step and every later one run launch
-  // by launch, and the backend keeps serving.
+  // bit. A capture that fails turns graphs off for good (graphFailure()
+  // says why): that step and every later one run launch by launch, and the
+  // backend keeps serving. A graph launch that fails fails the step too
+  // (status(): part of the graph may have run), naming TANDEM_CUDA_GRAPHS.
   static constexpr int32_t kGraphRowBuckets[] = {1,  2,   4,   8,   16,  24,  32,  48,  64, 96,
                                                  128, 160, 192, 224, 256, 320, 384, 448, 512};
   static constexpr int32_t kMaxGraphRows = 512;
@@ -244,8 +245,12 @@ class KernelBackend : public Backend {
   // uploaded and the calls deferred so far run launch by launch. Nothing
   // to do outside graphStep().
   void leaveGraph();
-  // leaveGraph(), and graphs off for good: `why` a capture or graph failed.
+  // leaveGraph(), and graphs off for good: `why` a capture failed (nothing
+  // ran: the deferred work runs launch by launch).
   void graphFailed(const absl::Status& why);
+  // A graph's launch failed: the step fails (part of it may have run), and
+  // graphs are off.
+  void launchFailed(const absl::Status& why);
   // The step's deferred work: the staged metadata uploaded and the graph
   // launched (captured first, when capturing).
   void finishGraph();
@@ -269,6 +274,13 @@ class KernelBackend : public Backend {
       if (backend.inGraphStep()) {
         if (T* d = stage(backend, host, /*share=*/false)) return d;
       }
+      return uploadNow(backend, host);
+    }
+    // upload(), never staged: for what a graph step must not defer (the
+    // step leaves its graph first).
+    template <typename T>
+    T* uploadNow(KernelBackend& backend, std::span<const T> host) {
+      backend.leaveGraph();
       T* d = reserve<T>(backend, host.size());
       uploaded_.clear();  // a buffer written here may be written by a kernel too: never reused
       if (d != nullptr && !backend.ok(backend.device_->upload(d, host.data(), host.size_bytes()))) return nullptr;

@@ -50,6 +50,7 @@ TEST(ExecutorDeviceGraphTest, ACapturedGraphRunsOnlyWhenLaunchedAndReadsWhatTheM
   EXPECT_FALSE(device.allocate(64).ok());
   EXPECT_FALSE(device.synchronize().ok());
   EXPECT_FALSE(device.uploadAsync(y, twos.data(), n * sizeof(float)).ok());
+  EXPECT_FALSE(device.pinHost(twos.data(), n * sizeof(float)).ok());
   EXPECT_FALSE(device.beginCapture().ok()) << "a second capture";
   absl::StatusOr<std::unique_ptr<gpu::DeviceGraph>> graph = device.endCapture();
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -117,7 +118,7 @@ TEST(KernelBackendGraphTest, TheEnvironmentPicksTheGraphLimitAndABadValueIsAnErr
 // host vectors the executor adopts as device memory (residentWeight), so
 // they are read directly after each step.
 struct Buffers {
-  static constexpr int32_t kDim = 8, kSrcRows = 6;
+  static constexpr int32_t kDim = 8, kSrcRows = 24, kMaxGathered = 20;
   std::vector<float> x, y, other, src, dst;
   std::vector<std::unique_ptr<BackendBuffer>> held;
   float *dx, *dy, *dother, *dsrc, *ddst;
@@ -131,22 +132,32 @@ struct Buffers {
     fill(y, 2 * kDim, 0.5f);
     fill(other, 2 * kDim, -3.0f);
     fill(src, kSrcRows * kDim, 10.0f);
-    fill(dst, 2 * kDim, 0.0f);
+    fill(dst, kMaxGathered * kDim, 0.0f);
     for (auto* v : {&x, &y, &other, &src, &dst}) held.push_back(b.residentWeight(*v));
     dx = held[0]->data(), dy = held[1]->data(), dother = held[2]->data(), dsrc = held[3]->data();
     ddst = held[4]->data();
   }
 };
 
-enum class Variant { kSame, kMovedPointer, kFewerCalls };
+enum class Variant { kSame, kMovedPointer, kFewerCalls, kMoreRows };
 
-// Returns x and dst after the step.
-std::vector<float> driveStep(KernelBackend& b, Buffers& m, const std::vector<int32_t>& rows, Variant v) {
-  EXPECT_EQ(b.beginStep({.rows = 2, .decode = true, .max_position = 3}), 2);
+// The step's calls, between beginStep and endStep.
+void issueCalls(KernelBackend& b, Buffers& m, const std::vector<int32_t>& rows, Variant v) {
   b.add(m.dx, m.dy, 2 * Buffers::kDim);
-  b.gatherRows(m.dsrc, rows.data(), 2, Buffers::kDim, m.ddst);  // metadata: staged in a graph step
+  // Metadata: staged in a graph step. 20 rows do not fit the room 2 had.
+  std::vector<int32_t> gathered = rows;
+  if (v == Variant::kMoreRows) {
+    for (int32_t r = 0; static_cast<int32_t>(gathered.size()) < Buffers::kMaxGathered; ++r) gathered.push_back(r);
+  }
+  b.gatherRows(m.dsrc, gathered.data(), static_cast<int32_t>(gathered.size()), Buffers::kDim, m.ddst);
   b.add(v == Variant::kMovedPointer ? m.dother : m.dx, m.dy, 2 * Buffers::kDim);
   if (v != Variant::kFewerCalls) b.add(m.dx, m.ddst, 2 * Buffers::kDim);
+}
+
+// Returns x, dst and other after the step.
+std::vector<float> driveStep(KernelBackend& b, Buffers& m, const std::vector<int32_t>& rows, Variant v) {
+  EXPECT_EQ(b.beginStep({.rows = 2, .decode = true, .max_position = 3}), 2);
+  issueCalls(b, m, rows, v);
   b.endStep();
   EXPECT_TRUE(b.status().ok()) << b.status();
   std::vector<float> out = m.x;
@@ -164,6 +175,9 @@ const std::vector<std::pair<std::vector<int32_t>, Variant>> kSteps = {
     {{4, 0}, Variant::kFewerCalls},    // fewer calls than the graph: left
     {{2, 1}, Variant::kSame},          // captured again
     {{0, 5}, Variant::kSame},          // replayed
+    {{5, 2}, Variant::kMoreRows},      // no room mid-replay: the buffer grows, left
+    {{1, 4}, Variant::kSame},          // captured again
+    {{3, 0}, Variant::kSame},          // replayed
 };
 
 TEST(KernelBackendGraphTest, EveryWayThroughAGraphStepGivesTheLaunchByLaunchResults) {
@@ -177,17 +191,16 @@ TEST(KernelBackendGraphTest, EveryWayThroughAGraphStepGivesTheLaunchByLaunchResu
   }
   const KernelBackend::GraphStats s = graphed.graphStats();
   EXPECT_EQ(s.warmed, 1);
-  EXPECT_EQ(s.captured, 3);
-  EXPECT_EQ(s.replayed, 2);
-  EXPECT_EQ(s.left, 2);
+  EXPECT_EQ(s.captured, 4);
+  EXPECT_EQ(s.replayed, 3);
+  EXPECT_EQ(s.left, 3);
   EXPECT_EQ(s.graphs, 1);
   EXPECT_TRUE(graphed.graphFailure().ok());
   const KernelBackend::MetadataUploads u = graphed.metadataUploads();
   EXPECT_GT(u.uploaded, 0);
 }
 
-// A device whose capture or graph launch fails when told to: graphs go off
-// for good, the step runs launch by launch, and the backend keeps serving.
+// A device whose capture or graph launch fails when told to.
 class FailingDevice : public gpu::ExecutorDevice {
  public:
   int fail_capture = 0, fail_launch = 0;  // calls to fail, from the next
@@ -201,31 +214,44 @@ class FailingDevice : public gpu::ExecutorDevice {
   }
 };
 
-TEST(KernelBackendGraphTest, AFailedCaptureOrGraphLaunchTurnsGraphsOffAndTheStepsStillRun) {
-  for (const bool fail_launch : {false, true}) {
-    SCOPED_TRACE(fail_launch ? "graph launch fails" : "capture fails");
+// A capture that fails turns graphs off for good; the step's deferred work
+// and every later step run launch by launch, and the backend keeps serving.
+TEST(KernelBackendGraphTest, AFailedCaptureTurnsGraphsOffAndTheStepsStillRun) {
+  auto device = std::make_shared<FailingDevice>();
+  KernelBackend graphed(device, KernelBackendOptions{.graph_max_rows = kDefaultGraphMaxRows});
+  KernelBackend eager(KernelBackendOptions{.graph_max_rows = 0});
+  Buffers e(eager), g(graphed);
+  for (size_t i = 0; i < kSteps.size(); ++i) {
+    if (i == 1) device->fail_capture = 1;  // step 1 captures
+    const auto want = driveStep(eager, e, kSteps[i].first, Variant::kSame);
+    const auto got = driveStep(graphed, g, kSteps[i].first, Variant::kSame);
+    EXPECT_EQ(got, want) << "step " << i;
+  }
+  EXPECT_TRUE(graphed.status().ok()) << graphed.status();
+  EXPECT_THAT(graphed.graphFailure().message(), HasSubstr("CUDA graphs turned off: injected: no capture"));
+  EXPECT_EQ(graphed.graphMaxRows(), 0);
+  const KernelBackend::GraphStats s = graphed.graphStats();
+  EXPECT_EQ(s.captured + s.replayed + s.graphs, 0);
+  EXPECT_EQ(s.left, 1);
+}
+
+// A graph launch that fails fails its step (part of the graph may have run:
+// its calls are not run again), naming what to set to run without graphs.
+TEST(KernelBackendGraphTest, AFailedGraphLaunchFailsTheStepNamingTheSetting) {
+  for (const size_t failing_step : {1, 2}) {  // the capture's launch, a replay's
+    SCOPED_TRACE(failing_step == 1 ? "capture" : "replay");
     auto device = std::make_shared<FailingDevice>();
     KernelBackend graphed(device, KernelBackendOptions{.graph_max_rows = kDefaultGraphMaxRows});
-    KernelBackend eager(KernelBackendOptions{.graph_max_rows = 0});
-    Buffers e(eager), g(graphed);
-    for (size_t i = 0; i < kSteps.size(); ++i) {
-      // The launch that fails is the first replay's (step 2); the capture, step 1's.
-      if (i == 1 && !fail_launch) device->fail_capture = 1;
-      if (i == 2 && fail_launch) device->fail_launch = 1;
-      const auto want = driveStep(eager, e, kSteps[i].first, Variant::kSame);
-      const auto got = driveStep(graphed, g, kSteps[i].first, Variant::kSame);
-      EXPECT_EQ(got, want) << "step " << i;
-    }
-    EXPECT_TRUE(graphed.status().ok()) << graphed.status();
-    EXPECT_THAT(graphed.graphFailure().message(),
-                HasSubstr(fail_launch ? "CUDA graphs turned off: injected: no launch"
-                                      : "CUDA graphs turned off: injected: no capture"));
+    Buffers g(graphed);
+    for (size_t i = 0; i < failing_step; ++i) driveStep(graphed, g, kSteps[i].first, Variant::kSame);
+    device->fail_launch = 1;
+    EXPECT_EQ(graphed.beginStep({.rows = 2, .decode = true, .max_position = 3}), 2);
+    issueCalls(graphed, g, kSteps[failing_step].first, Variant::kSame);
+    graphed.endStep();
+    EXPECT_THAT(graphed.status().message(), HasSubstr("a CUDA graph's launch failed (TANDEM_CUDA_GRAPHS=off"));
+    EXPECT_THAT(graphed.status().message(), HasSubstr("injected: no launch"));
     EXPECT_EQ(graphed.graphMaxRows(), 0);
-    const KernelBackend::GraphStats s = graphed.graphStats();
-    EXPECT_EQ(s.replayed, 0);
-    EXPECT_EQ(s.graphs, 0);
-    EXPECT_EQ(s.left, 1);
-    EXPECT_EQ(s.captured, fail_launch ? 1 : 0);
+    EXPECT_EQ(graphed.graphStats().graphs, 0);
   }
 }
 
