@@ -67,6 +67,12 @@ TEST(PdRouterProcessTest, FirstTurnThroughPNextTurnDirectToTheDThatHoldsIt) {
   auto router = AgentProcess::start({"--role", "router", "--worker", "router", "--decode-workers",
                                      hostPort(*d0) + "," + hostPort(*d1), "--prefill-workers", hostPort(*p)});
   ASSERT_TRUE(router);
+  // The router is ready once a decode worker has reported; until P's own
+  // state arrives it has no prefill worker to send a prompt to (and routes
+  // direct), so the first turn waits for P to appear in its view.
+  ASSERT_TRUE(waitFor([&] {
+    return metricValueWith(scrape(*router), "tandem_router_worker_inflight_requests", "worker=\"p0\"") >= 0;
+  }));
   std::string conversation = "You are a coding agent. Read the repository and fix the failing test.";
   http::ClientResponse first = chat(*router, conversation, "agent-1");
   ASSERT_EQ(first.status, 200) << first.body;
