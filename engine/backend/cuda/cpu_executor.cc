@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -123,6 +124,15 @@ void blockBarrier() {
   Fiber& f = *im.running;
   f.state = State::kAtBarrier;
   yieldToScheduler(im, f, /*dying=*/false);
+}
+
+void misalignedLoad(const void* p) {
+  const ThreadContext& t = current();
+  std::fprintf(stderr,
+               "CPU executor: load4 from %p, not 16-byte aligned (thread %d of block (%d, %d, %d)); a GPU "
+               "faults here\n",
+               p, t.thread_x, t.block_x, t.block_y, t.block_z);
+  std::abort();
 }
 
 uint64_t warpExchange(uint64_t bits, int src_lane) {

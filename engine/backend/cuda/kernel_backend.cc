@@ -730,8 +730,8 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
                                 shape.num_kv_heads,
                                 shape.head_dim,
                                 kmath::attentionScale(shape.head_dim)};
-  launch(&gpu::Device::attentionSplit, gpu::attentionSplitLaunch(rows, shape.num_heads, max_splits, shape.head_dim),
-         args);
+  launch(&gpu::Device::attentionSplit,
+         gpu::attentionSplitLaunch(rows, shape.num_heads, shape.num_kv_heads, max_splits, shape.head_dim), args);
   launch(&gpu::Device::attentionCombine, gpu::attentionCombineLaunch(rows, shape.num_heads), args);
 }
 

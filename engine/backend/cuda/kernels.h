@@ -232,26 +232,41 @@ TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
 }
 
 // ---- Paged attention, split over the keys ----------------------------------
-// One warp per (query head, row, split). A row at position p sees keys
-// [0, p]; they are cut into attentionSplits(p + 1) splits of
-// attentionSplitKeys(p + 1) keys (a function of the row's own position only,
-// never of the batch: batch invariance), each split computed with an online
-// softmax over tiles of 32 keys into a partial (o, m, l), and the partials
-// merged in split order by attentionCombineKernel. Prefill rows (causal,
-// chunked) and decode rows take the same path, so a row's bits do not depend
-// on which kind of step computes it. GQA: query head h reads KV head
-// kmath::kvHeadFor(h). Per tile, in the same order on every lane:
-//   s_j = (q . k_j) * scale            (sequential over head_dim)
+// One block of kAttentionWarps warps per (group of query heads, row, split).
+// The query heads of a block share one KV head (GQA: query head h reads KV
+// head kmath::kvHeadFor(h)), so a block reads each key's K and V once for
+// all of them: attentionHeadsPerBlock of them, the largest divisor of the
+// GQA group size up to kAttentionMaxHeadsPerBlock. A row at position p sees
+// keys [0, p]; they are cut into attentionSplits(p + 1) splits of
+// attentionSplitKeys(p + 1) keys (a function of the row's own position
+// only, never of the batch: batch invariance). A split's keys go in tiles of
+// 32, tile t to warp t % kAttentionWarps; each warp keeps an online softmax
+// (o, m, l) per head over its tiles, the block merges the warps' in warp
+// order into the split's partial, and attentionCombineKernel merges the
+// partials in split order. Prefill rows (causal, chunked) and decode rows
+// take the same path, so a row's bits do not depend on which kind of step
+// computes it. Per tile and head, in the same order on every lane:
+//   s_j = (q . k_j) * scale            (sequential over head_dim; lane j reads key j)
 //   m'  = max(m, s_0..s_31)            (sequential)
 //   p_j = expIeee(s_j - m')            (0 for keys past the row)
 //   l   = l * expIeee(m - m') + sum p_j   (sequential; the factor is 0 when m = -inf)
-//   o_d = o_d * that factor + sum_j p_j v_j[d]   (j in key order)
+//   o_d = o_d * that factor + sum_j p_j v_j[d]   (j in key order; lane i holds dims i, i + 32, ...)
+// and the merge of warps w = 0..7 (those with keys): M = max m_w,
+// L = sum l_w expIeee(m_w - M), O_d = sum o_w[d] expIeee(m_w - M).
+// A head's bits do not depend on how many heads share its block.
+// Memory: each lane looks its key's block up once and shares the V offset,
+// so every load of a tile is independent (K in 16-byte loads, four keys' V
+// rows in flight at a time). A GPU mostly waits on their latency, so eight
+// warps share a split (docs/cuda.md, "Attention on a GPU").
 // Not bitwise the CPU backend (whose softmax is base 2 over 64-key blocks
 // with a lazy rescale): the tests hold it within 2e-5 relative of it.
 
-constexpr int kAttentionThreads = kWarpSize;
+constexpr int kAttentionWarps = 8;
+constexpr int kAttentionThreads = kAttentionWarps * kWarpSize;
 constexpr int kAttentionTile = kWarpSize;
 constexpr int kAttentionMaxHeadDim = 256;
+constexpr int kAttentionDimsPerLane = kAttentionMaxHeadDim / kWarpSize;
+constexpr int kAttentionMaxHeadsPerBlock = 4;
 // Keys per split below which a row has one split, and the most splits a row
 // gets (bounds the partials' workspace).
 constexpr int32_t kAttentionSplitKeys = 512;
@@ -269,6 +284,15 @@ TANDEM_HD inline int32_t attentionSplitKeys(int32_t visible) {
 }
 // Floats of one (split, head) partial: o[head_dim], m, l.
 TANDEM_HD inline int32_t attentionPartialFloats(int32_t head_dim) { return head_dim + 2; }
+// Query heads per block: the largest divisor of the GQA group (query heads
+// per KV head) up to kAttentionMaxHeadsPerBlock.
+TANDEM_HD inline int32_t attentionHeadsPerBlock(int32_t num_heads, int32_t num_kv_heads) {
+  const int32_t group = num_heads / num_kv_heads;
+  for (int32_t h = kAttentionMaxHeadsPerBlock; h > 1; --h) {
+    if (group % h == 0) return h;
+  }
+  return 1;
+}
 
 struct AttentionArgs {
   const float* q;               // [rows, num_heads * head_dim], rotated
@@ -284,79 +308,200 @@ struct AttentionArgs {
   float scale;  // kmath::attentionScale(head_dim)
   bool operator==(const AttentionArgs&) const = default;  // a graph replay compares its launches
 };
-// Grid: x = query heads, y = rows, z = the most splits any row has.
-inline LaunchConfig attentionSplitLaunch(int32_t rows, int32_t num_heads, int32_t max_splits, int32_t head_dim) {
-  return {{static_cast<uint32_t>(num_heads), static_cast<uint32_t>(rows), static_cast<uint32_t>(max_splits)},
+// Shared memory of attentionSplitKernel: per warp its tile's V offsets
+// (int64, first for alignment); the block's queries [heads][head_dim]; per
+// warp its tile's scores and weights [heads][32] and its (o, m, l) per head
+// for the merge.
+TANDEM_HD inline size_t attentionWarpFloats(int32_t heads, int32_t head_dim) {
+  return static_cast<size_t>(heads) * (2 * kAttentionTile + static_cast<size_t>(attentionPartialFloats(head_dim)));
+}
+TANDEM_HD inline size_t attentionSplitSharedBytes(int32_t heads, int32_t head_dim) {
+  return static_cast<size_t>(kAttentionWarps) * kAttentionTile * sizeof(int64_t) +
+         (static_cast<size_t>(heads) * static_cast<size_t>(head_dim) +
+          kAttentionWarps * attentionWarpFloats(heads, head_dim)) *
+             sizeof(float);
+}
+// Grid: x = groups of query heads, y = rows, z = the most splits any row has.
+inline LaunchConfig attentionSplitLaunch(int32_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t max_splits,
+                                         int32_t head_dim) {
+  const int32_t heads = attentionHeadsPerBlock(num_heads, num_kv_heads);
+  return {{static_cast<uint32_t>(num_heads / heads), static_cast<uint32_t>(rows), static_cast<uint32_t>(max_splits)},
           {kAttentionThreads, 1, 1},
-          (static_cast<size_t>(head_dim) + 2 * kAttentionTile) * sizeof(float)};
+          attentionSplitSharedBytes(heads, head_dim)};
 }
 TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
-  const int h = blockX(), row = blockY(), split = blockZ();
+  constexpr int H = kAttentionMaxHeadsPerBlock;  // register arrays' size; `heads` of them are used
+  const int32_t heads = attentionHeadsPerBlock(a.num_heads, a.num_kv_heads);
+  const int h0 = blockX() * heads, row = blockY(), split = blockZ();
   if (a.row_pos[row] < 0) return;  // a padding row (the whole block)
   const int32_t visible = a.row_pos[row] + 1;
   if (split >= attentionSplits(visible)) return;  // the whole block: no barrier is left waiting
   const int32_t split_keys = attentionSplitKeys(visible);
   const int32_t k0 = split * split_keys;
   const int32_t k1 = k0 + split_keys < visible ? k0 + split_keys : visible;
-  const int kv_head = kmath::kvHeadFor(h, a.num_heads, a.num_kv_heads);
-  const int lane = laneId();
+  const int kv_head = kmath::kvHeadFor(h0, a.num_heads, a.num_kv_heads);
+  const int lane = laneId(), warp = warpId();
   const int hd = a.head_dim;
-  float* q = sharedMemory<float>();  // [head_dim]
-  float* s_tile = q + hd;            // [32] scores
-  float* p_tile = s_tile + kAttentionTile;  // [32] weights
-  const float* qg = a.q + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h)) *
-                              static_cast<size_t>(hd);
-  for (int i = lane; i < hd; i += kWarpSize) q[i] = qg[i];
+  int64_t* v_off = sharedMemory<int64_t>() + warp * kAttentionTile;  // [32] this warp's tile's V offsets
+  float* q = reinterpret_cast<float*>(sharedMemory<int64_t>() + kAttentionWarps * kAttentionTile);  // [heads][hd]
+  float* warp_floats = q + heads * hd;
+  float* s_tile = warp_floats + static_cast<size_t>(warp) * attentionWarpFloats(heads, hd);  // [heads][32] scores
+  float* p_tile = s_tile + heads * kAttentionTile;                                           // [heads][32] weights
+  float* mine = p_tile + heads * kAttentionTile;  // [heads][hd + 2]: (o, m, l) per head
+  const float* qg = a.q + (static_cast<size_t>(row) * static_cast<size_t>(a.num_heads) + static_cast<size_t>(h0)) *
+                              static_cast<size_t>(hd);  // the block's heads are adjacent
+  for (int i = threadX(); i < heads * hd; i += blockDimX()) q[i] = qg[i];
   syncThreads();
   const int32_t* table = a.block_tables + a.row_table[row];
-  float o[kAttentionMaxHeadDim / kWarpSize];  // dims lane, lane + 32, ...
-  for (float& x : o) x = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int32_t t0 = k0; t0 < k1; t0 += kAttentionTile) {
-    const int32_t key = t0 + lane;
-    float s = -INFINITY;
-    if (key < k1) {
-      const float* k = a.kv + kmath::kvOffset(a.layer, table[kmath::blockIndexOf(key, a.block_size)], false,
-                                              kmath::slotOf(key, a.block_size), kv_head, a.num_blocks, a.block_size,
-                                              a.num_kv_heads, hd);
-      float acc = 0.0f;
-      for (int i = 0; i < hd; ++i) acc += q[i] * k[i];
-      s = acc * a.scale;
-    }
-    s_tile[lane] = s;
-    syncThreads();
-    float m_new = m;
-    for (int j = 0; j < kAttentionTile; ++j) m_new = fmaxf(m_new, s_tile[j]);
-    const float factor = m == -INFINITY ? 0.0f : kmath::expIeee(m - m_new);
-    p_tile[lane] = key < k1 ? kmath::expIeee(s - m_new) : 0.0f;
-    syncThreads();
-    l *= factor;
-    const int32_t keys = k1 - t0 < kAttentionTile ? k1 - t0 : kAttentionTile;
-    for (int j = 0; j < keys; ++j) l += p_tile[j];
-    for (int d = 0; d * kWarpSize < hd; ++d) o[d] *= factor;
-    for (int j = 0; j < keys; ++j) {
-      const int32_t kj = t0 + j;
-      const float* v = a.kv + kmath::kvOffset(a.layer, table[kmath::blockIndexOf(kj, a.block_size)], true,
-                                              kmath::slotOf(kj, a.block_size), kv_head, a.num_blocks, a.block_size,
-                                              a.num_kv_heads, hd);
-      const float p = p_tile[j];
-      for (int d = 0; d * kWarpSize + lane < hd; ++d) o[d] += p * v[d * kWarpSize + lane];
-    }
-    m = m_new;
+  // K rows and the queries start 16-byte aligned when head_dim is a
+  // multiple of 4 and the pool is (a GPU allocation always is).
+  const bool vector_loads = hd % 4 == 0 && reinterpret_cast<uintptr_t>(a.kv) % alignof(Float4) == 0;
+  float o[H][kAttentionDimsPerLane];  // fixed counts, so registers
+  float m[H], l[H];
+  for (int g = 0; g < H; ++g) {
+    for (float& x : o[g]) x = 0.0f;
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
   }
-  float* part = a.partial + (static_cast<size_t>(a.row_split[row] + split) * static_cast<size_t>(a.num_heads) +
-                             static_cast<size_t>(h)) *
-                                static_cast<size_t>(attentionPartialFloats(hd));
-  for (int d = 0; d * kWarpSize + lane < hd; ++d) part[d * kWarpSize + lane] = o[d];
-  if (lane == 0) {
-    part[hd] = m;
-    part[hd + 1] = l;
+  const int32_t tiles = (k1 - k0 + kAttentionTile - 1) / kAttentionTile;
+  // The warp alone (syncWarp, not syncThreads). The scores are written after
+  // the weights' barrier of the last tile, the weights and offsets after the
+  // scores' barrier: every lane has read the last ones by then.
+  for (int32_t t = warp; t < tiles; t += kAttentionWarps) {
+    const int32_t t0 = k0 + t * kAttentionTile;
+    const int32_t key = t0 + lane;
+    float s[H];
+    int64_t v_at = 0;
+    if (key < k1) {
+      const int32_t block = table[kmath::blockIndexOf(key, a.block_size)];
+      const int32_t slot = kmath::slotOf(key, a.block_size);
+      const float* k =
+          a.kv + kmath::kvOffset(a.layer, block, false, slot, kv_head, a.num_blocks, a.block_size, a.num_kv_heads, hd);
+      v_at = static_cast<int64_t>(
+          kmath::kvOffset(a.layer, block, true, slot, kv_head, a.num_blocks, a.block_size, a.num_kv_heads, hd));
+      float acc[H] = {};
+      int i = 0;
+      if (vector_loads) {
+        for (; i + 4 <= hd; i += 4) {  // K and q four dims at a time, each head's products in order
+          const Float4 x = load4(k + i);
+          for (int g = 0; g < H; ++g) {
+            if (g < heads) {
+              const Float4 qh = load4(q + g * hd + i);
+              acc[g] += qh.x * x.x;
+              acc[g] += qh.y * x.y;
+              acc[g] += qh.z * x.z;
+              acc[g] += qh.w * x.w;
+            }
+          }
+        }
+      }
+      for (; i < hd; ++i) {
+        const float x = k[i];
+        for (int g = 0; g < H; ++g) {
+          if (g < heads) acc[g] += q[g * hd + i] * x;
+        }
+      }
+      for (int g = 0; g < H; ++g) s[g] = acc[g] * a.scale;
+    } else {
+      for (float& x : s) x = -INFINITY;
+    }
+    for (int g = 0; g < heads; ++g) s_tile[g * kAttentionTile + lane] = s[g];
+    syncWarp();
+    float factor[H];
+    for (int g = 0; g < H; ++g) {
+      if (g >= heads) continue;
+      float m_new = m[g];
+      for (int j = 0; j < kAttentionTile; ++j) m_new = fmaxf(m_new, s_tile[g * kAttentionTile + j]);
+      factor[g] = m[g] == -INFINITY ? 0.0f : kmath::expIeee(m[g] - m_new);
+      p_tile[g * kAttentionTile + lane] = key < k1 ? kmath::expIeee(s[g] - m_new) : 0.0f;
+      m[g] = m_new;
+    }
+    v_off[lane] = v_at;
+    syncWarp();
+    const int32_t keys = k1 - t0 < kAttentionTile ? k1 - t0 : kAttentionTile;
+    for (int g = 0; g < H; ++g) {
+      if (g >= heads) continue;
+      l[g] *= factor[g];
+      for (int j = 0; j < keys; ++j) l[g] += p_tile[g * kAttentionTile + j];
+      for (float& x : o[g]) x *= factor[g];
+    }
+    int j = 0;
+    for (; j + 4 <= keys; j += 4) {  // four keys' V rows in flight, added in key order
+      const float* v0 = a.kv + v_off[j];
+      const float* v1 = a.kv + v_off[j + 1];
+      const float* v2 = a.kv + v_off[j + 2];
+      const float* v3 = a.kv + v_off[j + 3];
+      for (int d = 0; d < kAttentionDimsPerLane; ++d) {
+        const int c = d * kWarpSize + lane;
+        if (c >= hd) continue;
+        const float x0 = v0[c], x1 = v1[c], x2 = v2[c], x3 = v3[c];
+        for (int g = 0; g < H; ++g) {
+          if (g >= heads) continue;
+          const float* p = p_tile + g * kAttentionTile + j;
+          o[g][d] += p[0] * x0;
+          o[g][d] += p[1] * x1;
+          o[g][d] += p[2] * x2;
+          o[g][d] += p[3] * x3;
+        }
+      }
+    }
+    for (; j < keys; ++j) {
+      const float* v = a.kv + v_off[j];
+      for (int d = 0; d < kAttentionDimsPerLane; ++d) {
+        const int c = d * kWarpSize + lane;
+        if (c >= hd) continue;
+        const float x = v[c];
+        for (int g = 0; g < H; ++g) {
+          if (g < heads) o[g][d] += p_tile[g * kAttentionTile + j] * x;
+        }
+      }
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    if (g >= heads) continue;
+    float* to = mine + g * attentionPartialFloats(hd);
+    for (int d = 0; d < kAttentionDimsPerLane; ++d) {
+      if (d * kWarpSize + lane < hd) to[d * kWarpSize + lane] = o[g][d];
+    }
+    if (lane == 0) {
+      to[hd] = m[g];
+      to[hd + 1] = l[g];
+    }
+  }
+  syncThreads();
+  // Warp g merges head g's (o, m, l) of the block's warps, in warp order.
+  for (int g = warp; g < heads; g += kAttentionWarps) {
+    const int32_t stride = attentionPartialFloats(hd);
+    auto from = [&](int w) {
+      return warp_floats + static_cast<size_t>(w) * attentionWarpFloats(heads, hd) +
+             static_cast<size_t>(2 * heads * kAttentionTile + g * stride);
+    };
+    float m_all = -INFINITY;
+    for (int w = 0; w < kAttentionWarps; ++w) m_all = fmaxf(m_all, from(w)[hd]);
+    float l_all = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      if (from(w)[hd + 1] > 0.0f) l_all += from(w)[hd + 1] * kmath::expIeee(from(w)[hd] - m_all);
+    }
+    float* part = a.partial + (static_cast<size_t>(a.row_split[row] + split) * static_cast<size_t>(a.num_heads) +
+                               static_cast<size_t>(h0 + g)) *
+                                  static_cast<size_t>(stride);
+    for (int d = lane; d < hd; d += kWarpSize) {
+      float acc = 0.0f;
+      for (int w = 0; w < kAttentionWarps; ++w) {
+        if (from(w)[hd + 1] > 0.0f) acc += from(w)[d] * kmath::expIeee(from(w)[hd] - m_all);
+      }
+      part[d] = acc;
+    }
+    if (lane == 0) {
+      part[hd] = m_all;
+      part[hd + 1] = l_all;
+    }
   }
 }
 
 // Grid: x = query heads, y = rows.
 inline LaunchConfig attentionCombineLaunch(int32_t rows, int32_t num_heads) {
-  return {{static_cast<uint32_t>(num_heads), static_cast<uint32_t>(rows), 1}, {kAttentionThreads, 1, 1}, 0};
+  return {{static_cast<uint32_t>(num_heads), static_cast<uint32_t>(rows), 1}, {kWarpSize, 1, 1}, 0};
 }
 // out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max_s m_s, in split
 // order. With one split the factor is exactly 1 (expIeee(0) = 1): out = o / l.

@@ -13,11 +13,12 @@
 //   gridDimX()/Y()/Z(): blocks are one-dimensional, grids up to three.
 // - Shared memory is dynamic only (sharedMemory<T>(), sized at launch):
 //   a static `__shared__` array has no host meaning.
-// - syncThreads() is __syncthreads(); warp exchanges are shflXor / shflIdx
-//   over the full warp (32 lanes); block sizes are multiples of 32, so no
-//   warp is partial. No atomics: every reduction has one fixed order, which
+// - syncThreads() is __syncthreads(), syncWarp() __syncwarp(); warp
+//   exchanges are shflXor / shflIdx over the full warp (32 lanes); block
+//   sizes are multiples of 32, so no warp is partial. No atomics: every reduction has one fixed order, which
 //   is what makes a kernel's result independent of scheduling (determinism,
 //   docs/engine.md) and lets the executor compare bits.
+// - Vector loads only through load4() (16 bytes, aligned).
 // - Arithmetic as written: nvcc builds these with -fmad=false and the host
 //   with -ffp-contract=off; a fused multiply-add is spelled fmaf(). Division
 //   and sqrt are IEEE on both (nvcc's defaults -prec-div/-prec-sqrt=true).
@@ -39,6 +40,11 @@ constexpr int kWarpSize = 32;
 struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
   bool operator==(const Dim3&) const = default;  // a graph replay compares its launches
+};
+
+// Four floats read in one 16-byte load (float4 on the GPU).
+struct alignas(16) Float4 {
+  float x, y, z, w;
 };
 
 struct LaunchConfig {
@@ -65,6 +71,7 @@ TANDEM_DEVICE int gridDimX() { return static_cast<int>(gridDim.x); }
 TANDEM_DEVICE int gridDimY() { return static_cast<int>(gridDim.y); }
 TANDEM_DEVICE int gridDimZ() { return static_cast<int>(gridDim.z); }
 TANDEM_DEVICE void syncThreads() { __syncthreads(); }
+TANDEM_DEVICE void syncWarp() { __syncwarp(); }
 template <typename T>
 TANDEM_DEVICE T* sharedMemory() {
   extern __shared__ __align__(16) unsigned char tandem_shared[];
@@ -73,6 +80,11 @@ TANDEM_DEVICE T* sharedMemory() {
 template <typename T>
 TANDEM_DEVICE T shflXor(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+// p must be 16-byte aligned (a misaligned one faults on the GPU).
+TANDEM_DEVICE Float4 load4(const float* p) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  return {v.x, v.y, v.z, v.w};
 }
 template <typename T>
 TANDEM_DEVICE T shflIdx(T v, int src_lane) {
@@ -113,6 +125,8 @@ void blockBarrier();
 // Publishes `bits` as this lane's value, waits for the whole warp, returns
 // the value lane `src_lane` published.
 uint64_t warpExchange(uint64_t bits, int src_lane);
+// A 16-byte load from a misaligned address: says where, and aborts.
+[[noreturn]] void misalignedLoad(const void* p);
 
 }  // namespace executor
 
@@ -125,6 +139,8 @@ inline int gridDimX() { return executor::current().grid_dim_x; }
 inline int gridDimY() { return executor::current().grid_dim_y; }
 inline int gridDimZ() { return executor::current().grid_dim_z; }
 inline void syncThreads() { executor::blockBarrier(); }
+// The warp's lanes wait for each other (an exchange whose value is unused).
+inline void syncWarp() { executor::warpExchange(0, executor::current().thread_x % kWarpSize); }
 template <typename T>
 T* sharedMemory() {
   return reinterpret_cast<T*>(executor::current().shared);
@@ -142,6 +158,14 @@ T shflIdx(T v, int src_lane) {
 template <typename T>
 T shflXor(T v, int lane_mask) {
   return shflIdx(v, (threadX() % kWarpSize) ^ lane_mask);
+}
+// p must be 16-byte aligned: the GPU faults on a misaligned one, so the
+// executor stops the program too.
+inline Float4 load4(const float* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(Float4) != 0) executor::misalignedLoad(p);
+  Float4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
 }
 
 }  // namespace tandem::gpu

@@ -1,7 +1,8 @@
 // The CPU executor runs a launch grid faithfully: every thread of every
 // block once with its indices, barriers and warp exchanges respected in
 // order and in shuffled order, uninitialised shared memory visible as NaN,
-// a missing barrier caught by shuffling, and the launches the subset forbids
+// a missing barrier caught by shuffling, syncWarp within a warp, load4's
+// alignment, and the launches the subset forbids
 // or that would hang a GPU refused with an error that says why.
 
 #include "engine/backend/cuda/cpu_executor.h"
@@ -136,6 +137,64 @@ TEST(CpuExecutorTest, WarpExchangesSeeTheirPartnersInEveryRunOrder) {
     }
     EXPECT_EQ(sum, expected_sum);
   }
+}
+
+// syncWarp orders shared memory within a warp: lane i reads its mirror
+// lane's slot of its own warp. Warps do not wait for each other (warp 1
+// stops at its barrier while warp 0 runs on).
+struct WarpMirrorArgs {
+  float* out;
+  bool barrier;
+};
+TANDEM_KERNEL warpMirror(const WarpMirrorArgs a) {
+  float* s = sharedMemory<float>();
+  const int t = threadX(), base = warpId() * kWarpSize;
+  s[t] = static_cast<float>(t);
+  if (a.barrier) syncWarp();
+  a.out[t] = s[base + kWarpSize - 1 - laneId()];
+}
+
+TEST(CpuExecutorTest, SyncWarpOrdersSharedMemoryWithinAWarp) {
+  std::vector<float> expected(64);
+  for (int t = 0; t < 64; ++t) expected[static_cast<size_t>(t)] = static_cast<float>((t / 32) * 32 + 31 - t % 32);
+  const LaunchConfig c{{1, 1, 1}, {64, 1, 1}, 64 * sizeof(float)};
+  for (const CpuExecutor::Options& o : {inOrder(), shuffled(3), shuffled(4)}) {
+    CpuExecutor ex(o);
+    std::vector<float> out(64);
+    ASSERT_TRUE(ex.launch(c, &warpMirror, WarpMirrorArgs{out.data(), true}).ok());
+    EXPECT_EQ(out, expected);
+  }
+  // Without it, in order, lane 0 reads lane 31's slot before lane 31 wrote it.
+  CpuExecutor ex(inOrder());
+  std::vector<float> out(64);
+  ASSERT_TRUE(ex.launch(c, &warpMirror, WarpMirrorArgs{out.data(), false}).ok());
+  EXPECT_TRUE(std::isnan(out[0]));
+}
+
+// load4 reads 16 aligned bytes; from a misaligned address a GPU faults, and
+// the executor stops the program saying where.
+struct Load4Args {
+  const float* in;
+  float* out;
+};
+TANDEM_KERNEL loadFour(const Load4Args a) {
+  const Float4 v = load4(a.in + 4 * threadX());
+  a.out[threadX()] = v.x + v.y + v.z + v.w;
+}
+
+TEST(CpuExecutorTest, Load4ReadsAlignedFloatsAndStopsOnAMisalignedOne) {
+  alignas(16) float in[4 * 32 + 1];
+  for (int i = 0; i < 4 * 32 + 1; ++i) in[i] = static_cast<float>(i);
+  std::vector<float> out(32);
+  CpuExecutor ex(inOrder());
+  ASSERT_TRUE(ex.launch({{1, 1, 1}, {32, 1, 1}, 0}, &loadFour, Load4Args{in, out.data()}).ok());
+  for (int t = 0; t < 32; ++t) EXPECT_EQ(out[static_cast<size_t>(t)], static_cast<float>(16 * t + 6)) << t;
+  EXPECT_DEATH(
+      {
+        CpuExecutor misaligned(inOrder());
+        (void)misaligned.launch({{1, 1, 1}, {32, 1, 1}, 0}, &loadFour, Load4Args{in + 1, out.data()});
+      },
+      "load4 from 0x[0-9a-f]+, not 16-byte aligned \\(thread 0 of block \\(0, 0, 0\\)\\)");
 }
 
 // Threads that return before a barrier count as arrived (as on the hardware).

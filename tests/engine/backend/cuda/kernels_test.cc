@@ -305,7 +305,11 @@ TEST(KernelLaunchTest, EveryLaunchShapeFitsTheSupportedGpus) {
       {"gatherRows", gpu::gatherRowsLaunch(8192)},
       {"writeKv", gpu::writeKvLaunch(8192)},
       {"copyKvBlock", gpu::copyKvBlockLaunch(128, size_t{2} * 128 * 8 * 128)},
-      {"attentionSplit", gpu::attentionSplitLaunch(8192, 128, gpu::kAttentionMaxSplits, gpu::kAttentionMaxHeadDim)},
+      {"attentionSplit (MHA)",
+       gpu::attentionSplitLaunch(8192, 128, 128, gpu::kAttentionMaxSplits, gpu::kAttentionMaxHeadDim)},
+      {"attentionSplit (GQA, the most heads per block)",
+       gpu::attentionSplitLaunch(8192, 128, 128 / gpu::kAttentionMaxHeadsPerBlock, gpu::kAttentionMaxSplits,
+                                 gpu::kAttentionMaxHeadDim)},
       {"attentionCombine", gpu::attentionCombineLaunch(8192, 128)},
   };
   for (const gpu::DeviceLimits& d : gpu::kSupportedDevices) {
