@@ -94,6 +94,11 @@ PY
     failovers=$(metric "$port_decode" tandem_kv_prefill_failovers_total)
     echo "gpu-smoke: P/D on D: $verified layer blocks checksummed, $failures transfer failures, $failovers failovers"
     local role port bytes seconds
+    for role in mono decode; do  # decode steps as CUDA graphs (docs/cuda.md); all 0 with TANDEM_CUDA_GRAPHS=off
+      port=port_$role
+      echo "gpu-smoke: P/D $role: CUDA graph steps: $(curl -sf --max-time 10 "http://127.0.0.1:${!port}/metrics" |
+        sed -n 's/^tandem_cuda_graph_steps_total{.*outcome="\([a-z]*\)".*} \(.*\)$/\1 \2/p' | paste -sd, -)"
+    done
     for role in prefill decode; do  # where its pool is, and what staging it cost
       port=port_$role
       bytes=$(metric "${!port}" tandem_kv_staged_bytes_total)
