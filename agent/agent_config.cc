@@ -197,6 +197,11 @@ void addServerOptions(std::vector<Option>& o) {
                            "compute device: cpu, cuda (a GPU) or cuda-emulator (the GPU kernels run on the CPU, "
                            "slowly: for checking them end to end; docs/cuda.md)",
                            &AgentConfig::device, {"cpu", "cuda", "cuda-emulator"}));
+  o.push_back(stringOption("dtype", "engine", "dtype",
+                           "what the model's projections read: float32, or bfloat16 (weights kept in bf16, half the "
+                           "GPU memory; each projection's input rounded to bf16; fp32 accumulation, residual stream "
+                           "and attention; docs/cuda.md)",
+                           &AgentConfig::dtype, {"float32", "bfloat16"}));
   o.push_back(numberOption("tensor-parallel", "engine", "tensor_parallel",
                            "split the model across this many ranks, one process each (one GPU each with --device "
                            "cuda; docs/cuda.md)",

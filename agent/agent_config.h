@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agent/api_keys.h"
+#include "engine/backend/backend.h"
 #include "engine/engine.h"
 #include "src/common/status.h"
 #include "src/http/server.h"
@@ -64,6 +65,14 @@ struct AgentConfig {
   // The engine's compute device: cpu | cuda | cuda-emulator (the CUDA
   // kernels run on the CPU; docs/cuda.md).
   std::string device = "cpu";
+  // What the engine's projections read (engine/backend/backend.h,
+  // GemmDtype): float32, or bfloat16 (weights kept in bf16, each
+  // projection's input rounded to bf16, fp32 accumulation; on a GPU half
+  // the weights' memory and the tensor cores). Every --device takes it.
+  std::string dtype = "float32";
+  engine::GemmDtype gemmDtype() const {
+    return dtype == "bfloat16" ? engine::GemmDtype::kBfloat16 : engine::GemmDtype::kFloat32;
+  }
   // Tensor parallelism (docs/cuda.md, "Tensor parallelism"): the model is
   // split across this many ranks, each its own process; this process is
   // rank 0 and starts the others. With --device cuda rank r runs on GPU r.

@@ -539,7 +539,7 @@ struct AgentServer::Impl {
     const int world = config.tensor_parallel;
     if (config.device == "cuda") {
       // No GPU at all is the backend's error (it says what the runtime said).
-      auto backend = makeRankBackend(config.device, simd, 0, world);
+      auto backend = makeRankBackend(config.device, simd, 0, world, config.gemmDtype());
       const int gpus = visibleCudaDevices();
       if (backend.ok() && world > gpus) {
         return absl::FailedPreconditionError(strCat("--tensor-parallel ", world, " needs ", world,
@@ -556,7 +556,7 @@ struct AgentServer::Impl {
                {{"executor_shuffle", gpu::CpuExecutor::optionsFromEnvironment().shuffle}});
     }
     cpu_simd = std::string(engine::simdLevelName(engine::resolveSimdLevel(simd)));  // the backend's or its GEMM's
-    return makeRankBackend(config.device, simd, 0, world);
+    return makeRankBackend(config.device, simd, 0, world, config.gemmDtype());
   }
 
   // Rank 0's group: every other rank's Hello, checked against this rank's
@@ -584,13 +584,24 @@ struct AgentServer::Impl {
   }
 
   // The operator's pinned fingerprint, or the model files' (read once: the
-  // cost is reading the weights again, logged).
+  // cost is reading the weights again, logged); with --dtype bfloat16 made
+  // its own (engine::bf16Fingerprint: other KV than float32's).
   absl::StatusOr<uint64_t> fingerprintModel() {
-    if (config.model_fingerprint) return *config.model_fingerprint;
-    const MonoTime start = clock.now();
-    TANDEM_ASSIGN_OR_RETURN(const uint64_t f, engine::modelFingerprint(config.model_dir));
-    log.info("model fingerprint", {{"fingerprint", engine::fingerprintHex(f)},
-                                   {"seconds", std::chrono::duration<double>(clock.now() - start).count()}});
+    uint64_t f = 0;
+    if (config.model_fingerprint) {
+      f = *config.model_fingerprint;
+    } else {
+      const MonoTime start = clock.now();
+      TANDEM_ASSIGN_OR_RETURN(f, engine::modelFingerprint(config.model_dir));
+      log.info("model fingerprint", {{"fingerprint", engine::fingerprintHex(f)},
+                                     {"seconds", std::chrono::duration<double>(clock.now() - start).count()}});
+    }
+    if (config.gemmDtype() == engine::GemmDtype::kBfloat16) {
+      const uint64_t bf16 = engine::bf16Fingerprint(f);
+      log.info("model fingerprint with bf16 projections (--dtype bfloat16)",
+               {{"checkpoint", engine::fingerprintHex(f)}, {"fingerprint", engine::fingerprintHex(bf16)}});
+      return bf16;
+    }
     return f;
   }
 
@@ -692,6 +703,7 @@ struct AgentServer::Impl {
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd},
                          {"device", config.device},
+                         {"dtype", config.dtype},
                          {"tensor_parallel", config.tensor_parallel},
                          {"kv_memory", kv_memory},
                          {"ucx_cuda_memory", ucx_cuda_memory},

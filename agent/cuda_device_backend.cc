@@ -8,8 +8,9 @@
 
 namespace tandem::agent {
 
-absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int ordinal) {
-  absl::StatusOr<std::unique_ptr<engine::KernelBackend>> backend = engine::makeCudaBackend(ordinal);
+absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int ordinal, engine::GemmDtype dtype) {
+  absl::StatusOr<std::unique_ptr<engine::KernelBackend>> backend =
+      engine::makeCudaBackend(ordinal, std::nullopt, dtype);
   if (!backend.ok()) {
     return absl::FailedPreconditionError(strCat("--device cuda: ", backend.status().message()));
   }

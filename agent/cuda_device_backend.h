@@ -16,8 +16,10 @@ namespace tandem::agent {
 // The CUDA backend on visible GPU `ordinal` (0: the first;
 // CUDA_VISIBLE_DEVICES picks which are visible; a tensor-parallel rank r
 // takes GPU r), or FailedPrecondition saying why not: no CUDA backend in
-// this build, or no usable GPU there (what the CUDA runtime said).
-absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int ordinal = 0);
+// this build, or no usable GPU there (what the CUDA runtime said). `dtype`:
+// what its GEMMs read (engine/backend/backend.h).
+absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(
+    int ordinal = 0, engine::GemmDtype dtype = engine::GemmDtype::kFloat32);
 
 // A tensor-parallel rank's NCCL all-reduce (engine/backend/cuda/
 // nccl_group.h) on `backend`, which makeCudaDeviceBackend made: the group

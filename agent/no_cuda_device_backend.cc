@@ -4,7 +4,7 @@
 
 namespace tandem::agent {
 
-absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int /*ordinal*/) {
+absl::StatusOr<std::unique_ptr<engine::Backend>> makeCudaDeviceBackend(int /*ordinal*/, engine::GemmDtype /*dtype*/) {
   return absl::FailedPreconditionError(
       "--device cuda: this tandem-agent has no CUDA backend (an agent built with TANDEM_ENABLE_CUDA=ON has one: the "
       "CUDA image's; docs/cuda.md); use --device cpu, or --device cuda-emulator to serve through the GPU kernels on "

@@ -100,11 +100,12 @@ std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const engine::K
                "], this agent [", kvproto::kMinVersion, ", ", kvproto::kMaxVersion, "]: no common version")};
   }
   if (peer.model_fingerprint != mine.fingerprint) {
-    return PeerRefusal{"fingerprint_mismatch",
-                       strCat("the peer ", peer.peer_name, " serves the model with fingerprint ",
-                              engine::fingerprintHex(peer.model_fingerprint), ", this agent ",
-                              engine::fingerprintHex(mine.fingerprint),
-                              ": another checkpoint, tokenizer or chat template (--model-fingerprint)")};
+    return PeerRefusal{
+        "fingerprint_mismatch",
+        strCat("the peer ", peer.peer_name, " serves the model with fingerprint ",
+               engine::fingerprintHex(peer.model_fingerprint), ", this agent ",
+               engine::fingerprintHex(mine.fingerprint),
+               ": another checkpoint, tokenizer or chat template (--model-fingerprint), or another --dtype")};
   }
   if (peer.hash_root != mine.hash_root.value()) {
     return PeerRefusal{

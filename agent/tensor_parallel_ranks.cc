@@ -38,11 +38,12 @@ std::string describeExit(int rank, int pid, int wait_status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<engine::Backend>> makeRankBackend(const std::string& device, engine::SimdLevel simd,
-                                                                 int rank, int world) {
+                                                                 int rank, int world, engine::GemmDtype dtype) {
   // On the CPU the ranks share the machine's cores.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const engine::CpuBackendOptions cpu{.num_threads = world > 1 ? std::max(1, cores / world) : 0, .simd = simd};
-  if (device == "cuda") return makeCudaDeviceBackend(rank);
+  const engine::CpuBackendOptions cpu{
+      .num_threads = world > 1 ? std::max(1, cores / world) : 0, .simd = simd, .gemm_dtype = dtype};
+  if (device == "cuda") return makeCudaDeviceBackend(rank, dtype);
   if (device == "cuda-emulator") {
     auto kernels = std::make_unique<engine::KernelBackend>(engine::KernelBackendOptions{.gemm = cpu});
     TANDEM_RETURN_IF_ERROR(kernels->status());  // TANDEM_CUDA_GRAPHS unreadable
@@ -215,7 +216,8 @@ absl::StatusOr<RankArgs> parseRankArgs(int argc, char** argv, const char* progra
 absl::Status serveRank(const RankArgs& a, const AgentConfig& config, Logger& log) {
   engine::RankGroupFollower follower(a.link, a.rank, a.world);
   TANDEM_ASSIGN_OR_RETURN(const engine::SimdLevel simd, engine::simdLevelFromEnvironment());
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend, makeRankBackend(config.device, simd, a.rank, a.world));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::Backend> backend,
+                          makeRankBackend(config.device, simd, a.rank, a.world, config.gemmDtype()));
   std::optional<DeviceAllReduce> nccl;
   if (!a.rendezvous.empty()) {
     TANDEM_ASSIGN_OR_RETURN(nccl, joinCudaGroup(*backend, {.socket_path = a.rendezvous, .world = a.world, .rank = a.rank}));

@@ -38,7 +38,8 @@ namespace tandem::agent {
 // CPU executor (cuda-emulator), or GPU `rank` (cuda). On the CPU each rank
 // gets its share of the machine's cores.
 absl::StatusOr<std::unique_ptr<engine::Backend>> makeRankBackend(const std::string& device, engine::SimdLevel simd,
-                                                                 int rank, int world);
+                                                                 int rank, int world,
+                                                                 engine::GemmDtype dtype = engine::GemmDtype::kFloat32);
 
 // The descriptor a rank's link arrives on.
 inline constexpr int kRankLinkFd = 3;

@@ -70,6 +70,19 @@ struct AttentionShape {
   int32_t head_dim = 0;
 };
 
+// What a backend's GEMMs with prepared weights (every projection and the LM
+// head) read. kFloat32: fp32 weights and inputs. kBfloat16: the weights
+// kept in bf16 (half the memory; exact for a bf16 checkpoint, which is
+// widened to fp32 on load) and each GEMM's input rounded to bf16 (ties to
+// even), multiplied and accumulated in fp32 into an fp32 output; the
+// residual stream, norms, attention and sampling stay fp32. The CPU backend
+// multiplies the same bf16 values in fp32 (the GPU's tensor cores may add
+// them in another order), so it is the reference for the CUDA backend in
+// either mode.
+enum class GemmDtype { kFloat32, kBfloat16 };
+// "float32" / "bfloat16" (the agent's --dtype).
+inline const char* gemmDtypeName(GemmDtype dtype) { return dtype == GemmDtype::kBfloat16 ? "bfloat16" : "float32"; }
+
 // A weight matrix w[n, k] in a backend's own layout, made once by
 // Backend::prepareWeight (packed for the CPU GEMM; on a GPU, uploaded).
 // Immutable; usable only with the backend that made it.

@@ -165,4 +165,23 @@ TANDEM_HD_ALWAYS_INLINE inline float expIeee(float x) {
   return floatFromBits(bits);
 }
 
+// ---- bfloat16 ------------------------------------------------------------------
+// The top 16 bits of an fp32, rounded to nearest, ties to even (what
+// PyTorch and the GPU's conversions do); NaN stays NaN (quiet), infinities
+// stay infinities, and a finite value past bf16's largest becomes infinity.
+// Widening back is exact. The safetensors reader and writer, the CPU
+// backend's bf16 GEMM inputs and the GPU's conversion kernel all use these.
+TANDEM_HD_ALWAYS_INLINE inline uint16_t bf16Bits(float x) {
+  const auto bits = static_cast<uint32_t>(floatBits(x));
+  // A NaN's payload could carry into the exponent when rounded; setting the
+  // top mantissa bit keeps it a (quiet) NaN.
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+TANDEM_HD_ALWAYS_INLINE inline float bf16Value(uint16_t h) {
+  return floatFromBits(static_cast<int32_t>(static_cast<uint32_t>(h) << 16));
+}
+// x rounded to the nearest bf16, as an fp32.
+TANDEM_HD_ALWAYS_INLINE inline float roundToBf16(float x) { return bf16Value(bf16Bits(x)); }
+
 }  // namespace tandem::engine::kmath

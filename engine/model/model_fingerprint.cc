@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -83,6 +84,14 @@ std::string fingerprintHex(uint64_t fingerprint) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fingerprint));
   return buf;
+}
+
+uint64_t bf16Fingerprint(uint64_t checkpoint) {
+  constexpr std::string_view kDtype = "dtype=bfloat16";
+  unsigned char bytes[sizeof(uint64_t) + kDtype.size()];
+  for (size_t i = 0; i < sizeof(uint64_t); ++i) bytes[i] = static_cast<unsigned char>(checkpoint >> (8 * i));
+  std::memcpy(bytes + sizeof(uint64_t), kDtype.data(), kDtype.size());
+  return XXH3_64bits(bytes, sizeof(bytes));
 }
 
 }  // namespace tandem::engine

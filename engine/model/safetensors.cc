@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/kernel_math.h"
 #include "src/common/strings.h"
 
 namespace tandem::engine {
@@ -80,17 +81,9 @@ uint16_t loadU16(const std::byte* p) {
 std::string_view dtypeName(DType dtype) { return entryOf(dtype).name; }
 size_t dtypeSize(DType dtype) { return entryOf(dtype).size; }
 
-float bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float bf16ToFloat(uint16_t bits) { return kmath::bf16Value(bits); }
 
-uint16_t floatToBf16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  // Keep NaN a NaN: rounding could carry its payload into the exponent and
-  // turn it into infinity. Setting the top mantissa bit makes it quiet.
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+uint16_t floatToBf16(float value) { return kmath::bf16Bits(value); }
 
 float f16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -247,6 +247,30 @@ bool checkSwiglu() {
   return pass;
 }
 
+// The bf16 rounding of a GEMM's input (--dtype bfloat16): bitwise, over
+// values that include ties, NaN, infinities and overflow.
+bool checkToBf16() {
+  const int64_t n = (int64_t{1} << 18) + 5;
+  auto in = randomFloats(static_cast<size_t>(n), -3.0f, 3.0f);
+  const float specials[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, NAN, INFINITY, -INFINITY, 3.4e38f, -0.0f, 1e-40f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); ++i) in[i * 1000] = specials[i];
+  std::vector<uint16_t> cpu_out(in.size());
+  const auto config = gpu::elementwiseLaunch(n);
+  if (!runOnCpu("toBf16", config, &gpu::toBf16Kernel, gpu::ToBf16Args{in.data(), cpu_out.data(), n})) return false;
+  DeviceBuffer<float> d_in(in);
+  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(in.size()));
+  const gpu::ToBf16Args args{d_in.get(), d_out.get(), n};
+  checkCuda(gpu::launchToBf16(config, args, nullptr), "toBf16");
+  checkCuda(cudaDeviceSynchronize(), "toBf16");
+  const std::vector<uint16_t> got = d_out.download();
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != cpu_out[i];
+  std::printf("%s %-16s bitwise: %zu of %zu values differ\n", differ == 0 ? "PASS" : "FAIL", "toBf16", differ,
+              got.size());
+  timeKernel("toBf16", 6.0 * static_cast<double>(n), [&] { return gpu::launchToBf16(config, args, nullptr); });
+  return differ == 0;
+}
+
 bool checkAdd() {
   const int64_t n = (int64_t{1} << 18) + 7;
   auto x = randomFloats(static_cast<size_t>(n), -2.0f, 2.0f);
@@ -442,22 +466,39 @@ bool checkAttention() {
 // The GEMM through cuBLASLt with `split_k` (CublasGemmOptions) against the
 // CPU GEMM, and batch invariance: row 5 alone, in a batch of 37 and in one
 // of 256 (the reference batch the algorithm is chosen for), bitwise.
-bool checkGemm(uint32_t split_k) {
-  const std::string name = split_k == 1 ? "gemm" : "gemm split-K " + std::to_string(split_k);
+bool checkGemm(uint32_t split_k, bool bf16 = false) {
+  const std::string name =
+      std::string(bf16 ? "gemm bf16" : "gemm") + (split_k == 1 ? "" : " split-K " + std::to_string(split_k));
   const int32_t m = 37, n = 1024, k = 4096;
-  const auto x = randomFloats(static_cast<size_t>(m) * k, -1.0f, 1.0f);
-  const auto w = randomFloats(static_cast<size_t>(n) * k, -0.05f, 0.05f);
+  auto x = randomFloats(static_cast<size_t>(m) * k, -1.0f, 1.0f);
+  auto w = randomFloats(static_cast<size_t>(n) * k, -0.05f, 0.05f);
+  // bf16: the inputs as the engine gives them (kmath::bf16Bits); the CPU
+  // reference multiplies the same rounded values in fp32.
+  std::vector<uint16_t> x16, w16;
+  if (bf16) {
+    for (float& v : x) x16.push_back(kmath::bf16Bits(v)), v = kmath::bf16Value(x16.back());
+    for (float& v : w) w16.push_back(kmath::bf16Bits(v)), v = kmath::bf16Value(w16.back());
+  }
   std::vector<float> cpu_out(static_cast<size_t>(m) * n);
   tandem::engine::CpuBackend cpu;
   cpu.gemm(x.data(), w.data(), cpu_out.data(), m, n, k, /*accumulate=*/false);
   std::string error;
-  auto gemm = gpu::CublasGemm::create(&error, {.split_k = split_k});
+  auto gemm = gpu::CublasGemm::create(&error, {.split_k = split_k, .bf16_inputs = bf16});
   if (!gemm) {
     std::printf("FAIL %-16s %s\n", name.c_str(), error.c_str());
     return false;
   }
-  DeviceBuffer<float> d_x(x), d_w(w), d_y(std::vector<float>(cpu_out.size())), d_row{std::vector<float>(n)};
-  if (error = gemm->run(d_x.get(), d_w.get(), d_y.get(), m, n, k, false, nullptr); !error.empty()) {
+  // The device's inputs, fp32 or bf16, and a pointer to row r of x.
+  DeviceBuffer<float> d_x32(bf16 ? std::vector<float>(1) : x), d_w32(bf16 ? std::vector<float>(1) : w);
+  DeviceBuffer<uint16_t> d_x16(bf16 ? x16 : std::vector<uint16_t>(1)), d_w16(bf16 ? w16 : std::vector<uint16_t>(1));
+  const size_t element = bf16 ? sizeof(uint16_t) : sizeof(float);
+  const auto* d_x = bf16 ? static_cast<const void*>(d_x16.get()) : d_x32.get();
+  const auto* d_w = bf16 ? static_cast<const void*>(d_w16.get()) : d_w32.get();
+  auto xRow = [&](const void* base, int32_t r) {
+    return static_cast<const char*>(base) + static_cast<size_t>(r) * k * element;
+  };
+  DeviceBuffer<float> d_y(std::vector<float>(cpu_out.size())), d_row{std::vector<float>(n)};
+  if (error = gemm->run(d_x, d_w, d_y.get(), m, n, k, false, nullptr); !error.empty()) {
     std::printf("FAIL %-16s %s\n", name.c_str(), error.c_str());
     return false;
   }
@@ -465,12 +506,22 @@ bool checkGemm(uint32_t split_k) {
   const std::vector<float> batch = d_y.download();
   bool pass = compare(name.c_str(), batch, cpu_out, false, 1e-4);
   const int32_t row = 5, big = gpu::CublasGemm::kReferenceRows;
-  std::vector<float> x_big(static_cast<size_t>(big) * k);
-  for (size_t i = 0; i < x_big.size(); ++i) x_big[i] = x[i % x.size()];  // row 5 stays row 5
-  DeviceBuffer<float> d_x_big(x_big), d_y_big(std::vector<float>(static_cast<size_t>(big) * n));
-  if (error = gemm->run(d_x.get() + static_cast<size_t>(row) * k, d_w.get(), d_row.get(), 1, n, k, false, nullptr);
-      error.empty()) {
-    error = gemm->run(d_x_big.get(), d_w.get(), d_y_big.get(), big, n, k, false, nullptr);
+  // The big batch: x's rows repeated (row 5 stays row 5).
+  std::vector<float> x_big32;
+  std::vector<uint16_t> x_big16;
+  for (size_t i = 0; i < static_cast<size_t>(big) * k; ++i) {
+    if (bf16) {
+      x_big16.push_back(x16[i % x16.size()]);
+    } else {
+      x_big32.push_back(x[i % x.size()]);
+    }
+  }
+  DeviceBuffer<float> d_x_big32(bf16 ? std::vector<float>(1) : x_big32),
+      d_y_big(std::vector<float>(static_cast<size_t>(big) * n));
+  DeviceBuffer<uint16_t> d_x_big16(bf16 ? x_big16 : std::vector<uint16_t>(1));
+  const void* d_x_big = bf16 ? static_cast<const void*>(d_x_big16.get()) : d_x_big32.get();
+  if (error = gemm->run(xRow(d_x, row), d_w, d_row.get(), 1, n, k, false, nullptr); error.empty()) {
+    error = gemm->run(d_x_big, d_w, d_y_big.get(), big, n, k, false, nullptr);
   }
   if (!error.empty()) {
     std::printf("FAIL %-16s %s\n", (name + " batch-inv.").c_str(), error.c_str());
@@ -482,8 +533,10 @@ bool checkGemm(uint32_t split_k) {
   const std::vector<float> in_big(all_big.begin() + static_cast<long>(row) * n, all_big.begin() + static_cast<long>(row + 1) * n);
   pass = compare((name + " batch-inv.").c_str(), d_row.download(), in_batch, true) && pass;
   pass = compare((name + " m=256").c_str(), in_big, in_batch, true) && pass;
-  timeKernel(name.c_str(), 4.0 * (static_cast<double>(m) * k + static_cast<double>(n) * k + static_cast<double>(m) * n),
-             [&] { return gemm->run(d_x.get(), d_w.get(), d_y.get(), m, n, k, false, nullptr).empty() ? 0 : 1; });
+  timeKernel(name.c_str(),
+             static_cast<double>(element) * (static_cast<double>(m) * k + static_cast<double>(n) * k) +
+                 4.0 * static_cast<double>(m) * n,
+             [&] { return gemm->run(d_x, d_w, d_y.get(), m, n, k, false, nullptr).empty() ? 0 : 1; });
   return pass;
 }
 
@@ -602,6 +655,46 @@ std::vector<tandem::TokenId> promptFor(const engine::ModelConfig& config) {
   std::vector<tandem::TokenId> tokens(45);
   for (auto& t : tokens) t = static_cast<tandem::TokenId>(rng() % static_cast<uint32_t>(config.vocab_size));
   return tokens;
+}
+
+// The model with bf16 projections (--dtype bfloat16) through the CUDA
+// backend against the CPU backend's bf16 mode (the same products, another
+// summation order: a last-bit difference can flip an activation's bf16
+// rounding), so the bound is half the bf16 mode's own distance from fp32
+// (kernel_backend_test's bound on the executor, where the tiny model came
+// to 0.23 of it).
+bool checkModelBf16(const std::string& family) {
+  const auto weights = weightsOf(family);
+  const auto tokens = promptFor(weights->config);
+  engine::CpuBackend cpu_bf16(engine::CpuBackendOptions{.gemm_dtype = engine::GemmDtype::kBfloat16});
+  engine::CpuBackend cpu_fp32;
+  auto cuda = engine::makeCudaBackend(0, std::nullopt, engine::GemmDtype::kBfloat16);
+  if (!cuda.ok()) {
+    std::printf("FAIL model %s bf16: the CUDA backend: %s\n", family.c_str(),
+                std::string(cuda.status().message()).c_str());
+    return false;
+  }
+  const auto want = runModel(weights, cpu_bf16, nullptr, nullptr, tokens);
+  const auto fp32 = runModel(weights, cpu_fp32, nullptr, nullptr, tokens);
+  const auto got = runModel(weights, **cuda, cuda->get(), nullptr, tokens);
+  if (got.size() != want.size() || want.empty() || fp32.size() != want.size()) {
+    std::printf("FAIL model %s bf16: the forward passes did not run\n", family.c_str());
+    return false;
+  }
+  double max_err = 0, from_fp32 = 0, max_abs = 0;
+  for (size_t s = 0; s < want.size(); ++s) {
+    for (size_t i = 0; i < want[s].size() && i < got[s].size(); ++i) {
+      max_err = std::max(max_err, static_cast<double>(std::fabs(got[s][i] - want[s][i])));
+      from_fp32 = std::max(from_fp32, static_cast<double>(std::fabs(want[s][i] - fp32[s][i])));
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(want[s][i])));
+    }
+  }
+  const bool pass = max_err < 0.5 * from_fp32;
+  std::printf(
+      "%s model %s bf16 through the CUDA backend against the CPU backend's bf16: max |logit diff| %.3g "
+      "(bf16 from fp32: %.3g), max |logit| %.3g\n",
+      pass ? "PASS" : "FAIL", family.c_str(), max_err, from_fp32, max_abs);
+  return pass;
 }
 
 // The model through the CUDA backend (cuda_device.h) against the CPU
@@ -852,12 +945,14 @@ int main(int argc, char** argv) {
   }
   bool all_pass = true;
   for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv,
-                          checkAttention, checkSample}) {
+                          checkAttention, checkSample, checkToBf16}) {
     all_pass = check() && all_pass;
   }
   for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;
+  all_pass = checkGemm(1, /*bf16=*/true) && all_pass;
   if (model) {
     for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModel(family) && all_pass;
+    for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModelBf16(family) && all_pass;
     all_pass = checkGraphs() && all_pass;
   }
   std::printf("%s\n", all_pass ? "all kernels PASS" : "some kernels FAIL");

@@ -173,6 +173,24 @@ TEST(AgentConfigTest, DeviceFromFlagOrYamlAndOnlyTheKnownOnes) {
       << c.status();
 }
 
+TEST(AgentConfigTest, DtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
+  auto c = parse({"--model-dir", "m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dtype, "float32");
+  EXPECT_EQ(c->gemmDtype(), engine::GemmDtype::kFloat32);
+  c = parse({"--model-dir", "m", "--dtype", "bfloat16"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gemmDtype(), engine::GemmDtype::kBfloat16);
+  c = parse({"--config", writeFile("dtype.yaml", "model: {dir: m}\nengine: {dtype: bfloat16}\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gemmDtype(), engine::GemmDtype::kBfloat16);
+  c = parse({"--model-dir", "m", "--dtype", "float16"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("--dtype: \"float16\" is not one of: float32, bfloat16"),
+            std::string::npos)
+      << c.status();
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),

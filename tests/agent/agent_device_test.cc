@@ -57,6 +57,28 @@ TEST(AgentDeviceTest, TheCudaEmulatorServesWhatTheCpuBackendServes) {
   EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
 }
 
+// --dtype bfloat16: the emulated GPU's bf16 projections (toBf16Kernel and
+// bf16 weights) answer what the CPU backend's bf16 mode answers; the agents
+// say so at start-up, with a fingerprint of their own (bf16 KV is not fp32's).
+TEST(AgentDeviceTest, Bf16ProjectionsOnTheCudaEmulatorServeWhatTheCpuBackendsBf16ModeServes) {
+  auto cpu = AgentProcess::start({"--device", "cpu", "--dtype", "bfloat16"});
+  auto emulated = AgentProcess::start({"--device", "cuda-emulator", "--dtype", "bfloat16", "--log-level", "info"});
+  auto fp32 = AgentProcess::start({"--device", "cpu", "--log-level", "info"});
+  ASSERT_TRUE(cpu && emulated && fp32);
+  for (const std::string prompt : {"hello", "a longer prompt that fills a few blocks of the cache, and then some"}) {
+    const std::string want = complete(*cpu, prompt);
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(complete(*emulated, prompt), want) << prompt;
+  }
+  EXPECT_EQ(emulated->stop(SIGTERM), 0) << emulated->log();
+  EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
+  EXPECT_EQ(fp32->stop(SIGTERM), 0) << fp32->log();
+  EXPECT_NE(emulated->log().find("dtype=bfloat16"), std::string::npos) << emulated->log();
+  EXPECT_NE(emulated->log().find("model fingerprint with bf16 projections"), std::string::npos) << emulated->log();
+  EXPECT_NE(fp32->log().find("dtype=float32"), std::string::npos) << fp32->log();
+  EXPECT_EQ(fp32->log().find("bf16 projections"), std::string::npos) << fp32->log();
+}
+
 TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnswerAsOneAgent) {
   for (const std::string tls : {"tcp", "posix,cma,tcp"}) {
     // At level info, for the start-up line.

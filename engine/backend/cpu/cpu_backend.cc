@@ -166,23 +166,35 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : pool_(threadsFor(options)),
       gemm_(options.simd, &pool_),
       attention_(gemm_.simdLevel(), &pool_),
-      elementwise_(elementwiseFor(gemm_.simdLevel())) {}
+      elementwise_(elementwiseFor(gemm_.simdLevel())),
+      gemm_dtype_(options.gemm_dtype) {}
 
 std::unique_ptr<PreparedWeight> CpuBackend::prepareWeight(const float* w, int32_t n, int32_t k) {
-  return std::make_unique<PackedMatrix>(w, n, k);
+  if (gemm_dtype_ != GemmDtype::kBfloat16) return std::make_unique<PackedMatrix>(w, n, k);
+  std::vector<float> rounded(static_cast<size_t>(n) * static_cast<size_t>(k));
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = kmath::roundToBf16(w[i]);
+  return std::make_unique<PackedMatrix>(rounded.data(), n, k);
 }
 
 void CpuBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
-  const ScopedTimer timer(&stats_.gemm_time);
-  // Only this backend's prepareWeight makes the weights it is given.
-  gemm_.run(x, static_cast<const PackedMatrix&>(w), y, m, accumulate);
-  stats_.gemm_calls += 1;
-  stats_.gemm_flops += 2.0 * m * w.n() * w.k();
+  if (gemm_dtype_ == GemmDtype::kBfloat16) {
+    const size_t n = static_cast<size_t>(m) * static_cast<size_t>(w.k());
+    if (bf16_input_.size() < n) bf16_input_.resize(n);
+    for (size_t i = 0; i < n; ++i) bf16_input_[i] = kmath::roundToBf16(x[i]);
+    x = bf16_input_.data();
+  }
+  run(x, static_cast<const PackedMatrix&>(w), y, m, accumulate);  // only this backend's prepareWeight made w
 }
 
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
-  const PackedMatrix packed(w, n, k);
-  gemm(x, packed, y, m, accumulate);
+  run(x, PackedMatrix(w, n, k), y, m, accumulate);  // a plain weight: fp32 in every mode
+}
+
+void CpuBackend::run(const float* x, const PackedMatrix& w, float* y, int32_t m, bool accumulate) {
+  const ScopedTimer timer(&stats_.gemm_time);
+  gemm_.run(x, w, y, m, accumulate);
+  stats_.gemm_calls += 1;
+  stats_.gemm_flops += 2.0 * m * w.n() * w.k();
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) {

@@ -29,6 +29,10 @@ struct CpuBackendOptions {
   // Vector code every kernel runs (simd.h; kAuto honours TANDEM_CPU_SIMD);
   // every level gives the same bits.
   SimdLevel simd = SimdLevel::kAuto;
+  // What GEMMs with prepared weights read (backend.h): with kBfloat16 the
+  // prepared weights and each such GEMM's input are rounded to bf16 (kept
+  // in fp32), the CUDA backend's bf16 products to the summation order.
+  GemmDtype gemm_dtype = GemmDtype::kFloat32;
 };
 
 class CpuBackend final : public Backend {
@@ -42,6 +46,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
+  GemmDtype gemmDtype() const { return gemm_dtype_; }
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
   void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
             std::span<const float> inv_freq) override;
@@ -63,6 +68,8 @@ class CpuBackend final : public Backend {
   struct ElementwiseKernels;  // swiglu, rmsNorm and rope rows of one SIMD level (cpu_backend.cc)
 
  private:
+  void run(const float* x, const PackedMatrix& w, float* y, int32_t m, bool accumulate);
+
   BackendStats stats_;
   WorkerPool pool_;
   Gemm gemm_;                              // runs on pool_
@@ -75,6 +82,8 @@ class CpuBackend final : public Backend {
   // it compute theirs (cos_, sin_).
   static constexpr int32_t kRopeTablePositions = 1 << 15;
   RopeTable rope_table_;
+  GemmDtype gemm_dtype_;
+  std::vector<float> bf16_input_;  // a GEMM's input rounded to bf16 (kBfloat16)
 };
 
 std::unique_ptr<Backend> makeCpuBackend();

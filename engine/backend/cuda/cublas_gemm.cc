@@ -19,8 +19,8 @@ std::string cublasError(const char* call, cublasStatus_t s) {
 // A layout descriptor destroyed with its scope.
 class Layout {
  public:
-  Layout(uint64_t rows, uint64_t cols, int64_t ld) {
-    status_ = cublasLtMatrixLayoutCreate(&layout_, CUDA_R_32F, rows, cols, ld);
+  Layout(cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+    status_ = cublasLtMatrixLayoutCreate(&layout_, type, rows, cols, ld);
   }
   ~Layout() {
     if (status_ == CUBLAS_STATUS_SUCCESS) cublasLtMatrixLayoutDestroy(layout_);
@@ -44,13 +44,15 @@ struct CublasGemm::Impl {
   void* workspace = nullptr;
   CublasGemmOptions options;
   std::map<std::pair<int32_t, int32_t>, cublasLtMatmulAlgo_t> algos;  // by (n, k)
+  // x's and w's element type.
+  cudaDataType inputType() const { return options.bf16_inputs ? CUDA_R_16BF : CUDA_R_32F; }
   // The layouts of a call's shape, checked against its algorithm once.
   struct Call {
     Layout a, b, c;
-    Call(int32_t m, int32_t n, int32_t k)
-        : a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
-          b(static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
-          c(static_cast<uint64_t>(n), static_cast<uint64_t>(m), n) {}
+    Call(cudaDataType input, int32_t m, int32_t n, int32_t k)
+        : a(input, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+          b(input, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+          c(CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n) {}
   };
   std::map<std::tuple<int32_t, int32_t, int32_t>, std::unique_ptr<Call>> calls;  // by (m, n, k)
 
@@ -69,9 +71,9 @@ struct CublasGemm::Impl {
       *out = it->second;
       return "";
     }
-    const Layout a(static_cast<uint64_t>(k), static_cast<uint64_t>(n), k);
-    const Layout b(static_cast<uint64_t>(k), kReferenceRows, k);
-    const Layout c(static_cast<uint64_t>(n), kReferenceRows, n);
+    const Layout a(inputType(), static_cast<uint64_t>(k), static_cast<uint64_t>(n), k);
+    const Layout b(inputType(), static_cast<uint64_t>(k), kReferenceRows, k);
+    const Layout c(CUDA_R_32F, static_cast<uint64_t>(n), kReferenceRows, n);
     if (a.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", a.status());
     if (b.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", b.status());
     if (c.status() != CUBLAS_STATUS_SUCCESS) return cublasError("cublasLtMatrixLayoutCreate", c.status());
@@ -104,8 +106,9 @@ struct CublasGemm::Impl {
       *out = algo;
       return "";
     }
-    return "cuBLASLt offers no fp32 algorithm with split-K " + std::to_string(options.split_k) + " for n=" +
-           std::to_string(n) + ", k=" + std::to_string(k) + " (" + std::to_string(found) + " candidates)";
+    return std::string("cuBLASLt offers no ") + (options.bf16_inputs ? "bf16-input" : "fp32") +
+           " algorithm with split-K " + std::to_string(options.split_k) + " for n=" + std::to_string(n) +
+           ", k=" + std::to_string(k) + " (" + std::to_string(found) + " candidates)";
   }
 };
 
@@ -145,13 +148,13 @@ std::unique_ptr<CublasGemm> CublasGemm::create(std::string* error, const CublasG
   return std::unique_ptr<CublasGemm>(new CublasGemm(std::move(impl)));
 }
 
-std::string CublasGemm::run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
-                            bool accumulate, void* stream) {
+std::string CublasGemm::run(const void* x, const void* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate,
+                            void* stream) {
   cublasLtMatmulAlgo_t algo;
   if (std::string e = impl_->algoFor(n, k, &algo); !e.empty()) return e;
   auto found = impl_->calls.find({m, n, k});
   if (found == impl_->calls.end()) {  // first call of this shape: its layouts, checked against the algorithm
-    auto made = std::make_unique<Impl::Call>(m, n, k);
+    auto made = std::make_unique<Impl::Call>(impl_->inputType(), m, n, k);
     if (made->a.status() != CUBLAS_STATUS_SUCCESS || made->b.status() != CUBLAS_STATUS_SUCCESS ||
         made->c.status() != CUBLAS_STATUS_SUCCESS) {
       return "cublasLtMatrixLayoutCreate failed for m=" + std::to_string(m);

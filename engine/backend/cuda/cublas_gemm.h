@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend's GEMM, y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when
-// accumulating), fp32 (CUBLAS_COMPUTE_32F: no TF32), row-major, device
+// accumulating), fp32 (CUBLAS_COMPUTE_32F: no TF32; x and w fp32, or bf16
+// with CublasGemmOptions::bf16_inputs), row-major, device
 // pointers, through cuBLASLt with a *pinned* algorithm: for each weight shape
 // (n, k) one algorithm is chosen once (cuBLASLt's heuristic for a reference
 // batch), with split-K forced off and no reduction scheme, in a fixed
@@ -31,6 +32,10 @@ struct CublasGemmOptions {
   // keeps each row's bits independent of the batch is what
   // `tandem-gpu-kernel-check --gemm-split-k N` measures on a GPU.
   uint32_t split_k = 1;
+  // x and w in bf16 (CUDA_R_16BF: the tensor cores' input) instead of fp32;
+  // products and accumulation still fp32 (CUBLAS_COMPUTE_32F) into an fp32
+  // y (GemmDtype::kBfloat16, engine/backend/backend.h).
+  bool bf16_inputs = false;
 };
 
 class CublasGemm {
@@ -43,10 +48,10 @@ class CublasGemm {
   CublasGemm& operator=(const CublasGemm&) = delete;
 
   // y = x · wᵀ (+ y): x [m, k], w [n, k], y [m, n], row-major, device memory,
-  // on `stream` (a cudaStream_t; nullptr: the default stream). Returns "" or
-  // what failed: no algorithm for (n, k) without split-K, or one that does
-  // not take this m.
-  std::string run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate,
+  // on `stream` (a cudaStream_t; nullptr: the default stream); x and w fp32,
+  // or bf16 with options.bf16_inputs. Returns "" or what failed: no
+  // algorithm for (n, k) without split-K, or one that does not take this m.
+  std::string run(const void* x, const void* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate,
                   void* stream);
 
   // Reference batch the algorithm of each shape is chosen for.

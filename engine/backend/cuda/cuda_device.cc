@@ -8,11 +8,13 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <absl/strings/str_cat.h>
 
 #include "engine/backend/cuda/cublas_gemm.h"
 #include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/backend/kernel_math.h"
 #include "src/common/status.h"
 
 // cudaGraphInstantiate(exec, graph, flags) and stream capture as used here.
@@ -157,6 +159,10 @@ class CudaDevice final : public Device {
     TANDEM_RETURN_IF_ERROR(current());
     return launched(launchSwiglu(c, a, stream_), "swiglu");
   }
+  absl::Status toBf16(const LaunchConfig& c, const ToBf16Args& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
+    return launched(launchToBf16(c, a, stream_), "toBf16");
+  }
   absl::Status add(const LaunchConfig& c, const AddArgs& a) override {
     TANDEM_RETURN_IF_ERROR(current());
     return launched(launchAdd(c, a, stream_), "add");
@@ -289,42 +295,71 @@ absl::StatusOr<std::shared_ptr<Device>> makeCudaDevice(int ordinal) {
 namespace tandem::engine {
 namespace {
 
-// A weight uploaded to the device once.
+// A weight uploaded to the device once: fp32, or bf16 (GemmDtype::kBfloat16).
 class DeviceWeight final : public PreparedWeight {
  public:
-  DeviceWeight(int32_t n, int32_t k, float* data, std::shared_ptr<gpu::Device> device)
+  DeviceWeight(int32_t n, int32_t k, void* data, std::shared_ptr<gpu::Device> device)
       : PreparedWeight(n, k), data_(data), device_(std::move(device)) {}
   ~DeviceWeight() override { device_->release(data_); }
-  const float* data() const { return data_; }
+  const void* data() const { return data_; }
 
  private:
-  float* data_;
+  void* data_;
   std::shared_ptr<gpu::Device> device_;
 };
 
 class CublasKernelGemm final : public KernelGemm {
  public:
-  CublasKernelGemm(std::shared_ptr<gpu::Device> device, void* stream, std::unique_ptr<gpu::CublasGemm> cublas)
-      : device_(std::move(device)), stream_(stream), cublas_(std::move(cublas)) {}
+  // `fp32` runs the plain-weight GEMMs (fp32 in every mode); `prepared` the
+  // prepared weights' (bf16 inputs with GemmDtype::kBfloat16, else `fp32`
+  // itself).
+  CublasKernelGemm(std::shared_ptr<gpu::Device> device, void* stream, std::shared_ptr<gpu::CublasGemm> fp32,
+                   std::shared_ptr<gpu::CublasGemm> prepared, GemmDtype dtype)
+      : device_(std::move(device)),
+        stream_(stream),
+        fp32_(std::move(fp32)),
+        prepared_(std::move(prepared)),
+        dtype_(dtype) {}
 
   // nullptr when the upload fails: the backend's next GEMM with it reports it.
+  // In bf16 the host rounds w (exact for a bf16 checkpoint) and uploads half the bytes.
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w_host, int32_t n, int32_t k) override {
-    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(k) * sizeof(float);
+    const size_t count = static_cast<size_t>(n) * static_cast<size_t>(k);
+    std::vector<uint16_t> narrowed;
+    const void* from = w_host;
+    size_t bytes = count * sizeof(float);
+    if (dtype_ == GemmDtype::kBfloat16) {
+      narrowed.resize(count);
+      for (size_t i = 0; i < count; ++i) narrowed[i] = kmath::bf16Bits(w_host[i]);
+      from = narrowed.data();
+      bytes = count * sizeof(uint16_t);
+    }
     absl::StatusOr<void*> p = device_->allocate(bytes);
     if (!p.ok()) {
       failed_ = p.status();
       return std::make_unique<DeviceWeight>(n, k, nullptr, device_);
     }
-    if (absl::Status s = device_->upload(*p, w_host, bytes); !s.ok()) failed_ = s;
-    return std::make_unique<DeviceWeight>(n, k, static_cast<float*>(*p), device_);
+    if (absl::Status s = device_->upload(*p, from, bytes); !s.ok()) failed_ = s;
+    return std::make_unique<DeviceWeight>(n, k, *p, device_);
   }
   absl::Status gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
     TANDEM_RETURN_IF_ERROR(failed_);
-    return run(x, static_cast<const DeviceWeight&>(w).data(), y, m, w.n(), w.k(), accumulate);
+    if (dtype_ == GemmDtype::kBfloat16) {
+      return absl::InternalError("cuBLASLt GEMM: an fp32 input for a bf16 weight (KernelBackend calls gemmBf16)");
+    }
+    return run(*fp32_, x, static_cast<const DeviceWeight&>(w).data(), y, m, w.n(), w.k(), accumulate);
   }
   absl::Status gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k,
                     bool accumulate) override {
-    return run(x, w, y, m, n, k, accumulate);
+    return run(*fp32_, x, w, y, m, n, k, accumulate);
+  }
+  GemmDtype dtype() const override { return dtype_; }
+  absl::Status gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
+    TANDEM_RETURN_IF_ERROR(failed_);
+    if (dtype_ != GemmDtype::kBfloat16) {
+      return absl::InternalError("cuBLASLt GEMM: a bf16 input for an fp32 weight");
+    }
+    return run(*prepared_, x, static_cast<const DeviceWeight&>(w).data(), y, m, w.n(), w.k(), accumulate);
   }
   BackendStats stats() const override { return stats_; }
   void resetStats() override { stats_ = BackendStats{}; }
@@ -333,12 +368,13 @@ class CublasKernelGemm final : public KernelGemm {
   }
 
  private:
-  absl::Status run(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
+  absl::Status run(gpu::CublasGemm& cublas, const void* x, const void* w, float* y, int32_t m, int32_t n, int32_t k,
+                   bool accumulate) {
     // The engine thread is not the one that made the device: select it here
     // too, as every CudaDevice call does.
     TANDEM_RETURN_IF_ERROR(gpu::cudaMakeCurrent(*device_));
     const auto start = std::chrono::steady_clock::now();
-    const std::string error = cublas_->run(x, w, y, m, n, k, accumulate, stream_);
+    const std::string error = cublas.run(x, w, y, m, n, k, accumulate, stream_);
     // Host time of the call (the launch, not the GPU's work: the stream is asynchronous).
     stats_.gemm_time += std::chrono::steady_clock::now() - start;
     ++stats_.gemm_calls;
@@ -349,25 +385,33 @@ class CublasKernelGemm final : public KernelGemm {
 
   std::shared_ptr<gpu::Device> device_;
   void* stream_;
-  std::unique_ptr<gpu::CublasGemm> cublas_;
+  std::shared_ptr<gpu::CublasGemm> fp32_, prepared_;
+  GemmDtype dtype_;
   absl::Status failed_;  // a weight that could not be uploaded
   BackendStats stats_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device) {
+absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device, GemmDtype dtype) {
   void* stream = gpu::cudaStreamOf(*device);
   if (stream == nullptr) return absl::InvalidArgumentError("cublasKernelGemm: not a device makeCudaDevice made");
   std::string error;
-  std::unique_ptr<gpu::CublasGemm> cublas = gpu::CublasGemm::create(&error);
-  if (cublas == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuBLASLt: ", error));
-  return std::unique_ptr<KernelGemm>(std::make_unique<CublasKernelGemm>(std::move(device), stream, std::move(cublas)));
+  std::shared_ptr<gpu::CublasGemm> fp32 = gpu::CublasGemm::create(&error);
+  if (fp32 == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuBLASLt: ", error));
+  std::shared_ptr<gpu::CublasGemm> prepared = fp32;
+  if (dtype == GemmDtype::kBfloat16) {
+    prepared = gpu::CublasGemm::create(&error, {.bf16_inputs = true});
+    if (prepared == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuBLASLt (bf16 inputs): ", error));
+  }
+  return std::unique_ptr<KernelGemm>(
+      std::make_unique<CublasKernelGemm>(std::move(device), stream, std::move(fp32), std::move(prepared), dtype));
 }
 
-absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal, std::optional<int32_t> graph_max_rows) {
+absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal, std::optional<int32_t> graph_max_rows,
+                                                               GemmDtype dtype) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<gpu::Device> device, gpu::makeCudaDevice(ordinal));
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KernelGemm> gemm, cublasKernelGemm(device));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KernelGemm> gemm, cublasKernelGemm(device, dtype));
   auto backend = std::make_unique<KernelBackend>(std::move(device), std::move(gemm), graph_max_rows);
   TANDEM_RETURN_IF_ERROR(backend->status());  // TANDEM_CUDA_GRAPHS unreadable
   return backend;

@@ -41,12 +41,16 @@ absl::Status cudaMakeCurrent(Device& device);
 namespace tandem::engine {
 
 // cuBLASLt on `device` (made by makeCudaDevice): weights uploaded once by
-// prepareWeight, GEMMs on the device's stream.
-absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device);
+// prepareWeight (in bf16 with GemmDtype::kBfloat16, backend.h), GEMMs on
+// the device's stream.
+absl::StatusOr<std::unique_ptr<KernelGemm>> cublasKernelGemm(std::shared_ptr<gpu::Device> device,
+                                                             GemmDtype dtype = GemmDtype::kFloat32);
 
 // The CUDA backend on device `ordinal`; decode steps graphed up to
-// `graph_max_rows` rows (unset: TANDEM_CUDA_GRAPHS, kernel_backend.h).
+// `graph_max_rows` rows (unset: TANDEM_CUDA_GRAPHS, kernel_backend.h);
+// `dtype`: what its GEMMs read (backend.h).
 absl::StatusOr<std::unique_ptr<KernelBackend>> makeCudaBackend(int ordinal,
-                                                               std::optional<int32_t> graph_max_rows = std::nullopt);
+                                                               std::optional<int32_t> graph_max_rows = std::nullopt,
+                                                               GemmDtype dtype = GemmDtype::kFloat32);
 
 }  // namespace tandem::engine

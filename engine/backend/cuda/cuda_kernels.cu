@@ -32,6 +32,9 @@ int launchRope(const LaunchConfig& config, const RopeArgs& args, void* stream) {
 int launchSwiglu(const LaunchConfig& config, const SwigluArgs& args, void* stream) {
   return launchKernel(&swigluKernel, config, args, stream);
 }
+int launchToBf16(const LaunchConfig& config, const ToBf16Args& args, void* stream) {
+  return launchKernel(&toBf16Kernel, config, args, stream);
+}
 int launchAdd(const LaunchConfig& config, const AddArgs& args, void* stream) {
   return launchKernel(&addKernel, config, args, stream);
 }

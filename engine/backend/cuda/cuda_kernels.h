@@ -18,6 +18,7 @@ namespace tandem::gpu {
 int launchRmsNorm(const LaunchConfig& config, const RmsNormArgs& args, void* stream);
 int launchRope(const LaunchConfig& config, const RopeArgs& args, void* stream);
 int launchSwiglu(const LaunchConfig& config, const SwigluArgs& args, void* stream);
+int launchToBf16(const LaunchConfig& config, const ToBf16Args& args, void* stream);
 int launchAdd(const LaunchConfig& config, const AddArgs& args, void* stream);
 int launchAddBias(const LaunchConfig& config, const AddBiasArgs& args, void* stream);
 int launchGatherRows(const LaunchConfig& config, const GatherRowsArgs& args, void* stream);

@@ -98,6 +98,7 @@ class Device {
   virtual absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) = 0;
   virtual absl::Status rope(const LaunchConfig& c, const RopeArgs& a) = 0;
   virtual absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) = 0;
+  virtual absl::Status toBf16(const LaunchConfig& c, const ToBf16Args& a) = 0;
   virtual absl::Status add(const LaunchConfig& c, const AddArgs& a) = 0;
   virtual absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) = 0;
   virtual absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) = 0;
@@ -156,6 +157,7 @@ class ExecutorDevice : public Device {
   absl::Status rmsNorm(const LaunchConfig& c, const RmsNormArgs& a) override;
   absl::Status rope(const LaunchConfig& c, const RopeArgs& a) override;
   absl::Status swiglu(const LaunchConfig& c, const SwigluArgs& a) override;
+  absl::Status toBf16(const LaunchConfig& c, const ToBf16Args& a) override;
   absl::Status add(const LaunchConfig& c, const AddArgs& a) override;
   absl::Status addBias(const LaunchConfig& c, const AddBiasArgs& a) override;
   absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) override;

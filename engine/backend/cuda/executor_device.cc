@@ -163,6 +163,11 @@ absl::Status ExecutorDevice::rope(const LaunchConfig& c, const RopeArgs& a) {
       "rope", {{"x", a.x}, {"positions", a.positions}, {"cos_table", a.cos_table}, {"sin_table", a.sin_table}}));
   return hostTask([this, c, a] { return executor_.launch(c, &ropeKernel, a); });
 }
+absl::Status ExecutorDevice::toBf16(const LaunchConfig& c, const ToBf16Args& a) {
+  TANDEM_RETURN_IF_ERROR(check("toBf16", {{"in", a.in}, {"out", a.out}}));
+  return hostTask([this, c, a] { return executor_.launch(c, &toBf16Kernel, a); });
+}
+
 absl::Status ExecutorDevice::swiglu(const LaunchConfig& c, const SwigluArgs& a) {
   TANDEM_RETURN_IF_ERROR(check("swiglu", {{"gate", a.gate}, {"up", a.up}, {"out", a.out}}));
   return hostTask([this, c, a] { return executor_.launch(c, &swigluKernel, a); });

@@ -63,15 +63,32 @@ class CpuKernelGemm final : public KernelGemm {
       return absl::OkStatus();
     });
   }
+  GemmDtype dtype() const override { return cpu_.gemmDtype(); }
+  // The bf16 input widened (exactly) to fp32 for the CPU GEMM, whose own
+  // rounding to bf16 then changes nothing: the CPU backend's bf16 bits.
+  absl::Status gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
+    return device_->hostTask([this, x, &w, y, m, accumulate] {
+      const size_t n = static_cast<size_t>(m) * static_cast<size_t>(w.k());
+      if (widened_.size() < n) widened_.resize(n);
+      for (size_t i = 0; i < n; ++i) widened_[i] = kmath::bf16Value(x[i]);
+      cpu_.gemm(widened_.data(), w, y, m, accumulate);
+      return absl::OkStatus();
+    });
+  }
   BackendStats stats() const override { return cpu_.stats(); }
   void resetStats() override { cpu_.resetStats(); }
 
  private:
   CpuBackend cpu_;
   std::shared_ptr<gpu::ExecutorDevice> device_;
+  std::vector<float> widened_;  // gemmBf16's input as fp32 (the host task's alone)
 };
 
 }  // namespace
+
+absl::Status KernelGemm::gemmBf16(const uint16_t*, const PreparedWeight&, float*, int32_t, bool) {
+  return absl::UnimplementedError("this GEMM takes no bf16 inputs (GemmDtype::kFloat32)");
+}
 
 std::unique_ptr<KernelGemm> cpuKernelGemm(const CpuBackendOptions& options,
                                           std::shared_ptr<gpu::ExecutorDevice> device) {
@@ -145,9 +162,11 @@ class KernelCall final : public KernelBackend::RecordedCall {
 
 class GemmCall final : public KernelBackend::RecordedCall {
  public:
-  GemmCall(const float* x, const PreparedWeight* prepared, const void* weight_data, const float* w, float* y,
-           int32_t m, int32_t n, int32_t k, bool accumulate)
+  // x is fp32, or bf16 (`bf16_x`: the kBfloat16 GEMM of a prepared weight).
+  GemmCall(const void* x, bool bf16_x, const PreparedWeight* prepared, const void* weight_data, const float* w,
+           float* y, int32_t m, int32_t n, int32_t k, bool accumulate)
       : x_(x),
+        bf16_x_(bf16_x),
         prepared_(prepared),
         weight_data_(weight_data),
         w_(w),
@@ -158,16 +177,20 @@ class GemmCall final : public KernelBackend::RecordedCall {
         accumulate_(accumulate) {}
   bool same(const RecordedCall& other) const override {
     const auto* o = dynamic_cast<const GemmCall*>(&other);
-    return o != nullptr && o->x_ == x_ && o->prepared_ == prepared_ && o->weight_data_ == weight_data_ &&
-           o->w_ == w_ && o->y_ == y_ && o->m_ == m_ && o->n_ == n_ && o->k_ == k_ && o->accumulate_ == accumulate_;
+    return o != nullptr && o->x_ == x_ && o->bf16_x_ == bf16_x_ && o->prepared_ == prepared_ &&
+           o->weight_data_ == weight_data_ && o->w_ == w_ && o->y_ == y_ && o->m_ == m_ && o->n_ == n_ && o->k_ == k_ &&
+           o->accumulate_ == accumulate_;
   }
   absl::Status run(gpu::Device&, KernelGemm& gemm) const override {
-    if (prepared_ != nullptr) return gemm.gemm(x_, *prepared_, y_, m_, accumulate_);
-    return gemm.gemm(x_, w_, y_, m_, n_, k_, accumulate_);
+    if (bf16_x_) return gemm.gemmBf16(static_cast<const uint16_t*>(x_), *prepared_, y_, m_, accumulate_);
+    const auto* x = static_cast<const float*>(x_);
+    if (prepared_ != nullptr) return gemm.gemm(x, *prepared_, y_, m_, accumulate_);
+    return gemm.gemm(x, w_, y_, m_, n_, k_, accumulate_);
   }
 
  private:
-  const float* x_;
+  const void* x_;
+  bool bf16_x_;
   const PreparedWeight* prepared_;  // or w_
   const void* weight_data_;         // KernelGemm::weightData(*prepared_)
   const float* w_;
@@ -192,12 +215,27 @@ void KernelBackend::runGemm(const float* x, const PreparedWeight* prepared, cons
   // Counted here, once per GEMM asked for, whether it runs now or in a graph.
   ++stats_.gemm_calls;
   stats_.gemm_flops += 2.0 * m * n * k;
-  if (graphStep() &&
-      deferred(std::make_unique<GemmCall>(x, prepared, prepared != nullptr ? gemm_->weightData(*prepared) : nullptr, w,
-                                          y, m, n, k, accumulate))) {
+  // kBfloat16: the input rounded to bf16 on the device first (a launch like
+  // any other: graphed with the step).
+  const bool bf16 = prepared != nullptr && gemm_->dtype() == GemmDtype::kBfloat16;
+  const void* input = x;
+  if (bf16) {
+    const int64_t count = static_cast<int64_t>(m) * k;
+    uint16_t* rounded = d_gemm_input_.reserve<uint16_t>(*this, static_cast<size_t>(count));
+    if (!status_.ok() || rounded == nullptr) return;
+    launch(&gpu::Device::toBf16, gpu::elementwiseLaunch(count), gpu::ToBf16Args{x, rounded, count});
+    input = rounded;
+  }
+  if (graphStep() && deferred(std::make_unique<GemmCall>(input, bf16, prepared,
+                                                         prepared != nullptr ? gemm_->weightData(*prepared) : nullptr,
+                                                         w, y, m, n, k, accumulate))) {
     return;
   }
-  ok(prepared != nullptr ? gemm_->gemm(x, *prepared, y, m, accumulate) : gemm_->gemm(x, w, y, m, n, k, accumulate));
+  if (bf16) {
+    ok(gemm_->gemmBf16(static_cast<const uint16_t*>(input), *prepared, y, m, accumulate));
+  } else {
+    ok(prepared != nullptr ? gemm_->gemm(x, *prepared, y, m, accumulate) : gemm_->gemm(x, w, y, m, n, k, accumulate));
+  }
 }
 
 int32_t KernelBackend::beginStep(const StepShape& step) {

@@ -67,6 +67,13 @@ class KernelGemm {
   // when it runs. A graph replay compares it, so that a weight freed and
   // another made at its address is never taken for it.
   virtual const void* weightData(const PreparedWeight& w) const { return nullptr; }
+  // What its GEMMs with prepared weights read (backend.h). With kBfloat16
+  // prepareWeight keeps w in bf16, and KernelBackend rounds each such GEMM's
+  // input to bf16 on the device (toBf16Kernel) and calls gemmBf16.
+  virtual GemmDtype dtype() const { return GemmDtype::kFloat32; }
+  // y = x · wᵀ (+ y), x [m, w.k()] in bf16 (kmath::bf16Bits), w prepared
+  // in bf16: fp32 products and accumulation, fp32 y.
+  virtual absl::Status gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate);
 };
 
 // The CPU backend's GEMM on `device`'s (host) memory, in its stream order
@@ -373,6 +380,7 @@ class KernelBackend : public Backend {
   Scratch d_row_block_, d_row_slot_, d_row_pos_, d_row_table_, d_row_split_, d_block_tables_, d_partial_;
   Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_, d_logits_out_;
   Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;
+  Scratch d_gemm_input_;  // a GEMM's input in bf16 (GemmDtype::kBfloat16)
   SamplerScratch sampler_scratch_;
   std::vector<float> handed_back_;  // a logits row the kernel left to the host
   int64_t rows_sampled_on_device_ = 0, rows_sampled_on_host_ = 0;

@@ -113,6 +113,21 @@ inline LaunchConfig elementwiseLaunch(int64_t n) {
   return {{blocks, 1, 1}, {kElementwiseThreads, 1, 1}, 0};
 }
 
+// A GEMM's input rounded to bf16 (GemmDtype::kBfloat16: kmath::bf16Bits,
+// ties to even) for cuBLASLt's bf16 inputs. Grid-stride.
+struct ToBf16Args {
+  const float* in;  // [n]
+  uint16_t* out;    // [n]
+  int64_t n;
+  bool operator==(const ToBf16Args&) const = default;  // a graph replay compares its launches
+};
+TANDEM_KERNEL toBf16Kernel(const ToBf16Args a) {
+  const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.n; i += stride) {
+    a.out[i] = kmath::bf16Bits(a.in[i]);
+  }
+}
+
 struct SwigluArgs {
   const float* gate;  // [n]
   const float* up;    // [n]

@@ -158,6 +158,34 @@ TEST(CpuBackendGemm, PreparedWeightEqualsPlainWeight) {
   }
 }
 
+// GemmDtype::kBfloat16: a prepared weight's GEMM is the fp32 GEMM of x and
+// w rounded to bf16 (the same bits), accumulating into y as fp32; a plain
+// weight's GEMM stays fp32; and the result is not the fp32 one.
+TEST(CpuBackendGemm, Bf16ModeRoundsThePreparedGemmsInputsAndWeights) {
+  CpuBackend fp32;
+  CpuBackend bf16(CpuBackendOptions{.gemm_dtype = GemmDtype::kBfloat16});
+  EXPECT_EQ(bf16.gemmDtype(), GemmDtype::kBfloat16);
+  const int m = 9, n = 70, k = 45;
+  const auto x = randomVector(static_cast<size_t>(m * k), 51);
+  const auto w = randomVector(static_cast<size_t>(n * k), 52);
+  const auto base = randomVector(static_cast<size_t>(m * n), 53);
+  std::vector<float> x_rounded(x.size()), w_rounded(w.size());
+  for (size_t i = 0; i < x.size(); ++i) x_rounded[i] = kmath::roundToBf16(x[i]);
+  for (size_t i = 0; i < w.size(); ++i) w_rounded[i] = kmath::roundToBf16(w[i]);
+  const std::unique_ptr<PreparedWeight> prepared = bf16.prepareWeight(w.data(), n, k);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> got = base, want = base, plain = base, plain_fp32 = base, full = base;
+    bf16.gemm(x.data(), *prepared, got.data(), m, accumulate);
+    fp32.gemm(x_rounded.data(), w_rounded.data(), want.data(), m, n, k, accumulate);
+    EXPECT_TRUE(got == want) << "accumulate=" << accumulate;
+    bf16.gemm(x.data(), w.data(), plain.data(), m, n, k, accumulate);
+    fp32.gemm(x.data(), w.data(), plain_fp32.data(), m, n, k, accumulate);
+    EXPECT_TRUE(plain == plain_fp32) << "a plain weight's GEMM is fp32 in every mode";
+    fp32.gemm(x.data(), w.data(), full.data(), m, n, k, accumulate);
+    EXPECT_FALSE(got == full) << "bf16 inputs should change some bits";
+  }
+}
+
 // The determinism the engine depends on: a row's result is bitwise the same
 // whether computed alone (a decode step, the last piece of a chunked
 // prefill) or inside batches of 2, 7, 32 and 256 rows, at the first, a

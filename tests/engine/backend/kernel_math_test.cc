@@ -1,6 +1,8 @@
 #include "engine/backend/kernel_math.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -114,6 +116,36 @@ TEST(KernelMath, Swiglu) {
       const double want = g / (1.0 + std::exp(-static_cast<double>(g))) * u;
       EXPECT_NEAR(kmath::swiglu(g, u), want, 1e-6 * (1 + std::abs(want))) << g << " " << u;
     }
+  }
+}
+
+// bf16: round to nearest, ties to even; NaN stays a quiet NaN; overflow to
+// infinity; widening is exact; and the safetensors conversions are these.
+TEST(KernelMath, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(kmath::bf16Bits(1.0f), 0x3f80);
+  EXPECT_EQ(kmath::bf16Value(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to the even (1).
+  EXPECT_EQ(kmath::bf16Bits(1.0f + 0x1p-8f), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: to 1 + 2^-6.
+  EXPECT_EQ(kmath::bf16Bits(1.0f + 3 * 0x1p-8f), 0x3f82);
+  // Just above halfway rounds up.
+  EXPECT_EQ(kmath::bf16Bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+  EXPECT_EQ(kmath::bf16Bits(-2.0f), 0xc000);
+  EXPECT_EQ(kmath::bf16Bits(INFINITY), 0x7f80);
+  EXPECT_EQ(kmath::bf16Bits(3.4e38f), 0x7f80);  // past bf16's largest finite value
+  const uint16_t nan = kmath::bf16Bits(std::nanf(""));
+  EXPECT_TRUE(std::isnan(kmath::bf16Value(nan)));
+  // A signalling NaN whose payload sits in the low bits only stays a NaN.
+  uint32_t snan_bits = 0x7f800001u;
+  float snan;
+  std::memcpy(&snan, &snan_bits, sizeof(snan));
+  EXPECT_TRUE(std::isnan(kmath::bf16Value(kmath::bf16Bits(snan))));
+  for (uint32_t h = 0; h < 0x10000; h += 37) {
+    const auto bits = static_cast<uint16_t>(h);
+    const float v = kmath::bf16Value(bits);
+    if (std::isnan(v)) continue;
+    EXPECT_EQ(kmath::bf16Bits(v), bits) << h;  // exact both ways
+    EXPECT_EQ(kmath::roundToBf16(v), v) << h;
   }
 }
 

@@ -63,6 +63,16 @@ TEST(ModelFingerprintTest, WeightsTokenizerTemplateAndConfigEachChangeIt) {
   }
 }
 
+// --dtype bfloat16's fingerprint: a function of the checkpoint's alone,
+// never the checkpoint's own, and different for different checkpoints.
+TEST(ModelFingerprintTest, Bf16ProjectionsHaveAFingerprintOfTheirOwn) {
+  for (uint64_t f : {uint64_t{0}, uint64_t{1}, uint64_t{0x0123456789abcdef}}) {
+    EXPECT_NE(bf16Fingerprint(f), f);
+    EXPECT_EQ(bf16Fingerprint(f), bf16Fingerprint(f));
+  }
+  EXPECT_NE(bf16Fingerprint(1), bf16Fingerprint(2));
+}
+
 TEST(ModelFingerprintTest, MissingDirectoryIsNamed) {
   auto f = modelFingerprint("/nonexistent/model");
   ASSERT_FALSE(f.ok());

@@ -331,13 +331,24 @@ std::vector<std::vector<float>> scenario(KernelBackend& backend, const std::shar
   return out;
 }
 
-class KernelBackendGraphFamilyTest : public ::testing::TestWithParam<std::string> {};
+// A family, and what its projections read: with bf16 (--dtype bfloat16)
+// each projection's toBf16 launch and bf16 GEMM are graphed with the step,
+// the bf16 input's buffer compared like any other pointer.
+struct GraphCase {
+  std::string family;
+  GemmDtype dtype;
+};
+void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.family << " " << gemmDtypeName(c.dtype); }
+
+class KernelBackendGraphFamilyTest : public ::testing::TestWithParam<GraphCase> {};
 
 TEST_P(KernelBackendGraphFamilyTest, GraphedDecodeStepsGiveTheLaunchByLaunchBits) {
-  const ModelConfig config = GetParam() == "tiny" ? tinyModelConfig() : *smallArchConfig(GetParam());
+  const std::string& family = GetParam().family;
+  const ModelConfig config = family == "tiny" ? tinyModelConfig() : *smallArchConfig(family);
   const std::shared_ptr<const ModelWeights> weights = makeRandomWeights(config, 20261127, {.random_norm_gains = true});
-  KernelBackend graphed(KernelBackendOptions{.graph_max_rows = kDefaultGraphMaxRows});
-  KernelBackend eager(KernelBackendOptions{.graph_max_rows = 0});
+  const CpuBackendOptions gemm{.gemm_dtype = GetParam().dtype};
+  KernelBackend graphed(KernelBackendOptions{.gemm = gemm, .graph_max_rows = kDefaultGraphMaxRows});
+  KernelBackend eager(KernelBackendOptions{.gemm = gemm, .graph_max_rows = 0});
   const auto want = scenario(eager, weights);
   const auto got = scenario(graphed, weights);
   ASSERT_EQ(got.size(), want.size());
@@ -346,7 +357,7 @@ TEST_P(KernelBackendGraphFamilyTest, GraphedDecodeStepsGiveTheLaunchByLaunchBits
     EXPECT_EQ(std::memcmp(got[s].data(), want[s].data(), want[s].size() * sizeof(float)), 0) << "decode step " << s;
   }
   const KernelBackend::GraphStats g = graphed.graphStats(), e = eager.graphStats();
-  std::printf("%s: graphs captured %lld, replayed %lld, left %lld, padding rows %lld, held %lld\n", GetParam().c_str(),
+  std::printf("%s: graphs captured %lld, replayed %lld, left %lld, padding rows %lld, held %lld\n", family.c_str(),
               static_cast<long long>(g.captured), static_cast<long long>(g.replayed), static_cast<long long>(g.left),
               static_cast<long long>(g.padding_rows), static_cast<long long>(g.graphs));
   // Keys (4 rows, 1 split): warm-up, capture, 2 replays; after the long
@@ -361,8 +372,12 @@ TEST_P(KernelBackendGraphFamilyTest, GraphedDecodeStepsGiveTheLaunchByLaunchBits
   EXPECT_EQ(e.warmed + e.captured + e.replayed + e.left + e.padding_rows, 0) << "graph_max_rows 0 still graphed";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, KernelBackendGraphFamilyTest, ::testing::Values("qwen3"),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Families, KernelBackendGraphFamilyTest,
+                         ::testing::Values(GraphCase{"qwen3", GemmDtype::kFloat32},
+                                           GraphCase{"qwen3", GemmDtype::kBfloat16}),
+                         [](const ::testing::TestParamInfo<GraphCase>& i) {
+                           return i.param.family + "_" + gemmDtypeName(i.param.dtype);
+                         });
 
 // Through the engine, sampling on the device: seeded sampling and greedy
 // requests in one batch give the tokens of launch-by-launch steps (and the
