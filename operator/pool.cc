@@ -246,6 +246,10 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
                           integer(engine, "maxBatchedTokens", "spec.engine", p.max_batched_tokens, 1, 1048576));
   TANDEM_ASSIGN_OR_RETURN(p.max_num_seqs, optInteger(engine, "maxNumSeqs", "spec.engine", 1, 65536));
   TANDEM_ASSIGN_OR_RETURN(p.max_model_len, optInteger(engine, "maxModelLen", "spec.engine", 1, 16777216));
+  TANDEM_ASSIGN_OR_RETURN(p.dtype, str(engine, "dtype", "spec.engine", p.dtype));
+  if (p.dtype != "float32" && p.dtype != "bfloat16") {
+    return fieldError("spec.engine.dtype", strCat("\"", p.dtype, "\" is not one of: float32, bfloat16"));
+  }
 
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "prefill"), "spec.prefill", true, p.prefill));
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "decode"), "spec.decode", true, p.decode));
