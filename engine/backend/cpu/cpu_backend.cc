@@ -186,6 +186,14 @@ void CpuBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t
   run(x, static_cast<const PackedMatrix&>(w), y, m, accumulate);  // only this backend's prepareWeight made w
 }
 
+void CpuBackend::gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
+  assert(gemm_dtype_ == GemmDtype::kBfloat16);
+  const size_t n = static_cast<size_t>(m) * static_cast<size_t>(w.k());
+  if (bf16_input_.size() < n) bf16_input_.resize(n);
+  for (size_t i = 0; i < n; ++i) bf16_input_[i] = kmath::bf16Value(x[i]);  // exact
+  run(bf16_input_.data(), static_cast<const PackedMatrix&>(w), y, m, accumulate);
+}
+
 void CpuBackend::gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) {
   run(x, PackedMatrix(w, n, k), y, m, accumulate);  // a plain weight: fp32 in every mode
 }

@@ -47,6 +47,10 @@ class CpuBackend final : public Backend {
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   GemmDtype gemmDtype() const { return gemm_dtype_; }
+  // y = x · wᵀ (+ y) with x already in bf16 (kmath::bf16Bits) and w prepared
+  // in kBfloat16: the bf16 GEMM of gemm() above without its rounding pass
+  // (the kernel backend's executor GEMM, whose input the device rounded).
+  void gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate);
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
   void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
             std::span<const float> inv_freq) override;
@@ -83,7 +87,7 @@ class CpuBackend final : public Backend {
   static constexpr int32_t kRopeTablePositions = 1 << 15;
   RopeTable rope_table_;
   GemmDtype gemm_dtype_;
-  std::vector<float> bf16_input_;  // a GEMM's input rounded to bf16 (kBfloat16)
+  std::vector<float> bf16_input_;  // a GEMM's input rounded to bf16, as fp32 (kBfloat16)
 };
 
 std::unique_ptr<Backend> makeCpuBackend();

@@ -64,14 +64,10 @@ class CpuKernelGemm final : public KernelGemm {
     });
   }
   GemmDtype dtype() const override { return cpu_.gemmDtype(); }
-  // The bf16 input widened (exactly) to fp32 for the CPU GEMM, whose own
-  // rounding to bf16 then changes nothing: the CPU backend's bf16 bits.
+  // The CPU backend's bf16 GEMM of the input the device rounded: its bf16 bits.
   absl::Status gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override {
     return device_->hostTask([this, x, &w, y, m, accumulate] {
-      const size_t n = static_cast<size_t>(m) * static_cast<size_t>(w.k());
-      if (widened_.size() < n) widened_.resize(n);
-      for (size_t i = 0; i < n; ++i) widened_[i] = kmath::bf16Value(x[i]);
-      cpu_.gemm(widened_.data(), w, y, m, accumulate);
+      cpu_.gemmBf16(x, w, y, m, accumulate);
       return absl::OkStatus();
     });
   }
@@ -81,7 +77,6 @@ class CpuKernelGemm final : public KernelGemm {
  private:
   CpuBackend cpu_;
   std::shared_ptr<gpu::ExecutorDevice> device_;
-  std::vector<float> widened_;  // gemmBf16's input as fp32 (the host task's alone)
 };
 
 }  // namespace
