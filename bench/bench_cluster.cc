@@ -151,8 +151,9 @@ int main(int argc, char** argv) {
                     "--port-file", dir + "/port", "--log-level", "warn"},
         dir + "/apiserver.log");
   if (!waitUntil([&] { return fs::exists(dir + "/port"); }, std::chrono::seconds(20))) return 1;
-  spawn(kubelet, {kBinDir + "/tandem-kubelet", "--kubeconfig", kubeconfig, "--state-dir", dir + "/kubelet",
-                  "--bridge", "tndbench0", "--pod-cidr", "10.246.0.0/24", "--log-level", "warn"},
+  spawn(kubelet,
+        {kBinDir + "/tandem-kubelet", "--kubeconfig", kubeconfig, "--state-dir", dir + "/kubelet", "--bridge",
+         "tndbench0", "--netns-prefix", "tndbench-", "--pod-cidr", "10.246.0.0/24", "--log-level", "warn"},
         dir + "/kubelet.log");
   const std::string kubectl = "kubectl --kubeconfig " + kubeconfig + " --cache-dir " + dir + "/cache ";
   if (!waitUntil([&] { return run(kubectl + "get node tandem-local") == 0; }, std::chrono::seconds(20))) {

@@ -26,7 +26,7 @@ int usage(const std::string& why) {
   std::cerr << "tandem-kubelet: " << why << "\n"
             << "usage: tandem-kubelet --kubeconfig FILE [--state-dir DIR] [--bin-dir DIR]\n"
                "  [--node 'NAME [RESOURCE=QUANTITY ...] [label:K=V ...] [taint:K=V:EFFECT ...]'] ...\n"
-               "  [--pod-cidr CIDR] [--bridge NAME] [--network auto|namespaces|loopback]\n"
+               "  [--pod-cidr CIDR] [--bridge NAME] [--netns-prefix P] [--network auto|namespaces|loopback]\n"
                "  [--stop-grace SECONDS] [--controllers on|off] [--log-level L] [--scrape-targets FILE]\n";
   return why == "help" ? 0 : 2;
 }
@@ -67,6 +67,14 @@ std::optional<int> parseFlags(int argc, char** argv, Flags& f) {
       f.options.network.cidr = v;
     } else if (flag == "--bridge") {
       f.options.network.bridge = v;
+    } else if (flag == "--netns-prefix") {
+      // The pods' namespaces are <prefix><namespace>.<pod>: two kubelets on
+      // one host (a test beside `./tandem up`) need different ones.
+      if (v.empty() || v.size() > 32 ||
+          v.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-.") != std::string::npos) {
+        return usage(tandem::strCat("--netns-prefix ", v, ": expected 1 to 32 lower-case letters, digits, '-' or '.'"));
+      }
+      f.options.network.netns_prefix = v;
     } else if (flag == "--network") {
       using Mode = PodNetworkOptions::Mode;
       if (v == "auto") {

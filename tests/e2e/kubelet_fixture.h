@@ -58,9 +58,10 @@ class KubeletTest : public ApiServerFixture {
 
   void startKubelet() {
     const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-kubelet";
-    std::vector<std::string> args = {exe,         "--kubeconfig", kubeconfig_, "--state-dir", dir_ + "/kubelet",
-                                     "--bridge",  bridge_,        "--pod-cidr",  cidr_prefix_ + "0/24",
-                                     "--stop-grace", "2",  "--scrape-targets", dir_ + "/scrape-targets.json"};
+    std::vector<std::string> args = {
+        exe,           "--kubeconfig", kubeconfig_,  "--state-dir",         dir_ + "/kubelet",
+        "--bridge",    bridge_,        "--pod-cidr", cidr_prefix_ + "0/24", "--netns-prefix",
+        netnsPrefix(), "--stop-grace", "2",          "--scrape-targets",    dir_ + "/scrape-targets.json"};
     for (const auto& n : nodes_) {
       args.push_back("--node");
       args.push_back(n);
@@ -96,6 +97,9 @@ class KubeletTest : public ApiServerFixture {
     return waitFor(f, std::chrono::seconds(seconds));
   }
   std::string kubeletLog() { return readFile(dir_ + "/kubelet.log"); }
+  // The test's own, so a kubelet of another test (or `./tandem up`) running
+  // beside it never holds a pod namespace of the same name.
+  std::string netnsPrefix() const { return bridge_ + "-"; }
 
   std::string bridge_, cidr_prefix_;
   std::vector<std::string> nodes_;

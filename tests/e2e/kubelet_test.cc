@@ -73,7 +73,7 @@ TEST_F(KubeletTest, APodRunsAsAProcessWithItsOwnAddressProbesAndLogs) {
   EXPECT_THAT(kubectl("get pod web").output, HasSubstr("NotFound"));
   EXPECT_NE(kill(std::stoi(pid), 0), 0) << "the container's process outlived its pod";
   EXPECT_THAT(readFile(dir_ + "/kubelet/pods/default/web/web.log"), HasSubstr("stopping"));
-  EXPECT_THAT(shell("ip netns list").output, ::testing::Not(HasSubstr("default.web")));
+  EXPECT_THAT(shell("ip netns list").output, ::testing::Not(HasSubstr(netnsPrefix() + "default.web")));
 }
 
 TEST_F(KubeletTest, AContainerThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
@@ -103,7 +103,7 @@ spec:
   - {name: c, image: tandem, command: [/bin/sh, -c, "echo about to fail; exit 3"]}
 )");
   ASSERT_TRUE(eventually([&] { return get("pod crash", "{.status.containerStatuses[0].restartCount}") == "1"; }))
-      << kubectl("get pod crash -o yaml").output;
+      << kubectl("get pod crash -o yaml").output << kubectl("get events").output << kubeletLog();
   EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].state.waiting.reason}"), "CrashLoopBackOff");
   EXPECT_EQ(get("pod crash", "{.status.containerStatuses[0].lastState.terminated.exitCode}"), "3");
   EXPECT_THAT(kubectl("logs crash").output, HasSubstr("about to fail"));
@@ -257,7 +257,8 @@ spec:
   std::set<std::string> seen;
   for (int i = 0; i < 6; ++i) seen.insert(shell("curl -s -m 5 " + url).output);
   EXPECT_EQ(seen.size(), 2u) << "round-robin over both ready pods";
-  EXPECT_THAT(shell("ip netns exec tnd-default." + pods[0] + " curl -s -m 5 " + url).output, HasSubstr("echo-"));
+  EXPECT_THAT(shell("ip netns exec " + netnsPrefix() + "default." + pods[0] + " curl -s -m 5 " + url).output,
+              HasSubstr("echo-"));
 
   // pods[0] stops being ready: its endpoint says so and the ClusterIP stops sending to it.
   std::filesystem::remove("/tmp/tndk-" + pods[0] + "/ready");
@@ -600,6 +601,22 @@ spec:
   EXPECT_EQ(get("pod tolerant", "{.spec.nodeName}"), "gpu-a");
   auto del = kubectl("delete pod tolerant greedy --timeout=20s");
   EXPECT_EQ(del.rc, 0) << del.output;
+}
+
+class KubeletFlagsTest : public ApiServerFixture {
+ protected:
+  void SetUp() override {}  // no API server: the flags are refused before it is needed
+  void TearDown() override {}
+};
+
+TEST_F(KubeletFlagsTest, ABadNetnsPrefixIsRefusedByName) {
+  const std::string exe = std::string(std::getenv("TANDEM_BIN_DIR")) + "/tandem-kubelet";
+  for (const char* bad : {"'Bad/Name'", "''"}) {
+    const CommandResult r = shell(exe + " --kubeconfig /nonexistent --netns-prefix " + bad);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--netns-prefix")) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("lower-case letters")) << r.output;
+  }
 }
 
 TEST_F(KubeletTest, AKubeletKilledWithSigkillLeavesNothingOnceRestartedAndThePodsConverge) {
