@@ -138,6 +138,29 @@ Option prefillPeersOption(bool alias) {
 }
 
 // --model-fingerprint / model.fingerprint: hex, pinned by the operator.
+// engine.kv_dtype (EngineOptions::kv_dtype): float32 | bfloat16.
+Option kvDtypeOption() {
+  static const std::vector<std::string> kNames = {"float32", "bfloat16"};
+  auto set = [](AgentConfig& c, std::string_view v) {
+    c.engine.kv_dtype = v == "bfloat16" ? engine::KvDtype::kBfloat16 : engine::KvDtype::kFloat32;
+  };
+  return {"kv-dtype",
+          "engine",
+          "kv_dtype",
+          "what the KV cache stores: float32, or bfloat16 (half the memory per block, so twice the blocks in the "
+          "same memory; K and V rounded to bf16 as they are written; P and D must agree; docs/cuda.md)",
+          [](const AgentConfig& c) { return std::string(engine::kvDtypeName(c.engine.kv_dtype)); },
+          [set](AgentConfig& c, std::string_view v) -> absl::Status {
+            TANDEM_RETURN_IF_ERROR(checkOneOf("kv-dtype", v, kNames));
+            set(c, v);
+            return absl::OkStatus();
+          },
+          [set](AgentConfig& c, ConfigMap& m) {
+            std::string v;
+            if (m.field("kv_dtype", &v, {.one_of = kNames})) set(c, v);
+          }};
+}
+
 Option modelFingerprintOption() {
   return {"model-fingerprint",
           "model",
@@ -202,6 +225,7 @@ void addServerOptions(std::vector<Option>& o) {
                            "GPU memory; each projection's input rounded to bf16; fp32 accumulation, residual stream "
                            "and attention; docs/cuda.md)",
                            &AgentConfig::dtype, {"float32", "bfloat16"}));
+  o.push_back(kvDtypeOption());
   o.push_back(numberOption("tensor-parallel", "engine", "tensor_parallel",
                            "split the model across this many ranks, one process each (one GPU each with --device "
                            "cuda; docs/cuda.md)",

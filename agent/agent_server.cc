@@ -97,6 +97,7 @@ struct AgentServer::Impl {
   engine::EngineOptions engine_options;  // the engine's, for checks made before a request reaches it
   std::string cpu_simd = "n/a";          // the CPU backend's vector code, for the start-up log
   std::string kv_memory = "host";        // where the KV pool is, for the start-up log
+  size_t kv_pool_bytes = 0;              // its size (--num-blocks x the layer blocks of --kv-dtype), likewise
   std::string ucx_cuda_memory = "n/a";   // whether the KV transport's UCX reads device memory (P/D roles)
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> metrics;
@@ -516,6 +517,7 @@ struct AgentServer::Impl {
                               : strCat("device, staged through host memory (not pinned: ", toStd(pinned.message()), ")");
     }
     if (engine->kvStaged() && ranks) kv_memory += ", every rank's KV heads";
+    kv_pool_bytes = engine->kv().bytes().size();
     TANDEM_ASSIGN_OR_RETURN(std::optional<ChatTemplate> chat_template, loadChatTemplate(config.model_dir));
     limits = {.model_name = config.model_name,
               .max_model_len = engine->options().max_model_len,
@@ -563,12 +565,12 @@ struct AgentServer::Impl {
   // cache (its shard's KV heads, the pool's blocks). A rank that died
   // first is named with its exit status.
   absl::StatusOr<std::shared_ptr<engine::RankGroupLeader>> connectRanks(const engine::ModelWeights& shard) {
-    engine::RankGroupLeader::Options o{
-        .links = ranks->takeLinks(),
-        .layout = engine::kvLayoutFor(shard.config, config.engine.num_blocks, config.engine.block_size),
-        .socket_all_reduce = !nccl,
-        .all_reduce = nccl ? nccl->all_reduce : nullptr,
-        .external_status = nccl ? nccl->status : nullptr};
+    engine::RankGroupLeader::Options o{.links = ranks->takeLinks(),
+                                       .layout = engine::kvLayoutFor(shard.config, config.engine.num_blocks,
+                                                                     config.engine.block_size, config.engine.kv_dtype),
+                                       .socket_all_reduce = !nccl,
+                                       .all_reduce = nccl ? nccl->all_reduce : nullptr,
+                                       .external_status = nccl ? nccl->status : nullptr};
     absl::StatusOr<std::unique_ptr<engine::RankGroupLeader>> group = engine::RankGroupLeader::connect(std::move(o));
     if (!group.ok()) {
       if (auto exited = ranks->exited(std::chrono::seconds(2))) {
@@ -704,6 +706,8 @@ struct AgentServer::Impl {
                          {"cpu_simd", cpu_simd},
                          {"device", config.device},
                          {"dtype", config.dtype},
+                         {"kv_dtype", engine::kvDtypeName(config.engine.kv_dtype)},
+                         {"kv_pool_bytes", kv_pool_bytes},
                          {"tensor_parallel", config.tensor_parallel},
                          {"kv_memory", kv_memory},
                          {"ucx_cuda_memory", ucx_cuda_memory},

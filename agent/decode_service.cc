@@ -345,15 +345,13 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       return markIncompatible(p, c, std::move(no->message));
     }
     if (h.num_layers != layout.num_layers || h.block_size != layout.block_size ||
-        h.num_kv_heads != layout.num_kv_heads || h.head_dim != layout.head_dim ||
-        h.dtype != kvproto::KvDtype::kFloat32) {
+        h.num_kv_heads != layout.num_kv_heads || h.head_dim != layout.head_dim) {
       return markIncompatible(
           p, c,
           strCat("the prefill peer ", h.peer_name, " has a different KV layout (", h.num_layers, " layers, block size ",
-                 h.block_size, ", ", h.num_kv_heads, " kv heads, head_dim ", h.head_dim, ", dtype ",
-                 static_cast<uint16_t>(h.dtype), ") than this agent (", layout.num_layers, ", ", layout.block_size,
-                 ", ", layout.num_kv_heads, ", ", layout.head_dim, ", ",
-                 static_cast<uint16_t>(kvproto::KvDtype::kFloat32), "): do both serve the same model?"));
+                 h.block_size, ", ", h.num_kv_heads, " kv heads, head_dim ", h.head_dim, ") than this agent (",
+                 layout.num_layers, ", ", layout.block_size, ", ", layout.num_kv_heads, ", ", layout.head_dim,
+                 "): do both serve the same model?"));
     }
     peers[p].incompatible.reset();
     peers[p].hello = h;

@@ -52,7 +52,7 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                     .name("tandem_kv_control_messages_rejected_total")
                     .help("P/D control messages refused, by reason: malformed, unknown_transfer, unexpected_type, "
                           "after_end, incompatible_version, fingerprint_mismatch, hash_root_mismatch, "
-                          "tensor_parallel_mismatch.")
+                          "tensor_parallel_mismatch, kv_dtype_mismatch.")
                     .labels(labels)
                     .registerOn(r)),
       auth_failures_(metrics::buildCounter()
@@ -84,13 +84,14 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
                          .labels(labels)
                          .buckets(metrics::exponentialBuckets(0.00005, 2, 18))
                          .registerOn(r)),
-      failovers_(metrics::buildCounter()
-                     .name("tandem_kv_prefill_failovers_total")
-                     .help("Requests moved off a prefill agent, by why (reason: suspect or unhealthy, before it accepted "
-                           "them; deadline: it missed its work-proportional deadline; disconnected: it went away) "
-                           "and where they went (to: peer, local).")
-                     .labels(labels)
-                     .registerOn(r)),
+      failovers_(
+          metrics::buildCounter()
+              .name("tandem_kv_prefill_failovers_total")
+              .help("Requests moved off a prefill agent, by why (reason: suspect or unhealthy, before it accepted "
+                    "them; deadline: it missed its work-proportional deadline; disconnected: it went away) "
+                    "and where they went (to: peer, local).")
+              .labels(labels)
+              .registerOn(r)),
       phase_seconds_(
           metrics::buildHistogram()
               .name("tandem_disagg_ttft_phase_seconds")
@@ -120,8 +121,9 @@ PdMetrics::PdMetrics(metrics::Registry& r, const metrics::Labels& labels)
   for (const char* reason : {"suspect", "unhealthy", "deadline", "disconnected"}) {
     for (const char* to : {"peer", "local"}) failovers_.add({{"reason", reason}, {"to", to}});
   }
-  for (const char* reason : {"malformed", "unknown_transfer", "unexpected_type", "after_end", "incompatible_version",
-                             "fingerprint_mismatch", "hash_root_mismatch", "tensor_parallel_mismatch"}) {
+  for (const char* reason :
+       {"malformed", "unknown_transfer", "unexpected_type", "after_end", "incompatible_version", "fingerprint_mismatch",
+        "hash_root_mismatch", "tensor_parallel_mismatch", "kv_dtype_mismatch"}) {
     rejected_.add({{"reason", reason}});
   }
   for (const char* reason : {"unknown_key", "bad_proof", "bad_challenge", "unauthenticated", "wrong_role",

@@ -22,7 +22,7 @@ class PdMetrics {
   // transfer this side has), "unexpected_type" (not one this role takes),
   // "after_end" (P: a PrefillRequest for a transfer D already ended), and a
   // refused peer's Hello: "incompatible_version", "fingerprint_mismatch",
-  // "hash_root_mismatch", "tensor_parallel_mismatch".
+  // "hash_root_mismatch", "tensor_parallel_mismatch", "kv_dtype_mismatch".
   void rejected(std::string_view reason);
   // A KV connection whose authentication failed (tandem_kv_auth_failures_total;
   // reasons in src/auth/kv_handshake.h AuthFailure).

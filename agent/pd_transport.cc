@@ -60,6 +60,12 @@ absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::s
   return t.status();
 }
 
+namespace {
+kvproto::KvDtype wireKvDtype(engine::KvDtype d) {
+  return d == engine::KvDtype::kBfloat16 ? kvproto::KvDtype::kBfloat16 : kvproto::KvDtype::kFloat32;
+}
+}  // namespace
+
 kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, const engine::KvLayout& l,
                         const transport::KvTransport& t, std::string name) {
   return {.min_version = kvproto::kMinVersion,
@@ -72,7 +78,7 @@ kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, cons
           .block_size = static_cast<uint16_t>(l.block_size),
           .num_kv_heads = static_cast<uint16_t>(l.num_kv_heads),
           .head_dim = static_cast<uint16_t>(l.head_dim),
-          .dtype = kvproto::KvDtype::kFloat32,
+          .dtype = wireKvDtype(l.dtype),
           .region_base = t.regionBase(),
           .rkey = t.packedRkey(),
           .peer_name = std::move(name),
@@ -112,6 +118,12 @@ std::optional<PeerRefusal> refusePeer(const ModelIdentity& mine, const engine::K
         "hash_root_mismatch",
         strCat("the peer ", peer.peer_name, " chains block hashes from root ", engine::fingerprintHex(peer.hash_root),
                ", this agent from ", engine::fingerprintHex(mine.hash_root.value()), ": another --cache-salt")};
+  }
+  if (peer.dtype != wireKvDtype(layout.dtype)) {
+    return PeerRefusal{"kv_dtype_mismatch",
+                       strCat("the peer ", peer.peer_name, " keeps its KV cache in ", kvproto::kvDtypeName(peer.dtype),
+                              ", this agent in ", engine::kvDtypeName(layout.dtype),
+                              ": give both the same --kv-dtype (KV blocks move byte for byte)")};
   }
   // Checked before the layout: a rank's num_kv_heads is its share, so
   // another shard would otherwise pass for another model's layout.

@@ -100,10 +100,12 @@ kvproto::Hello helloFor(kvproto::PeerRole role, const ModelIdentity& model, cons
 
 // Why a peer whose Hello is `peer` cannot work with this side: no common
 // protocol version, another model fingerprint, another hash root (another
-// --cache-salt), or another tensor-parallel rank, world size or KV-head
+// --cache-salt), another KV dtype (--kv-dtype), or another tensor-parallel
+// rank, world size or KV-head
 // range than this side's (`mine` and `layout`'s num_kv_heads). `reason` is
 // the tandem_kv_control_messages_rejected_total label (incompatible_version,
-// fingerprint_mismatch, hash_root_mismatch, tensor_parallel_mismatch);
+// fingerprint_mismatch, hash_root_mismatch, kv_dtype_mismatch,
+// tensor_parallel_mismatch);
 // `message` names both sides' values.
 struct PeerRefusal {
   std::string_view reason;

@@ -227,10 +227,10 @@ absl::Status serveRank(const RankArgs& a, const AgentConfig& config, Logger& log
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<engine::LlamaModel> model,
                           engine::LlamaModel::create(shard, *backend, nccl ? nccl->all_reduce : follower.allReduce()));
   const engine::KvLayout layout =
-      engine::kvLayoutFor(shard->config, config.engine.num_blocks, config.engine.block_size);
+      engine::kvLayoutFor(shard->config, config.engine.num_blocks, config.engine.block_size, config.engine.kv_dtype);
   std::unique_ptr<engine::KvStorage> kv;
   if (auto* kernels = dynamic_cast<engine::KernelBackend*>(backend.get())) {
-    TANDEM_ASSIGN_OR_RETURN(engine::KvMemory memory, kernels->kvMemory(layout.totalFloats() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(engine::KvMemory memory, kernels->kvMemory(layout.totalBytes()));
     TANDEM_RETURN_IF_ERROR(engine::KvStorage::checkMemory(layout, memory));
     kv = std::make_unique<engine::KvStorage>(layout, std::move(memory));
   } else {

@@ -12,7 +12,8 @@
 # --device cuda (the KV pool in GPU memory, staged through host memory for
 # UCX) against one --device cuda agent alone: the same greedy answers, and
 # the decode agent's throughput (cuda_pd_smoke below), with --dtype float32
-# and then bfloat16 (TANDEM_SMOKE_DTYPE picks the one --pd-only runs).
+# and then with --dtype bfloat16 --kv-dtype bfloat16 (TANDEM_SMOKE_DTYPE and
+# TANDEM_SMOKE_KV_DTYPE pick the ones --pd-only runs).
 #
 # For a machine with an NVIDIA GPU (built for compute capability 9.0:
 # H100/H200) and either the CUDA toolkit at /usr/local/cuda (or
@@ -54,10 +55,11 @@ end_run() {
 cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   local dtype=${TANDEM_SMOKE_DTYPE:-float32}  # every agent's --dtype, the --device cpu reference's too
+  local kv_dtype=${TANDEM_SMOKE_KV_DTYPE:-float32}  # and --kv-dtype
   work=$(mktemp -d)
   "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }  # served as model "tiny"
   start() {  # NAME DEVICE ARGS...: start_agent (e2e/start-agent.sh) with this run's binaries and model
-    start_agent "$bin" "$work" "$@" --num-blocks 256 --log-level info --dtype "$dtype" ||
+    start_agent "$bin" "$work" "$@" --num-blocks 256 --log-level info --dtype "$dtype" --kv-dtype "$kv_dtype" ||
       { echo "gpu-smoke: the $1 agent did not start"; return 1; }
   }
   # The client: compares D's answers with one agent's, then times 50
@@ -67,7 +69,7 @@ cuda_pd_smoke() {
   # a near-tie can pick another token; tandem-gpu-kernel-check --model
   # compares the logits themselves).
   client() {
-    PYTHONPATH="$ROOT/e2e" python3 - "$port_mono" "$port_decode" "$device --dtype $dtype" "$port_cpu" <<'PY'
+    PYTHONPATH="$ROOT/e2e" python3 - "$port_mono" "$port_decode" "$device --dtype $dtype --kv-dtype $kv_dtype" "$port_cpu" <<'PY'
 import sys
 from smoke_client import PROMPTS, complete, same_answers, throughput
 mono, decode, device, cpu = sys.argv[1:5]
@@ -112,7 +114,8 @@ PY
       echo "gpu-smoke: P/D FAIL: the KV did not move from prefill to decode cleanly"
       rc=1
     fi
-    [[ $rc -ne 0 ]] || echo "gpu-smoke: P/D PASS: prefill and decode (--device $device --dtype $dtype) answer what one agent answers"
+    [[ $rc -ne 0 ]] ||
+      echo "gpu-smoke: P/D PASS: prefill and decode (--device $device --dtype $dtype --kv-dtype $kv_dtype) answer what one agent answers"
   else
     rc=1
   fi
@@ -241,11 +244,11 @@ else
   echo "gpu-smoke: fewer than 2 GPUs: the NCCL tensor-parallel check is skipped"
 fi
 if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
-  for dtype in float32 bfloat16; do  # --dtype bfloat16: bf16 projections (docs/cuda.md)
-    echo "gpu-smoke: P/D serving run with --device cuda --dtype $dtype"
+  for dtype in float32 bfloat16; do  # bfloat16: bf16 projections and a bf16 KV cache (docs/cuda.md)
+    echo "gpu-smoke: P/D serving run with --device cuda --dtype $dtype --kv-dtype $dtype"
     pd_status=0
-    TANDEM_SMOKE_DTYPE=$dtype cuda_pd_smoke || pd_status=$?
-    echo "gpu-smoke: P/D serving run (--dtype $dtype) exited $pd_status"
+    TANDEM_SMOKE_DTYPE=$dtype TANDEM_SMOKE_KV_DTYPE=$dtype cuda_pd_smoke || pd_status=$?
+    echo "gpu-smoke: P/D serving run (--dtype $dtype --kv-dtype $dtype) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
   done
 fi

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     return absl::InvalidArgumentError(strCat("engine: tokenizer vocabulary (", tokenizer->vocabSize(),
                                              ") is larger than the model's vocab_size (", mc.vocab_size, ")"));
   }
-  const KvLayout layout = kvLayoutFor(mc, o.num_blocks, o.block_size);
+  const KvLayout layout = kvLayoutFor(mc, o.num_blocks, o.block_size, o.kv_dtype);
   // The transport's copy (kv_staging): the pool's layout, or with tensor
   // parallelism every rank's KV heads (the whole model's layout).
   KvLayout staging_layout = layout;
@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
                                              o.tensor_parallel ? o.tensor_parallel->allReduce() : nullptr));
   std::unique_ptr<KvStorage> kv;
   if (o.kv_memory) {
-    TANDEM_ASSIGN_OR_RETURN(KvMemory memory, o.kv_memory(layout.totalFloats() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(KvMemory memory, o.kv_memory(layout.totalBytes()));
     TANDEM_RETURN_IF_ERROR(KvStorage::checkMemory(layout, memory));
     kv = std::make_unique<KvStorage>(layout, std::move(memory));
   } else {
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     if (!kv->onDevice() && !o.tensor_parallel) {
       return bad("kv_staging", "is for a KV pool in device memory (kv_memory returned host memory) or a tensor-parallel group");
     }
-    TANDEM_ASSIGN_OR_RETURN(staging, o.kv_staging(staging_layout.totalFloats() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(staging, o.kv_staging(staging_layout.totalBytes()));
     if (staging.device) return bad("kv_staging", "must be host memory (the transport reads and writes it)");
     if (absl::Status st = KvStorage::checkMemory(staging_layout, staging); !st.ok()) {
       return bad("kv_staging", std::string(toStd(st.message())));
@@ -546,8 +546,8 @@ void Engine::spliceHeads(int rank, std::span<std::byte> rank_bytes, std::span<co
   // rows, each the rank's heads of one token in the pool and its slice of
   // the whole model's heads in the staging copy.
   const KvLayout& mine = kv_->layout();
-  const size_t row = mine.floatsPerToken() * sizeof(float);
-  const size_t staging_row = staging_layout_.floatsPerToken() * sizeof(float);
+  const size_t row = mine.bytesPerToken();
+  const size_t staging_row = staging_layout_.bytesPerToken();
   const size_t rows = 2 * static_cast<size_t>(mine.block_size);
   const size_t staging_block = staging_layout_.bytesPerLayerBlock();
   std::byte* r = rank_bytes.data();

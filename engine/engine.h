@@ -46,6 +46,9 @@ struct SequenceChunk;
 struct EngineOptions {
   int num_blocks = 512;
   int block_size = 16;
+  // What the KV pool stores: fp32, or bf16 for half the memory per block
+  // (K and V rounded to bf16 as they are written; kv_storage.h).
+  KvDtype kv_dtype = KvDtype::kFloat32;
   int max_num_batched_tokens = 512;  // token budget of one step (decodes count 1 each)
   int max_num_seqs = 64;             // running at once; must not exceed the token budget
   int max_waiting = 1024;            // waiting-queue bound; beyond it requests are rejected kQueueFull

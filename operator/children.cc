@@ -299,7 +299,8 @@ std::string agentConfigYaml(const PoolSpec& pool) {
                          "\n  name: ", json(pool.model_name).dump(), "\n");
   if (!pool.model_fingerprint.empty()) y += strCat("  fingerprint: ", json(pool.model_fingerprint).dump(), "\n");
   y += strCat("engine:\n  block_size: ", pool.block_size, "\n  num_blocks: ", pool.num_blocks,
-              "\n  max_batched_tokens: ", pool.max_batched_tokens, "\n  dtype: ", pool.dtype, "\n");
+              "\n  max_batched_tokens: ", pool.max_batched_tokens, "\n  dtype: ", pool.dtype,
+              "\n  kv_dtype: ", pool.kv_dtype, "\n");
   if (pool.max_num_seqs) y += strCat("  max_num_seqs: ", *pool.max_num_seqs, "\n");
   if (pool.max_model_len) y += strCat("  max_model_len: ", *pool.max_model_len, "\n");
   return y;

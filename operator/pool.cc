@@ -250,6 +250,10 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
   if (p.dtype != "float32" && p.dtype != "bfloat16") {
     return fieldError("spec.engine.dtype", strCat("\"", p.dtype, "\" is not one of: float32, bfloat16"));
   }
+  TANDEM_ASSIGN_OR_RETURN(p.kv_dtype, str(engine, "kvDtype", "spec.engine", p.kv_dtype));
+  if (p.kv_dtype != "float32" && p.kv_dtype != "bfloat16") {
+    return fieldError("spec.engine.kvDtype", strCat("\"", p.kv_dtype, "\" is not one of: float32, bfloat16"));
+  }
 
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "prefill"), "spec.prefill", true, p.prefill));
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "decode"), "spec.decode", true, p.decode));

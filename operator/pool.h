@@ -71,7 +71,8 @@ struct PoolSpec {
   // spec.engine
   int32_t block_size = 16, num_blocks = 512, max_batched_tokens = 512;
   std::optional<int32_t> max_num_seqs, max_model_len;
-  std::string dtype = "float32";  // spec.engine.dtype: float32 | bfloat16 (the agents' --dtype)
+  std::string dtype = "float32";     // spec.engine.dtype: float32 | bfloat16 (the agents' --dtype)
+  std::string kv_dtype = "float32";  // spec.engine.kvDtype: float32 | bfloat16 (the agents' --kv-dtype)
   RoleSpec prefill{.replicas = 1}, decode{.replicas = 2}, router{.replicas = 1};
   nlohmann::json router_policy = nlohmann::json::object();  // spec.router.policy
   // spec.router.apiKeysSecret: a Secret in the pool's namespace whose

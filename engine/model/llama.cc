@@ -23,8 +23,9 @@ absl::Status checkSize(const std::vector<float>& t, size_t want, std::string_vie
 
 }  // namespace
 
-KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size) {
+KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size, KvDtype dtype) {
   KvLayout layout;
+  layout.dtype = dtype;
   layout.num_layers = config.num_layers;
   layout.num_blocks = num_blocks;
   layout.block_size = block_size;

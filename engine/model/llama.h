@@ -43,7 +43,7 @@
 namespace tandem::engine {
 
 // The KV cache layout that `config`'s model reads and writes.
-KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size);
+KvLayout kvLayoutFor(const ModelConfig& config, int num_blocks, int block_size, KvDtype dtype = KvDtype::kFloat32);
 
 // Called with layer l (0, 1, ..., num_layers - 1, in order) once layer l's K/V
 // of the whole batch is in the cache; the P/D transport announces layers as

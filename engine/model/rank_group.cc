@@ -117,12 +117,12 @@ bool knownType(uint32_t t) { return t >= 1 && t <= 8; }
 
 std::string layoutText(const KvLayout& l) {
   return strCat(l.num_layers, " layers x ", l.num_blocks, " blocks of ", l.block_size, " tokens x ", l.num_kv_heads,
-                " KV heads x head_dim ", l.head_dim);
+                " KV heads x head_dim ", l.head_dim, " of ", kvDtypeName(l.dtype));
 }
 
 bool sameLayout(const KvLayout& a, const KvLayout& b) {
   return a.num_layers == b.num_layers && a.num_blocks == b.num_blocks && a.block_size == b.block_size &&
-         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim;
+         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim && a.dtype == b.dtype;
 }
 
 std::span<const std::byte> floatBytes(const float* p, int64_t n) {
@@ -222,6 +222,7 @@ std::vector<std::byte> encodeRankHello(const RankHello& hello) {
                 hello.layout.head_dim}) {
     w.put(static_cast<int32_t>(v));
   }
+  w.put(static_cast<uint8_t>(hello.layout.dtype));
   w.put(static_cast<uint8_t>(hello.socket_all_reduce ? 1 : 0));
   return w.take();
 }
@@ -237,8 +238,13 @@ absl::StatusOr<RankHello> decodeRankHello(std::span<const std::byte> payload) {
   h.layout.block_size = r.get<int32_t>("block_size");
   h.layout.num_kv_heads = r.get<int32_t>("num_kv_heads");
   h.layout.head_dim = r.get<int32_t>("head_dim");
+  const uint8_t dtype = r.get<uint8_t>("kv_dtype");
   h.socket_all_reduce = r.get<uint8_t>("socket_all_reduce") != 0;
   TANDEM_RETURN_IF_ERROR(r.finish());
+  if (dtype > static_cast<uint8_t>(KvDtype::kBfloat16)) {
+    return absl::DataLossError(strCat("tensor-parallel Hello: unknown KV dtype ", dtype));
+  }
+  h.layout.dtype = static_cast<KvDtype>(dtype);
   return h;
 }
 

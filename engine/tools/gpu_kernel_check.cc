@@ -332,12 +332,40 @@ struct KvShape {
   }
 };
 
+// A pool of random values: fp32, or their bf16 bits (a bf16 pool).
+template <typename T>
+std::vector<T> randomPool(size_t n) {
+  const std::vector<float> f = randomFloats(n, -1.0f, 1.0f);
+  if constexpr (std::is_same_v<T, float>) {
+    return f;
+  } else {
+    std::vector<T> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = kmath::bf16Bits(f[i]);
+    return h;
+  }
+}
+// A pool's elements as fp32 (compare() takes floats; widening is exact).
+template <typename T>
+std::vector<float> widened(const std::vector<T>& pool) {
+  if constexpr (std::is_same_v<T, float>) {
+    return pool;
+  } else {
+    std::vector<float> f(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) f[i] = kmath::bf16Value(pool[i]);
+    return f;
+  }
+}
+
+// T: float, or uint16_t for a bf16 pool.
+template <typename T>
 bool checkWriteKv() {
+  constexpr bool bf16 = std::is_same_v<T, uint16_t>;
+  const char* name = bf16 ? "writeKv bf16" : "writeKv";
   const KvShape s;
   const int32_t rows = 40, width = s.num_kv_heads * s.head_dim;
   const auto k = randomFloats(static_cast<size_t>(rows) * width, -2.0f, 2.0f);
   const auto v = randomFloats(k.size(), -2.0f, 2.0f);
-  auto kv = randomFloats(s.poolFloats(), -1.0f, 1.0f);  // what the rows do not overwrite stays
+  auto kv = randomPool<T>(s.poolFloats());  // what the rows do not overwrite stays
   // Distinct (block, slot) per row, as the scheduler guarantees: two rows
   // writing one slot would race on the GPU.
   std::vector<int32_t> blocks(static_cast<size_t>(s.num_blocks));
@@ -348,21 +376,23 @@ bool checkWriteKv() {
     row_block[static_cast<size_t>(r)] = blocks[static_cast<size_t>(r / s.block_size)];
     row_slot[static_cast<size_t>(r)] = (r * 7) % s.block_size;
   }
-  DeviceBuffer<float> d_k(k), d_v(v), d_kv(kv);
+  DeviceBuffer<float> d_k(k), d_v(v);
+  DeviceBuffer<T> d_kv(kv);
   DeviceBuffer<int32_t> d_block(row_block), d_slot(row_slot);
   const auto config = gpu::writeKvLaunch(rows);
-  if (!runOnCpu("writeKv", config, &gpu::writeKvKernel,
+  if (!runOnCpu(name, config, &gpu::writeKvKernel,
                 gpu::WriteKvArgs{k.data(), v.data(), kv.data(), row_block.data(), row_slot.data(), rows, s.layer,
-                                 s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim})) {
+                                 s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim, bf16})) {
     return false;
   }
-  const gpu::WriteKvArgs args{d_k.get(), d_v.get(),      d_kv.get(),   d_block.get(), d_slot.get(),
-                              rows,      s.layer,        s.num_blocks, s.block_size,  s.num_kv_heads,
-                              s.head_dim};
-  checkCuda(gpu::launchWriteKv(config, args, nullptr), "writeKv");
-  checkCuda(cudaDeviceSynchronize(), "writeKv");
-  const bool pass = compare("writeKv", d_kv.download(), kv, true);  // the whole pool
-  timeKernel("writeKv", 4.0 * d_k.bytes(), [&] { return gpu::launchWriteKv(config, args, nullptr); });
+  const gpu::WriteKvArgs args{d_k.get(), d_v.get(),    d_kv.get(),   d_block.get(),  d_slot.get(), rows,
+                              s.layer,   s.num_blocks, s.block_size, s.num_kv_heads, s.head_dim,   bf16};
+  checkCuda(gpu::launchWriteKv(config, args, nullptr), name);
+  checkCuda(cudaDeviceSynchronize(), name);
+  const bool pass = compare(name, widened(d_kv.download()), widened(kv), true);  // the whole pool
+  // Bytes moved: K and V read as fp32, written as T.
+  timeKernel(name, 2.0 * d_k.bytes() * (1.0 + sizeof(T) / 4.0),
+             [&] { return gpu::launchWriteKv(config, args, nullptr); });
   return pass;
 }
 
@@ -371,8 +401,10 @@ bool checkWriteKv() {
 struct AttentionChunk {
   int32_t start_pos, num_rows;
 };
+template <typename T>  // float, or uint16_t for a bf16 pool
 bool checkAttentionShape(const char* name, const KvShape& s, int32_t num_heads,
                          const std::vector<AttentionChunk>& chunks) {
+  constexpr bool bf16 = std::is_same_v<T, uint16_t>;
   using Chunk = AttentionChunk;
   std::vector<int32_t> block_tables, row_pos, row_table, row_split;
   int32_t splits = 0, max_splits = 1;
@@ -393,7 +425,7 @@ bool checkAttentionShape(const char* name, const KvShape& s, int32_t num_heads,
   }
   const auto rows = static_cast<int32_t>(row_pos.size());
   const auto q = randomFloats(static_cast<size_t>(rows) * num_heads * s.head_dim, -1.0f, 1.0f);
-  const auto kv = randomFloats(s.poolFloats(), -1.0f, 1.0f);
+  const auto kv = randomPool<T>(s.poolFloats());
   std::vector<float> cpu_out(q.size()), cpu_partial(static_cast<size_t>(splits) * num_heads *
                                                     static_cast<size_t>(gpu::attentionPartialFloats(s.head_dim)));
   const gpu::AttentionArgs cpu_args{q.data(),
@@ -411,15 +443,16 @@ bool checkAttentionShape(const char* name, const KvShape& s, int32_t num_heads,
                                     num_heads,
                                     s.num_kv_heads,
                                     s.head_dim,
-                                    kmath::attentionScale(s.head_dim)};
+                                    kmath::attentionScale(s.head_dim),
+                                    bf16};
   const auto split_config = gpu::attentionSplitLaunch(rows, num_heads, s.num_kv_heads, max_splits, s.head_dim);
   const auto combine_config = gpu::attentionCombineLaunch(rows, num_heads);
   if (!runOnCpu(name, split_config, &gpu::attentionSplitKernel, cpu_args) ||
       !runOnCpu(name, combine_config, &gpu::attentionCombineKernel, cpu_args)) {
     return false;
   }
-  DeviceBuffer<float> d_q(q), d_out(std::vector<float>(q.size())), d_kv(kv),
-      d_partial(std::vector<float>(cpu_partial.size()));
+  DeviceBuffer<float> d_q(q), d_out(std::vector<float>(q.size())), d_partial(std::vector<float>(cpu_partial.size()));
+  DeviceBuffer<T> d_kv(kv);
   DeviceBuffer<int32_t> d_tables(block_tables), d_pos(row_pos), d_table(row_table), d_split(row_split);
   gpu::AttentionArgs args = cpu_args;
   args.q = d_q.get();
@@ -440,7 +473,7 @@ bool checkAttentionShape(const char* name, const KvShape& s, int32_t num_heads,
   // Each row reads K and V of its visible keys once per KV head at least
   // (the query heads of a GQA group read the same ones: L2 may serve them).
   double kv_bytes = 0.0;
-  for (int32_t p : row_pos) kv_bytes += 2.0 * (p + 1) * s.head_dim * sizeof(float) * s.num_kv_heads;
+  for (int32_t p : row_pos) kv_bytes += 2.0 * (p + 1) * s.head_dim * sizeof(T) * s.num_kv_heads;
   timeKernel(name, kv_bytes + 2.0 * d_q.bytes(), launch);
   return pass;
 }
@@ -450,14 +483,18 @@ bool checkAttentionShape(const char* name, const KvShape& s, int32_t num_heads,
 // heads over 2 KV heads. Then a long-context decode step as a coding agent's
 // session makes one: 4 rows at 4,095 to 30,000 keys (8 to 16 splits), the
 // layer shape of Llama 3 8B (32 query heads over 8 KV heads of 128), the
-// pool (256 MB) several times the GPU's L2 (with timing only).
+// pool (256 MB) several times the GPU's L2 (with timing only). Each with
+// an fp32 pool and a bf16 one (--kv-dtype bfloat16).
 bool checkAttention() {
-  const bool small = checkAttentionShape("attention", KvShape{}, 8, {{0, 5}, {1300, 1}});
-  if (!g_timing) return small;  // --no-timing (compute-sanitizer's runs): the edge cases only
+  const bool small = checkAttentionShape<float>("attention", KvShape{}, 8, {{0, 5}, {1300, 1}});
+  const bool small_bf16 = checkAttentionShape<uint16_t>("attention bf16", KvShape{}, 8, {{0, 5}, {1300, 1}});
+  if (!g_timing) return small && small_bf16;  // --no-timing (compute-sanitizer's runs): the edge cases only
   const KvShape llama{
       .layers = 1, .layer = 0, .num_blocks = 2048, .block_size = 16, .num_kv_heads = 8, .head_dim = 128};
-  const bool longer = checkAttentionShape("attention long", llama, 32, {{4094, 1}, {8191, 1}, {16000, 1}, {29999, 1}});
-  return small && longer;
+  const std::vector<AttentionChunk> decode = {{4094, 1}, {8191, 1}, {16000, 1}, {29999, 1}};
+  const bool longer = checkAttentionShape<float>("attention long", llama, 32, decode);
+  const bool longer_bf16 = checkAttentionShape<uint16_t>("attn long bf16", llama, 32, decode);
+  return small && small_bf16 && longer && longer_bf16;
 }
 
 // The pinned cuBLASLt GEMM (cublas_gemm.h) against the CPU backend's GEMM
@@ -583,20 +620,22 @@ namespace engine = tandem::engine;
 
 // The logits of a 40-token prompt and 5 decode steps of `weights` on
 // `backend` (its KV pool from `device_backend` when given), with
-// `all_reduce` when it is a tensor-parallel rank; empty when a pass failed.
+// `all_reduce` when it is a tensor-parallel rank, the pool of `kv_dtype`;
+// empty when a pass failed.
 std::vector<std::vector<float>> runModel(const std::shared_ptr<const engine::ModelWeights>& weights,
                                          engine::Backend& backend, engine::KernelBackend* device_backend,
-                                         engine::AllReducePartials all_reduce, const std::vector<tandem::TokenId>& tokens) {
+                                         engine::AllReducePartials all_reduce, const std::vector<tandem::TokenId>& tokens,
+                                         engine::KvDtype kv_dtype = engine::KvDtype::kFloat32) {
   std::vector<std::vector<float>> out;
   auto model = engine::LlamaModel::create(weights, backend, std::move(all_reduce));
   if (!model.ok()) {
     std::fprintf(stderr, "model: %s\n", std::string(model.status().message()).c_str());
     return out;
   }
-  const engine::KvLayout layout = engine::kvLayoutFor(weights->config, 8, 16);
+  const engine::KvLayout layout = engine::kvLayoutFor(weights->config, 8, 16, kv_dtype);
   std::unique_ptr<engine::KvStorage> kv;
   if (device_backend != nullptr) {
-    auto memory = device_backend->kvMemory(layout.totalFloats() * sizeof(float));
+    auto memory = device_backend->kvMemory(layout.totalBytes());
     if (!memory.ok()) {
       std::fprintf(stderr, "KV pool: %s\n", std::string(memory.status().message()).c_str());
       return out;
@@ -657,28 +696,32 @@ std::vector<tandem::TokenId> promptFor(const engine::ModelConfig& config) {
   return tokens;
 }
 
-// The model with bf16 projections (--dtype bfloat16) through the CUDA
-// backend against the CPU backend's bf16 mode (the same products, another
-// summation order: a last-bit difference can flip an activation's bf16
-// rounding), so the bound is half the bf16 mode's own distance from fp32
-// (kernel_backend_test's bound on the executor, where the tiny model came
-// to 0.23 of it).
-bool checkModelBf16(const std::string& family) {
+// The model with bf16 projections (--dtype bfloat16) or a bf16 KV pool
+// (--kv-dtype bfloat16) through the CUDA backend against the CPU backend
+// in the same mode (the same products and the same cached values, another
+// summation order: a last-bit difference can flip an activation's or a K/V
+// element's bf16 rounding), so the bound is half the mode's own distance
+// from fp32 (kernel_backend_test's bound on the executor, where the tiny
+// model came to 0.23 of it with bf16 projections, 0.05 with a bf16 pool).
+bool checkModelBf16(const std::string& family, bool bf16_kv = false) {
+  const std::string mode = bf16_kv ? "kv bf16" : "bf16";
+  const engine::GemmDtype gemm = bf16_kv ? engine::GemmDtype::kFloat32 : engine::GemmDtype::kBfloat16;
+  const engine::KvDtype kv = bf16_kv ? engine::KvDtype::kBfloat16 : engine::KvDtype::kFloat32;
   const auto weights = weightsOf(family);
   const auto tokens = promptFor(weights->config);
-  engine::CpuBackend cpu_bf16(engine::CpuBackendOptions{.gemm_dtype = engine::GemmDtype::kBfloat16});
+  engine::CpuBackend cpu_bf16(engine::CpuBackendOptions{.gemm_dtype = gemm});
   engine::CpuBackend cpu_fp32;
-  auto cuda = engine::makeCudaBackend(0, std::nullopt, engine::GemmDtype::kBfloat16);
+  auto cuda = engine::makeCudaBackend(0, std::nullopt, gemm);
   if (!cuda.ok()) {
-    std::printf("FAIL model %s bf16: the CUDA backend: %s\n", family.c_str(),
+    std::printf("FAIL model %s %s: the CUDA backend: %s\n", family.c_str(), mode.c_str(),
                 std::string(cuda.status().message()).c_str());
     return false;
   }
-  const auto want = runModel(weights, cpu_bf16, nullptr, nullptr, tokens);
+  const auto want = runModel(weights, cpu_bf16, nullptr, nullptr, tokens, kv);
   const auto fp32 = runModel(weights, cpu_fp32, nullptr, nullptr, tokens);
-  const auto got = runModel(weights, **cuda, cuda->get(), nullptr, tokens);
+  const auto got = runModel(weights, **cuda, cuda->get(), nullptr, tokens, kv);
   if (got.size() != want.size() || want.empty() || fp32.size() != want.size()) {
-    std::printf("FAIL model %s bf16: the forward passes did not run\n", family.c_str());
+    std::printf("FAIL model %s %s: the forward passes did not run\n", family.c_str(), mode.c_str());
     return false;
   }
   double max_err = 0, from_fp32 = 0, max_abs = 0;
@@ -691,9 +734,9 @@ bool checkModelBf16(const std::string& family) {
   }
   const bool pass = max_err < 0.5 * from_fp32;
   std::printf(
-      "%s model %s bf16 through the CUDA backend against the CPU backend's bf16: max |logit diff| %.3g "
-      "(bf16 from fp32: %.3g), max |logit| %.3g\n",
-      pass ? "PASS" : "FAIL", family.c_str(), max_err, from_fp32, max_abs);
+      "%s model %s %s through the CUDA backend against the CPU backend's: max |logit diff| %.3g "
+      "(%s from fp32: %.3g), max |logit| %.3g\n",
+      pass ? "PASS" : "FAIL", family.c_str(), mode.c_str(), max_err, mode.c_str(), from_fp32, max_abs);
   return pass;
 }
 
@@ -746,7 +789,7 @@ bool checkGraphs() {
     }
     auto model = engine::LlamaModel::create(weights, **backend);
     const engine::KvLayout layout = engine::kvLayoutFor(config, 160, kBlock);
-    auto memory = (*backend)->kvMemory(layout.totalFloats() * sizeof(float));
+    auto memory = (*backend)->kvMemory(layout.totalBytes());
     if (!model.ok() || !memory.ok()) {
       r.error = std::string(!model.ok() ? model.status().message() : memory.status().message());
       return r;
@@ -944,8 +987,8 @@ int main(int argc, char** argv) {
     std::printf("note: built for compute capability 9.0 (H100/H200) only; on another device the launches fail\n");
   }
   bool all_pass = true;
-  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv,
-                          checkAttention, checkSample, checkToBf16}) {
+  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows,
+                          checkWriteKv<float>, checkWriteKv<uint16_t>, checkAttention, checkSample, checkToBf16}) {
     all_pass = check() && all_pass;
   }
   for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;
@@ -953,6 +996,9 @@ int main(int argc, char** argv) {
   if (model) {
     for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModel(family) && all_pass;
     for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) all_pass = checkModelBf16(family) && all_pass;
+    for (const char* family : {"tiny", "llama3", "qwen2", "qwen3"}) {
+      all_pass = checkModelBf16(family, /*bf16_kv=*/true) && all_pass;
+    }
     all_pass = checkGraphs() && all_pass;
   }
   std::printf("%s\n", all_pass ? "all kernels PASS" : "some kernels FAIL");

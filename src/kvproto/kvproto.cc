@@ -190,6 +190,16 @@ std::string_view peerRoleName(PeerRole r) {
   return "unknown";
 }
 
+std::string_view kvDtypeName(KvDtype d) {
+  switch (d) {
+    case KvDtype::kFloat32:
+      return "float32";
+    case KvDtype::kBfloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
 std::string_view failureReasonName(FailureReason r) {
   switch (r) {
     case FailureReason::kPrefillTimeout: return "prefill_timeout";
@@ -299,7 +309,10 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
       }
       if (version > kMaxVersion) r.skipRest();  // a newer sender's appended fields
       if (r.ok() && !knownRole(role)) r.fail(strCat("unknown role ", role));
-      if (r.ok() && dtype != static_cast<uint16_t>(KvDtype::kFloat32)) r.fail(strCat("unsupported KV dtype ", dtype));
+      if (r.ok() && dtype != static_cast<uint16_t>(KvDtype::kFloat32) &&
+          dtype != static_cast<uint16_t>(KvDtype::kBfloat16)) {
+        r.fail(strCat("unsupported KV dtype ", dtype));
+      }
       h.role = static_cast<PeerRole>(role);
       h.dtype = static_cast<KvDtype>(dtype);
       m.body = std::move(h);

@@ -130,10 +130,13 @@ enum class PeerRole : uint16_t {
 };
 std::string_view peerRoleName(PeerRole r);
 
-// Element type of a KV pool (wire values); fp32 is the only one so far.
+// Element type of a KV pool (wire values; engine::KvDtype): the decode side
+// pulls the prefill side's layer blocks byte for byte, so both must agree.
 enum class KvDtype : uint16_t {
   kFloat32 = 1,
+  kBfloat16 = 2,
 };
+std::string_view kvDtypeName(KvDtype d);  // "float32", "bfloat16"
 
 struct Hello {
   uint16_t min_version = kMinVersion;

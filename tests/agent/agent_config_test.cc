@@ -191,6 +191,28 @@ TEST(AgentConfigTest, DtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
       << c.status();
 }
 
+TEST(AgentConfigTest, KvDtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
+  auto c = parse({"--model-dir", "m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.kv_dtype, engine::KvDtype::kFloat32);
+  c = parse({"--model-dir", "m", "--kv-dtype", "bfloat16"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.kv_dtype, engine::KvDtype::kBfloat16);
+  EXPECT_EQ(c->gemmDtype(), engine::GemmDtype::kFloat32) << "independent of --dtype";
+  c = parse({"--config", writeFile("kv_dtype.yaml", "model: {dir: m}\nengine: {kv_dtype: bfloat16}\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.kv_dtype, engine::KvDtype::kBfloat16);
+  c = parse({"--model-dir", "m", "--kv-dtype", "fp8"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("--kv-dtype: \"fp8\" is not one of: float32, bfloat16"),
+            std::string::npos)
+      << c.status();
+  c = parse({"--config", writeFile("kv_dtype_bad.yaml", "model: {dir: m}\nengine: {kv_dtype: half}\n")});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("kv_dtype"), std::string::npos) << c.status();
+  EXPECT_NE(std::string(c.status().message()).find("half"), std::string::npos) << c.status();
+}
+
 TEST(AgentConfigTest, BadInputNamesTheProblem) {
   auto msg = [](const absl::StatusOr<AgentConfig>& c) { return std::string(c.status().message()); };
   EXPECT_NE(msg(parse({"--model-dir", "m", "--num-blocks", "many"})).find("--num-blocks: expected a number"),

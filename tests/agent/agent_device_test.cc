@@ -120,6 +120,77 @@ TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnsw
   }
 }
 
+// --kv-dtype bfloat16: the KV pool in bf16, half the bytes for the same
+// blocks. The emulated GPU's kernels (bf16 writes, widening reads) answer
+// what the CPU backend answers with a bf16 pool; P and D on the emulator
+// move the bf16 layer blocks (staged, checksummed) and answer as one agent;
+// a decode agent whose prefill peer keeps fp32 refuses it, and the request
+// fails naming --kv-dtype (as for any incompatible peer: docs/pd.md).
+TEST(AgentDeviceTest, ABf16KvCacheServesAsTheCpuBackendsMovesInPdAndRefusesAnFp32Peer) {
+  auto cpu = AgentProcess::start({"--device", "cpu", "--kv-dtype", "bfloat16", "--num-blocks", "128"});
+  auto emulated = AgentProcess::start(
+      {"--device", "cuda-emulator", "--kv-dtype", "bfloat16", "--num-blocks", "128", "--log-level", "info"});
+  auto fp32 = AgentProcess::start({"--device", "cpu", "--num-blocks", "128", "--log-level", "info"});
+  ASSERT_TRUE(cpu && emulated && fp32);
+  const std::vector<std::string> prompts = {"x", "sixteen chars ok",
+                                            "a prompt that spans several blocks of sixteen tokens each, and then some"};
+  std::vector<std::string> want;
+  for (const std::string& prompt : prompts) {
+    want.push_back(complete(*cpu, prompt));
+    EXPECT_FALSE(want.back().empty());
+    EXPECT_EQ(complete(*emulated, prompt), want.back()) << prompt;
+  }
+  EXPECT_EQ(emulated->stop(SIGTERM), 0) << emulated->log();
+  EXPECT_EQ(fp32->stop(SIGTERM), 0) << fp32->log();
+  auto poolBytes = [](const std::string& log) -> int64_t {
+    const size_t at = log.find("kv_pool_bytes=");
+    return at == std::string::npos ? -1 : std::stoll(log.substr(at + 14));
+  };
+  EXPECT_NE(emulated->log().find("kv_dtype=bfloat16"), std::string::npos) << emulated->log();
+  EXPECT_NE(fp32->log().find("kv_dtype=float32"), std::string::npos) << fp32->log();
+  EXPECT_GT(poolBytes(fp32->log()), 0) << fp32->log();
+  EXPECT_EQ(2 * poolBytes(emulated->log()), poolBytes(fp32->log())) << "the same blocks in half the bytes";
+
+  auto prefill = AgentProcess::start({"--device", "cuda-emulator", "--kv-dtype", "bfloat16", "--role", "prefill",
+                                      "--kv-listen", "127.0.0.1:0", "--num-blocks", "128"});
+  ASSERT_NE(prefill, nullptr);
+  auto decode = AgentProcess::start({"--device", "cuda-emulator", "--kv-dtype", "bfloat16", "--role", "decode",
+                                     "--kv-listen", "127.0.0.1:0", "--num-blocks", "128", "--checksum-rate", "1",
+                                     "--prefill-peer", "127.0.0.1:" + std::to_string(prefill->kvPort())});
+  ASSERT_NE(decode, nullptr);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(complete(*decode, prompts[i]), want[i]) << prompts[i];
+  const std::string d = scrape(*decode);
+  EXPECT_EQ(metricValueWith(d, "tandem_request_path_total", "path=\"disagg\""), 3) << d;
+  EXPECT_GT(metricValue(d, "tandem_kv_checksum_verified_total{"), 0);
+  EXPECT_EQ(metricValueWith(d, "tandem_kv_transfer_failures_total", "reason=\"checksum_mismatch\""), 0);
+  EXPECT_EQ(decode->stop(SIGTERM), 0) << decode->log();
+  EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
+
+  auto fp32_prefill = AgentProcess::start({"--device", "cpu", "--role", "prefill", "--kv-listen", "127.0.0.1:0"});
+  ASSERT_NE(fp32_prefill, nullptr);
+  auto bf16_decode = AgentProcess::start({"--device", "cpu", "--kv-dtype", "bfloat16", "--role", "decode",
+                                          "--kv-listen", "127.0.0.1:0", "--num-blocks", "128", "--prefill-peer",
+                                          "127.0.0.1:" + std::to_string(fp32_prefill->kvPort())});
+  ASSERT_NE(bf16_decode, nullptr);
+  http::ClientRequest req{.method = "POST", .url = bf16_decode->url("/v1/completions")};
+  req.headers["Content-Type"] = "application/json";
+  req.body = json{{"model", "tiny"}, {"prompt", prompts[2]}, {"max_tokens", 4}}.dump();
+  req.timeout = std::chrono::seconds(60);
+  auto r = http::httpSend(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_NE(r->body.find("the peer prefill keeps its KV cache in float32, this agent in bfloat16"), std::string::npos)
+      << r->body;
+  EXPECT_NE(r->body.find("--kv-dtype"), std::string::npos) << r->body;
+  EXPECT_TRUE(waitFor([&] {
+    return metricValueWith(scrape(*bf16_decode), "tandem_kv_control_messages_rejected_total",
+                           "reason=\"kv_dtype_mismatch\"") >= 1;
+  })) << scrape(*bf16_decode);
+  EXPECT_EQ(bf16_decode->stop(SIGTERM), 0);
+  EXPECT_EQ(fp32_prefill->stop(SIGTERM), 0);
+  EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
+}
+
 TEST(AgentDeviceTest, CudaWithoutACudaBackendIsAStartUpErrorThatSaysWhatToUse) {
   if (hasCudaDeviceBackend()) GTEST_SKIP() << "this build has the CUDA backend (./tandem check cuda tests its refusal)";
   const char* bin_dir = std::getenv("TANDEM_BIN_DIR");

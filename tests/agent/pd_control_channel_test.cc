@@ -583,6 +583,14 @@ TEST(PdControlChannelTest, PrefillAgentRefusesAPeerOfAnotherVersionModelOrSalt) 
          d.send(c, 0, h);
        },
        {"--cache-salt"}},
+      // KV blocks move byte for byte: a bf16 pool's are not an fp32 one's.
+      {"kv_dtype_mismatch",
+       [](RawPeer& d, ConnId c) {
+         kvproto::Hello h = d.hello(kvproto::PeerRole::kDecode);
+         h.dtype = kvproto::KvDtype::kBfloat16;
+         d.send(c, 0, h);
+       },
+       {"keeps its KV cache in bfloat16, this agent in float32", "--kv-dtype"}},
       // Rank 1 of 2 holds the upper half of the KV heads; this agent is
       // rank 0 of 1 holding all of them.
       {"tensor_parallel_mismatch",

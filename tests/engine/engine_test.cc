@@ -602,7 +602,7 @@ TEST(EngineTest, KvPoolInProvidedMemory) {
   FakeClock clock;
   EngineOptions o = baseOptions();
   const KvLayout layout = kvLayoutFor(testing::tinyWeights()->config, o.num_blocks, o.block_size);
-  const size_t need = layout.totalFloats() * sizeof(float);
+  const size_t need = layout.totalBytes();
   auto buffer = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(std::aligned_alloc(64, need + 64)), [](std::byte* p) { std::free(p); });
   size_t asked = 0;
   o.kv_memory = [&](size_t bytes) -> absl::StatusOr<KvMemory> {

@@ -286,15 +286,27 @@ void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::spa
                          KvStorage& kv) {
   const ScopedTimer timer(&stats_.elementwise_time);
   const int32_t block_size = kv.layout().block_size;
-  const size_t width = kv.layout().floatsPerToken();  // [num_kv_heads * head_dim]
+  const size_t width = kv.layout().elementsPerToken();  // [num_kv_heads * head_dim]
+  const bool bf16 = kv.layout().dtype == KvDtype::kBfloat16;
+  // A bf16 pool: rounded to nearest even, as the kernels' writeKv does.
+  auto put = [&](std::byte* to, const float* from) {
+    if (!bf16) {
+      std::memcpy(to, from, width * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < width; ++i) {
+      const uint16_t h = kmath::bf16Bits(from[i]);
+      std::memcpy(to + i * sizeof(h), &h, sizeof(h));
+    }
+  };
   for (const ChunkDesc& c : chunks) {
     for (int32_t r = 0; r < c.num_rows; ++r) {
       const int32_t pos = c.start_pos + r;
       const BlockId block = c.block_table[static_cast<size_t>(kmath::blockIndexOf(pos, block_size))];
       const int32_t slot = kmath::slotOf(pos, block_size);
       const size_t row = static_cast<size_t>(c.row_begin + r);
-      std::memcpy(kv.key(layer, block, slot), k + row * width, width * sizeof(float));
-      std::memcpy(kv.value(layer, block, slot), v + row * width, width * sizeof(float));
+      put(kv.keyBytes(layer, block, slot), k + row * width);
+      put(kv.valueBytes(layer, block, slot), v + row * width);
     }
   }
 }

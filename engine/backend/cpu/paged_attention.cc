@@ -35,10 +35,12 @@ constexpr int64_t kMinParallelWork = 4096;
 // What one work item reads and writes, resolved to plain pointers before the
 // vector code runs (see paged_attention_kernel.inc for why).
 struct ItemArgs {
-  const float* const* blocks = nullptr;  // [blocks of the chunk] layer block base of each block-table entry
+  const std::byte* const* blocks = nullptr;  // [blocks of the chunk] layer block base of each block-table entry
   int32_t block_size = 0;
-  size_t token_stride = 0;   // floats between consecutive slots of a block
-  size_t value_offset = 0;   // floats from a slot's K to its V
+  bool bf16 = false;         // the pool holds bf16 (widened to fp32 as it is packed), not fp32
+  size_t token_stride = 0;   // elements between consecutive slots of a block
+  size_t value_offset = 0;   // elements from a slot's K to its V
+  float* widen = nullptr;    // bf16 pools: [kBlock][head_dim] scratch of the thread
   size_t head_offset = 0;    // first KV head * head_dim
   const float* q = nullptr;  // row 0 of the item: [num_rows][q_width], unscaled
   float* out = nullptr;      // same shape
@@ -230,7 +232,7 @@ PagedAttention::Plan PagedAttention::planItems(int32_t layer, std::span<const Ch
     const int32_t num_keys = c.start_pos + c.num_rows;
     const int32_t num_blocks = kmath::blocksFor(num_keys, layout.block_size);
     for (int32_t b = 0; b < num_blocks; ++b) {
-      block_bases_.push_back(kv.layerBlock(layer, c.block_table[static_cast<size_t>(b)]));
+      block_bases_.push_back(kv.layerBlockBytes(layer, c.block_table[static_cast<size_t>(b)]));
     }
     if (c.num_rows > rows_per_item) {
       const int32_t key_blocks = (num_keys + kBlock - 1) / kBlock;
@@ -298,6 +300,15 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
   for (std::vector<float>& s : scratch_) {
     if (s.size() < scratch_floats) s.resize(scratch_floats);
   }
+  const bool bf16 = layout.dtype == KvDtype::kBfloat16;
+  if (bf16) {
+    widen_.resize(scratch_.size());
+    for (std::vector<float>& w : widen_) {
+      if (w.size() < static_cast<size_t>(kBlock) * static_cast<size_t>(head_dim)) {
+        w.resize(static_cast<size_t>(kBlock) * static_cast<size_t>(head_dim));
+      }
+    }
+  }
 
   const Kernels kernels = kernelsFor(simd_);
   const float q_scale = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)));
@@ -306,8 +317,9 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
     ItemArgs a;
     a.blocks = block_bases_.data() + info.first_block;
     a.block_size = layout.block_size;
-    a.token_stride = layout.floatsPerToken();
-    a.value_offset = static_cast<size_t>(layout.block_size) * layout.floatsPerToken();
+    a.bf16 = bf16;
+    a.token_stride = layout.elementsPerToken();
+    a.value_offset = static_cast<size_t>(layout.block_size) * layout.elementsPerToken();
     a.head_offset = static_cast<size_t>(kv_head) * static_cast<size_t>(head_dim);
     a.q_width = q_width;
     a.first_q_head = kv_head * group;
@@ -321,10 +333,11 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
     }
     return a;
   };
-  auto runPackTask = [&](int64_t index, int /*thread*/) {
+  auto runPackTask = [&](int64_t index, int thread) {
     const PackTask& t = pack_tasks_[static_cast<size_t>(index)];
     const ChunkDesc& c = chunks[static_cast<size_t>(t.chunk)];
     ItemArgs a = argsFor(t.chunk, t.kv_head);
+    if (bf16) a.widen = widen_[static_cast<size_t>(thread)].data();
     kernels.pack_blocks(a, t.first_block, t.num_blocks, c.start_pos + c.num_rows, const_cast<float*>(a.packed));
   };
   auto runItem = [&](int64_t index, int thread) {
@@ -338,6 +351,7 @@ void PagedAttention::run(int32_t layer, const float* q, std::span<const ChunkDes
     a.first_pos = c.start_pos + it.row_begin;
     a.num_rows = it.row_end - it.row_begin;
     a.scratch = scratch_[static_cast<size_t>(thread)].data();
+    if (bf16) a.widen = widen_[static_cast<size_t>(thread)].data();
     kernels.attend_item(a);
   };
   if (plan.work < kMinParallelWork) {

@@ -99,12 +99,13 @@ class PagedAttention {
   WorkerPool* pool_;
   // Per call, reused (no allocation once warmed up).
   std::vector<ChunkInfo> chunk_info_;
-  std::vector<const float*> block_bases_;  // layer block base of every block each chunk reads
+  std::vector<const std::byte*> block_bases_;  // layer block base of every block each chunk reads
   std::vector<Item> items_;                // most expensive first
   std::vector<PackTask> pack_tasks_;
   std::vector<float> packed_;                // keys of shared chunks, packed once: [chunk][kv_head][key block]
   std::vector<float> zeros_;                 // [head_dim]
   std::vector<std::vector<float>> scratch_;  // one per pool thread
+  std::vector<std::vector<float>> widen_;    // one per pool thread: a bf16 pool's keys widened to fp32
 };
 
 }  // namespace tandem::engine

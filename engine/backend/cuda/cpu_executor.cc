@@ -126,12 +126,12 @@ void blockBarrier() {
   yieldToScheduler(im, f, /*dying=*/false);
 }
 
-void misalignedLoad(const void* p) {
+void misalignedLoad(const void* p, int bytes) {
   const ThreadContext& t = current();
   std::fprintf(stderr,
-               "CPU executor: load4 from %p, not 16-byte aligned (thread %d of block (%d, %d, %d)); a GPU "
-               "faults here\n",
-               p, t.thread_x, t.block_x, t.block_y, t.block_z);
+               "CPU executor: a %d-byte vector load from %p, not %d-byte aligned (thread %d of block (%d, %d, %d)); "
+               "a GPU faults here\n",
+               bytes, p, bytes, t.thread_x, t.block_x, t.block_y, t.block_z);
   std::abort();
 }
 

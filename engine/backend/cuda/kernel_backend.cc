@@ -489,9 +489,9 @@ bool KernelBackend::inDeviceMemory(const char* call, std::initializer_list<Arg> 
   return true;
 }
 
-float* KernelBackend::kvPool(const KvStorage& kv) {
-  float* pool = kv.data();
-  const size_t bytes = kv.layout().totalFloats() * sizeof(float);
+std::byte* KernelBackend::kvPool(const KvStorage& kv) {
+  std::byte* pool = kv.data();
+  const size_t bytes = kv.layout().totalBytes();
   if (device_->owns(pool, bytes)) return pool;
   if (adopted_kv_ != nullptr) device_->forgetHost(const_cast<void*>(adopted_kv_));  // a new pool: the old one is gone
   adopted_kv_ = nullptr;
@@ -646,26 +646,27 @@ void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::
   // Rows are grouped by chunk in order (backend.h): row r of the step is the r-th pushed.
   const auto rows = static_cast<int32_t>(row_block_.size());
   if (rows == 0) return;
-  const size_t floats = size(rows, static_cast<int64_t>(layout.floatsPerToken()));
+  const size_t floats = size(rows, static_cast<int64_t>(layout.elementsPerToken()));
   if (!inDeviceMemory("writeKv", {{"k", k, floats}, {"v", v, floats}})) return;
-  float* pool = kvPool(kv);
+  std::byte* pool = kvPool(kv);
   const int32_t* d_block = d_row_block_.uploadOnce<int32_t>(*this, row_block_);
   const int32_t* d_slot = d_row_slot_.uploadOnce<int32_t>(*this, row_slot_);
   if (pool == nullptr || d_block == nullptr || d_slot == nullptr) return;
-  launch(&gpu::Device::writeKv, gpu::writeKvLaunch(rows), gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer,
-                                                                  layout.num_blocks, layout.block_size,
-                                                                  layout.num_kv_heads, layout.head_dim});
+  launch(&gpu::Device::writeKv, gpu::writeKvLaunch(rows),
+         gpu::WriteKvArgs{k, v, pool, d_block, d_slot, rows, layer, layout.num_blocks, layout.block_size,
+                          layout.num_kv_heads, layout.head_dim, layout.dtype == KvDtype::kBfloat16});
 }
 
 void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
   const ScopedTimer t(&stats_.elementwise_time);
   if (!status_.ok()) return;
   const KvLayout& layout = kv.layout();
-  float* pool = kvPool(kv);
+  std::byte* pool = kvPool(kv);
   if (pool == nullptr) return;
-  launch(&gpu::Device::copyKvBlock, gpu::copyKvBlockLaunch(layout.num_layers, layout.floatsPerLayerBlock()),
-                          gpu::CopyKvBlockArgs{pool, src.value(), dst.value(), layout.num_blocks,
-                                               static_cast<int64_t>(layout.floatsPerLayerBlock())});
+  const size_t words = layout.bytesPerLayerBlock() / sizeof(uint32_t);  // exact: head_dim is even
+  launch(&gpu::Device::copyKvBlock, gpu::copyKvBlockLaunch(layout.num_layers, words),
+         gpu::CopyKvBlockArgs{reinterpret_cast<uint32_t*>(pool), src.value(), dst.value(), layout.num_blocks,
+                              static_cast<int64_t>(words)});
 }
 
 void KernelBackend::downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) {
@@ -731,7 +732,7 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
   if (rows == 0) return;
   const size_t floats = size(rows, int64_t{shape.num_heads} * shape.head_dim);
   if (!inDeviceMemory("attention", {{"q", q, floats}, {"out", out, floats}})) return;
-  const float* pool = kvPool(kv);
+  const std::byte* pool = kvPool(kv);
   if (inGraphStep()) {
     // The graph's shape: its key's splits, whatever this step's rows need
     // (at most that: the key is the bucket above them); the partials' room
@@ -762,7 +763,8 @@ void KernelBackend::attention(int32_t layer, const float* q, std::span<const Chu
                                 shape.num_heads,
                                 shape.num_kv_heads,
                                 shape.head_dim,
-                                kmath::attentionScale(shape.head_dim)};
+                                kmath::attentionScale(shape.head_dim),
+                                layout.dtype == KvDtype::kBfloat16};
   launch(&gpu::Device::attentionSplit,
          gpu::attentionSplitLaunch(rows, shape.num_heads, shape.num_kv_heads, max_splits, shape.head_dim), args);
   launch(&gpu::Device::attentionCombine, gpu::attentionCombineLaunch(rows, shape.num_heads), args);

@@ -232,7 +232,7 @@ class KernelBackend : public Backend {
   // that does not goes into status() and the call does nothing.
   bool inDeviceMemory(const char* call, std::initializer_list<Arg> args);
   // The cache's pool as device memory (adopted in place on the executor).
-  float* kvPool(const KvStorage& kv);
+  std::byte* kvPool(const KvStorage& kv);
 
   // A kernel launch or a GEMM: run now, or taken by the graph step
   // (captured, or matched against the graph being replayed).

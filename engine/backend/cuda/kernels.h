@@ -188,16 +188,24 @@ TANDEM_KERNEL gatherRowsKernel(const GatherRowsArgs a) {
 
 // ---- KV write: one block per row --------------------------------------------
 // Row r's K and V (num_kv_heads * head_dim floats each) to its slot of the
-// paged pool, in KvStorage's layout (kmath::kvOffset). The host resolves each
-// row's block and slot from the chunks' block tables (row_block, row_slot).
+// paged pool, in KvStorage's layout (kmath::kvOffset, in elements). The host
+// resolves each row's block and slot from the chunks' block tables
+// (row_block, row_slot). A bf16 pool gets them rounded to nearest even
+// (kmath::bf16Bits, as the CPU backend's writeKv).
+
+// Element i of a pool of fp32 or bf16 (kv_bf16), as fp32.
+TANDEM_HD_ALWAYS_INLINE inline float kvLoad(const void* kv, bool kv_bf16, size_t i) {
+  return kv_bf16 ? kmath::bf16Value(static_cast<const uint16_t*>(kv)[i]) : static_cast<const float*>(kv)[i];
+}
 
 struct WriteKvArgs {
   const float* k;            // [rows, num_kv_heads * head_dim]
   const float* v;            // [rows, num_kv_heads * head_dim]
-  float* kv;                 // the pool: [layers][blocks][2][block_size][num_kv_heads][head_dim]
+  void* kv;                  // the pool: [layers][blocks][2][block_size][num_kv_heads][head_dim] of fp32 or bf16
   const int32_t* row_block;  // [rows]; negative: a padding row (a graph's bucket), written nowhere
   const int32_t* row_slot;   // [rows]
   int32_t rows, layer, num_blocks, block_size, num_kv_heads, head_dim;
+  bool kv_bf16;                                         // the pool holds bf16 (KvDtype::kBfloat16)
   bool operator==(const WriteKvArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kWriteKvThreads = 128;
@@ -213,35 +221,46 @@ TANDEM_KERNEL writeKvKernel(const WriteKvArgs a) {
   const size_t v_at = kmath::kvOffset(a.layer, a.row_block[r], true, a.row_slot[r], 0, a.num_blocks, a.block_size,
                                       a.num_kv_heads, a.head_dim);
   const size_t src = static_cast<size_t>(r) * static_cast<size_t>(width);
+  if (a.kv_bf16) {
+    uint16_t* kv = static_cast<uint16_t*>(a.kv);
+    for (int i = threadX(); i < width; i += blockDimX()) {
+      kv[k_at + static_cast<size_t>(i)] = kmath::bf16Bits(a.k[src + static_cast<size_t>(i)]);
+      kv[v_at + static_cast<size_t>(i)] = kmath::bf16Bits(a.v[src + static_cast<size_t>(i)]);
+    }
+    return;
+  }
+  float* kv = static_cast<float*>(a.kv);
   for (int i = threadX(); i < width; i += blockDimX()) {
-    a.kv[k_at + static_cast<size_t>(i)] = a.k[src + static_cast<size_t>(i)];
-    a.kv[v_at + static_cast<size_t>(i)] = a.v[src + static_cast<size_t>(i)];
+    kv[k_at + static_cast<size_t>(i)] = a.k[src + static_cast<size_t>(i)];
+    kv[v_at + static_cast<size_t>(i)] = a.v[src + static_cast<size_t>(i)];
   }
 }
 
 // ---- KV block copy: copy-on-write of a shared partial block -----------------
 // Every layer's layer block of `src` into `dst` (KvStorage::copyBlock, whose
-// bits it must leave: a copy). Grid: x = slices of the layer block, y = layers.
+// bits it must leave: a copy), in 4-byte words whatever the pool's dtype (a
+// layer block's bytes are a multiple of 4: head_dim is even). Grid: x =
+// slices of the layer block, y = layers.
 
 struct CopyKvBlockArgs {
-  float* kv;  // the pool (WriteKvArgs::kv)
+  uint32_t* kv;  // the pool (WriteKvArgs::kv), as words
   int32_t src, dst, num_blocks;
-  int64_t floats_per_layer_block;  // KvLayout::floatsPerLayerBlock
+  int64_t words_per_layer_block;                            // KvLayout::bytesPerLayerBlock / 4
   bool operator==(const CopyKvBlockArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kCopyThreads = 256;
-inline LaunchConfig copyKvBlockLaunch(int32_t num_layers, size_t floats_per_layer_block) {
-  uint32_t slices = ceilDiv(static_cast<int64_t>(floats_per_layer_block), kCopyThreads);
+inline LaunchConfig copyKvBlockLaunch(int32_t num_layers, size_t words_per_layer_block) {
+  uint32_t slices = ceilDiv(static_cast<int64_t>(words_per_layer_block), kCopyThreads);
   slices = slices > kMaxElementwiseBlocks ? kMaxElementwiseBlocks : slices;
   return {{slices, static_cast<uint32_t>(num_layers), 1}, {kCopyThreads, 1, 1}, 0};
 }
 TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
   const size_t layer_base = static_cast<size_t>(blockY()) * static_cast<size_t>(a.num_blocks);
-  const float* from = a.kv + (layer_base + static_cast<size_t>(a.src)) * static_cast<size_t>(a.floats_per_layer_block);
-  float* to = a.kv + (layer_base + static_cast<size_t>(a.dst)) * static_cast<size_t>(a.floats_per_layer_block);
+  const uint32_t* from =
+      a.kv + (layer_base + static_cast<size_t>(a.src)) * static_cast<size_t>(a.words_per_layer_block);
+  uint32_t* to = a.kv + (layer_base + static_cast<size_t>(a.dst)) * static_cast<size_t>(a.words_per_layer_block);
   const int64_t stride = static_cast<int64_t>(gridDimX()) * blockDimX();
-  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.floats_per_layer_block;
-       i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockX()) * blockDimX() + threadX(); i < a.words_per_layer_block; i += stride) {
     to[i] = from[i];
   }
 }
@@ -270,7 +289,8 @@ TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
 // L = sum l_w expIeee(m_w - M), O_d = sum o_w[d] expIeee(m_w - M).
 // A head's bits do not depend on how many heads share its block.
 // Memory: each lane looks its key's block up once and shares the V offset,
-// so every load of a tile is independent (K in 16-byte loads, four keys' V
+// so every load of a tile is independent (K in 16-byte loads, 8-byte from a
+// bf16 pool, four keys' V
 // rows in flight at a time). A GPU mostly waits on their latency, so eight
 // warps share a split (docs/cuda.md, "Attention on a GPU").
 // Not bitwise the CPU backend (whose softmax is base 2 over 64-key blocks
@@ -312,7 +332,7 @@ TANDEM_HD inline int32_t attentionHeadsPerBlock(int32_t num_heads, int32_t num_k
 struct AttentionArgs {
   const float* q;               // [rows, num_heads * head_dim], rotated
   float* out;                   // [rows, num_heads * head_dim]
-  const float* kv;              // the pool (WriteKvArgs::kv)
+  const void* kv;               // the pool (WriteKvArgs::kv), fp32 or bf16 (kv_bf16)
   const int32_t* block_tables;  // every row's chunk's block table, concatenated
   const int32_t* row_pos;       // [rows] the row's position (it sees keys [0, row_pos]); negative: a
                                 //   padding row (a graph's bucket), which reads no keys and gets zeros
@@ -320,7 +340,8 @@ struct AttentionArgs {
   const int32_t* row_split;     // [rows] its first split's index in `partial`
   float* partial;               // [splits of all rows][num_heads][attentionPartialFloats]
   int32_t rows, layer, num_blocks, block_size, num_heads, num_kv_heads, head_dim;
-  float scale;  // kmath::attentionScale(head_dim)
+  float scale;   // kmath::attentionScale(head_dim)
+  bool kv_bf16;  // the pool holds bf16: K and V widened to fp32 as they are read
   bool operator==(const AttentionArgs&) const = default;  // a graph replay compares its launches
 };
 // Shared memory of attentionSplitKernel: per warp its tile's V offsets
@@ -368,8 +389,9 @@ TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
   for (int i = threadX(); i < heads * hd; i += blockDimX()) q[i] = qg[i];
   syncThreads();
   const int32_t* table = a.block_tables + a.row_table[row];
-  // K rows and the queries start 16-byte aligned when head_dim is a
-  // multiple of 4 and the pool is (a GPU allocation always is).
+  // K rows and the queries start 16-byte aligned (a bf16 pool's K rows
+  // 8-byte aligned) when head_dim is a multiple of 4 and the pool is (a GPU
+  // allocation always is).
   const bool vector_loads = hd % 4 == 0 && reinterpret_cast<uintptr_t>(a.kv) % alignof(Float4) == 0;
   float o[H][kAttentionDimsPerLane];  // fixed counts, so registers
   float m[H], l[H];
@@ -390,15 +412,16 @@ TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
     if (key < k1) {
       const int32_t block = table[kmath::blockIndexOf(key, a.block_size)];
       const int32_t slot = kmath::slotOf(key, a.block_size);
-      const float* k =
-          a.kv + kmath::kvOffset(a.layer, block, false, slot, kv_head, a.num_blocks, a.block_size, a.num_kv_heads, hd);
+      const size_t k_at =
+          kmath::kvOffset(a.layer, block, false, slot, kv_head, a.num_blocks, a.block_size, a.num_kv_heads, hd);
       v_at = static_cast<int64_t>(
           kmath::kvOffset(a.layer, block, true, slot, kv_head, a.num_blocks, a.block_size, a.num_kv_heads, hd));
       float acc[H] = {};
       int i = 0;
       if (vector_loads) {
         for (; i + 4 <= hd; i += 4) {  // K and q four dims at a time, each head's products in order
-          const Float4 x = load4(k + i);
+          const Float4 x = a.kv_bf16 ? load4Bf16(static_cast<const uint16_t*>(a.kv) + k_at + i)
+                                     : load4(static_cast<const float*>(a.kv) + k_at + i);
           for (int g = 0; g < H; ++g) {
             if (g < heads) {
               const Float4 qh = load4(q + g * hd + i);
@@ -411,7 +434,7 @@ TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
         }
       }
       for (; i < hd; ++i) {
-        const float x = k[i];
+        const float x = kvLoad(a.kv, a.kv_bf16, k_at + static_cast<size_t>(i));
         for (int g = 0; g < H; ++g) {
           if (g < heads) acc[g] += q[g * hd + i] * x;
         }
@@ -442,14 +465,14 @@ TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
     }
     int j = 0;
     for (; j + 4 <= keys; j += 4) {  // four keys' V rows in flight, added in key order
-      const float* v0 = a.kv + v_off[j];
-      const float* v1 = a.kv + v_off[j + 1];
-      const float* v2 = a.kv + v_off[j + 2];
-      const float* v3 = a.kv + v_off[j + 3];
+      const size_t v0 = static_cast<size_t>(v_off[j]), v1 = static_cast<size_t>(v_off[j + 1]);
+      const size_t v2 = static_cast<size_t>(v_off[j + 2]), v3 = static_cast<size_t>(v_off[j + 3]);
       for (int d = 0; d < kAttentionDimsPerLane; ++d) {
         const int c = d * kWarpSize + lane;
         if (c >= hd) continue;
-        const float x0 = v0[c], x1 = v1[c], x2 = v2[c], x3 = v3[c];
+        const auto cc = static_cast<size_t>(c);
+        const float x0 = kvLoad(a.kv, a.kv_bf16, v0 + cc), x1 = kvLoad(a.kv, a.kv_bf16, v1 + cc);
+        const float x2 = kvLoad(a.kv, a.kv_bf16, v2 + cc), x3 = kvLoad(a.kv, a.kv_bf16, v3 + cc);
         for (int g = 0; g < H; ++g) {
           if (g >= heads) continue;
           const float* p = p_tile + g * kAttentionTile + j;
@@ -461,11 +484,11 @@ TANDEM_KERNEL attentionSplitKernel(const AttentionArgs a) {
       }
     }
     for (; j < keys; ++j) {
-      const float* v = a.kv + v_off[j];
+      const auto v = static_cast<size_t>(v_off[j]);
       for (int d = 0; d < kAttentionDimsPerLane; ++d) {
         const int c = d * kWarpSize + lane;
         if (c >= hd) continue;
-        const float x = v[c];
+        const float x = kvLoad(a.kv, a.kv_bf16, v + static_cast<size_t>(c));
         for (int g = 0; g < H; ++g) {
           if (g < heads) o[g][d] += p_tile[g * kAttentionTile + j] * x;
         }

@@ -18,7 +18,8 @@
 //   sizes are multiples of 32, so no warp is partial. No atomics: every reduction has one fixed order, which
 //   is what makes a kernel's result independent of scheduling (determinism,
 //   docs/engine.md) and lets the executor compare bits.
-// - Vector loads only through load4() (16 bytes, aligned).
+// - Vector loads only through load4() (16 bytes, aligned) and load4Bf16()
+//   (8 bytes, aligned).
 // - Arithmetic as written: nvcc builds these with -fmad=false and the host
 //   with -ffp-contract=off; a fused multiply-add is spelled fmaf(). Division
 //   and sqrt are IEEE on both (nvcc's defaults -prec-div/-prec-sqrt=true).
@@ -86,6 +87,12 @@ TANDEM_DEVICE Float4 load4(const float* p) {
   const float4 v = *reinterpret_cast<const float4*>(p);
   return {v.x, v.y, v.z, v.w};
 }
+// Four bf16 values in one 8-byte load, widened to fp32; p 8-byte aligned.
+TANDEM_DEVICE Float4 load4Bf16(const uint16_t* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  return {__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+          __uint_as_float(v.y & 0xffff0000u)};
+}
 template <typename T>
 TANDEM_DEVICE T shflIdx(T v, int src_lane) {
   return __shfl_sync(0xffffffffu, v, src_lane);
@@ -125,8 +132,9 @@ void blockBarrier();
 // Publishes `bits` as this lane's value, waits for the whole warp, returns
 // the value lane `src_lane` published.
 uint64_t warpExchange(uint64_t bits, int src_lane);
-// A 16-byte load from a misaligned address: says where, and aborts.
-[[noreturn]] void misalignedLoad(const void* p);
+// A vector load of `bytes` from an address not aligned to them: says
+// where, and aborts.
+[[noreturn]] void misalignedLoad(const void* p, int bytes);
 
 }  // namespace executor
 
@@ -162,10 +170,19 @@ T shflXor(T v, int lane_mask) {
 // p must be 16-byte aligned: the GPU faults on a misaligned one, so the
 // executor stops the program too.
 inline Float4 load4(const float* p) {
-  if (reinterpret_cast<uintptr_t>(p) % alignof(Float4) != 0) executor::misalignedLoad(p);
+  if (reinterpret_cast<uintptr_t>(p) % alignof(Float4) != 0) executor::misalignedLoad(p, 16);
   Float4 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+// Four bf16 values in one 8-byte load, widened to fp32 (exactly); p must be
+// 8-byte aligned, as on the GPU.
+inline Float4 load4Bf16(const uint16_t* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) executor::misalignedLoad(p, 8);
+  uint16_t h[4];
+  std::memcpy(h, p, sizeof(h));
+  using engine::kmath::bf16Value;
+  return {bf16Value(h[0]), bf16Value(h[1]), bf16Value(h[2]), bf16Value(h[3])};
 }
 
 }  // namespace tandem::gpu

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/kernel_math.h"
 
 namespace tandem::engine {
 namespace {
@@ -203,7 +204,7 @@ TEST(PagedAttention, ReadsOnlyItsLayer) {
   // Garbage in layer 0 must not change layer 1's result.
   for (int b = 0; b < f.layout.num_blocks; ++b) {
     float* lb = kv.layerBlock(0, BlockId(b));
-    std::fill(lb, lb + f.layout.floatsPerLayerBlock(), 1e6f);
+    std::fill(lb, lb + f.layout.elementsPerLayerBlock(), 1e6f);
   }
   EXPECT_EQ(runAttention(backend, f, kv, 1), before);
 }
@@ -289,6 +290,49 @@ TEST(PagedAttention, SimdLevelsAgreeBitwise) {
       if (!simdLevelSupported(level)) continue;
       CpuBackend vectorised(CpuBackendOptions{.simd = level});
       EXPECT_TRUE(bitwiseEqual(runAttention(vectorised, f, kv, 0), want)) << "level " << static_cast<int>(level);
+    }
+  }
+}
+
+// A bf16 pool (--kv-dtype bfloat16): writeKv stores each K and V element
+// rounded to nearest even, and attention over it is bitwise attention over
+// an fp32 pool holding those rounded values (widening is exact), on every
+// path: packed prefill chunks, decodes packing their own keys, one item for
+// all KV heads, every SIMD level.
+TEST(PagedAttention, Bf16PoolIsAnFp32PoolOfRoundedValues) {
+  for (const Case& c : cases()) {
+    for (int32_t block_size : {3, 16}) {
+      SCOPED_TRACE(::testing::Message() << c.name << " block_size=" << block_size);
+      Fixture f = makeFixture(c.shape, block_size, c.seqs, 21);
+      KvLayout bf16_layout = f.layout;
+      bf16_layout.dtype = KvDtype::kBfloat16;
+      KvStorage bf16(bf16_layout), rounded(f.layout);
+      EXPECT_EQ(bf16.bytes().size() * 2, rounded.bytes().size());
+      const size_t width = static_cast<size_t>(c.shape.num_kv_heads * c.shape.head_dim);
+      CpuBackend writer;
+      for (const Sequence& seq : f.seqs) {
+        const int32_t len = seq.spec.start_pos + seq.spec.num_rows;
+        const ChunkDesc all{.row_begin = 0, .num_rows = len, .start_pos = 0, .block_table = seq.block_table};
+        writer.writeKv(1, seq.k.data(), seq.v.data(), std::span<const ChunkDesc>(&all, 1), bf16);
+        for (int32_t p = 0; p < len; ++p) {
+          const BlockId block = seq.block_table[static_cast<size_t>(p / block_size)];
+          const int32_t slot = p % block_size;
+          for (size_t i = 0; i < width; ++i) {
+            const float k = kmath::roundToBf16(seq.k[static_cast<size_t>(p) * width + i]);
+            const float v = kmath::roundToBf16(seq.v[static_cast<size_t>(p) * width + i]);
+            ASSERT_EQ(bf16.keyAt(1, block, slot, i), k) << "position " << p << " element " << i;
+            ASSERT_EQ(bf16.valueAt(1, block, slot, i), v) << "position " << p << " element " << i;
+            rounded.key(1, block, slot)[i] = k;
+            rounded.value(1, block, slot)[i] = v;
+          }
+        }
+      }
+      for (SimdLevel level : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+        if (!simdLevelSupported(level)) continue;
+        CpuBackend backend(CpuBackendOptions{.simd = level});
+        EXPECT_TRUE(bitwiseEqual(runAttention(backend, f, bf16, 1), runAttention(backend, f, rounded, 1)))
+            << "level " << static_cast<int>(level);
+      }
     }
   }
 }

@@ -413,7 +413,7 @@ TEST(LlamaModel, OneRequestIsBitwiseTheSameAloneAndInBatchesUpTo256) {
       for (int32_t b = 0; b < kProbeBlocks; ++b) {
         const auto* k = reinterpret_cast<const std::byte*>(kv.key(layer, BlockId(b), 0));
         const auto* v = reinterpret_cast<const std::byte*>(kv.value(layer, BlockId(b), 0));
-        const size_t bytes = kv.layout().floatsPerToken() * kBlockSize * sizeof(float);
+        const size_t bytes = kv.layout().bytesPerToken() * kBlockSize;
         out.kv.insert(out.kv.end(), k, k + bytes);
         out.kv.insert(out.kv.end(), v, v + bytes);
       }
@@ -590,7 +590,7 @@ TEST(LlamaModel, SkippingLogitsWritesTheSameKv) {
   ASSERT_TRUE((*skipping)->forward(batch, got_kv, nullptr).ok());
   ASSERT_TRUE((*skipping)->forward(batch, got_kv, &logits).ok());
   EXPECT_TRUE(logits.empty());
-  EXPECT_EQ(std::memcmp(got_kv.data(), want_kv.data(), want_kv.layout().totalFloats() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(got_kv.data(), want_kv.data(), want_kv.layout().totalBytes()), 0);
 }
 
 TEST(LlamaModel, RejectsInvalidInputsWithoutTouchingTheCache) {

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -204,14 +205,12 @@ TEST(RankGroup, AcrossTheLinksTheGroupComputesTheInProcessGroupsBits) {
       });
       ASSERT_EQ(got.size(), want.size());
       for (size_t t = 0; t < got.size(); ++t) EXPECT_TRUE(sameBits(got[t], want[t])) << "step " << t;
-      EXPECT_TRUE(sameBits({kv.data(), kv.layout().totalFloats()}, {(*tp)->kv(0).data(), kv.layout().totalFloats()}));
+      EXPECT_TRUE(std::ranges::equal(kv.bytes(), (*tp)->kv(0).bytes()));
       for (absl::Status s : g.finish()) EXPECT_TRUE(s.ok()) << s;  // closed between steps: a clean exit
       // Each follower's cache holds its KV heads as the in-process rank's does.
       for (int r = 1; r < world; ++r) {
         const KvStorage& theirs = g.followers[static_cast<size_t>(r - 1)]->kv();
-        EXPECT_TRUE(sameBits({theirs.data(), theirs.layout().totalFloats()},
-                             {(*tp)->kv(r).data(), theirs.layout().totalFloats()}))
-            << "rank " << r << "'s cache";
+        EXPECT_TRUE(std::ranges::equal(theirs.bytes(), (*tp)->kv(r).bytes())) << "rank " << r << "'s cache";
       }
     }
   }
@@ -340,6 +339,13 @@ TEST(RankGroup, TheLeaderRefusesAFollowerThatIsNotTheRankItExpects) {
          RankGroupFollower(fd, 1, 2).hello(l, true).IgnoreError();
        },
        "tensor-parallel rank 1 holds a KV cache of 4 layers x 32 blocks"},
+      {"another KV dtype",
+       [&](int fd) {
+         KvLayout l = layout;
+         l.dtype = KvDtype::kBfloat16;
+         RankGroupFollower(fd, 1, 2).hello(l, true).IgnoreError();
+       },
+       "of bfloat16, rank 0 one of"},
       {"another rank", [&](int fd) { RankGroupFollower(fd, 3, 4).hello(layout, true).IgnoreError(); },
        "tensor-parallel rank 1 of 2 says it is rank 3 of 4"},
       {"another all-reduce", [&](int fd) { RankGroupFollower(fd, 1, 2).hello(layout, false).IgnoreError(); },
@@ -406,6 +412,23 @@ TEST(RankGroup, StagedLayerBlocksRoundTripThroughAFollowersCache) {
               HasSubstr("tensor-parallel rank 1 failed the step: StageOut names layer 4, outside this rank's 4"));
   EXPECT_FALSE(g.leader->stageIn(layers, blocks, [&](int, std::vector<std::byte>* out) { *out = sent; }).ok());
   EXPECT_THAT(std::string(g.followers[0]->join().message()), HasSubstr("StageOut names layer 4"));
+}
+
+TEST(RankGroup, HellosCarryTheKvDtypeAndAnUnknownOneIsNamed) {
+  const auto full = testing::tinyWeights();
+  RankHello hello{
+      .rank = 1, .world = 2, .pid = 7, .layout = kvLayoutFor(full->config, kNumBlocks, kBlockSize, KvDtype::kBfloat16)};
+  std::vector<std::byte> bytes = encodeRankHello(hello);
+  auto back = decodeRankHello(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->layout.dtype, KvDtype::kBfloat16);
+  EXPECT_EQ(back->layout.num_blocks, kNumBlocks);
+  // The dtype byte follows the rank, world, pid and the five layout numbers.
+  bytes[2 + 2 + 4 + 5 * 4] = std::byte{9};
+  auto bad = decodeRankHello(bytes);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("tensor-parallel Hello: unknown KV dtype 9"));
 }
 
 TEST(RankGroup, StepsRoundTripAndMalformedOnesAreNamed) {

@@ -194,6 +194,20 @@ TEST(KvProtoTest, VersionFourHelloDecodesAsRankZeroOfOne) {
   EXPECT_EQ(compatibleVersion(b.min_version, b.max_version), 4);  // and this build still talks to it
 }
 
+TEST(KvProtoTest, HelloCarriesTheKvDtypeAndOnlyKnownOnes) {
+  Hello h = std::get<Hello>(samples()[0].body);
+  h.dtype = KvDtype::kBfloat16;
+  auto back = decode(encode({0, h}));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::get<Hello>(back->body).dtype, KvDtype::kBfloat16);
+  EXPECT_EQ(kvDtypeName(KvDtype::kBfloat16), "bfloat16");
+  EXPECT_EQ(kvDtypeName(KvDtype::kFloat32), "float32");
+  for (uint16_t bad : {uint16_t{0}, uint16_t{3}, uint16_t{0xffff}}) {
+    h.dtype = static_cast<KvDtype>(bad);
+    EXPECT_NE(errorOf(encode({0, h})).find("unsupported KV dtype " + std::to_string(bad)), std::string::npos) << bad;
+  }
+}
+
 TEST(KvProtoTest, ImpossibleTensorParallelShardsAreRejected) {
   Hello h = std::get<Hello>(samples()[0].body);
   h.tp_world = 0;

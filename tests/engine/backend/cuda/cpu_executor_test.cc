@@ -194,7 +194,36 @@ TEST(CpuExecutorTest, Load4ReadsAlignedFloatsAndStopsOnAMisalignedOne) {
         CpuExecutor misaligned(inOrder());
         (void)misaligned.launch({{1, 1, 1}, {32, 1, 1}, 0}, &loadFour, Load4Args{in + 1, out.data()});
       },
-      "load4 from 0x[0-9a-f]+, not 16-byte aligned \\(thread 0 of block \\(0, 0, 0\\)\\)");
+      "a 16-byte vector load from 0x[0-9a-f]+, not 16-byte aligned \\(thread 0 of block \\(0, 0, 0\\)\\)");
+}
+
+// load4Bf16: four bf16 values widened exactly, from an 8-byte aligned
+// address; a misaligned one stops the program.
+struct Load4Bf16Args {
+  const uint16_t* in;
+  float* out;
+};
+TANDEM_KERNEL loadFourBf16(const Load4Bf16Args a) {
+  const Float4 v = load4Bf16(a.in + 4 * threadX());
+  a.out[4 * threadX()] = v.x;
+  a.out[4 * threadX() + 1] = v.y;
+  a.out[4 * threadX() + 2] = v.z;
+  a.out[4 * threadX() + 3] = v.w;
+}
+
+TEST(CpuExecutorTest, Load4Bf16WidensAlignedValuesAndStopsOnAMisalignedOne) {
+  alignas(8) uint16_t in[4 * 32 + 1];
+  for (int i = 0; i < 4 * 32 + 1; ++i) in[i] = engine::kmath::bf16Bits(static_cast<float>(i) * 0.5f - 3.0f);
+  std::vector<float> out(4 * 32);
+  CpuExecutor ex(inOrder());
+  ASSERT_TRUE(ex.launch({{1, 1, 1}, {32, 1, 1}, 0}, &loadFourBf16, Load4Bf16Args{in, out.data()}).ok());
+  for (int i = 0; i < 4 * 32; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], static_cast<float>(i) * 0.5f - 3.0f) << i;
+  EXPECT_DEATH(
+      {
+        CpuExecutor misaligned(inOrder());
+        (void)misaligned.launch({{1, 1, 1}, {32, 1, 1}, 0}, &loadFourBf16, Load4Bf16Args{in + 1, out.data()});
+      },
+      "a 8-byte vector load from 0x[0-9a-f]+, not 8-byte aligned \\(thread 0 of block \\(0, 0, 0\\)\\)");
 }
 
 // Threads that return before a barrier count as arrived (as on the hardware).

@@ -266,8 +266,8 @@ struct Seq {
 
 class DecodeRun {
  public:
-  DecodeRun(Backend& backend, const std::shared_ptr<const ModelWeights>& weights)
-      : weights_(weights), kv_(kvLayoutFor(weights->config, 96, 16)) {
+  DecodeRun(Backend& backend, const std::shared_ptr<const ModelWeights>& weights, KvDtype kv_dtype = KvDtype::kFloat32)
+      : weights_(weights), kv_(kvLayoutFor(weights->config, 96, 16, kv_dtype)) {
     auto model = LlamaModel::create(weights, backend);
     EXPECT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
@@ -319,8 +319,9 @@ class DecodeRun {
 // Decode steps of 3 rows (bucket 4, one padding row), a prefill longer than
 // any before (the activations grow: the next replay finds a pointer moved),
 // 4 rows with one crossing 512 keys (a new split bucket), then 2 rows.
-std::vector<std::vector<float>> scenario(KernelBackend& backend, const std::shared_ptr<const ModelWeights>& weights) {
-  DecodeRun run(backend, weights);
+std::vector<std::vector<float>> scenario(KernelBackend& backend, const std::shared_ptr<const ModelWeights>& weights,
+                                         KvDtype kv_dtype = KvDtype::kFloat32) {
+  DecodeRun run(backend, weights, kv_dtype);
   std::vector<std::vector<float>> out;
   for (int32_t prompt : {5, 30, 200}) run.prefill(prompt);
   for (int s = 0; s < 4; ++s) out.push_back(run.decode({0, 1, 2}));
@@ -333,12 +334,16 @@ std::vector<std::vector<float>> scenario(KernelBackend& backend, const std::shar
 
 // A family, and what its projections read: with bf16 (--dtype bfloat16)
 // each projection's toBf16 launch and bf16 GEMM are graphed with the step,
-// the bf16 input's buffer compared like any other pointer.
+// the bf16 input's buffer compared like any other pointer. And what the KV
+// pool holds (--kv-dtype bfloat16: the writes and attention's reads of bf16).
 struct GraphCase {
   std::string family;
   GemmDtype dtype;
+  KvDtype kv_dtype = KvDtype::kFloat32;
 };
-void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.family << " " << gemmDtypeName(c.dtype); }
+void PrintTo(const GraphCase& c, std::ostream* os) {
+  *os << c.family << " " << gemmDtypeName(c.dtype) << " kv " << kvDtypeName(c.kv_dtype);
+}
 
 class KernelBackendGraphFamilyTest : public ::testing::TestWithParam<GraphCase> {};
 
@@ -349,8 +354,8 @@ TEST_P(KernelBackendGraphFamilyTest, GraphedDecodeStepsGiveTheLaunchByLaunchBits
   const CpuBackendOptions gemm{.gemm_dtype = GetParam().dtype};
   KernelBackend graphed(KernelBackendOptions{.gemm = gemm, .graph_max_rows = kDefaultGraphMaxRows});
   KernelBackend eager(KernelBackendOptions{.gemm = gemm, .graph_max_rows = 0});
-  const auto want = scenario(eager, weights);
-  const auto got = scenario(graphed, weights);
+  const auto want = scenario(eager, weights, GetParam().kv_dtype);
+  const auto got = scenario(graphed, weights, GetParam().kv_dtype);
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s) {
     ASSERT_EQ(got[s].size(), want[s].size()) << s;
@@ -374,9 +379,11 @@ TEST_P(KernelBackendGraphFamilyTest, GraphedDecodeStepsGiveTheLaunchByLaunchBits
 
 INSTANTIATE_TEST_SUITE_P(Families, KernelBackendGraphFamilyTest,
                          ::testing::Values(GraphCase{"qwen3", GemmDtype::kFloat32},
-                                           GraphCase{"qwen3", GemmDtype::kBfloat16}),
+                                           GraphCase{"qwen3", GemmDtype::kBfloat16},
+                                           GraphCase{"qwen3", GemmDtype::kBfloat16, KvDtype::kBfloat16}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) {
-                           return i.param.family + "_" + gemmDtypeName(i.param.dtype);
+                           return i.param.family + "_" + gemmDtypeName(i.param.dtype) +
+                                  (i.param.kv_dtype == KvDtype::kBfloat16 ? "_kv_bfloat16" : "");
                          });
 
 // Through the engine, sampling on the device: seeded sampling and greedy

@@ -140,6 +140,7 @@ struct AttentionCase {
   std::string name;
   AttentionShape shape;
   int block_size;
+  KvDtype kv_dtype = KvDtype::kFloat32;
 };
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
@@ -157,7 +158,7 @@ class PagedKernelsTest : public KernelsTest, public ::testing::WithParamInterfac
 
   KvLayout layout() const {
     const AttentionCase& c = GetParam();
-    return {kLayers, numBlocks(), c.block_size, c.shape.num_kv_heads, c.shape.head_dim};
+    return {kLayers, numBlocks(), c.block_size, c.shape.num_kv_heads, c.shape.head_dim, c.kv_dtype};
   }
   // Chunks whose block tables use distinct blocks of the pool.
   std::vector<TestChunk> makeChunks(const std::vector<std::pair<int32_t, int32_t>>& spans) {
@@ -189,10 +190,17 @@ class PagedKernelsTest : public KernelsTest, public ::testing::WithParamInterfac
     for (const TestChunk& c : chunks) n += c.num_rows;
     return n;
   }
-  // Fills the pool with random K and V.
+  // Fills the pool with random K and V (a bf16 pool: their bf16 roundings).
   static void randomize(KvStorage& kv, uint32_t seed) {
-    const std::vector<float> v = randomFloats(kv.layout().totalFloats(), seed);
-    std::memcpy(kv.bytes().data(), v.data(), v.size() * sizeof(float));
+    const std::vector<float> v = randomFloats(kv.layout().totalElements(), seed);
+    if (kv.layout().dtype == KvDtype::kFloat32) {
+      std::memcpy(kv.bytes().data(), v.data(), v.size() * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint16_t h = kmath::bf16Bits(v[i]);
+      std::memcpy(kv.bytes().data() + 2 * i, &h, 2);
+    }
   }
   std::vector<float> attend(Backend& b, const std::vector<TestChunk>& chunks, const KvStorage& kv,
                             const std::vector<float>& q, int layer = 1) {
@@ -289,11 +297,17 @@ TEST_P(PagedKernelsTest, AttentionRowsAreBatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, PagedKernelsTest,
-    ::testing::Values(AttentionCase{"mha_d32_b16", {4, 4, 32}, 16}, AttentionCase{"gqa4_d64_b7", {8, 2, 64}, 7},
-                      AttentionCase{"gqa2_d48_b32", {6, 3, 48}, 32}, AttentionCase{"mqa_d256_b16", {2, 1, 256}, 16}),
-    [](const ::testing::TestParamInfo<AttentionCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedKernelsTest,
+                         ::testing::Values(AttentionCase{"mha_d32_b16", {4, 4, 32}, 16},
+                                           AttentionCase{"gqa4_d64_b7", {8, 2, 64}, 7},
+                                           AttentionCase{"gqa2_d48_b32", {6, 3, 48}, 32},
+                                           AttentionCase{"mqa_d256_b16", {2, 1, 256}, 16},
+                                           // A bf16 pool (--kv-dtype bfloat16): K in 8-byte loads, and
+                                           // a head_dim that is no multiple of 4 (every element alone).
+                                           AttentionCase{"gqa4_d64_b7_bf16", {8, 2, 64}, 7, KvDtype::kBfloat16},
+                                           AttentionCase{"gqa2_d34_b16_bf16", {4, 2, 34}, 16, KvDtype::kBfloat16},
+                                           AttentionCase{"mqa_d256_b16_bf16", {2, 1, 256}, 16, KvDtype::kBfloat16}),
+                         [](const ::testing::TestParamInfo<AttentionCase>& i) { return i.param.name; });
 
 TEST(KernelLaunchTest, EveryLaunchShapeFitsTheSupportedGpus) {
   // The largest shapes the engine asks for: 8192-row prefill steps, 128

@@ -206,7 +206,7 @@ TEST(DeviceSamplingTest, AForwardWithSamplingForTheWrongRowsIsRefused) {
   auto model = LlamaModel::create(testing::tinyWeights(), backend);
   ASSERT_TRUE(model.ok()) << model.status();
   const KvLayout layout = kvLayoutFor(testing::tinyWeights()->config, 8, 16);
-  auto memory = backend.kvMemory(layout.totalFloats() * sizeof(float));
+  auto memory = backend.kvMemory(layout.totalBytes());
   ASSERT_TRUE(memory.ok()) << memory.status();
   KvStorage kv(layout, std::move(*memory));
   const std::vector<TokenId> tokens = {1, 2, 3};
