@@ -142,6 +142,7 @@ struct UcxTransport::Impl {
   std::unordered_map<ucp_ep_h, ConnId> by_ep;
   GetMap gets;
   std::unordered_set<void*> closing;  // ep close requests in flight
+  bool worker_busy = false;           // a flush at shutdown did not finish (flushWorker)
   std::unordered_map<ConnId, Orphan> orphans;
 
   // ucx_worker.cc: the worker and its thread.
@@ -164,6 +165,7 @@ struct UcxTransport::Impl {
   void waitForEvents();
   void drainWakeFd();
   void drain();
+  void flushWorker(MonoTime deadline);
 
   // ucx_connections.cc: endpoints and their handshake.
   absl::Status listen(const std::string& host, int port);
