@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "agent/config_option.h"
+#include "engine/model/llama.h"
 #include "engine/model/model_fingerprint.h"
+#include "engine/model/model_loader.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
@@ -137,7 +139,6 @@ Option prefillPeersOption(bool alias) {
           }};
 }
 
-// --model-fingerprint / model.fingerprint: hex, pinned by the operator.
 // engine.kv_dtype (EngineOptions::kv_dtype): float32 | bfloat16.
 Option kvDtypeOption() {
   static const std::vector<std::string> kNames = {"float32", "bfloat16"};
@@ -161,6 +162,7 @@ Option kvDtypeOption() {
           }};
 }
 
+// --model-fingerprint / model.fingerprint: hex, pinned by the operator.
 Option modelFingerprintOption() {
   return {"model-fingerprint",
           "model",
@@ -226,6 +228,28 @@ void addServerOptions(std::vector<Option>& o) {
                            "and attention; docs/cuda.md)",
                            &AgentConfig::dtype, {"float32", "bfloat16"}));
   o.push_back(kvDtypeOption());
+  o.push_back({"kv-cache-bytes", "engine", "kv_cache_bytes",
+               "size the KV pool by memory instead of --num-blocks: as many blocks as fit in this many bytes per "
+               "process (per GPU), e.g. 40Gi, 512MiB, 2G; 0: --num-blocks decides",
+               [](const AgentConfig& c) { return std::to_string(c.kv_cache_bytes); },
+               [](AgentConfig& c, std::string_view v) -> absl::Status {
+                 const std::optional<int64_t> bytes = parseByteSize(v);
+                 if (!bytes) {
+                   return absl::InvalidArgumentError(
+                       strCat("--kv-cache-bytes: expected a size such as 40Gi, 512MiB or 2G, got \"", v, "\""));
+                 }
+                 c.kv_cache_bytes = *bytes;
+                 return absl::OkStatus();
+               },
+               [](AgentConfig& c, ConfigMap& m) {
+                 std::string v;
+                 if (!m.field("kv_cache_bytes", &v)) return;
+                 if (const std::optional<int64_t> bytes = parseByteSize(v)) {
+                   c.kv_cache_bytes = *bytes;
+                 } else {
+                   m.fail("kv_cache_bytes", strCat("expected a size such as 40Gi, 512MiB or 2G, got \"", v, "\""));
+                 }
+               }});
   o.push_back(numberOption("tensor-parallel", "engine", "tensor_parallel",
                            "split the model across this many ranks, one process each (one GPU each with --device "
                            "cuda; docs/cuda.md)",
@@ -587,6 +611,26 @@ absl::Status atLeast(std::initializer_list<std::pair<const char*, std::chrono::n
 }
 
 }  // namespace
+
+absl::Status resolveKvCacheBytes(AgentConfig& c) {
+  if (c.kv_cache_bytes == 0 || c.role == AgentRole::kRouter) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig model, engine::loadModelConfig(c.model_dir));
+  // A rank's share of the KV heads (checkShardable refuses a model that
+  // does not split evenly, later at start-up).
+  if (c.tensor_parallel > 1 && model.num_kv_heads % c.tensor_parallel == 0) model.num_kv_heads /= c.tensor_parallel;
+  const engine::KvLayout one = engine::kvLayoutFor(model, 1, c.engine.block_size, c.engine.kv_dtype);
+  const int64_t per_block = static_cast<int64_t>(one.totalBytes());
+  const int64_t blocks = per_block > 0 ? c.kv_cache_bytes / per_block : 0;
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(strCat("--kv-cache-bytes ", c.kv_cache_bytes, " holds no KV block: one takes ",
+                                             per_block, " bytes (", model.num_layers, " layers x ", c.engine.block_size,
+                                             " tokens x ", model.num_kv_heads, " KV heads x head_dim ", model.head_dim,
+                                             " x K and V in ", engine::kvDtypeName(c.engine.kv_dtype), ")"));
+  }
+  constexpr int64_t kMaxBlocks = 1 << 24;  // --num-blocks' bound
+  c.engine.num_blocks = static_cast<int>(std::min(blocks, kMaxBlocks));
+  return absl::OkStatus();
+}
 
 absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.model_dir.empty()) return absl::InvalidArgumentError("--model-dir (model.dir) is required");

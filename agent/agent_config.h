@@ -78,6 +78,10 @@ struct AgentConfig {
   // rank 0 and starts the others. With --device cuda rank r runs on GPU r.
   // 1: none. Not for role router.
   int tensor_parallel = 1;
+  // The KV pool's size in bytes per process (per GPU with --device cuda),
+  // instead of engine.num_blocks: resolveKvCacheBytes turns it into the
+  // blocks of this model and --kv-dtype that fit. 0: num_blocks decides.
+  int64_t kv_cache_bytes = 0;
   // The arguments this agent was started with (after the program name):
   // the tensor-parallel ranks it starts get the same. parseAgentConfig
   // fills it.
@@ -155,6 +159,12 @@ absl::StatusOr<AgentConfig> parseAgentConfig(int argc, const char* const* argv, 
 // What parseAgentConfig checks across fields (model_dir set, a role this
 // build serves, a prefill peer for role decode), for configs built in code.
 absl::Status validateAgentConfig(const AgentConfig& config);
+
+// With kv_cache_bytes set: engine.num_blocks becomes the most blocks of the
+// model's KV layout (this rank's KV heads, --kv-dtype) that fit in it; an
+// error names the flag when not one block fits. Reads the model's
+// config.json. Nothing to do otherwise, or for role router.
+absl::Status resolveKvCacheBytes(AgentConfig& config);
 
 // The HTTP listener's options from `config` (the agent's and the router's).
 absl::StatusOr<http::ServerOptions> httpServerOptions(const AgentConfig& config, const Clock& clock);

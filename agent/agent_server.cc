@@ -702,6 +702,7 @@ struct AgentServer::Impl {
                          {"role", role},
                          {"pool", config.pool},
                          {"kv_blocks", config.engine.num_blocks},
+                         {"kv_cache_bytes", config.kv_cache_bytes},
                          {"model_fingerprint", engine::fingerprintHex(model_fingerprint)},
                          {"cpu_simd", cpu_simd},
                          {"device", config.device},
@@ -719,7 +720,9 @@ struct AgentServer::Impl {
 absl::StatusOr<std::unique_ptr<AgentServer>> AgentServer::start(const AgentConfig& config, const Clock& clock,
                                                                 transport::KvTransportFactory kv_transport_factory) {
   TANDEM_RETURN_IF_ERROR(validateAgentConfig(config));
-  auto impl = std::make_unique<Impl>(config, clock);
+  AgentConfig resolved = config;
+  TANDEM_RETURN_IF_ERROR(resolveKvCacheBytes(resolved));  // --kv-cache-bytes: the blocks that fit
+  auto impl = std::make_unique<Impl>(resolved, clock);
   TANDEM_RETURN_IF_ERROR(impl->startPoolKeys());
   TANDEM_RETURN_IF_ERROR(impl->startApiKeys());  // first: a bad keys file fails before the model loads
   KvSetup kv{.transport = kvTransportOptions(config)};

@@ -270,7 +270,9 @@ int runTensorParallelRank(int argc, char** argv, const char* program) {
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   Logger log("rank");
-  const absl::Status served = serveRank(*a, *config, log);
+  // The same pool size as rank 0's (resolveKvCacheBytes reads the same flags and model).
+  absl::Status served = resolveKvCacheBytes(*config);
+  if (served.ok()) served = serveRank(*a, *config, log);
   if (!served.ok()) {
     log.error("tensor-parallel rank failed", {{"rank", a->rank}, {"error", std::string(served.message())}});
     return 1;

@@ -299,10 +299,16 @@ std::string agentConfigYaml(const PoolSpec& pool) {
                          "\n  name: ", json(pool.model_name).dump(), "\n");
   if (!pool.model_fingerprint.empty()) y += strCat("  fingerprint: ", json(pool.model_fingerprint).dump(), "\n");
   y += strCat("engine:\n  block_size: ", pool.block_size, "\n  num_blocks: ", pool.num_blocks,
-              "\n  max_batched_tokens: ", pool.max_batched_tokens, "\n  dtype: ", pool.dtype,
-              "\n  kv_dtype: ", pool.kv_dtype, "\n");
+              "\n  max_batched_tokens: ", pool.max_batched_tokens, "\n");
+  // The dtypes only when not the default: a pool that does not use them
+  // keeps the agent.yaml (and config hash) it had before they existed, so
+  // an operator upgrade restarts none of its pods, and an older agent
+  // image (which refuses keys it does not know) still reads it.
+  if (pool.dtype != "float32") y += strCat("  dtype: ", pool.dtype, "\n");
+  if (pool.kv_dtype != "float32") y += strCat("  kv_dtype: ", pool.kv_dtype, "\n");
   if (pool.max_num_seqs) y += strCat("  max_num_seqs: ", *pool.max_num_seqs, "\n");
   if (pool.max_model_len) y += strCat("  max_model_len: ", *pool.max_model_len, "\n");
+  if (!pool.kv_cache_memory.empty()) y += strCat("  kv_cache_bytes: ", json(pool.kv_cache_memory).dump(), "\n");
   return y;
 }
 

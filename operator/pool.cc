@@ -254,6 +254,11 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
   if (p.kv_dtype != "float32" && p.kv_dtype != "bfloat16") {
     return fieldError("spec.engine.kvDtype", strCat("\"", p.kv_dtype, "\" is not one of: float32, bfloat16"));
   }
+  TANDEM_ASSIGN_OR_RETURN(p.kv_cache_memory, str(engine, "kvCacheMemory", "spec.engine", p.kv_cache_memory));
+  if (!p.kv_cache_memory.empty() && !parseByteSize(p.kv_cache_memory)) {
+    return fieldError("spec.engine.kvCacheMemory",
+                      strCat("\"", p.kv_cache_memory, "\" is not a size such as 40Gi, 512Mi or 2G"));
+  }
 
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "prefill"), "spec.prefill", true, p.prefill));
   TANDEM_RETURN_IF_ERROR(parseRole(member(spec, "decode"), "spec.decode", true, p.decode));

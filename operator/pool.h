@@ -73,6 +73,7 @@ struct PoolSpec {
   std::optional<int32_t> max_num_seqs, max_model_len;
   std::string dtype = "float32";     // spec.engine.dtype: float32 | bfloat16 (the agents' --dtype)
   std::string kv_dtype = "float32";  // spec.engine.kvDtype: float32 | bfloat16 (the agents' --kv-dtype)
+  std::string kv_cache_memory;  // spec.engine.kvCacheMemory: "40Gi" (the agents' --kv-cache-bytes); empty: numBlocks
   RoleSpec prefill{.replicas = 1}, decode{.replicas = 2}, router{.replicas = 1};
   nlohmann::json router_policy = nlohmann::json::object();  // spec.router.policy
   // spec.router.apiKeysSecret: a Secret in the pool's namespace whose

@@ -1,5 +1,7 @@
 #include "src/common/strings.h"
 
+#include <climits>
+
 namespace tandem {
 
 bool isValidUtf8(std::string_view s) {
@@ -55,6 +57,46 @@ int hexDigitValue(char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
+}
+
+std::optional<int64_t> parseByteSize(std::string_view s) {
+  size_t digits = 0;
+  while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') ++digits;
+  if (digits == 0) return std::nullopt;
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + digits, value);
+  if (ec != std::errc() || end != s.data() + digits) return std::nullopt;
+  const std::string_view unit = s.substr(digits);
+  struct Unit {
+    std::string_view name;
+    int64_t factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},
+      {"B", 1},
+      {"Ki", int64_t{1} << 10},
+      {"KiB", int64_t{1} << 10},
+      {"Mi", int64_t{1} << 20},
+      {"MiB", int64_t{1} << 20},
+      {"Gi", int64_t{1} << 30},
+      {"GiB", int64_t{1} << 30},
+      {"Ti", int64_t{1} << 40},
+      {"TiB", int64_t{1} << 40},
+      {"K", 1000},
+      {"KB", 1000},
+      {"M", 1000 * 1000},
+      {"MB", 1000 * 1000},
+      {"G", int64_t{1000} * 1000 * 1000},
+      {"GB", int64_t{1000} * 1000 * 1000},
+      {"T", int64_t{1000} * 1000 * 1000 * 1000},
+      {"TB", int64_t{1000} * 1000 * 1000 * 1000},
+  };
+  for (const Unit& u : kUnits) {
+    if (unit != u.name) continue;
+    if (value > INT64_MAX / u.factor) return std::nullopt;
+    return value * u.factor;
+  }
+  return std::nullopt;
 }
 
 }  // namespace tandem

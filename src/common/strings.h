@@ -8,6 +8,8 @@
 
 #include <charconv>
 #include <concepts>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -53,6 +55,12 @@ std::string strCat(const Args&... args) {
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or
 // code points above U+10FFFF). Used to reject non-UTF-8 request bodies.
 bool isValidUtf8(std::string_view s);
+
+// A size in bytes: digits, then optionally a unit: Ki, Mi, Gi, Ti (or KiB,
+// MiB, GiB, TiB: powers of 1024), K, M, G, T (or KB, MB, GB, TB: powers of
+// 1000) or B, as in "40Gi", "512MiB", "2G", "1048576". Nothing else (no
+// sign, fraction or space); nullopt when it does not parse or overflows.
+std::optional<int64_t> parseByteSize(std::string_view s);
 
 // `bytes` as lower-case hex digits, two per byte.
 std::string hexEncode(std::string_view bytes);

@@ -1,5 +1,8 @@
 #include "agent/agent_config.h"
 
+#include "engine/model/model_loader.h"
+#include "engine/model/weights.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -211,6 +214,61 @@ TEST(AgentConfigTest, KvDtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(std::string(c.status().message()).find("kv_dtype"), std::string::npos) << c.status();
   EXPECT_NE(std::string(c.status().message()).find("half"), std::string::npos) << c.status();
+}
+
+// --kv-cache-bytes sizes the pool by memory: the blocks of the model's
+// layout (this rank's KV heads, --kv-dtype) that fit.
+TEST(AgentConfigTest, KvCacheBytesBecomesTheBlocksThatFit) {
+  const engine::ModelConfig tiny = engine::tinyModelConfig();
+  const std::string dir = ::testing::TempDir() + "/kv-cache-bytes-model";
+  ASSERT_TRUE(engine::writeModelDir(dir, *engine::makeRandomWeights(tiny, 1), engine::DType::kF32).ok());
+  const int64_t per_block = int64_t{tiny.num_layers} * 2 * 16 * tiny.num_kv_heads * tiny.head_dim * 4;  // fp32
+
+  auto c = parse({"--model-dir", dir, "--kv-cache-bytes", "1Mi", "--num-blocks", "7"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kv_cache_bytes, int64_t{1} << 20);
+  ASSERT_TRUE(resolveKvCacheBytes(*c).ok());
+  EXPECT_EQ(c->engine.num_blocks, (int64_t{1} << 20) / per_block) << "the bytes win over --num-blocks";
+
+  c = parse({"--model-dir", dir, "--kv-cache-bytes", "1Mi", "--kv-dtype", "bfloat16"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(resolveKvCacheBytes(*c).ok());
+  EXPECT_EQ(c->engine.num_blocks, (int64_t{1} << 20) / (per_block / 2)) << "bf16: twice the blocks";
+
+  c = parse({"--model-dir", dir, "--kv-cache-bytes", "1Mi", "--tensor-parallel", "2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(resolveKvCacheBytes(*c).ok());
+  EXPECT_EQ(c->engine.num_blocks, (int64_t{1} << 20) / (per_block / 2)) << "a rank holds half the KV heads";
+
+  c = parse(
+      {"--config", writeFile("kv_cache_bytes.yaml", "model: {dir: " + dir + "}\nengine: {kv_cache_bytes: 2MiB}\n")});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(resolveKvCacheBytes(*c).ok());
+  EXPECT_EQ(c->engine.num_blocks, (int64_t{2} << 20) / per_block);
+
+  c = parse({"--model-dir", dir, "--num-blocks", "7"});  // unset: --num-blocks decides
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(resolveKvCacheBytes(*c).ok());
+  EXPECT_EQ(c->engine.num_blocks, 7);
+
+  c = parse({"--model-dir", dir, "--kv-cache-bytes", "100"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const absl::Status small = resolveKvCacheBytes(*c);
+  EXPECT_NE(std::string(small.message())
+                .find("--kv-cache-bytes 100 holds no KV block: one takes " + std::to_string(per_block) + " bytes"),
+            std::string::npos)
+      << small;
+
+  for (const char* bad : {"40GB!", "-1", "1.5Gi", "lots"}) {
+    c = parse({"--model-dir", dir, "--kv-cache-bytes", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(std::string(c.status().message()).find("--kv-cache-bytes: expected a size such as 40Gi"),
+              std::string::npos)
+        << c.status();
+  }
+  c = parse({"--config", writeFile("kv_cache_bytes_bad.yaml", "model: {dir: m}\nengine: {kv_cache_bytes: huge}\n")});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("kv_cache_bytes"), std::string::npos) << c.status();
 }
 
 TEST(AgentConfigTest, BadInputNamesTheProblem) {

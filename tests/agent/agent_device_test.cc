@@ -191,6 +191,37 @@ TEST(AgentDeviceTest, ABf16KvCacheServesAsTheCpuBackendsMovesInPdAndRefusesAnFp3
   EXPECT_EQ(cpu->stop(SIGTERM), 0) << cpu->log();
 }
 
+// --kv-cache-bytes: the pool holds the most blocks that fit in the bytes,
+// on the emulated device as on the CPU; too few bytes for one block is a
+// start-up error naming the flag.
+TEST(AgentDeviceTest, KvCacheBytesSizeThePoolAndTooFewAreAStartUpError) {
+  for (const char* device : {"cpu", "cuda-emulator"}) {
+    auto a = AgentProcess::start(
+        {"--device", device, "--kv-cache-bytes", "1Mi", "--kv-dtype", "bfloat16", "--log-level", "info"});
+    ASSERT_NE(a, nullptr) << device;
+    EXPECT_FALSE(complete(*a, "hello").empty()) << device;
+    EXPECT_EQ(a->stop(SIGTERM), 0) << a->log();
+    const std::string log = a->log();
+    auto field = [&](const std::string& name) -> int64_t {
+      const size_t at = log.find(" " + name + "=");
+      return at == std::string::npos ? -1 : std::stoll(log.substr(at + name.size() + 2));
+    };
+    const int64_t blocks = field("kv_blocks"), pool = field("kv_pool_bytes");
+    ASSERT_GT(blocks, 0) << log;
+    ASSERT_GT(pool, 0) << log;
+    EXPECT_EQ(field("kv_cache_bytes"), int64_t{1} << 20) << log;
+    EXPECT_LE(pool, int64_t{1} << 20) << device;
+    EXPECT_GT(pool + pool / blocks, int64_t{1} << 20) << device << ": one more block would have fit";
+  }
+  const char* bin_dir = std::getenv("TANDEM_BIN_DIR");
+  const testutil::CommandResult r = testutil::runCommand(std::string(bin_dir ? bin_dir : "build/bin") +
+                                                         "/tandem-agent --listen 127.0.0.1:0 --kv-cache-bytes 1Ki "
+                                                         "--model-dir " +
+                                                         testing::tinyModelDir() + " 2>&1");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("--kv-cache-bytes 1024 holds no KV block: one takes"), std::string::npos) << r.out;
+}
+
 TEST(AgentDeviceTest, CudaWithoutACudaBackendIsAStartUpErrorThatSaysWhatToUse) {
   if (hasCudaDeviceBackend()) GTEST_SKIP() << "this build has the CUDA backend (./tandem check cuda tests its refusal)";
   const char* bin_dir = std::getenv("TANDEM_BIN_DIR");

@@ -33,7 +33,9 @@ TEST(PoolTest, AbsentFieldsTakeTheSchemasDefaults) {
   EXPECT_EQ(p->num_blocks, 512);
   EXPECT_EQ(p->dtype, "float32");
   EXPECT_EQ(p->kv_dtype, "float32");
-  EXPECT_NE(agentConfigYaml(*p).find("\n  kv_dtype: float32\n"), std::string::npos) << agentConfigYaml(*p);
+  // The defaults are not written: agent.yaml stays what it was before they existed.
+  EXPECT_EQ(agentConfigYaml(*p).find("dtype"), std::string::npos) << agentConfigYaml(*p);
+  EXPECT_EQ(agentConfigYaml(*p).find("kv_cache_bytes"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_FALSE(p->autoscaling.enabled);
   EXPECT_TRUE(p->kv_traffic.empty());
   EXPECT_EQ(childName(*p, Role::kDecode), "tiny-decode");
@@ -45,7 +47,7 @@ TEST(PoolTest, EveryFieldIsRead) {
     "model": {"name": "llama", "pvc": "models", "fingerprint": "0123456789abcdef"},
     "image": "registry.example/tandem:1.0",
     "engine": {"blockSize": 32, "numBlocks": 4096, "maxBatchedTokens": 8192, "maxNumSeqs": 128, "maxModelLen": 131072,
-               "dtype": "bfloat16", "kvDtype": "bfloat16"},
+               "dtype": "bfloat16", "kvDtype": "bfloat16", "kvCacheMemory": "40Gi"},
     "prefill": {"replicas": 2, "gpusPerPod": 8, "nodeSelector": {"pool": "h100"}, "args": ["--kv-tls", "rc,cuda_copy"]},
     "decode": {"replicas": 4, "gpusPerPod": 8, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
     "router": {"replicas": 2, "policy": {"stickyWeight": 2.5}},
@@ -63,6 +65,7 @@ TEST(PoolTest, EveryFieldIsRead) {
   EXPECT_NE(agentConfigYaml(*p).find("\n  dtype: bfloat16\n"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_EQ(p->kv_dtype, "bfloat16");
   EXPECT_NE(agentConfigYaml(*p).find("\n  kv_dtype: bfloat16\n"), std::string::npos) << agentConfigYaml(*p);
+  EXPECT_NE(agentConfigYaml(*p).find("\n  kv_cache_bytes: \"40Gi\"\n"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_EQ(p->prefill.gpus_per_pod, 8);
   EXPECT_EQ(p->prefill.args, (std::vector<std::string>{"--kv-tls", "rc,cuda_copy"}));
   EXPECT_EQ(p->decode.replicas, 4);
@@ -91,6 +94,8 @@ TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
   EXPECT_EQ(msg("/spec/engine/dtype", 16), "spec.engine.dtype: expected a string");
   EXPECT_EQ(msg("/spec/engine/kvDtype", "fp8"), "spec.engine.kvDtype: \"fp8\" is not one of: float32, bfloat16");
   EXPECT_EQ(msg("/spec/engine/kvDtype", true), "spec.engine.kvDtype: expected a string");
+  EXPECT_EQ(msg("/spec/engine/kvCacheMemory", "40 gigs"),
+            "spec.engine.kvCacheMemory: \"40 gigs\" is not a size such as 40Gi, 512Mi or 2G");
   EXPECT_EQ(msg("/spec/model/path", "models/tiny"), "spec.model.path: \"models/tiny\" must be an absolute path on the node");
   EXPECT_EQ(msg("/spec/model", json{{"name", "tiny"}, {"path", "/m"}, {"pvc", "m"}}), "spec.model: give path or pvc, not both");
   EXPECT_EQ(msg("/spec/decode/replicas", -1), "spec.decode.replicas: must be between 0 and 1000");

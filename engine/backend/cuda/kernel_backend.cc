@@ -663,7 +663,9 @@ void KernelBackend::copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) {
   const KvLayout& layout = kv.layout();
   std::byte* pool = kvPool(kv);
   if (pool == nullptr) return;
-  const size_t words = layout.bytesPerLayerBlock() / sizeof(uint32_t);  // exact: head_dim is even
+  // Exact: a layer block is 2 x block_size x heads x head_dim elements, an
+  // even count, so a multiple of 4 bytes in bf16 too.
+  const size_t words = layout.bytesPerLayerBlock() / sizeof(uint32_t);
   launch(&gpu::Device::copyKvBlock, gpu::copyKvBlockLaunch(layout.num_layers, words),
          gpu::CopyKvBlockArgs{reinterpret_cast<uint32_t*>(pool), src.value(), dst.value(), layout.num_blocks,
                               static_cast<int64_t>(words)});

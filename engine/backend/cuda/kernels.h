@@ -239,8 +239,8 @@ TANDEM_KERNEL writeKvKernel(const WriteKvArgs a) {
 // ---- KV block copy: copy-on-write of a shared partial block -----------------
 // Every layer's layer block of `src` into `dst` (KvStorage::copyBlock, whose
 // bits it must leave: a copy), in 4-byte words whatever the pool's dtype (a
-// layer block's bytes are a multiple of 4: head_dim is even). Grid: x =
-// slices of the layer block, y = layers.
+// layer block holds K and V, an even number of elements: a multiple of 4
+// bytes in bf16 too). Grid: x = slices of the layer block, y = layers.
 
 struct CopyKvBlockArgs {
   uint32_t* kv;  // the pool (WriteKvArgs::kv), as words

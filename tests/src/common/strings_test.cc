@@ -32,5 +32,25 @@ TEST(Utf8Test, RejectsInvalid) {
   EXPECT_FALSE(isValidUtf8("ok\xE2\x82"));            // truncated at end
 }
 
+TEST(ByteSizeTest, ReadsBinaryAndDecimalUnits) {
+  EXPECT_EQ(parseByteSize("0"), 0);
+  EXPECT_EQ(parseByteSize("1048576"), 1048576);
+  EXPECT_EQ(parseByteSize("512B"), 512);
+  EXPECT_EQ(parseByteSize("4Ki"), 4096);
+  EXPECT_EQ(parseByteSize("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parseByteSize("40Gi"), int64_t{40} << 30);
+  EXPECT_EQ(parseByteSize("2TiB"), int64_t{2} << 40);
+  EXPECT_EQ(parseByteSize("2G"), 2000000000);
+  EXPECT_EQ(parseByteSize("3MB"), 3000000);
+  EXPECT_EQ(parseByteSize("8388607Ti"), int64_t{8388607} << 40);
+}
+
+TEST(ByteSizeTest, RejectsAnythingElse) {
+  for (const char* bad : {"", "Gi", "-1", "+1", "1.5Gi", "40 Gi", "40gi", "40GB ", "40Gib", "9223372036854775808",
+                          "8388608Ti", "0x10", "1e9"}) {
+    EXPECT_EQ(parseByteSize(bad), std::nullopt) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace tandem
