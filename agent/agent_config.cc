@@ -12,6 +12,7 @@
 #include "engine/model/llama.h"
 #include "engine/model/model_fingerprint.h"
 #include "engine/model/model_loader.h"
+#include "engine/model/tensor_parallel.h"
 #include "src/common/config.h"
 #include "src/common/strings.h"
 
@@ -615,9 +616,11 @@ absl::Status atLeast(std::initializer_list<std::pair<const char*, std::chrono::n
 absl::Status resolveKvCacheBytes(AgentConfig& c) {
   if (c.kv_cache_bytes == 0 || c.role == AgentRole::kRouter) return absl::OkStatus();
   TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig model, engine::loadModelConfig(c.model_dir));
-  // A rank's share of the KV heads (checkShardable refuses a model that
-  // does not split evenly, later at start-up).
-  if (c.tensor_parallel > 1 && model.num_kv_heads % c.tensor_parallel == 0) model.num_kv_heads /= c.tensor_parallel;
+  // A rank's share of the KV heads (a model that does not split is refused
+  // later at start-up, naming --tensor-parallel).
+  if (c.tensor_parallel > 1 && engine::checkShardable(model, c.tensor_parallel).ok()) {
+    model = engine::shardConfig(model, c.tensor_parallel);
+  }
   const engine::KvLayout one = engine::kvLayoutFor(model, 1, c.engine.block_size, c.engine.kv_dtype);
   const int64_t per_block = static_cast<int64_t>(one.totalBytes());
   const int64_t blocks = per_block > 0 ? c.kv_cache_bytes / per_block : 0;

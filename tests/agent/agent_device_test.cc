@@ -38,6 +38,12 @@ std::string complete(const AgentProcess& a, const std::string& prompt) {
   return json::parse(r->body)["choices"][0]["text"].get<std::string>();
 }
 
+// The number after " NAME=" in an agent's start-up line; -1 when absent.
+int64_t logNumber(const std::string& log, const std::string& name) {
+  const size_t at = log.find(" " + name + "=");
+  return at == std::string::npos ? -1 : std::stoll(log.substr(at + name.size() + 2));
+}
+
 TEST(AgentDeviceTest, TheCudaEmulatorServesWhatTheCpuBackendServes) {
   auto cpu = AgentProcess::start({"--device", "cpu"});
   auto emulated = AgentProcess::start({"--device", "cuda-emulator"});
@@ -142,14 +148,11 @@ TEST(AgentDeviceTest, ABf16KvCacheServesAsTheCpuBackendsMovesInPdAndRefusesAnFp3
   }
   EXPECT_EQ(emulated->stop(SIGTERM), 0) << emulated->log();
   EXPECT_EQ(fp32->stop(SIGTERM), 0) << fp32->log();
-  auto poolBytes = [](const std::string& log) -> int64_t {
-    const size_t at = log.find("kv_pool_bytes=");
-    return at == std::string::npos ? -1 : std::stoll(log.substr(at + 14));
-  };
   EXPECT_NE(emulated->log().find("kv_dtype=bfloat16"), std::string::npos) << emulated->log();
   EXPECT_NE(fp32->log().find("kv_dtype=float32"), std::string::npos) << fp32->log();
-  EXPECT_GT(poolBytes(fp32->log()), 0) << fp32->log();
-  EXPECT_EQ(2 * poolBytes(emulated->log()), poolBytes(fp32->log())) << "the same blocks in half the bytes";
+  EXPECT_GT(logNumber(fp32->log(), "kv_pool_bytes"), 0) << fp32->log();
+  EXPECT_EQ(2 * logNumber(emulated->log(), "kv_pool_bytes"), logNumber(fp32->log(), "kv_pool_bytes"))
+      << "the same blocks in half the bytes";
 
   auto prefill = AgentProcess::start({"--device", "cuda-emulator", "--kv-dtype", "bfloat16", "--role", "prefill",
                                       "--kv-listen", "127.0.0.1:0", "--num-blocks", "128"});
@@ -202,14 +205,10 @@ TEST(AgentDeviceTest, KvCacheBytesSizeThePoolAndTooFewAreAStartUpError) {
     EXPECT_FALSE(complete(*a, "hello").empty()) << device;
     EXPECT_EQ(a->stop(SIGTERM), 0) << a->log();
     const std::string log = a->log();
-    auto field = [&](const std::string& name) -> int64_t {
-      const size_t at = log.find(" " + name + "=");
-      return at == std::string::npos ? -1 : std::stoll(log.substr(at + name.size() + 2));
-    };
-    const int64_t blocks = field("kv_blocks"), pool = field("kv_pool_bytes");
+    const int64_t blocks = logNumber(log, "kv_blocks"), pool = logNumber(log, "kv_pool_bytes");
     ASSERT_GT(blocks, 0) << log;
     ASSERT_GT(pool, 0) << log;
-    EXPECT_EQ(field("kv_cache_bytes"), int64_t{1} << 20) << log;
+    EXPECT_EQ(logNumber(log, "kv_cache_bytes"), int64_t{1} << 20) << log;
     EXPECT_LE(pool, int64_t{1} << 20) << device;
     EXPECT_GT(pool + pool / blocks, int64_t{1} << 20) << device << ": one more block would have fit";
   }
