@@ -407,6 +407,11 @@ void addKvOptions(std::vector<Option>& o) {
       numberOption("kv-copy-threads", "kv", "copy_threads",
                    "decode over shared memory: threads that copy a pull of 4 MiB or more (the transport's and helpers)",
                    &AgentConfig::kv_copy_threads, 1, 64));
+  o.push_back(stringOption("kv-device-transport", "kv", "device_transport",
+                           "prefill and decode with a KV pool in GPU memory: direct (UCX registers the pool: no "
+                           "staging copy, GPUDirect RDMA; needs a UCX with CUDA support), staged (through pinned "
+                           "host memory) or auto (direct where this UCX can, else staged; docs/cuda.md)",
+                           &AgentConfig::kv_device_transport, {"auto", "staged", "direct"}));
   o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
                              "prefill: how long computed KV stays pinned for the decode agent",
                              &AgentConfig::lease_ttl));
@@ -674,6 +679,16 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
   if (c.tensor_parallel > 1 && c.role == AgentRole::kRouter) {
     return absl::InvalidArgumentError(strCat("--tensor-parallel ", c.tensor_parallel,
                                              " (engine.tensor_parallel) with role router: a router holds no model"));
+  }
+  if (c.kv_device_transport == "direct" && c.device == "cpu") {
+    return absl::InvalidArgumentError(
+        "--kv-device-transport direct (kv.device_transport) is for a KV pool in GPU memory (--device cuda or "
+        "cuda-emulator); with --device cpu UCX registers the pool in host memory as it is");
+  }
+  if (c.kv_device_transport == "direct" && c.tensor_parallel > 1) {
+    return absl::InvalidArgumentError(
+        strCat("--kv-device-transport direct (kv.device_transport) with --tensor-parallel ", c.tensor_parallel,
+               ": peers read every rank's KV heads, which only the staging copy holds (use staged or auto)"));
   }
   if (c.role == AgentRole::kDecode && c.prefill_peers.empty() == c.prefill_service.empty()) {
     return absl::InvalidArgumentError(

@@ -499,7 +499,23 @@ struct AgentServer::Impl {
     // and decode stage it through the UCX region (docs/cuda.md).
     // With tensor parallelism the UCX region is a staging copy holding every
     // rank's KV heads (engine.h, kvRegionLayout), whatever the device.
-    if (auto* kernels = dynamic_cast<engine::KernelBackend*>(backend.get())) {
+    auto* kernels = dynamic_cast<engine::KernelBackend*>(backend.get());
+    if (kernels != nullptr && isPdRole(config.role) && kvDeviceDirect(kv, ranks != nullptr)) {
+      // UCX registers the device pool itself: no staging copy (docs/cuda.md).
+      // The CUDA emulator's device memory is host memory, registered as such.
+      const bool cuda = config.device == "cuda";
+      options.kv_direct = true;
+      options.kv_memory = [kernels, &kv, cuda](size_t bytes) -> absl::StatusOr<engine::KvMemory> {
+        TANDEM_ASSIGN_OR_RETURN(engine::KvMemory memory, kernels->kvMemory(bytes));
+        TANDEM_ASSIGN_OR_RETURN(kv.pool,
+                                transport::UcxRegion::map(memory.bytes, cuda, memory.keep_alive, kv.transport));
+        memory.keep_alive = kv.pool;  // unregistered first, then the memory freed (UcxRegion::map)
+        return memory;
+      };
+      kv_memory = cuda ? "device, registered with UCX directly (no staging copy)"
+                       : "device, registered with UCX directly (no staging copy; the emulator's device memory is "
+                         "host memory)";
+    } else if (kernels != nullptr) {
       options.kv_memory = [kernels](size_t bytes) { return kernels->kvMemory(bytes); };
       if (isPdRole(config.role)) options.kv_staging = ucx_region;
       kv_memory = isPdRole(config.role) ? "device, staged through host memory" : "device";
@@ -531,6 +547,15 @@ struct AgentServer::Impl {
     engine_options.kv_staging = nullptr;
     engine_options.tensor_parallel = nullptr;  // the engine thread's alone
     return engine;
+  }
+
+  // Whether a P/D role's KV pool in device memory is registered with UCX
+  // directly (--kv-device-transport): direct, or auto on a GPU (not a
+  // tensor-parallel group) whose UCX reads and writes GPU memory.
+  bool kvDeviceDirect(const KvSetup& kv, bool tensor_parallel) const {
+    if (config.kv_device_transport == "direct") return true;
+    if (config.kv_device_transport == "staged" || config.device != "cuda" || tensor_parallel) return false;
+    return transport::UcxRegion::cudaMemorySupported(kv.transport);
   }
 
   // The engine's backend for --device. The GPU kernels run on the CPU

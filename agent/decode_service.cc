@@ -75,6 +75,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   engine::KvLayout layout;
   ModelIdentity model;  // set at start, before the transport exists
   std::byte* region = nullptr;
+  bool region_on_device = false;  // Engine::kvRegionOnDevice: never read on the host
   std::unique_ptr<transport::KvTransport> t;
   std::thread watchdog;
   std::atomic<uint64_t> next_tid{1};
@@ -306,15 +307,50 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     if (it == transfers.end()) return;
     Entry& e = it->second;
     e.gets.erase(pull.pull);
+    const MonoTime now = clock.now();
+    const bool verify = s.ok() && e.tr.verifying() && e.tr.state() == TransferState::kPulling;
+    if (verify && region_on_device) {
+      // The blocks landed in device memory (EngineOptions::kv_direct): their
+      // checksums are computed there, on the engine thread, and the pull is
+      // done once they are. Until then the transfer counts it outstanding,
+      // so a failure meanwhile ends the import only after it.
+      const std::vector<BlockId>& d = e.tr.dBlocks();
+      std::vector<BlockId> blocks(d.begin() + static_cast<ptrdiff_t>(pull.first),
+                                  d.begin() + static_cast<ptrdiff_t>(pull.first + pull.count));
+      loop.post([self = shared_from_this(), tid, pull, now, blocks = std::move(blocks)](engine::Engine& eng) {
+        std::vector<uint64_t> sums(blocks.size());
+        const absl::Status st = eng.kvRegionChecksums(static_cast<int>(pull.layer), blocks, sums);
+        self->pullChecked(tid, pull, now, st, sums);
+      });
+      return;
+    }
     std::vector<uint64_t> checksums;
-    if (s.ok() && e.tr.verifying() && e.tr.state() == TransferState::kPulling) {
+    if (verify) {
       for (size_t i = pull.first; i < pull.first + pull.count; ++i) {
         checksums.push_back(kvproto::layerBlockChecksum({localBlock(e, pull.layer, i), layout.bytesPerLayerBlock()}));
       }
       metrics.checksum_checked.increment(static_cast<double>(pull.count));
     }
     TransferActions actions;
-    e.tr.pullDone(pull.pull, s, checksums, clock.now(), actions);
+    e.tr.pullDone(pull.pull, s, checksums, now, actions);
+    apply(tid, e, actions);
+  }
+
+  // Engine thread: the checksums of a pull into device memory (onPullDone),
+  // computed; `done_at` is when its get completed.
+  void pullChecked(uint64_t tid, const TransferAction& pull, MonoTime done_at, const absl::Status& st,
+                   std::span<const uint64_t> sums) {
+    absl::MutexLock lock(&mu);
+    auto it = transfers.find(tid);
+    if (it == transfers.end()) return;
+    Entry& e = it->second;
+    if (st.ok()) metrics.checksum_checked.increment(static_cast<double>(pull.count));
+    TransferActions actions;
+    e.tr.pullDone(pull.pull,
+                  st.ok() ? st
+                          : absl::Status(st.code(),
+                                         strCat("checksumming the pulled blocks on the device: ", toStd(st.message()))),
+                  st.ok() ? sums : std::span<const uint64_t>(), done_at, actions);
     apply(tid, e, actions);
   }
 
@@ -814,6 +850,7 @@ absl::StatusOr<std::unique_ptr<DecodeService>> DecodeService::start(const PdEnv&
                   .hash_root = e.blockHashRoot(),
                   .tensor_parallel = options.tensor_parallel};
     region = e.kvRegion();
+    raw->region_on_device = e.kvRegionOnDevice();
   });
   raw->region = region.data();
   transport::TransportCallbacks cb;

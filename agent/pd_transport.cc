@@ -24,8 +24,8 @@ absl::Status startKvTransport(const PdEnv& env, const PdOptions& options, std::s
   transport::TransportOptions to = options.transport;
   if (kv.empty()) {
     return absl::FailedPreconditionError(
-        "the engine's KV pool is in device memory with no host staging memory for the transport "
-        "(EngineOptions::kv_staging)");
+        "the engine's KV pool is in device memory, neither staged through host memory for the transport "
+        "(EngineOptions::kv_staging) nor registered by it (EngineOptions::kv_direct)");
   }
   if (!to.pool) {
     to.region = kv;

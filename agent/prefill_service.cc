@@ -44,10 +44,7 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
   const PdOptions options;
   Logger log{"prefill"};
   engine::KvLayout layout;  // the region's (Engine::kvRegionLayout)
-  ModelIdentity model;                    // set at start, before the transport exists
-  // What decode agents read (Engine::kvRegion: the pool, or a device
-  // pool's staging copy, which the engine fills before announcing).
-  const std::byte* region = nullptr;
+  ModelIdentity model;      // set at start, before the transport exists
   std::unique_ptr<transport::KvTransport> t;
   std::function<void(const engine::RequestUpdate&)> on_finished;
   std::atomic<uint64_t> next_lease{1};
@@ -105,13 +102,9 @@ struct PrefillService::Impl : std::enable_shared_from_this<PrefillService::Impl>
       auto& msg = out.body.emplace<kvproto::LayerReady>();
       msg.layer = static_cast<uint16_t>(layer);
       msg.first_block = static_cast<uint32_t>(r.first_block);
-      for (BlockId b : r.blocks) {
-        msg.checksums.push_back(kvproto::layerBlockChecksum(
-            std::span<const std::byte>(region + layerBlockOffset(static_cast<uint32_t>(layer), static_cast<uint32_t>(b.value()),
-                                                                 static_cast<uint32_t>(layout.num_blocks),
-                                                                 layout.bytesPerLayerBlock()),
-                                       layout.bytesPerLayerBlock())));
-      }
+      // The engine's checksums of what decode agents read (computed on the
+      // device for a pool UCX reads there).
+      msg.checksums.assign(r.checksums.begin(), r.checksums.end());
       if (!stopping.load()) t->send(k->second.first, kvproto::encode(out));
     }
   }
@@ -416,7 +409,6 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::start(
                   .tensor_parallel = options.tensor_parallel};
     region = e.kvRegion();
   });
-  raw->region = region.data();
   transport::TransportCallbacks cb;
   cb.on_accept = [raw](ConnId c) { raw->onAccept(c); };
   cb.on_message = [raw](ConnId c, std::vector<uint8_t> b) { raw->onMessage(c, std::move(b)); };

@@ -13,7 +13,11 @@
 # UCX) against one --device cuda agent alone: the same greedy answers, and
 # the decode agent's throughput (cuda_pd_smoke below), with --dtype float32
 # and then with --dtype bfloat16 --kv-dtype bfloat16 (TANDEM_SMOKE_DTYPE and
-# TANDEM_SMOKE_KV_DTYPE pick the ones --pd-only runs).
+# TANDEM_SMOKE_KV_DTYPE pick the ones --pd-only runs). Prefill and decode run
+# with --kv-device-transport auto (TANDEM_SMOKE_KV_TRANSPORT): where the
+# agents' UCX reads GPU memory that is the direct path (UCX registers the
+# pool, no staging), and then one more float32 run is staged, so both paths
+# run; each run prints the path its agents took.
 #
 # For a machine with an NVIDIA GPU (built for compute capability 9.0:
 # H100/H200) and either the CUDA toolkit at /usr/local/cuda (or
@@ -56,6 +60,7 @@ cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
   local dtype=${TANDEM_SMOKE_DTYPE:-float32}  # every agent's --dtype, the --device cpu reference's too
   local kv_dtype=${TANDEM_SMOKE_KV_DTYPE:-float32}  # and --kv-dtype
+  local kv_transport=${TANDEM_SMOKE_KV_TRANSPORT:-auto}  # P's and D's --kv-device-transport
   work=$(mktemp -d)
   "$bin/tandem-make-model" --out "$work/tiny" >/dev/null || { rm -rf "$work"; return 1; }  # served as model "tiny"
   start() {  # NAME DEVICE ARGS...: start_agent (e2e/start-agent.sh) with this run's binaries and model
@@ -90,8 +95,11 @@ ok = throughput(decode, 50, f"gpu-smoke: P/D with --device {device}, tiny model,
 sys.exit(0 if ok else 1)
 PY
   }
-  if start cpu cpu && start mono "$device" && start prefill "$device" --role prefill --kv-listen 127.0.0.1:0 &&
-     start decode "$device" --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill"; then
+  if start cpu cpu && start mono "$device" &&
+     start prefill "$device" --role prefill --kv-listen 127.0.0.1:0 --kv-device-transport "$kv_transport" &&
+     start decode "$device" --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill" \
+       --kv-device-transport "$kv_transport"; then
+    PD_KV_MEMORY=$(grep -o 'kv_memory="[^"]*"' "$work/prefill.log" | head -1)  # the path taken (read by the caller)
     client || rc=1
     local verified failures failovers
     verified=$(metric "$port_decode" tandem_kv_checksum_verified_total)
@@ -115,7 +123,8 @@ PY
       rc=1
     fi
     [[ $rc -ne 0 ]] ||
-      echo "gpu-smoke: P/D PASS: prefill and decode (--device $device --dtype $dtype --kv-dtype $kv_dtype) answer what one agent answers"
+      echo "gpu-smoke: P/D PASS: prefill and decode (--device $device --dtype $dtype --kv-dtype $kv_dtype" \
+        "--kv-device-transport $kv_transport: $PD_KV_MEMORY) answer what one agent answers"
   else
     rc=1
   fi
@@ -250,6 +259,16 @@ if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
     TANDEM_SMOKE_DTYPE=$dtype TANDEM_SMOKE_KV_DTYPE=$dtype cuda_pd_smoke || pd_status=$?
     echo "gpu-smoke: P/D serving run (--dtype $dtype --kv-dtype $dtype) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
+    if [[ $dtype == float32 ]]; then float32_path=${PD_KV_MEMORY:-}; fi
   done
+  if [[ ${float32_path:-} == *"registered with UCX directly"* ]]; then  # auto went direct: the staged path too
+    echo "gpu-smoke: P/D serving run with --device cuda --kv-device-transport staged"
+    pd_status=0
+    TANDEM_SMOKE_KV_TRANSPORT=staged cuda_pd_smoke || pd_status=$?
+    echo "gpu-smoke: P/D serving run (staged) exited $pd_status"
+    [[ $status -ne 0 ]] || status=$pd_status
+  else
+    echo "gpu-smoke: the agents' UCX cannot register GPU memory (${float32_path:-no P/D run}): the direct path did not run"
+  fi
 fi
 exit "$status"

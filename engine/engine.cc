@@ -12,6 +12,7 @@
 #include "engine/model/rank_group.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
+#include "src/common/check.h"
 #include "src/common/strings.h"
 
 namespace tandem::engine {
@@ -86,6 +87,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     kv = std::make_unique<KvStorage>(layout, std::move(memory));
   } else {
     kv = std::make_unique<KvStorage>(layout);
+  }
+  if (o.kv_direct) {
+    if (o.kv_staging)
+      return bad("kv_direct", "and kv_staging exclude each other (the transport reads the pool or a copy)");
+    if (o.tensor_parallel) {
+      return bad(
+          "kv_direct",
+          "is not for a tensor-parallel group (peers read every rank's KV heads, which only a staging copy holds)");
+    }
+    if (!kv->onDevice()) return bad("kv_direct", "is for a KV pool in device memory (kv_memory returned host memory)");
   }
   KvMemory staging;
   if (o.kv_staging) {
@@ -304,7 +315,7 @@ StepStats Engine::step() {
     for (int layer = 0; layer < weights_->config.num_layers && status.ok(); ++layer) {
       if (!announce(layer, during_run)) {
         status = absl::Status(backendStatus().code(),
-                              strCat("staging the KV for the transport: ", toStd(backendStatus().message())));
+                              strCat("preparing the KV for the transport: ", toStd(backendStatus().message())));
       }
     }
   }
@@ -467,13 +478,13 @@ void Engine::postprocess(std::span<const ScheduledChunk> chunks, const std::vect
   if (layer_observer_ && !completed.empty()) {
     for (int layer = 0; layer < weights_->config.num_layers; ++layer) {
       if (announce(layer, completed)) continue;
-      // Staging failed: these prefills' KV cannot reach their decode peers.
+      // Staging or the checksums failed: these prefills' KV cannot reach their decode peers.
       std::vector<RequestId> failed;
       for (const LayerReady& r : completed) failed.push_back(r.id);
       for (RequestId id : failed) {
         if (auto it = live_.find(id); it != live_.end()) {
           finish(it->second.get(), FinishReason::kError, RejectReason::kNone,
-                 strCat("staging the KV for the transport: ", toStd(backendStatus().message())));
+                 strCat("preparing the KV for the transport: ", toStd(backendStatus().message())));
         }
       }
       break;
@@ -516,8 +527,37 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
       if (!backend_->status().ok()) return false;
     }
   }
-  layer_observer_(layer, ready);
+  // The checksums of what peers will read, every ready prefill's in one call.
+  announce_blocks_.clear();
+  for (const LayerReady& r : ready) announce_blocks_.insert(announce_blocks_.end(), r.blocks.begin(), r.blocks.end());
+  announce_sums_.resize(announce_blocks_.size());
+  if (!kvRegionChecksums(layer, announce_blocks_, announce_sums_).ok()) return false;
+  announced_.assign(ready.begin(), ready.end());
+  size_t at = 0;
+  for (LayerReady& r : announced_) {
+    r.checksums = std::span<const uint64_t>(announce_sums_).subspan(at, r.blocks.size());
+    at += r.blocks.size();
+  }
+  layer_observer_(layer, announced_);
   return true;
+}
+
+absl::Status Engine::kvRegionChecksums(int layer, std::span<const BlockId> blocks, std::span<uint64_t> out) {
+  TANDEM_CHECK(out.size() == blocks.size(), "kvRegionChecksums: one checksum per block");
+  if (kvRegionOnDevice()) {
+    backend_->checksumKv(*kv_, layer, blocks, out);
+    return backendStatus();
+  }
+  const std::span<const std::byte> region = kvRegion();
+  const KvLayout& layout = kvRegionLayout();
+  const size_t block_bytes = layout.bytesPerLayerBlock();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const size_t at =
+        (static_cast<size_t>(layer) * static_cast<size_t>(layout.num_blocks) + static_cast<size_t>(blocks[i].value())) *
+        block_bytes;
+    out[i] = layerBlockChecksum(region.subspan(at, block_bytes));
+  }
+  return absl::OkStatus();
 }
 
 bool Engine::stageIn(std::span<const BlockId> blocks) {

@@ -81,6 +81,14 @@ struct EngineOptions {
   // Must be host memory of the pool's size (with tensor_parallel, the
   // whole model's: world times the pool), 64-byte aligned.
   std::function<absl::StatusOr<KvMemory>(size_t bytes)> kv_staging;
+  // With a pool in device memory, instead of kv_staging: the transport
+  // registers the pool itself (a UCX that reads and writes GPU memory,
+  // GPUDirect RDMA), so kvRegion() is the pool in device memory, nothing is
+  // staged or uploaded, and checksums of announced layers and of pulled
+  // blocks are computed on the device (kvRegionChecksums). The engine then
+  // waits for a layer's launches before announcing it (the checksums'
+  // download). Not with kv_staging or tensor_parallel; needs a device pool.
+  bool kv_direct = false;
   // Test hook (tandem-agent --scripted-output, which needs
   // --allow-test-hooks): when not empty, request k (k = 1, 2, ... in
   // submission order) replies scripted_replies[(k - 1) % size]: its n-th
@@ -249,10 +257,19 @@ class Engine {
   // The memory the transport registers and reads and writes only as the
   // P/D protocol allows: the KV pool itself, or with a pool in device
   // memory its staging copy (EngineOptions::kv_staging; empty without one).
+  // With kv_direct, the device pool: device memory, which only the
+  // transport (and kvRegionChecksums) may touch, never the host.
   std::span<std::byte> kvRegion() {
     if (kvStaged()) return staging_.bytes;
-    return kv_->onDevice() ? std::span<std::byte>() : kv_->bytes();
+    return kv_->onDevice() && !options_.kv_direct ? std::span<std::byte>() : kv_->bytes();
   }
+  // kvRegion() is device memory (EngineOptions::kv_direct).
+  bool kvRegionOnDevice() const { return options_.kv_direct; }
+  // The checksums (layerBlockChecksum) of layer `layer` of `blocks` of
+  // kvRegion() into out[i]: on the device for a region in device memory,
+  // after the launches before (a decode agent verifies pulled blocks with
+  // it), else on the host. An error if the backend failed. Engine thread.
+  absl::Status kvRegionChecksums(int layer, std::span<const BlockId> blocks, std::span<uint64_t> out);
   // kvRegion()'s layout: the pool's, or with tensor parallelism and a
   // staging copy, the whole model's (every rank's KV heads, rank r's at
   // [r·KV/N, (r+1)·KV/N) of each token): what a peer reads is a one-process
@@ -293,8 +310,9 @@ class Engine {
                         std::span<const LayerReady> during_run);
   // Whether this step's tokens are sampled by the backend (sampled_).
   bool samplingOnDevice() const;
-  // Calls the layer observer for `ready`; with a staged pool, after copying
-  // layer `layer` of their blocks to the staging copy. False, announcing
+  // Calls the layer observer for `ready` with their blocks' checksums
+  // (kvRegionChecksums); with a staged pool, after copying layer `layer` of
+  // their blocks to the staging copy. False, announcing
   // nothing, when the backend failed: during a run the step then fails with
   // the backend's status; after one the caller ends those prefills.
   bool announce(int layer, std::span<const LayerReady> ready);
@@ -334,6 +352,10 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   const Clock& clock_;
   std::unique_ptr<KvStorage> kv_;
+  // announce()'s copy of what it announces, with checksums (announce_sums_).
+  std::vector<LayerReady> announced_;
+  std::vector<BlockId> announce_blocks_;
+  std::vector<uint64_t> announce_sums_;
   KvMemory staging_;  // the transport's host copy of the pool (kvRegion): a device pool's, or a group's
   KvLayout staging_layout_;  // its layout (kvRegionLayout)
   std::vector<std::byte> group_stage_;  // stageGroup's rank-0 layer blocks

@@ -76,11 +76,53 @@ UcxRegion::UcxRegion(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxRegion::~UcxRegion() = default;
 std::span<std::byte> UcxRegion::bytes() const { return impl_->bytes; }
 
-bool UcxRegion::cudaMemory() const {
+namespace {
+bool listsCudaMemory(ucp_context_h ctx) {
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  if (ucp_context_query(impl_->ctx, &attr) != UCS_OK) return false;
+  if (ucp_context_query(ctx, &attr) != UCS_OK) return false;
   return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+}  // namespace
+
+bool UcxRegion::cudaMemory() const { return listsCudaMemory(impl_->ctx); }
+bool UcxRegion::cudaRegion() const { return impl_->cuda; }
+
+bool UcxRegion::cudaMemorySupported(const TransportOptions& options) {
+  absl::StatusOr<ucp_context_h> ctx = createContext(options);
+  if (!ctx.ok()) return false;
+  const bool cuda = listsCudaMemory(*ctx);
+  ucp_cleanup(*ctx);
+  return cuda;
+}
+
+absl::StatusOr<std::shared_ptr<UcxRegion>> UcxRegion::map(std::span<std::byte> memory, bool cuda,
+                                                          std::shared_ptr<void> keep_alive,
+                                                          const TransportOptions& options) {
+  if (memory.empty()) return absl::InvalidArgumentError("UCX region: size must be positive");
+  auto impl = std::make_unique<Impl>();
+  impl->keep_alive = std::move(keep_alive);
+  impl->cuda = cuda;
+  TANDEM_ASSIGN_OR_RETURN(impl->ctx, createContext(options));
+  if (cuda && !listsCudaMemory(impl->ctx)) {
+    return absl::FailedPreconditionError(
+        "this UCX cannot register GPU memory (its context lists no CUDA memory type: a UCX built without "
+        "cuda_copy/cuda_ipc, such as Debian's); stage the KV pool through host memory instead");
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.address = memory.data();
+  mp.length = memory.size();
+  mp.memory_type = cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  ucs_status_t s = ucp_mem_map(impl->ctx, &mp, &impl->memh);
+  if (s != UCS_OK) {
+    return ucsError(
+        strCat("registering the KV pool (", memory.size(), " bytes of ", cuda ? "GPU" : "host", " memory) with UCX"),
+        s);
+  }
+  impl->bytes = memory;
+  return std::shared_ptr<UcxRegion>(new UcxRegion(std::move(impl)));
 }
 
 absl::StatusOr<std::shared_ptr<UcxRegion>> UcxRegion::allocate(size_t bytes, const TransportOptions& options) {

@@ -78,7 +78,7 @@ void Impl::doGet(GetId id, ConnId conn_id, std::vector<Segment> segments, std::f
   if (parts->empty()) return finish(absl::OkStatus());
   size_t total = 0;
   for (const Segment& part : *parts) total += part.length;
-  if (copyDirectly(conn, *parts, total)) {
+  if (!local_cuda && copyDirectly(conn, *parts, total)) {
     ucx_gets.fetch_add(parts->size());
     bytes_read.fetch_add(total);
     return finish(absl::OkStatus());
@@ -103,6 +103,10 @@ void Impl::issueGet(GetId id, ConnId conn_id, Conn& conn, const std::vector<Segm
     p.cb.send = onGetDone;
     auto* tag = new GetTag{this, id, i};
     p.user_data = tag;
+    if (local_cuda) {  // (the destinations are in our region: gets land only there)
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      p.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     ucs_status_ptr_t r =
         ucp_get_nbx(conn.ep, parts[i].local, parts[i].length, conn.remote_base + parts[i].remote_offset, conn.rkey, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {

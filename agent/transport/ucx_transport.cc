@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::start(const Transpor
     impl->pool = o.pool;
     impl->ctx = o.pool->impl_->ctx;
     impl->memh = o.pool->impl_->memh;
+    impl->local_cuda = o.pool->cudaRegion();
   }
   // A network interface that goes away between UCX listing the devices
   // (ucp_init) and opening them (ucp_worker_create) fails the worker with

@@ -77,14 +77,30 @@ class UcxRegion {
  public:
   // `options` gives the UCX transports (tls) and QoS settings of the context.
   static absl::StatusOr<std::shared_ptr<UcxRegion>> allocate(size_t bytes, const TransportOptions& options);
+  // Memory allocated elsewhere (a KV pool in GPU memory), registered with
+  // UCX so that peers' gets read it and this agent's gets write it in place:
+  // no staging copy (EngineOptions::kv_direct). `memory` is CUDA device
+  // memory (UCS_MEMORY_TYPE_CUDA) where `cuda`, which this UCX must support
+  // (cudaMemorySupported), or the mapping is refused saying so; else host
+  // memory (what the CUDA emulator's device memory is). `keep_alive` owns
+  // the memory: it is released only after the registration is undone.
+  static absl::StatusOr<std::shared_ptr<UcxRegion>> map(std::span<std::byte> memory, bool cuda,
+                                                        std::shared_ptr<void> keep_alive,
+                                                        const TransportOptions& options);
+  // Whether a UCX context with `options` lists CUDA memory (see cudaMemory),
+  // asked of a context made for the question. False if none can be made.
+  static bool cudaMemorySupported(const TransportOptions& options);
   ~UcxRegion();
   std::span<std::byte> bytes() const;
   // Whether this UCX can read and write CUDA device memory (its context
   // lists the CUDA memory type: NVIDIA's UCX builds with cuda_copy/cuda_ipc;
-  // Debian's has no CUDA transports). Tandem stages a device KV pool through
-  // host memory either way (EngineOptions::kv_staging); the agent says which
-  // UCX it has at start-up.
+  // Debian's has no CUDA transports). The agent registers a device KV pool
+  // directly where it can (map) and stages it through host memory where it
+  // cannot (EngineOptions::kv_staging), and says which at start-up.
   bool cudaMemory() const;
+  // The region is CUDA device memory (map with `cuda`): the host neither
+  // reads nor writes it, and gets into it are UCX's (never a host memcpy).
+  bool cudaRegion() const;
 
   struct Impl;
 

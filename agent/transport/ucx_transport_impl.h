@@ -52,6 +52,8 @@ struct UcxRegion::Impl {
   ucp_context_h ctx = nullptr;
   ucp_mem_h memh = nullptr;
   std::span<std::byte> bytes;
+  bool cuda = false;                 // CUDA device memory (map)
+  std::shared_ptr<void> keep_alive;  // the mapped memory's owner: released after the unmap (declared last)
   ~Impl();
 };
 
@@ -111,6 +113,9 @@ struct UcxTransport::Impl {
   const Clock& clock;  // not owned
   const TransportCallbacks cb;
   std::shared_ptr<UcxRegion> pool;  // when set, owns ctx and memh
+  // Our region is GPU memory (UcxRegion::cudaRegion): gets into it are
+  // UCX's, told the memory type, never a host copy (copyDirectly).
+  bool local_cuda = false;
   ucp_context_h ctx = nullptr;
   ucp_worker_h worker = nullptr;
   ucp_listener_h listener = nullptr;

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/sched/request.h"
+#include "src/common/block_hash.h"
 #include "src/common/ids.h"
 
 namespace tandem::engine {
@@ -194,6 +195,19 @@ class Backend {
     std::memcpy(kv.bytes().data() + offset, host.data(), host.size());
   }
   virtual void finishKvCopies() {}
+
+  // The checksum of layer `layer` of each of `blocks` (layerBlockChecksum,
+  // src/common/block_hash.h) into out[i] (out.size() == blocks.size()),
+  // computed where the pool is: for a pool a transport reads in device
+  // memory (EngineOptions::kv_direct), on the device, after the launches
+  // queued before it (stream order), and `out` is filled when it returns
+  // (a failure: status()). On a host pool, on the host.
+  virtual void checksumKv(const KvStorage& kv, int32_t layer, std::span<const BlockId> blocks,
+                          std::span<uint64_t> out) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      out[i] = layerBlockChecksum({kv.layerBlockBytes(layer, blocks[i]), kv.layout().bytesPerLayerBlock()});
+    }
+  }
 
   // Page-locks host memory the KV copies above use (the staging copy) so a
   // GPU copies it directly and asynchronously, until unpinKvHost(p). Not

@@ -33,6 +33,10 @@ struct LayerReady {
   RequestId id;
   size_t first_block = 0;
   std::span<const BlockId> blocks;
+  // The checksum of each of `blocks` in this layer, of the bytes peers will
+  // read (Engine::kvRegion; src/common/block_hash.h layerBlockChecksum):
+  // filled by the engine for its layer observer, valid during the call.
+  std::span<const uint64_t> checksums;
 };
 
 class LayerAnnouncer {

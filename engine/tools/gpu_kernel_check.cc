@@ -45,13 +45,14 @@
 #include "engine/backend/cuda/cpu_executor.h"
 #include "engine/backend/cuda/cublas_gemm.h"
 #include "engine/backend/cuda/cuda_device.h"
-#include "engine/backend/cuda/nccl_group.h"
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/nccl_group.h"
 #include "engine/backend/kernel_math.h"
 #include "engine/model/llama.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/model/weights.h"
+#include "src/common/block_hash.h"
 
 namespace {
 
@@ -393,6 +394,47 @@ bool checkWriteKv() {
   // Bytes moved: K and V read as fp32, written as T.
   timeKernel(name, 2.0 * d_k.bytes() * (1.0 + sizeof(T) / 4.0),
              [&] { return gpu::launchWriteKv(config, args, nullptr); });
+  return pass;
+}
+
+// The P/D layer block checksums (XXH64) of a bf16 pool computed on the GPU
+// (what a prefill agent announces and a decode agent checks with
+// --kv-device-transport direct), against the host's XXH64 of the same
+// bytes, for 500 blocks in shuffled order; then timed over all 1024.
+bool checkKvChecksum() {
+  const char* name = "kvChecksum";
+  const KvShape s{.layers = 2, .layer = 1, .num_blocks = 1024, .block_size = 16, .num_kv_heads = 8, .head_dim = 128};
+  const auto pool = randomPool<uint16_t>(s.poolFloats());
+  const size_t block_bytes = 2 * static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * sizeof(uint16_t);
+  std::vector<int32_t> ids(static_cast<size_t>(s.num_blocks));
+  for (int32_t b = 0; b < s.num_blocks; ++b) ids[static_cast<size_t>(b)] = b;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const std::vector<int32_t> some(ids.begin(), ids.begin() + 500);
+  std::vector<uint64_t> want(some.size());
+  const auto* bytes = reinterpret_cast<const std::byte*>(pool.data());
+  for (size_t i = 0; i < some.size(); ++i) {
+    const size_t at = (static_cast<size_t>(s.layer) * s.num_blocks + static_cast<size_t>(some[i])) * block_bytes;
+    want[i] = tandem::layerBlockChecksum({bytes + at, block_bytes});
+  }
+  DeviceBuffer<uint16_t> d_pool(pool);
+  DeviceBuffer<int32_t> d_some(some), d_all(ids);
+  DeviceBuffer<uint64_t> d_out(std::vector<uint64_t>(ids.size()));
+  const auto words = static_cast<int64_t>(block_bytes / 4);
+  const auto* kv = reinterpret_cast<const uint32_t*>(d_pool.get());
+  const gpu::KvChecksumArgs args{kv,      d_some.get(), d_out.get(), static_cast<int32_t>(some.size()),
+                                 s.layer, s.num_blocks, words};
+  checkCuda(gpu::launchKvChecksum(gpu::kvChecksumLaunch(args.count), args, nullptr), name);
+  checkCuda(cudaDeviceSynchronize(), name);
+  std::vector<uint64_t> got = d_out.download();
+  got.resize(want.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < want.size(); ++i) mismatches += got[i] != want[i] ? 1 : 0;
+  const bool pass = mismatches == 0;
+  std::printf("%s %-16s %zu of %zu layer blocks' checksums differ from the host's XXH64\n", pass ? "PASS" : "FAIL",
+              name, mismatches, want.size());
+  const gpu::KvChecksumArgs all{kv, d_all.get(), d_out.get(), s.num_blocks, s.layer, s.num_blocks, words};
+  timeKernel(name, static_cast<double>(block_bytes) * s.num_blocks,
+             [&] { return gpu::launchKvChecksum(gpu::kvChecksumLaunch(all.count), all, nullptr); });
   return pass;
 }
 
@@ -987,8 +1029,9 @@ int main(int argc, char** argv) {
     std::printf("note: built for compute capability 9.0 (H100/H200) only; on another device the launches fail\n");
   }
   bool all_pass = true;
-  for (bool (*check)() : {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows,
-                          checkWriteKv<float>, checkWriteKv<uint16_t>, checkAttention, checkSample, checkToBf16}) {
+  for (bool (*check)() :
+       {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv<float>,
+        checkWriteKv<uint16_t>, checkKvChecksum, checkAttention, checkSample, checkToBf16}) {
     all_pass = check() && all_pass;
   }
   for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;

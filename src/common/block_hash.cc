@@ -70,4 +70,6 @@ void BlockHashChain::append(std::span<const TokenId> tokens) {
   }
 }
 
+uint64_t layerBlockChecksum(std::span<const std::byte> bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+
 }  // namespace tandem

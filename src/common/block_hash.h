@@ -67,4 +67,11 @@ class BlockHashChain {
   std::vector<TokenId> pending_;
 };
 
+// The checksum of one layer block of KV (XXH64, seed 0): what a prefill
+// agent announces for each block it computed and a decode agent checks after
+// pulling it (kvproto::LayerReady). Computed on the host here; a pool in
+// device memory computes the same value there (engine/backend/cuda/kernels.h,
+// kvChecksumKernel).
+uint64_t layerBlockChecksum(std::span<const std::byte> bytes);
+
 }  // namespace tandem

@@ -4,8 +4,7 @@
 #include <bit>
 #include <cstring>
 
-#include <xxhash.h>
-
+#include "src/common/block_hash.h"
 #include "src/common/strings.h"
 
 namespace tandem::kvproto {
@@ -415,6 +414,6 @@ absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits
   return m;
 }
 
-uint64_t layerBlockChecksum(std::span<const std::byte> bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+uint64_t layerBlockChecksum(std::span<const std::byte> bytes) { return tandem::layerBlockChecksum(bytes); }
 
 }  // namespace tandem::kvproto

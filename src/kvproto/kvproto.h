@@ -241,8 +241,9 @@ std::vector<uint8_t> encode(const Message& m);
 // Decodes exactly one message occupying all of `data`.
 absl::StatusOr<Message> decode(std::span<const uint8_t> data, const DecodeLimits& limits = {});
 
-// 64-bit checksum of one layer block (XXH64, seed 0), computed by P after the
-// layer is written and verified by D after its get completed.
+// 64-bit checksum of one layer block (XXH64, seed 0: src/common/block_hash.h),
+// computed by P after the layer is written and verified by D after its get
+// completed.
 uint64_t layerBlockChecksum(std::span<const std::byte> bytes);
 
 }  // namespace tandem::kvproto

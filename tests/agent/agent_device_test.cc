@@ -126,6 +126,59 @@ TEST(AgentDeviceTest, PrefillAndDecodeOnTheCudaEmulatorStageTheDevicePoolAndAnsw
   }
 }
 
+// --kv-device-transport direct: UCX registers the device pool itself (on a
+// GPU, GPUDirect; the emulator's device memory is host memory, registered
+// as such): nothing is staged either way, the prefill agent's checksums and
+// the decode agent's checks of pulled blocks are computed by the device's
+// kernel, and the answers are one agent's. A staged decode agent pulls from
+// a direct prefill agent as well (the wire does not change).
+TEST(AgentDeviceTest, DirectPrefillAndDecodeRegisterTheDevicePoolAndAnswerAsOneAgent) {
+  auto mono = AgentProcess::start({"--device", "cuda-emulator", "--num-blocks", "128"});
+  auto prefill =
+      AgentProcess::start({"--device", "cuda-emulator", "--role", "prefill", "--kv-listen", "127.0.0.1:0", "--kv-tls",
+                           "tcp", "--num-blocks", "128", "--kv-device-transport", "direct", "--log-level", "info"});
+  ASSERT_TRUE(mono && prefill);
+  const std::string peer = "127.0.0.1:" + std::to_string(prefill->kvPort());
+  auto direct = AgentProcess::start({"--device", "cuda-emulator", "--role", "decode", "--kv-listen", "127.0.0.1:0",
+                                     "--kv-tls", "tcp", "--num-blocks", "128", "--checksum-rate", "1",
+                                     "--kv-device-transport", "direct", "--log-level", "info", "--prefill-peer", peer});
+  auto staged = AgentProcess::start({"--device", "cuda-emulator", "--role", "decode", "--kv-listen", "127.0.0.1:0",
+                                     "--kv-tls", "tcp", "--num-blocks", "128", "--checksum-rate", "1",
+                                     "--kv-device-transport", "staged", "--prefill-peer", peer});
+  ASSERT_TRUE(direct && staged);
+  // Every prompt is new to both sides (no cached prefix): its whole KV moves.
+  int n = 0;
+  for (const std::string prompt :
+       {"x", "sixteen chars ok", "a prompt that spans several blocks of sixteen tokens each, and then some"}) {
+    const std::string want = complete(*mono, prompt);
+    EXPECT_EQ(complete(*direct, prompt), want) << prompt;
+    EXPECT_EQ(complete(*staged, prompt + " (again)"), complete(*mono, prompt + " (again)")) << prompt;
+    ++n;
+  }
+  for (const AgentProcess* d : {direct.get(), staged.get()}) {
+    const std::string m = scrape(*d);
+    EXPECT_EQ(metricValueWith(m, "tandem_request_path_total", "path=\"disagg\""), n) << d->log();
+    EXPECT_GT(metricValue(m, "tandem_kv_checksum_verified_total{"), 0);
+    EXPECT_EQ(metricValueWith(m, "tandem_kv_transfer_failures_total", "reason=\"checksum_mismatch\""), 0);
+  }
+  EXPECT_TRUE(waitFor([&] { return metricValue(scrape(*prefill), "tandem_kv_leases_active{") == 0; }));
+  // Nothing staged on the direct agents; the staged one uploads its imports.
+  const std::string p = scrape(*prefill), d = scrape(*direct), s = scrape(*staged);
+  EXPECT_EQ(metricValueWith(p, "tandem_kv_staged_bytes_total", "direction=\"to_host\""), 0);
+  EXPECT_EQ(metricValueWith(d, "tandem_kv_staged_bytes_total", "direction=\"to_device\""), 0);
+  EXPECT_GT(metricValueWith(s, "tandem_kv_staged_bytes_total", "direction=\"to_device\""), 0);
+  for (const AgentProcess* a : {prefill.get(), direct.get()}) {
+    EXPECT_NE(a->log().find("kv_memory=\"device, registered with UCX directly (no staging copy; the emulator's device "
+                            "memory is host memory)\""),
+              std::string::npos)
+        << a->log();
+  }
+  EXPECT_EQ(staged->stop(SIGTERM), 0) << staged->log();
+  EXPECT_EQ(direct->stop(SIGTERM), 0) << direct->log();
+  EXPECT_EQ(prefill->stop(SIGTERM), 0) << prefill->log();
+  EXPECT_EQ(mono->stop(SIGTERM), 0) << mono->log();
+}
+
 // --kv-dtype bfloat16: the KV pool in bf16, half the bytes for the same
 // blocks. The emulated GPU's kernels (bf16 writes, widening reads) answer
 // what the CPU backend answers with a bf16 pool; P and D on the emulator

@@ -183,6 +183,10 @@ class CudaDevice final : public Device {
     TANDEM_RETURN_IF_ERROR(current());
     return launched(launchCopyKvBlock(c, a, stream_), "copyKvBlock");
   }
+  absl::Status kvChecksum(const LaunchConfig& c, const KvChecksumArgs& a) override {
+    TANDEM_RETURN_IF_ERROR(current());
+    return launched(launchKvChecksum(c, a, stream_), "kvChecksum");
+  }
   absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) override {
     TANDEM_RETURN_IF_ERROR(current());
     return launched(launchAttentionSplit(c, a, stream_), "attentionSplit");

@@ -50,6 +50,9 @@ int launchWriteKv(const LaunchConfig& config, const WriteKvArgs& args, void* str
 int launchCopyKvBlock(const LaunchConfig& config, const CopyKvBlockArgs& args, void* stream) {
   return launchKernel(&copyKvBlockKernel, config, args, stream);
 }
+int launchKvChecksum(const LaunchConfig& config, const KvChecksumArgs& args, void* stream) {
+  return launchKernel(&kvChecksumKernel, config, args, stream);
+}
 int launchAttentionSplit(const LaunchConfig& config, const AttentionArgs& args, void* stream) {
   return launchKernel(&attentionSplitKernel, config, args, stream);
 }

@@ -24,6 +24,7 @@ int launchAddBias(const LaunchConfig& config, const AddBiasArgs& args, void* str
 int launchGatherRows(const LaunchConfig& config, const GatherRowsArgs& args, void* stream);
 int launchWriteKv(const LaunchConfig& config, const WriteKvArgs& args, void* stream);
 int launchCopyKvBlock(const LaunchConfig& config, const CopyKvBlockArgs& args, void* stream);
+int launchKvChecksum(const LaunchConfig& config, const KvChecksumArgs& args, void* stream);
 int launchAttentionSplit(const LaunchConfig& config, const AttentionArgs& args, void* stream);
 int launchAttentionCombine(const LaunchConfig& config, const AttentionArgs& args, void* stream);
 int launchSample(const LaunchConfig& config, const SampleArgs& args, void* stream);

@@ -104,6 +104,7 @@ class Device {
   virtual absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) = 0;
   virtual absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) = 0;
   virtual absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) = 0;
+  virtual absl::Status kvChecksum(const LaunchConfig& c, const KvChecksumArgs& a) = 0;
   virtual absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) = 0;
   virtual absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) = 0;
   virtual absl::Status sample(const LaunchConfig& c, const SampleArgs& a) = 0;
@@ -163,6 +164,7 @@ class ExecutorDevice : public Device {
   absl::Status gatherRows(const LaunchConfig& c, const GatherRowsArgs& a) override;
   absl::Status writeKv(const LaunchConfig& c, const WriteKvArgs& a) override;
   absl::Status copyKvBlock(const LaunchConfig& c, const CopyKvBlockArgs& a) override;
+  absl::Status kvChecksum(const LaunchConfig& c, const KvChecksumArgs& a) override;
   absl::Status attentionSplit(const LaunchConfig& c, const AttentionArgs& a) override;
   absl::Status attentionCombine(const LaunchConfig& c, const AttentionArgs& a) override;
   absl::Status sample(const LaunchConfig& c, const SampleArgs& a) override;

@@ -193,6 +193,10 @@ absl::Status ExecutorDevice::copyKvBlock(const LaunchConfig& c, const CopyKvBloc
   TANDEM_RETURN_IF_ERROR(check("copyKvBlock", {{"kv", a.kv}}));
   return hostTask([this, c, a] { return executor_.launch(c, &copyKvBlockKernel, a); });
 }
+absl::Status ExecutorDevice::kvChecksum(const LaunchConfig& c, const KvChecksumArgs& a) {
+  TANDEM_RETURN_IF_ERROR(check("kvChecksum", {{"kv", a.kv}, {"blocks", a.blocks}, {"out", a.out}}));
+  return hostTask([this, c, a] { return executor_.launch(c, &kvChecksumKernel, a); });
+}
 absl::Status ExecutorDevice::attentionSplit(const LaunchConfig& c, const AttentionArgs& a) {
   TANDEM_RETURN_IF_ERROR(check("attentionSplit", {{"q", a.q},
                                                   {"out", a.out},

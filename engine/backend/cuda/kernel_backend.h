@@ -137,6 +137,10 @@ class KernelBackend : public Backend {
   void downloadKv(const KvStorage& kv, size_t offset, std::span<std::byte> host) override;
   void uploadKv(KvStorage& kv, size_t offset, std::span<const std::byte> host) override;
   void finishKvCopies() override;
+  // A device pool's on the device (kvChecksumKernel), one launch and one
+  // download of the sums; a host pool's on the host.
+  void checksumKv(const KvStorage& kv, int32_t layer, std::span<const BlockId> blocks,
+                  std::span<uint64_t> out) override;
   absl::Status pinKvHost(std::span<std::byte> host) override;
   void unpinKvHost(std::span<std::byte> host) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
@@ -374,9 +378,11 @@ class KernelBackend : public Backend {
   std::vector<float> rope_uploaded_freq_;  // its frequencies
   const void* adopted_kv_ = nullptr;       // the KV pool adopted on the executor
   // Per-call metadata, built on the host and uploaded.
+  std::vector<int32_t> checksum_blocks_;
   std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
   std::vector<float> temperature_, top_p_;
   std::vector<int32_t> top_k_, sampled_;
+  Scratch d_checksum_blocks_, d_checksums_;  // checksumKv's block ids and sums
   Scratch d_row_block_, d_row_slot_, d_row_pos_, d_row_table_, d_row_split_, d_block_tables_, d_partial_;
   Scratch d_positions_, d_rows_, d_rope_cos_, d_rope_sin_, d_logits_out_;
   Scratch d_logits_, d_temperature_, d_top_k_, d_top_p_, d_uniforms_, d_sample_probs_, d_sampled_;

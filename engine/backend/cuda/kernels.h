@@ -265,6 +265,89 @@ TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
   }
 }
 
+// ---- KV block checksums --------------------------------------------------
+// XXH64 (seed 0) of layer blocks of one layer: what the P/D protocol carries
+// for each layer block a prefill agent announces (kvproto::layerBlockChecksum),
+// computed where the pool is, so an agent whose pool UCX reads in device
+// memory (no staging copy) neither copies a layer to the host to announce it
+// nor to verify a pulled one. XXH64 runs four independent accumulators over
+// 32-byte stripes: four lanes each run one over every stripe, and the first
+// of the four merges them, hashes the tail and finishes. A layer block is a
+// whole number of 4-byte words (CopyKvBlockArgs) at a 4-byte-aligned offset,
+// so its 8-byte words are read as two 4-byte words (little-endian, as XXH64
+// reads them on x86 and on the GPU) and its tail is 8-byte words and at most
+// one 4-byte word. Grid: x = groups of kChecksumBlocksPerLaunchBlock blocks.
+
+struct KvChecksumArgs {
+  const uint32_t* kv;     // the pool, as words
+  const int32_t* blocks;  // [count] block ids
+  uint64_t* out;          // [count] the checksums, in the order of `blocks`
+  int32_t count, layer, num_blocks;
+  int64_t words_per_layer_block;                           // KvLayout::bytesPerLayerBlock / 4
+  bool operator==(const KvChecksumArgs&) const = default;  // a graph replay compares its launches
+};
+constexpr int kChecksumThreads = 128;
+constexpr int kChecksumBlocksPerLaunchBlock = kChecksumThreads / 4;
+inline LaunchConfig kvChecksumLaunch(int32_t count) {
+  return {{ceilDiv(count, kChecksumBlocksPerLaunchBlock), 1, 1}, {kChecksumThreads, 1, 1}, 0};
+}
+namespace xxh64 {
+constexpr uint64_t kPrime1 = 0x9E3779B185EBCA87ull;
+constexpr uint64_t kPrime2 = 0xC2B2AE3D27D4EB4Full;
+constexpr uint64_t kPrime3 = 0x165667B19E3779F9ull;
+constexpr uint64_t kPrime4 = 0x85EBCA77C2B2AE63ull;
+constexpr uint64_t kPrime5 = 0x27D4EB2F165667C5ull;
+TANDEM_DEVICE uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+TANDEM_DEVICE uint64_t step(uint64_t acc, uint64_t input) { return rotl(acc + input * kPrime2, 31) * kPrime1; }
+TANDEM_DEVICE uint64_t mergeStep(uint64_t h, uint64_t v) { return (h ^ step(0, v)) * kPrime1 + kPrime4; }
+TANDEM_DEVICE uint64_t word(const uint32_t* p) {
+  return static_cast<uint64_t>(p[0]) | (static_cast<uint64_t>(p[1]) << 32);
+}
+}  // namespace xxh64
+TANDEM_KERNEL kvChecksumKernel(const KvChecksumArgs a) {
+  const int item = blockX() * kChecksumBlocksPerLaunchBlock + threadX() / 4;
+  const int lane = threadX() % 4;
+  const int64_t words = a.words_per_layer_block;
+  const int64_t stripes = words / 8;  // 32 bytes each
+  const uint32_t* p = nullptr;
+  uint64_t acc = 0;
+  if (item < a.count) {
+    p = a.kv +
+        (static_cast<size_t>(a.layer) * static_cast<size_t>(a.num_blocks) + static_cast<size_t>(a.blocks[item])) *
+            static_cast<size_t>(words);
+    // XXH64's seeds of v1..v4 with seed 0.
+    acc = lane == 0 ? xxh64::kPrime1 + xxh64::kPrime2 : lane == 1 ? xxh64::kPrime2 : lane == 2 ? 0 : 0 - xxh64::kPrime1;
+    for (int64_t s = 0; s < stripes; ++s) acc = xxh64::step(acc, xxh64::word(p + s * 8 + lane * 2));
+  }
+  // Every lane takes part in the exchanges (full-warp shuffles).
+  const int first = (threadX() % kWarpSize) & ~3;
+  const uint64_t v1 = shflIdx(acc, first), v2 = shflIdx(acc, first + 1), v3 = shflIdx(acc, first + 2),
+                 v4 = shflIdx(acc, first + 3);
+  if (item >= a.count || lane != 0) return;
+  uint64_t h;
+  if (stripes > 0) {
+    h = xxh64::rotl(v1, 1) + xxh64::rotl(v2, 7) + xxh64::rotl(v3, 12) + xxh64::rotl(v4, 18);
+    h = xxh64::mergeStep(h, v1);
+    h = xxh64::mergeStep(h, v2);
+    h = xxh64::mergeStep(h, v3);
+    h = xxh64::mergeStep(h, v4);
+  } else {
+    h = xxh64::kPrime5;
+  }
+  h += static_cast<uint64_t>(words) * 4;
+  int64_t i = stripes * 8;
+  for (; i + 2 <= words; i += 2)
+    h = xxh64::rotl(h ^ xxh64::step(0, xxh64::word(p + i)), 27) * xxh64::kPrime1 + xxh64::kPrime4;
+  if (i < words)
+    h = xxh64::rotl(h ^ (static_cast<uint64_t>(p[i]) * xxh64::kPrime1), 23) * xxh64::kPrime2 + xxh64::kPrime3;
+  h ^= h >> 33;
+  h *= xxh64::kPrime2;
+  h ^= h >> 29;
+  h *= xxh64::kPrime3;
+  h ^= h >> 32;
+  a.out[item] = h;
+}
+
 // ---- Paged attention, split over the keys ----------------------------------
 // One block of kAttentionWarps warps per (group of query heads, row, split).
 // The query heads of a block share one KV head (GQA: query head h reads KV

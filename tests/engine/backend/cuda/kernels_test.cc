@@ -27,6 +27,7 @@
 #include "engine/backend/cuda/kernel_backend.h"
 #include "engine/backend/cuda/kernels.h"
 #include "engine/backend/kernel_math.h"
+#include "src/common/block_hash.h"
 
 namespace tandem::engine {
 namespace {
@@ -239,6 +240,56 @@ TEST_P(PagedKernelsTest, CopyKvBlockIsBitwiseKvStoragesCopy) {
   EXPECT_EQ(std::memcmp(a.bytes().data(), b.bytes().data(), a.bytes().size()), 0);
 }
 
+// The P/D checksums of a device pool (kvChecksumKernel) are XXH64's, the
+// library's, bit for bit: over layer blocks whose sizes hit every branch of
+// the hash (under one 32-byte stripe, whole stripes, stripes with 8-byte and
+// 4-byte tails), for blocks in any order, repeated, across launch blocks
+// (more than kChecksumBlocksPerLaunchBlock), on every layer.
+TEST_F(KernelsTest, KvChecksumIsXxh64OfEachLayerBlock) {
+  struct Shape {
+    int block_size, heads, head_dim;
+    KvDtype dtype;
+  };
+  // Layer block bytes: 4, 12, 36, 60, 40, 4352, 3584.
+  for (const Shape& s :
+       {Shape{1, 1, 1, KvDtype::kBfloat16}, Shape{1, 1, 3, KvDtype::kBfloat16}, Shape{1, 1, 9, KvDtype::kBfloat16},
+        Shape{1, 1, 15, KvDtype::kBfloat16}, Shape{1, 1, 5, KvDtype::kFloat32}, Shape{16, 2, 34, KvDtype::kBfloat16},
+        Shape{7, 2, 64, KvDtype::kFloat32}}) {
+    const KvLayout layout{.num_layers = 3,
+                          .num_blocks = 70,
+                          .block_size = s.block_size,
+                          .num_kv_heads = s.heads,
+                          .head_dim = s.head_dim,
+                          .dtype = s.dtype};
+    SCOPED_TRACE(testing::Message() << "layer block of " << layout.bytesPerLayerBlock() << " bytes");
+    KvStorage host(layout);
+    std::mt19937 rng(80);
+    for (std::byte& b : host.bytes()) b = static_cast<std::byte>(rng());
+    auto memory = gpu_.kvMemory(layout.totalBytes());
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    KvStorage device(layout, std::move(*memory));
+    gpu_.uploadKv(device, 0, host.bytes());
+    gpu_.finishKvCopies();
+    std::vector<BlockId> blocks;
+    for (int i = 0; i < 40; ++i) blocks.push_back(BlockId((i * 37 + 5) % layout.num_blocks));
+    blocks.push_back(BlockId(0));
+    blocks.push_back(BlockId(layout.num_blocks - 1));
+    blocks.push_back(blocks.front());  // a block twice
+    for (int layer = 0; layer < layout.num_layers; ++layer) {
+      std::vector<uint64_t> want(blocks.size()), got(blocks.size(), 0);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        want[i] = layerBlockChecksum({host.layerBlockBytes(layer, blocks[i]), layout.bytesPerLayerBlock()});
+      }
+      gpu_.checksumKv(device, layer, blocks, got);
+      EXPECT_EQ(want, got) << "layer " << layer;
+      // The CPU backend's, on the host pool: the same.
+      std::vector<uint64_t> cpu(blocks.size(), 0);
+      cpu_.checksumKv(host, layer, blocks, cpu);
+      EXPECT_EQ(want, cpu) << "layer " << layer;
+    }
+  }
+}
+
 // The CPU backend's softmax is base 2 over 64-key blocks with a lazy rescale;
 // the kernel's is base e over 32-key tiles: the same math in a different
 // order and with different e^x approximations (both ~1e-7 relative), over up
@@ -319,6 +370,7 @@ TEST(KernelLaunchTest, EveryLaunchShapeFitsTheSupportedGpus) {
       {"gatherRows", gpu::gatherRowsLaunch(8192)},
       {"writeKv", gpu::writeKvLaunch(8192)},
       {"copyKvBlock", gpu::copyKvBlockLaunch(128, size_t{2} * 128 * 8 * 128)},
+      {"kvChecksum", gpu::kvChecksumLaunch(1 << 20)},
       {"attentionSplit (MHA)",
        gpu::attentionSplitLaunch(8192, 128, 128, gpu::kAttentionMaxSplits, gpu::kAttentionMaxHeadDim)},
       {"attentionSplit (GQA, the most heads per block)",

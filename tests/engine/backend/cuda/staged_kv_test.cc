@@ -6,6 +6,12 @@
 // staging copies' bytes the way the transport's gets do gives D the output
 // of one engine alone. Runs on the CPU executor, whose device memory the
 // host must not touch either (KvStorage asserts it).
+//
+// Or the transport registers the device pool itself (EngineOptions::
+// kv_direct): nothing is staged, and the checksums announced with each layer
+// and those a decode engine checks pulled blocks with are computed on the
+// device (kvChecksumKernel). Here the gets' writes into the pool are
+// memcpys, which the executor's device memory (host memory) allows.
 
 #include <gtest/gtest.h>
 
@@ -40,16 +46,20 @@ absl::StatusOr<KvMemory> hostMemory(size_t bytes) {
   return KvMemory{.bytes = {static_cast<std::byte*>(p), bytes}, .keep_alive = std::shared_ptr<void>(p, std::free)};
 }
 
+enum class Transport { kNone, kStaged, kDirect };
+
 // An engine on the kernels whose KV pool is in the device's memory, staged
-// through host memory when `staged`.
-std::unique_ptr<Harness> onDevice(bool staged) {
+// through host memory or read by the transport in place.
+std::unique_ptr<Harness> onDevice(Transport transport) {
   auto backend = std::make_unique<KernelBackend>();
   KernelBackend* raw = backend.get();
   EngineOptions o = opts();
   o.kv_memory = [raw](size_t bytes) { return raw->kvMemory(bytes); };
-  if (staged) o.kv_staging = hostMemory;
+  if (transport == Transport::kStaged) o.kv_staging = hostMemory;
+  o.kv_direct = transport == Transport::kDirect;
   return std::make_unique<Harness>(o, true, std::move(backend));
 }
+std::unique_ptr<Harness> onDevice(bool staged) { return onDevice(staged ? Transport::kStaged : Transport::kNone); }
 
 // A leased prefill of `prompt` on `p` and its import on `d`, the staging
 // copies' bytes moved the way the transport's gets move them (P's staging
@@ -69,10 +79,18 @@ RequestId transfer(Harness& p, Harness& d, const std::vector<TokenId>& prompt, u
   int announced = 0;
   p.engine->setLayerObserver([&](int layer, std::span<const Engine::LayerReady> ready) {
     for (const Engine::LayerReady& r : ready) {
+      ASSERT_EQ(r.checksums.size(), r.blocks.size());
       for (size_t i = 0; i < r.blocks.size(); ++i) {
         const size_t from = p.engine->kv().layerBlockByteOffset(layer, r.blocks[i]);
         const size_t to = d.engine->kv().layerBlockByteOffset(layer, d_blocks[r.first_block + i]);
-        std::memcpy(d.engine->kvRegion().data() + to, p.engine->kvRegion().data() + from, lay.bytesPerLayerBlock());
+        const std::span<const std::byte> sent = p.engine->kvRegion().subspan(from, lay.bytesPerLayerBlock());
+        EXPECT_EQ(r.checksums[i], layerBlockChecksum(sent)) << "layer " << layer << " block " << i;
+        std::memcpy(d.engine->kvRegion().data() + to, sent.data(), sent.size());
+        // What D checks the pulled block with: the same checksum.
+        const BlockId landed[] = {d_blocks[r.first_block + i]};
+        uint64_t sum = 0;
+        EXPECT_TRUE(d.engine->kvRegionChecksums(layer, landed, std::span<uint64_t>(&sum, 1)).ok());
+        EXPECT_EQ(sum, r.checksums[i]) << "layer " << layer << " block " << i;
         ++announced;
       }
     }
@@ -85,11 +103,13 @@ RequestId transfer(Harness& p, Harness& d, const std::vector<TokenId>& prompt, u
   p.engine->setLayerObserver(nullptr);
   EXPECT_EQ(p.outcome(pid).tokens.size(), 1u);
   EXPECT_EQ(announced, static_cast<int>(num_blocks) * lay.num_layers) << "each block once per layer";
-  EXPECT_EQ(to_host, static_cast<int64_t>(announced * lay.bytesPerLayerBlock()));
+  const int64_t staged = p.engine->kvStaged() ? static_cast<int64_t>(announced * lay.bytesPerLayerBlock()) : 0;
+  EXPECT_EQ(to_host, staged);
   if (p_blocks != nullptr) *p_blocks = p.outcome(pid).kv_blocks;
   EXPECT_TRUE(d.engine->completeImport(did, p.outcome(pid).tokens.at(0)));
   // The upload happened in completeImport; the next step's stats count it.
-  EXPECT_EQ(d.step().kv_staged_to_device_bytes, static_cast<int64_t>(announced * lay.bytesPerLayerBlock()));
+  EXPECT_EQ(d.step().kv_staged_to_device_bytes,
+            d.engine->kvStaged() ? static_cast<int64_t>(announced * lay.bytesPerLayerBlock()) : 0);
   return did;
 }
 
@@ -113,6 +133,53 @@ TEST(StagedKvTest, LeasedPrefillPlusImportThroughStagingEqualsOneEngine) {
     EXPECT_EQ(d->outcome(did).final.finish_reason, FinishReason::kLength) << d->outcome(did).final.message;
     EXPECT_TRUE(p->engine->releaseLease(9));
   }
+}
+
+TEST(StagedKvTest, ADirectPoolIsReadInPlaceWithChecksumsFromTheDevice) {
+  // No staging copy: the region is the device pool itself, nothing is
+  // copied to or from the host, and the answers are one engine's. Also
+  // between a direct prefill engine and a staged decode engine, and back.
+  std::mt19937 rng(36);
+  for (auto [pt, dt] :
+       {std::pair{Transport::kDirect, Transport::kDirect}, std::pair{Transport::kDirect, Transport::kStaged},
+        std::pair{Transport::kStaged, Transport::kDirect}}) {
+    for (int len : {5, 150}) {
+      if (len > 5 && pt != dt) continue;  // the mixed pairs: one short prompt
+      const auto prompt = randomPrompt(rng, len);
+      auto p = onDevice(pt);
+      auto d = onDevice(dt);
+      for (Harness* h : {p.get(), d.get()}) {
+        const bool direct = h->engine->options().kv_direct;
+        EXPECT_EQ(h->engine->kvRegionOnDevice(), direct);
+        EXPECT_EQ(h->engine->kvStaged(), !direct);
+        if (direct) {
+          EXPECT_EQ(h->engine->kvRegion().data(), h->engine->kv().data()) << "the region is the pool";
+        }
+      }
+      const RequestId did = transfer(*p, *d, prompt, 9);
+      d->runToCompletion();
+      EXPECT_EQ(d->outcome(did).tokens, oneEngine(prompt)) << "prompt length " << len;
+      EXPECT_TRUE(p->engine->releaseLease(9));
+    }
+  }
+}
+
+TEST(StagedKvTest, DirectIsForADevicePoolAloneWithoutStaging) {
+  EngineOptions host_pool = opts();
+  host_pool.kv_direct = true;
+  auto e = Engine::create(host_pool, testing::tinyWeights(), makeCpuBackend(), nullptr, SystemClock::instance());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("kv_direct: is for a KV pool in device memory"), std::string::npos) << e.status();
+
+  auto backend = std::make_unique<KernelBackend>();
+  KernelBackend* raw = backend.get();
+  EngineOptions both = opts();
+  both.kv_memory = [raw](size_t bytes) { return raw->kvMemory(bytes); };
+  both.kv_staging = hostMemory;
+  both.kv_direct = true;
+  e = Engine::create(both, testing::tinyWeights(), std::move(backend), nullptr, SystemClock::instance());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("kv_direct: and kv_staging exclude each other"), std::string::npos) << e.status();
 }
 
 TEST(StagedKvTest, APrefixCachedOnPrefillIsStagedWithTheRest) {
