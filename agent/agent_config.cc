@@ -409,8 +409,9 @@ void addKvOptions(std::vector<Option>& o) {
                    &AgentConfig::kv_copy_threads, 1, 64));
   o.push_back(stringOption("kv-device-transport", "kv", "device_transport",
                            "prefill and decode with a KV pool in GPU memory: direct (UCX registers the pool: no "
-                           "staging copy, GPUDirect RDMA; needs a UCX with CUDA support), staged (through pinned "
-                           "host memory) or auto (direct where this UCX can, else staged; docs/cuda.md)",
+                           "staging copy, GPUDirect RDMA; needs a UCX with CUDA support; not yet run on a GPU), "
+                           "staged (through pinned host memory; the default) or auto (direct where this UCX can, "
+                           "else staged; docs/cuda.md)",
                            &AgentConfig::kv_device_transport, {"auto", "staged", "direct"}));
   o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
                              "prefill: how long computed KV stays pinned for the decode agent",
@@ -680,12 +681,14 @@ absl::Status validateAgentConfig(const AgentConfig& c) {
     return absl::InvalidArgumentError(strCat("--tensor-parallel ", c.tensor_parallel,
                                              " (engine.tensor_parallel) with role router: a router holds no model"));
   }
-  if (c.kv_device_transport == "direct" && c.device == "cpu") {
+  // (Other roles have no KV transport: the operator's shared agent.yaml
+  // gives its routers the setting too.)
+  if (c.kv_device_transport == "direct" && isPdRole(c.role) && c.device == "cpu") {
     return absl::InvalidArgumentError(
         "--kv-device-transport direct (kv.device_transport) is for a KV pool in GPU memory (--device cuda or "
         "cuda-emulator); with --device cpu UCX registers the pool in host memory as it is");
   }
-  if (c.kv_device_transport == "direct" && c.tensor_parallel > 1) {
+  if (c.kv_device_transport == "direct" && isPdRole(c.role) && c.tensor_parallel > 1) {
     return absl::InvalidArgumentError(
         strCat("--kv-device-transport direct (kv.device_transport) with --tensor-parallel ", c.tensor_parallel,
                ": peers read every rank's KV heads, which only the staging copy holds (use staged or auto)"));

@@ -22,6 +22,8 @@ namespace tandem::agent {
 // The data-plane role of this process (DESIGN.md §1), parsed once from
 // --role (role:).
 enum class AgentRole { kBoth, kPrefill, kDecode, kRouter };
+// Roles prefill and decode: the ones with a KV transport (P/D).
+inline bool isPdRole(AgentRole role) { return role == AgentRole::kPrefill || role == AgentRole::kDecode; }
 
 // "both", "prefill", "decode", "router": the flag's spelling, and the `role`
 // label of metrics, traces and logs.
@@ -115,7 +117,8 @@ struct AgentConfig {
   // A KV pool in GPU memory (roles prefill and decode): "direct" registers
   // it with UCX (GPUDirect; needs a UCX with CUDA support), "staged" copies
   // through host memory, "auto" is direct where this UCX can (docs/cuda.md).
-  std::string kv_device_transport = "auto";
+  // Staged by default until the direct path has run on a GPU.
+  std::string kv_device_transport = "staged";
   std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0;  // decode: fraction of transfers whose per-block checksums are verified

@@ -65,8 +65,6 @@ std::vector<std::string> splitScriptedReplies(std::string_view script) {
   }
 }
 
-bool isPdRole(AgentRole role) { return role == AgentRole::kPrefill || role == AgentRole::kDecode; }
-
 // The KV transport of roles prefill and decode, and the KV pool it
 // allocates (set while the engine is built; null in role both).
 struct KvSetup {

@@ -317,6 +317,7 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       const std::vector<BlockId>& d = e.tr.dBlocks();
       std::vector<BlockId> blocks(d.begin() + static_cast<ptrdiff_t>(pull.first),
                                   d.begin() + static_cast<ptrdiff_t>(pull.first + pull.count));
+      e.tr.pullLanded(pull.pull);
       loop.post([self = shared_from_this(), tid, pull, now, blocks = std::move(blocks)](engine::Engine& eng) {
         std::vector<uint64_t> sums(blocks.size());
         const absl::Status st = eng.kvRegionChecksums(static_cast<int>(pull.layer), blocks, sums);

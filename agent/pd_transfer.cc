@@ -141,6 +141,7 @@ void DecodeTransfer::pullDone(PullId id, const absl::Status& status, std::span<c
   outstanding_.erase(it);
   const Pull pull = *pulls_[id];
   pulls_[id].reset();
+  if (pull.landed) layer_blocks_landed_ -= pull.count;
   if (state_ != TransferState::kPulling) return maybeEnd(out);  // its last pull may just have completed
   if (!status.ok()) return fail(FailureReason::kTransferFailed, toStd(status.message()), true, out);
   if (lease_deadline_ && now > *lease_deadline_) {
@@ -213,8 +214,20 @@ void DecodeTransfer::tightenDeadline(MonoTime deadline) {
   if (!deadline_ || deadline < *deadline_) deadline_ = deadline;
 }
 
+void DecodeTransfer::pullLanded(PullId id) {
+  if (id >= pulls_.size() || !pulls_[id] || pulls_[id]->landed) return;
+  pulls_[id]->landed = true;
+  layer_blocks_landed_ += pulls_[id]->count;
+}
+
+bool DecodeTransfer::onlyChecksPending() const {
+  return state_ == TransferState::kPulling && first_token_ &&
+         layer_blocks_done_ + layer_blocks_landed_ >= numLayerBlocks();
+}
+
 void DecodeTransfer::tick(MonoTime now, TransferActions& out) {
   if (state_ != TransferState::kRequested && state_ != TransferState::kPulling) return;
+  if (onlyChecksPending()) return;  // what they judge already arrived in time
   if (deadline_ && *deadline_ <= now) {
     fail(FailureReason::kPrefillTimeout, "the prefill peer did not deliver the KV in time", true, out);
   } else if (lease_deadline_ && *lease_deadline_ <= now) {
@@ -225,6 +238,7 @@ void DecodeTransfer::tick(MonoTime now, TransferActions& out) {
 
 std::optional<MonoTime> DecodeTransfer::nextDeadline() const {
   if (state_ != TransferState::kRequested && state_ != TransferState::kPulling) return std::nullopt;
+  if (onlyChecksPending()) return std::nullopt;
   if (deadline_ && lease_deadline_) return std::min(*deadline_, *lease_deadline_);
   return deadline_ ? deadline_ : lease_deadline_;
 }

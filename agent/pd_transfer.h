@@ -96,6 +96,12 @@ class DecodeTransfer {
   // the pulled blocks in order, when verifying and `status` is OK.
   void pullDone(PullId pull, const absl::Status& status, std::span<const uint64_t> checksums, MonoTime now,
                 TransferActions& out);
+  // A pull's get completed and its checksums are still to be computed (a
+  // pull into device memory, checked on the engine thread); pullDone
+  // follows with the get's completion time. The deadlines no longer wait
+  // on it: once every layer block has landed and P sent PrefillDone, tick()
+  // leaves the transfer to its checks.
+  void pullLanded(PullId pull);
   void prefillDone(uint32_t first_token, MonoTime now, TransferActions& out);
   // Abort from any cause. `tell_peer`: send P an Abort (not when P ended it,
   // never asked for it, or the connection is gone).
@@ -129,6 +135,7 @@ class DecodeTransfer {
     size_t first = 0;
     size_t count = 0;
     MonoTime issued;
+    bool landed = false;  // pullLanded: only its check is pending
   };
   void startLayer(const kvproto::LayerReady& l, MonoTime now, TransferActions& out);
   bool checkAnnouncement(const kvproto::LayerReady& l, MonoTime now, TransferActions& out);
@@ -136,6 +143,9 @@ class DecodeTransfer {
   void verifyPull(const Pull& pull, std::span<const uint64_t> checksums, TransferActions& out);
   void maybeComplete(MonoTime now, TransferActions& out);
   void maybeEnd(TransferActions& out);
+  // Nothing is left on the wire: every layer block landed (checked or not)
+  // and P sent PrefillDone.
+  bool onlyChecksPending() const;
   PdTimings phaseTimings() const;
 
   int num_layers_;  // not const: a transfer moved to another peer is replaced by a fresh one
@@ -149,6 +159,7 @@ class DecodeTransfer {
   std::vector<std::optional<Pull>> pulls_;  // by PullId; reset once done
   std::vector<PullId> outstanding_;
   size_t layer_blocks_done_ = 0;  // pulled and verified
+  size_t layer_blocks_landed_ = 0;  // pulled, their check pending (pullLanded)
   std::optional<uint32_t> first_token_;
   std::optional<kvproto::FailureReason> failure_;
   std::string failure_message_;

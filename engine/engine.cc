@@ -549,6 +549,8 @@ absl::Status Engine::kvRegionChecksums(int layer, std::span<const BlockId> block
     return backendStatus();
   }
   const std::span<const std::byte> region = kvRegion();
+  TANDEM_CHECK(!region.empty(),
+               "kvRegionChecksums: no region for a transport (a device pool, neither staged nor direct)");
   const KvLayout& layout = kvRegionLayout();
   const size_t block_bytes = layout.bytesPerLayerBlock();
   for (size_t i = 0; i < blocks.size(); ++i) {

@@ -293,6 +293,22 @@ absl::StatusOr<PoolSpec> parsePool(const json& pool) {
     p.attachments.push_back(attachments[i].get<std::string>());
   }
   TANDEM_ASSIGN_OR_RETURN(p.ipc_lock, boolean(net, "ipcLock", "spec.network", false));
+  TANDEM_ASSIGN_OR_RETURN(p.kv_device_transport, str(net, "kvDeviceTransport", "spec.network", p.kv_device_transport));
+  if (p.kv_device_transport != "auto" && p.kv_device_transport != "staged" && p.kv_device_transport != "direct") {
+    return fieldError("spec.network.kvDeviceTransport",
+                      strCat("\"", p.kv_device_transport, "\" is not one of: auto, staged, direct"));
+  }
+  if (p.kv_device_transport == "direct") {
+    // Direct needs each agent's pool in GPU memory, one process per pod.
+    for (const auto& [name, r] : {std::pair{"prefill", &p.prefill}, std::pair{"decode", &p.decode}}) {
+      if (r->gpus_per_pod != 1) {
+        return fieldError("spec.network.kvDeviceTransport",
+                          strCat("direct needs spec.", name, ".gpusPerPod 1 (a KV pool in one GPU's memory; with ",
+                                 "more, a tensor-parallel group's peers read a staging copy), got ", r->gpus_per_pod,
+                                 ": use auto or staged"));
+      }
+    }
+  }
   return p;
 }
 

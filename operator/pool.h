@@ -87,6 +87,10 @@ struct PoolSpec {
   int32_t rdma_count = 1;
   std::vector<std::string> attachments;
   bool ipc_lock = false;
+  // spec.network.kvDeviceTransport: auto | staged | direct, how prefill and
+  // decode agents' KV pools in GPU memory reach UCX (the agents'
+  // --kv-device-transport; docs/cuda.md).
+  std::string kv_device_transport = "staged";
 
   const RoleSpec& role(Role r) const { return r == Role::kPrefill ? prefill : r == Role::kDecode ? decode : router; }
 };

@@ -194,35 +194,40 @@ TEST(AgentConfigTest, DtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
       << c.status();
 }
 
-// --kv-device-transport / kv.device_transport: auto by default; direct only
-// for a pool in GPU memory and not with tensor parallelism, each refusal
-// naming the flag and why.
+// --kv-device-transport / kv.device_transport: staged by default (the path
+// that has run on a GPU); direct only for a prefill or decode agent's pool
+// in GPU memory and not with tensor parallelism, each refusal naming the
+// flag and why.
 TEST(AgentConfigTest, KvDeviceTransportAndWhereDirectCannotWork) {
   auto c = parse({"--model-dir", "m"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->kv_device_transport, "auto");
+  EXPECT_EQ(c->kv_device_transport, "staged");
   c = parse({"--model-dir", "m", "--device", "cuda-emulator", "--kv-device-transport", "direct"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->kv_device_transport, "direct");
   c = parse({"--config", writeFile("kv_device.yaml",
                                    "model: {dir: m}\nengine: {device: cuda}\n"
-                                   "kv: {device_transport: staged}\n")});
+                                   "kv: {device_transport: auto}\n")});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->kv_device_transport, "staged");
+  EXPECT_EQ(c->kv_device_transport, "auto");
   c = parse({"--model-dir", "m", "--kv-device-transport", "gpudirect"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(std::string(c.status().message())
                 .find("--kv-device-transport: \"gpudirect\" is not one of: auto, staged, direct"),
             std::string::npos)
       << c.status();
-  c = parse({"--model-dir", "m", "--kv-device-transport", "direct"});  // --device cpu
+  // Roles without a KV transport take it and ignore it (the operator's
+  // agent.yaml is every role's).
+  c = parse({"--model-dir", "m", "--kv-device-transport", "direct"});  // --device cpu, role both
+  ASSERT_TRUE(c.ok()) << c.status();
+  c = parse({"--model-dir", "m", "--role", "prefill", "--kv-device-transport", "direct"});  // --device cpu
   ASSERT_FALSE(c.ok());
   EXPECT_NE(std::string(c.status().message())
                 .find("--kv-device-transport direct (kv.device_transport) is for a KV pool in GPU memory"),
             std::string::npos)
       << c.status();
-  c = parse(
-      {"--model-dir", "m", "--device", "cuda-emulator", "--kv-device-transport", "direct", "--tensor-parallel", "2"});
+  c = parse({"--model-dir", "m", "--role", "prefill", "--device", "cuda-emulator", "--kv-device-transport", "direct",
+             "--tensor-parallel", "2"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(std::string(c.status().message())
                 .find("--kv-device-transport direct (kv.device_transport) with --tensor-parallel 2"),

@@ -198,6 +198,40 @@ TEST_F(TransferTest, ATightenedDeadlineIsKeptAndNeverLoosened) {
   EXPECT_EQ(tr.nextDeadline(), std::nullopt);
 }
 
+// A pull into device memory is checked on the engine thread after its get
+// completed (pullLanded, then pullDone with the get's time): once every
+// block landed and P sent PrefillDone, a deadline passing while the checks
+// wait fails nothing; before that it still does.
+TEST_F(TransferTest, DeadlinesDoNotFailATransferWhoseBlocksLandedAndAwaitTheirChecks) {
+  admit();
+  accept();  // lease margin at 900, deadline 1000
+  const PullId p0 = announce(0);
+  const PullId p1 = announce(1);
+  tr.prefillDone(42, at(3), out);
+  tr.pullLanded(p0);
+  EXPECT_EQ(tr.nextDeadline(), at(900)) << "p1 has not landed: the deadlines still apply";
+  tr.pullLanded(p1);
+  EXPECT_EQ(tr.nextDeadline(), std::nullopt);
+  tr.tick(at(1500), out);
+  EXPECT_FALSE(tr.failure()) << tr.failureMessage();
+  tr.pullDone(p0, absl::OkStatus(), std::vector<uint64_t>{7, 8}, at(800), out);
+  tr.pullDone(p1, absl::OkStatus(), std::vector<uint64_t>{7, 8}, at(850), out);
+  EXPECT_EQ(tr.state(), TransferState::kComplete);
+
+  // Landed without PrefillDone: P has not delivered, and the deadline fails it.
+  DecodeTransfer late{kLayers, true};
+  TransferActions o;
+  late.admitted({BlockId(3), BlockId(4)}, at(0), at(1000), o);
+  late.peerReady(kPeerBlocks, at(0), o);
+  late.accepted({10, 11}, at(5000), at(1), o);
+  for (uint16_t layer = 0; layer < kLayers; ++layer) {
+    late.layerReady({.layer = layer, .first_block = 0, .checksums = {7, 8}}, at(2), o);
+    late.pullLanded(o.back().pull);
+  }
+  late.tick(at(1000), o);
+  EXPECT_EQ(late.failure(), FailureReason::kPrefillTimeout);
+}
+
 TEST_F(TransferTest, LeaseMarginIsTheDeadlineOnceEarlier) {
   admit();
   accept();

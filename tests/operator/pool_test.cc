@@ -36,6 +36,8 @@ TEST(PoolTest, AbsentFieldsTakeTheSchemasDefaults) {
   // The defaults are not written: agent.yaml stays what it was before they existed.
   EXPECT_EQ(agentConfigYaml(*p).find("dtype"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_EQ(agentConfigYaml(*p).find("kv_cache_bytes"), std::string::npos) << agentConfigYaml(*p);
+  EXPECT_EQ(p->kv_device_transport, "staged");
+  EXPECT_EQ(agentConfigYaml(*p).find("kv:"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_FALSE(p->autoscaling.enabled);
   EXPECT_TRUE(p->kv_traffic.empty());
   EXPECT_EQ(childName(*p, Role::kDecode), "tiny-decode");
@@ -76,6 +78,33 @@ TEST(PoolTest, EveryFieldIsRead) {
   EXPECT_EQ(p->rdma_resource, "rdma/ib");
   EXPECT_EQ(p->attachments, std::vector<std::string>{"sriov-ib0"});
   EXPECT_TRUE(p->ipc_lock);
+}
+
+// spec.network.kvDeviceTransport reaches every agent's kv.device_transport;
+// direct needs prefill and decode pods of one GPU each, and says so.
+TEST(PoolTest, KvDeviceTransportIsRenderedAndDirectNeedsOneGpuPerPod) {
+  json pool = minimalPool();
+  pool["spec"]["network"] = {{"kvDeviceTransport", "direct"}};
+  pool["spec"]["prefill"] = {{"gpusPerPod", 1}};
+  pool["spec"]["decode"] = {{"gpusPerPod", 1}};
+  auto p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kv_device_transport, "direct");
+  EXPECT_NE(agentConfigYaml(*p).find("\nkv:\n  device_transport: direct\n"), std::string::npos) << agentConfigYaml(*p);
+  pool["spec"]["network"]["kvDeviceTransport"] = "auto";
+  pool["spec"]["decode"]["gpusPerPod"] = 8;
+  p = parsePool(pool);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NE(agentConfigYaml(*p).find("\nkv:\n  device_transport: auto\n"), std::string::npos) << agentConfigYaml(*p);
+  pool["spec"]["network"]["kvDeviceTransport"] = "direct";
+  EXPECT_EQ(parsePool(pool).status().message(),
+            "spec.network.kvDeviceTransport: direct needs spec.decode.gpusPerPod 1 (a KV pool in one GPU's memory; "
+            "with more, a tensor-parallel group's peers read a staging copy), got 8: use auto or staged");
+  pool["spec"]["prefill"]["gpusPerPod"] = 0;
+  EXPECT_NE(parsePool(pool).status().message().find("direct needs spec.prefill.gpusPerPod 1"), std::string::npos);
+  pool["spec"]["network"]["kvDeviceTransport"] = "gpudirect";
+  EXPECT_EQ(parsePool(pool).status().message(),
+            "spec.network.kvDeviceTransport: \"gpudirect\" is not one of: auto, staged, direct");
 }
 
 TEST(PoolTest, WhatASchemaCannotCatchIsNamedByItsPath) {
