@@ -76,6 +76,14 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   ModelIdentity model;  // set at start, before the transport exists
   std::byte* region = nullptr;
   bool region_on_device = false;  // Engine::kvRegionOnDevice: never read on the host
+  // Verified pulls into device memory whose checks are pending, and their
+  // layer blocks in order: one engine-thread task checks all of them
+  // (checkLandedPulls), posted when the first lands.
+  struct LandedPull {
+    uint64_t tid;
+    TransferAction pull;
+    MonoTime done_at;  // when its get completed
+  };
   std::unique_ptr<transport::KvTransport> t;
   std::thread watchdog;
   std::atomic<uint64_t> next_tid{1};
@@ -84,6 +92,9 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
   std::atomic<bool> transport_closed{false};
 
   absl::Mutex mu;
+  std::vector<LandedPull> landed ABSL_GUARDED_BY(mu);
+  std::vector<engine::KvLayerBlock> landed_blocks ABSL_GUARDED_BY(mu);
+  bool check_posted ABSL_GUARDED_BY(mu) = false;
   absl::CondVar cv;  // wakes the watchdog: stopping, or a deadline may have moved
   std::unordered_map<uint64_t, Entry> transfers ABSL_GUARDED_BY(mu);  // by transfer id
   std::unordered_map<uint64_t, uint64_t> by_handle ABSL_GUARDED_BY(mu);
@@ -314,15 +325,15 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
       // checksums are computed there, on the engine thread, and the pull is
       // done once they are. Until then the transfer counts it outstanding,
       // so a failure meanwhile ends the import only after it.
-      const std::vector<BlockId>& d = e.tr.dBlocks();
-      std::vector<BlockId> blocks(d.begin() + static_cast<ptrdiff_t>(pull.first),
-                                  d.begin() + static_cast<ptrdiff_t>(pull.first + pull.count));
+      for (size_t i = pull.first; i < pull.first + pull.count; ++i) {
+        landed_blocks.push_back({.layer = static_cast<int32_t>(pull.layer), .block = e.tr.dBlocks()[i]});
+      }
+      landed.push_back({.tid = tid, .pull = pull, .done_at = now});
       e.tr.pullLanded(pull.pull);
-      loop.post([self = shared_from_this(), tid, pull, now, blocks = std::move(blocks)](engine::Engine& eng) {
-        std::vector<uint64_t> sums(blocks.size());
-        const absl::Status st = eng.kvRegionChecksums(static_cast<int>(pull.layer), blocks, sums);
-        self->pullChecked(tid, pull, now, st, sums);
-      });
+      if (!check_posted) {
+        check_posted = true;
+        loop.post([self = shared_from_this()](engine::Engine& eng) { self->checkLandedPulls(eng); });
+      }
       return;
     }
     std::vector<uint64_t> checksums;
@@ -337,11 +348,31 @@ struct DecodeService::Impl : std::enable_shared_from_this<DecodeService::Impl> {
     apply(tid, e, actions);
   }
 
-  // Engine thread: the checksums of a pull into device memory (onPullDone),
-  // computed; `done_at` is when its get completed.
-  void pullChecked(uint64_t tid, const TransferAction& pull, MonoTime done_at, const absl::Status& st,
-                   std::span<const uint64_t> sums) {
+  // Engine thread: the checks of every pull into device memory that landed
+  // since the last time (onPullDone), in one launch.
+  void checkLandedPulls(engine::Engine& eng) {
+    std::vector<LandedPull> pulls;
+    std::vector<engine::KvLayerBlock> blocks;
+    {
+      absl::MutexLock lock(&mu);
+      pulls.swap(landed);
+      blocks.swap(landed_blocks);
+      check_posted = false;
+    }
+    std::vector<uint64_t> sums(blocks.size());
+    const absl::Status st = eng.kvRegionChecksums(blocks, sums);
     absl::MutexLock lock(&mu);
+    size_t at = 0;
+    for (const LandedPull& p : pulls) {
+      pullChecked(p.tid, p.pull, p.done_at, st, std::span<const uint64_t>(sums).subspan(at, p.pull.count));
+      at += p.pull.count;
+    }
+  }
+
+  // A pull into device memory, checked: `sums` are its blocks' checksums
+  // (when `st` is OK); `done_at` is when its get completed.
+  void pullChecked(uint64_t tid, const TransferAction& pull, MonoTime done_at, const absl::Status& st,
+                   std::span<const uint64_t> sums) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = transfers.find(tid);
     if (it == transfers.end()) return;
     Entry& e = it->second;

@@ -16,7 +16,10 @@
 # (libcuda.so.1, which must match its kernel module) and cuBLASLt and NCCL
 # (hundreds of MB each). The wrapper finds those in the CUDA toolkit there
 # (/usr/local/cuda), the driver's folders, or a Python install's NVIDIA wheels,
-# or in TANDEM_CUDA_LIBS (a colon-separated list of folders).
+# or in TANDEM_CUDA_LIBS (a colon-separated list of folders). TANDEM_UCX_LIBS
+# (a folder with libucp.so.0 and its modules in ucx/) puts another UCX, one
+# with CUDA support, in place of the bundled one: gpu-smoke.sh's direct-path
+# run uses it where the GPU machine has one.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -100,11 +103,16 @@ machine_cxx=$("$ldconfig" -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && /x86-6
 if [[ -z $machine_cxx ]] || ! grep -aq "$(cat "$here/cxx/glibcxx-version")" "$machine_cxx"; then
   libs=$here/cxx:$libs
 fi
+if [[ -n ${TANDEM_UCX_LIBS:-} ]]; then  # another UCX (one with CUDA support) before the bundled one
+  libs=$TANDEM_UCX_LIBS:$libs
+  export UCX_MODULE_DIR="$TANDEM_UCX_LIBS/ucx"
+fi
 if [[ -n $have && $(printf '%s\n%s\n' "$built" "$have" | sort -V | head -1) == "$built" ]]; then
   export LD_LIBRARY_PATH="$libs${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   exec "$here/real/$(basename "$0")" "$@"
 fi
-exec "$here/system/ld-linux-x86-64.so.2" --library-path "$here/system:$here/cxx:$here/lib${cuda_libs:+:$cuda_libs}" \
+exec "$here/system/ld-linux-x86-64.so.2" \
+  --library-path "$here/system:$here/cxx:${TANDEM_UCX_LIBS:+$TANDEM_UCX_LIBS:}$here/lib${cuda_libs:+:$cuda_libs}" \
   "$here/real/$(basename "$0")" "$@"
 SH
   chmod +x "$out/bin/$b"

@@ -17,7 +17,10 @@
 # with --kv-device-transport auto (TANDEM_SMOKE_KV_TRANSPORT): where the
 # agents' UCX reads GPU memory that is the direct path (UCX registers the
 # pool, no staging), and then one more float32 run is staged, so both paths
-# run; each run prints the path its agents took.
+# run; where the agents' (bundled) UCX has no CUDA support but the machine
+# has a UCX that does (find_cuda_ucx; TANDEM_SMOKE_UCX_LIBS names one), one
+# more float32 run is direct through that UCX. Each run prints the path its
+# agents took.
 #
 # For a machine with an NVIDIA GPU (built for compute capability 9.0:
 # H100/H200) and either the CUDA toolkit at /usr/local/cuda (or
@@ -55,6 +58,21 @@ end_run() {
   fi
   rm -rf "$1"
   return "$2"
+}
+# A folder holding a UCX with CUDA support (libucp.so.0, and a CUDA
+# transport module in ucx/): TANDEM_SMOKE_UCX_LIBS, NVIDIA's HPC-X or DOCA
+# UCX, or a RAPIDS libucx wheel. Prints it; fails when there is none.
+find_cuda_ucx() {
+  local d
+  for d in ${TANDEM_SMOKE_UCX_LIBS:-} /opt/hpcx/ucx/lib /opt/ucx/lib /usr/local/ucx/lib /usr/lib/x86_64-linux-gnu \
+           /usr/local/lib/python3*/dist-packages/libucx/lib /usr/local/lib/python3*/site-packages/libucx/lib \
+           /usr/lib/python3*/site-packages/libucx/lib /opt/*/.venv/lib/python3*/site-packages/libucx/lib; do
+    if [[ -f $d/libucp.so.0 ]] && compgen -G "$d/ucx/libuct_cuda*.so*" >/dev/null; then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
 }
 cuda_pd_smoke() {
   local bin=${TANDEM_SMOKE_BIN:-$ROOT/build-cuda/bin} device=${TANDEM_SMOKE_DEVICE:-cuda} work rc=0
@@ -267,8 +285,16 @@ if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
     TANDEM_SMOKE_KV_TRANSPORT=staged cuda_pd_smoke || pd_status=$?
     echo "gpu-smoke: P/D serving run (staged) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
+  elif ucx_dir=$(find_cuda_ucx); then  # the bundled UCX has no CUDA support; this machine's does
+    echo "gpu-smoke: P/D serving run with --device cuda --kv-device-transport direct through the UCX in $ucx_dir"
+    pd_status=0
+    TANDEM_UCX_LIBS=$ucx_dir LD_LIBRARY_PATH=$ucx_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} UCX_MODULE_DIR=$ucx_dir/ucx \
+      TANDEM_SMOKE_KV_TRANSPORT=direct cuda_pd_smoke || pd_status=$?
+    echo "gpu-smoke: P/D serving run (direct, $ucx_dir) exited $pd_status"
+    [[ $status -ne 0 ]] || status=$pd_status
   else
-    echo "gpu-smoke: the agents' UCX cannot register GPU memory (${float32_path:-no P/D run}): the direct path did not run"
+    echo "gpu-smoke: the agents' UCX cannot register GPU memory (${float32_path:-no P/D run}) and no UCX with CUDA" \
+      "support was found (TANDEM_SMOKE_UCX_LIBS names one): the direct path did not run"
   fi
 fi
 exit "$status"

@@ -529,9 +529,11 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   }
   // The checksums of what peers will read, every ready prefill's in one call.
   announce_blocks_.clear();
-  for (const LayerReady& r : ready) announce_blocks_.insert(announce_blocks_.end(), r.blocks.begin(), r.blocks.end());
+  for (const LayerReady& r : ready) {
+    for (BlockId b : r.blocks) announce_blocks_.push_back({.layer = layer, .block = b});
+  }
   announce_sums_.resize(announce_blocks_.size());
-  if (!kvRegionChecksums(layer, announce_blocks_, announce_sums_).ok()) return false;
+  if (!kvRegionChecksums(announce_blocks_, announce_sums_).ok()) return false;
   announced_.assign(ready.begin(), ready.end());
   size_t at = 0;
   for (LayerReady& r : announced_) {
@@ -542,10 +544,10 @@ bool Engine::announce(int layer, std::span<const LayerReady> ready) {
   return true;
 }
 
-absl::Status Engine::kvRegionChecksums(int layer, std::span<const BlockId> blocks, std::span<uint64_t> out) {
-  TANDEM_CHECK(out.size() == blocks.size(), "kvRegionChecksums: one checksum per block");
+absl::Status Engine::kvRegionChecksums(std::span<const KvLayerBlock> items, std::span<uint64_t> out) {
+  TANDEM_CHECK(out.size() == items.size(), "kvRegionChecksums: one checksum per layer block");
   if (kvRegionOnDevice()) {
-    backend_->checksumKv(*kv_, layer, blocks, out);
+    backend_->checksumKv(*kv_, items, out);
     return backendStatus();
   }
   const std::span<const std::byte> region = kvRegion();
@@ -553,10 +555,10 @@ absl::Status Engine::kvRegionChecksums(int layer, std::span<const BlockId> block
                "kvRegionChecksums: no region for a transport (a device pool, neither staged nor direct)");
   const KvLayout& layout = kvRegionLayout();
   const size_t block_bytes = layout.bytesPerLayerBlock();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const size_t at =
-        (static_cast<size_t>(layer) * static_cast<size_t>(layout.num_blocks) + static_cast<size_t>(blocks[i].value())) *
-        block_bytes;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const size_t at = (static_cast<size_t>(items[i].layer) * static_cast<size_t>(layout.num_blocks) +
+                       static_cast<size_t>(items[i].block.value())) *
+                      block_bytes;
     out[i] = layerBlockChecksum(region.subspan(at, block_bytes));
   }
   return absl::OkStatus();

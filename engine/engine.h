@@ -265,11 +265,12 @@ class Engine {
   }
   // kvRegion() is device memory (EngineOptions::kv_direct).
   bool kvRegionOnDevice() const { return options_.kv_direct; }
-  // The checksums (layerBlockChecksum) of layer `layer` of `blocks` of
-  // kvRegion() into out[i]: on the device for a region in device memory,
-  // after the launches before (a decode agent verifies pulled blocks with
-  // it), else on the host. An error if the backend failed. Engine thread.
-  absl::Status kvRegionChecksums(int layer, std::span<const BlockId> blocks, std::span<uint64_t> out);
+  // The checksums (layerBlockChecksum) of the layer blocks `items` of
+  // kvRegion() into out[i]: on the device for a region in device memory (one
+  // launch, after the launches before; a decode agent verifies pulled
+  // blocks with it), else on the host. An error if the backend failed.
+  // Engine thread.
+  absl::Status kvRegionChecksums(std::span<const KvLayerBlock> items, std::span<uint64_t> out);
   // kvRegion()'s layout: the pool's, or with tensor parallelism and a
   // staging copy, the whole model's (every rank's KV heads, rank r's at
   // [r·KV/N, (r+1)·KV/N) of each token): what a peer reads is a one-process
@@ -354,7 +355,7 @@ class Engine {
   std::unique_ptr<KvStorage> kv_;
   // announce()'s copy of what it announces, with checksums (announce_sums_).
   std::vector<LayerReady> announced_;
-  std::vector<BlockId> announce_blocks_;
+  std::vector<KvLayerBlock> announce_blocks_;
   std::vector<uint64_t> announce_sums_;
   KvMemory staging_;  // the transport's host copy of the pool (kvRegion): a device pool's, or a group's
   KvLayout staging_layout_;  // its layout (kvRegionLayout)

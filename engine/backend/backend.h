@@ -196,16 +196,16 @@ class Backend {
   }
   virtual void finishKvCopies() {}
 
-  // The checksum of layer `layer` of each of `blocks` (layerBlockChecksum,
-  // src/common/block_hash.h) into out[i] (out.size() == blocks.size()),
+  // The checksum of each layer block in `items` (layerBlockChecksum,
+  // src/common/block_hash.h) into out[i] (out.size() == items.size()),
   // computed where the pool is: for a pool a transport reads in device
-  // memory (EngineOptions::kv_direct), on the device, after the launches
-  // queued before it (stream order), and `out` is filled when it returns
-  // (a failure: status()). On a host pool, on the host.
-  virtual void checksumKv(const KvStorage& kv, int32_t layer, std::span<const BlockId> blocks,
-                          std::span<uint64_t> out) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      out[i] = layerBlockChecksum({kv.layerBlockBytes(layer, blocks[i]), kv.layout().bytesPerLayerBlock()});
+  // memory (EngineOptions::kv_direct), on the device in one launch, after
+  // the launches queued before it (stream order), and `out` is filled when
+  // it returns (a failure: status()). On a host pool, on the host.
+  virtual void checksumKv(const KvStorage& kv, std::span<const KvLayerBlock> items, std::span<uint64_t> out) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      out[i] =
+          layerBlockChecksum({kv.layerBlockBytes(items[i].layer, items[i].block), kv.layout().bytesPerLayerBlock()});
     }
   }
 

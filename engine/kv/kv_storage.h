@@ -45,6 +45,13 @@ enum class KvDtype : uint8_t { kFloat32, kBfloat16 };
 // "float32", "bfloat16" (the agent's --kv-dtype values).
 const char* kvDtypeName(KvDtype dtype);
 
+// One layer's part of one block (a layer block): what a P/D transfer moves
+// and checksums at a time.
+struct KvLayerBlock {
+  int32_t layer = 0;
+  BlockId block;
+};
+
 struct KvLayout {
   int num_layers = 0;
   int num_blocks = 0;

@@ -400,29 +400,29 @@ bool checkWriteKv() {
 // The P/D layer block checksums (XXH64) of a bf16 pool computed on the GPU
 // (what a prefill agent announces and a decode agent checks with
 // --kv-device-transport direct), against the host's XXH64 of the same
-// bytes, for 500 blocks in shuffled order; then timed over all 1024.
+// bytes, for 500 layer blocks of two layers in shuffled order; then timed
+// over all 2048.
 bool checkKvChecksum() {
   const char* name = "kvChecksum";
   const KvShape s{.layers = 2, .layer = 1, .num_blocks = 1024, .block_size = 16, .num_kv_heads = 8, .head_dim = 128};
   const auto pool = randomPool<uint16_t>(s.poolFloats());
   const size_t block_bytes = 2 * static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * sizeof(uint16_t);
-  std::vector<int32_t> ids(static_cast<size_t>(s.num_blocks));
-  for (int32_t b = 0; b < s.num_blocks; ++b) ids[static_cast<size_t>(b)] = b;
+  // Layer blocks by their index in the pool (layer * num_blocks + block), of both layers, shuffled.
+  std::vector<int64_t> ids(static_cast<size_t>(s.layers) * s.num_blocks);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
   std::shuffle(ids.begin(), ids.end(), rng);
-  const std::vector<int32_t> some(ids.begin(), ids.begin() + 500);
+  const std::vector<int64_t> some(ids.begin(), ids.begin() + 500);
   std::vector<uint64_t> want(some.size());
   const auto* bytes = reinterpret_cast<const std::byte*>(pool.data());
   for (size_t i = 0; i < some.size(); ++i) {
-    const size_t at = (static_cast<size_t>(s.layer) * s.num_blocks + static_cast<size_t>(some[i])) * block_bytes;
-    want[i] = tandem::layerBlockChecksum({bytes + at, block_bytes});
+    want[i] = tandem::layerBlockChecksum({bytes + static_cast<size_t>(some[i]) * block_bytes, block_bytes});
   }
   DeviceBuffer<uint16_t> d_pool(pool);
-  DeviceBuffer<int32_t> d_some(some), d_all(ids);
+  DeviceBuffer<int64_t> d_some(some), d_all(ids);
   DeviceBuffer<uint64_t> d_out(std::vector<uint64_t>(ids.size()));
   const auto words = static_cast<int64_t>(block_bytes / 4);
   const auto* kv = reinterpret_cast<const uint32_t*>(d_pool.get());
-  const gpu::KvChecksumArgs args{kv,      d_some.get(), d_out.get(), static_cast<int32_t>(some.size()),
-                                 s.layer, s.num_blocks, words};
+  const gpu::KvChecksumArgs args{kv, d_some.get(), d_out.get(), static_cast<int32_t>(some.size()), words};
   checkCuda(gpu::launchKvChecksum(gpu::kvChecksumLaunch(args.count), args, nullptr), name);
   checkCuda(cudaDeviceSynchronize(), name);
   std::vector<uint64_t> got = d_out.download();
@@ -432,8 +432,8 @@ bool checkKvChecksum() {
   const bool pass = mismatches == 0;
   std::printf("%s %-16s %zu of %zu layer blocks' checksums differ from the host's XXH64\n", pass ? "PASS" : "FAIL",
               name, mismatches, want.size());
-  const gpu::KvChecksumArgs all{kv, d_all.get(), d_out.get(), s.num_blocks, s.layer, s.num_blocks, words};
-  timeKernel(name, static_cast<double>(block_bytes) * s.num_blocks,
+  const gpu::KvChecksumArgs all{kv, d_all.get(), d_out.get(), static_cast<int32_t>(ids.size()), words};
+  timeKernel(name, static_cast<double>(block_bytes) * static_cast<double>(ids.size()),
              [&] { return gpu::launchKvChecksum(gpu::kvChecksumLaunch(all.count), all, nullptr); });
   return pass;
 }

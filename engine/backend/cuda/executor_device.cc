@@ -194,7 +194,7 @@ absl::Status ExecutorDevice::copyKvBlock(const LaunchConfig& c, const CopyKvBloc
   return hostTask([this, c, a] { return executor_.launch(c, &copyKvBlockKernel, a); });
 }
 absl::Status ExecutorDevice::kvChecksum(const LaunchConfig& c, const KvChecksumArgs& a) {
-  TANDEM_RETURN_IF_ERROR(check("kvChecksum", {{"kv", a.kv}, {"blocks", a.blocks}, {"out", a.out}}));
+  TANDEM_RETURN_IF_ERROR(check("kvChecksum", {{"kv", a.kv}, {"layer_blocks", a.layer_blocks}, {"out", a.out}}));
   return hostTask([this, c, a] { return executor_.launch(c, &kvChecksumKernel, a); });
 }
 absl::Status ExecutorDevice::attentionSplit(const LaunchConfig& c, const AttentionArgs& a) {

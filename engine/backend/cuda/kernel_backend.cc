@@ -685,22 +685,23 @@ void KernelBackend::uploadKv(KvStorage& kv, size_t offset, std::span<const std::
   ok(device_->uploadAsync(kv.bytes().data() + offset, host.data(), host.size()));
 }
 
-void KernelBackend::checksumKv(const KvStorage& kv, int32_t layer, std::span<const BlockId> blocks,
-                               std::span<uint64_t> out) {
+void KernelBackend::checksumKv(const KvStorage& kv, std::span<const KvLayerBlock> items, std::span<uint64_t> out) {
   leaveGraph();  // (the sums are downloaded: not for a graph)
-  if (!kv.onDevice()) return Backend::checksumKv(kv, layer, blocks, out);
-  if (!status_.ok() || blocks.empty()) return;
+  if (!kv.onDevice()) return Backend::checksumKv(kv, items, out);
+  if (!status_.ok() || items.empty()) return;
   const ScopedTimer t(&stats_.elementwise_time);
-  checksum_blocks_.clear();
-  for (BlockId b : blocks) checksum_blocks_.push_back(static_cast<int32_t>(b.value()));
   const KvLayout& layout = kv.layout();
+  checksum_blocks_.clear();
+  for (const KvLayerBlock& i : items) {
+    checksum_blocks_.push_back(static_cast<int64_t>(i.layer) * layout.num_blocks + i.block.value());
+  }
   std::byte* pool = kvPool(kv);
-  const int32_t* d_blocks = d_checksum_blocks_.uploadOnce<int32_t>(*this, checksum_blocks_);
-  uint64_t* d_sums = d_checksums_.reserve<uint64_t>(*this, blocks.size());
+  const int64_t* d_blocks = d_checksum_blocks_.uploadOnce<int64_t>(*this, checksum_blocks_);
+  uint64_t* d_sums = d_checksums_.reserve<uint64_t>(*this, items.size());
   if (pool == nullptr || d_blocks == nullptr || d_sums == nullptr) return;
-  const auto count = static_cast<int32_t>(blocks.size());
+  const auto count = static_cast<int32_t>(items.size());
   launch(&gpu::Device::kvChecksum, gpu::kvChecksumLaunch(count),
-         gpu::KvChecksumArgs{reinterpret_cast<const uint32_t*>(pool), d_blocks, d_sums, count, layer, layout.num_blocks,
+         gpu::KvChecksumArgs{reinterpret_cast<const uint32_t*>(pool), d_blocks, d_sums, count,
                              static_cast<int64_t>(layout.bytesPerLayerBlock() / sizeof(uint32_t))});
   // In stream order: the sums are there once the launches before them ran.
   if (status_.ok()) ok(device_->download(out.data(), d_sums, out.size_bytes()));

@@ -139,8 +139,7 @@ class KernelBackend : public Backend {
   void finishKvCopies() override;
   // A device pool's on the device (kvChecksumKernel), one launch and one
   // download of the sums; a host pool's on the host.
-  void checksumKv(const KvStorage& kv, int32_t layer, std::span<const BlockId> blocks,
-                  std::span<uint64_t> out) override;
+  void checksumKv(const KvStorage& kv, std::span<const KvLayerBlock> items, std::span<uint64_t> out) override;
   absl::Status pinKvHost(std::span<std::byte> host) override;
   void unpinKvHost(std::span<std::byte> host) override;
   void attention(int32_t layer, const float* q, std::span<const ChunkDesc> chunks, const KvStorage& kv,
@@ -378,7 +377,7 @@ class KernelBackend : public Backend {
   std::vector<float> rope_uploaded_freq_;  // its frequencies
   const void* adopted_kv_ = nullptr;       // the KV pool adopted on the executor
   // Per-call metadata, built on the host and uploaded.
-  std::vector<int32_t> checksum_blocks_;
+  std::vector<int64_t> checksum_blocks_;
   std::vector<int32_t> row_block_, row_slot_, row_pos_, row_table_, row_split_, block_tables_;
   std::vector<float> temperature_, top_p_;
   std::vector<int32_t> top_k_, sampled_;

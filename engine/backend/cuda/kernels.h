@@ -276,13 +276,15 @@ TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
 // whole number of 4-byte words (CopyKvBlockArgs) at a 4-byte-aligned offset,
 // so its 8-byte words are read as two 4-byte words (little-endian, as XXH64
 // reads them on x86 and on the GPU) and its tail is 8-byte words and at most
-// one 4-byte word. Grid: x = groups of kChecksumBlocksPerLaunchBlock blocks.
+// one 4-byte word. Layer blocks of any layers go in one launch, each named by
+// its index in the pool (layer * num_blocks + block). Grid: x = groups of
+// kChecksumBlocksPerLaunchBlock layer blocks.
 
 struct KvChecksumArgs {
-  const uint32_t* kv;     // the pool, as words
-  const int32_t* blocks;  // [count] block ids
-  uint64_t* out;          // [count] the checksums, in the order of `blocks`
-  int32_t count, layer, num_blocks;
+  const uint32_t* kv;           // the pool, as words
+  const int64_t* layer_blocks;  // [count] layer * num_blocks + block
+  uint64_t* out;                // [count] the checksums, in that order
+  int32_t count;
   int64_t words_per_layer_block;                           // KvLayout::bytesPerLayerBlock / 4
   bool operator==(const KvChecksumArgs&) const = default;  // a graph replay compares its launches
 };
@@ -312,9 +314,7 @@ TANDEM_KERNEL kvChecksumKernel(const KvChecksumArgs a) {
   const uint32_t* p = nullptr;
   uint64_t acc = 0;
   if (item < a.count) {
-    p = a.kv +
-        (static_cast<size_t>(a.layer) * static_cast<size_t>(a.num_blocks) + static_cast<size_t>(a.blocks[item])) *
-            static_cast<size_t>(words);
+    p = a.kv + static_cast<size_t>(a.layer_blocks[item]) * static_cast<size_t>(words);
     // XXH64's seeds of v1..v4 with seed 0.
     acc = lane == 0 ? xxh64::kPrime1 + xxh64::kPrime2 : lane == 1 ? xxh64::kPrime2 : lane == 2 ? 0 : 0 - xxh64::kPrime1;
     for (int64_t s = 0; s < stripes; ++s) acc = xxh64::step(acc, xxh64::word(p + s * 8 + lane * 2));

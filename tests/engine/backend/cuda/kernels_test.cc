@@ -244,7 +244,8 @@ TEST_P(PagedKernelsTest, CopyKvBlockIsBitwiseKvStoragesCopy) {
 // library's, bit for bit: over layer blocks whose sizes hit every branch of
 // the hash (under one 32-byte stripe, whole stripes, stripes with 8-byte and
 // 4-byte tails), for blocks in any order, repeated, across launch blocks
-// (more than kChecksumBlocksPerLaunchBlock), on every layer.
+// (more than kChecksumBlocksPerLaunchBlock), on every layer, and every
+// layer's in one launch.
 TEST_F(KernelsTest, KvChecksumIsXxh64OfEachLayerBlock) {
   struct Shape {
     int block_size, heads, head_dim;
@@ -275,17 +276,26 @@ TEST_F(KernelsTest, KvChecksumIsXxh64OfEachLayerBlock) {
     blocks.push_back(BlockId(0));
     blocks.push_back(BlockId(layout.num_blocks - 1));
     blocks.push_back(blocks.front());  // a block twice
-    for (int layer = 0; layer < layout.num_layers; ++layer) {
-      std::vector<uint64_t> want(blocks.size()), got(blocks.size(), 0);
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        want[i] = layerBlockChecksum({host.layerBlockBytes(layer, blocks[i]), layout.bytesPerLayerBlock()});
+    // Each layer alone, then every layer's blocks in one launch.
+    std::vector<KvLayerBlock> all;
+    for (int layer = 0; layer <= layout.num_layers; ++layer) {
+      std::vector<KvLayerBlock> items;
+      if (layer < layout.num_layers) {
+        for (BlockId b : blocks) items.push_back({.layer = layer, .block = b});
+        all.insert(all.end(), items.begin(), items.end());
+      } else {
+        items.assign(all.rbegin(), all.rend());  // layers mixed, last first
       }
-      gpu_.checksumKv(device, layer, blocks, got);
-      EXPECT_EQ(want, got) << "layer " << layer;
+      std::vector<uint64_t> want(items.size()), got(items.size(), 0), cpu(items.size(), 0);
+      for (size_t i = 0; i < items.size(); ++i) {
+        want[i] =
+            layerBlockChecksum({host.layerBlockBytes(items[i].layer, items[i].block), layout.bytesPerLayerBlock()});
+      }
+      gpu_.checksumKv(device, items, got);
+      EXPECT_EQ(want, got) << (layer < layout.num_layers ? "layer " + std::to_string(layer) : "every layer");
       // The CPU backend's, on the host pool: the same.
-      std::vector<uint64_t> cpu(blocks.size(), 0);
-      cpu_.checksumKv(host, layer, blocks, cpu);
-      EXPECT_EQ(want, cpu) << "layer " << layer;
+      cpu_.checksumKv(host, items, cpu);
+      EXPECT_EQ(want, cpu);
     }
   }
 }

@@ -87,9 +87,9 @@ RequestId transfer(Harness& p, Harness& d, const std::vector<TokenId>& prompt, u
         EXPECT_EQ(r.checksums[i], layerBlockChecksum(sent)) << "layer " << layer << " block " << i;
         std::memcpy(d.engine->kvRegion().data() + to, sent.data(), sent.size());
         // What D checks the pulled block with: the same checksum.
-        const BlockId landed[] = {d_blocks[r.first_block + i]};
+        const KvLayerBlock landed[] = {{.layer = layer, .block = d_blocks[r.first_block + i]}};
         uint64_t sum = 0;
-        EXPECT_TRUE(d.engine->kvRegionChecksums(layer, landed, std::span<uint64_t>(&sum, 1)).ok());
+        EXPECT_TRUE(d.engine->kvRegionChecksums(landed, std::span<uint64_t>(&sum, 1)).ok());
         EXPECT_EQ(sum, r.checksums[i]) << "layer " << layer << " block " << i;
         ++announced;
       }
