@@ -27,8 +27,10 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend/kernel_math.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/sched/request.h"
 #include "src/common/block_hash.h"
@@ -119,6 +121,33 @@ class BackendBuffer {
   size_t floats_;
 };
 
+// The token embedding table [rows, dim] in a backend's memory, made once by
+// Backend::prepareEmbedding and read by Backend::embed: fp32, or with bf16
+// projections (GemmDtype::kBfloat16) each value rounded to bf16 and kept in
+// 2 bytes. Immutable; usable only with the backend that made it.
+class EmbeddingTable {
+ public:
+  EmbeddingTable(int32_t rows, int32_t dim, bool bf16) : rows_(rows), dim_(dim), bf16_(bf16) {}
+  virtual ~EmbeddingTable() = default;
+  int32_t rows() const { return rows_; }
+  int32_t dim() const { return dim_; }
+  bool bf16() const { return bf16_; }
+  // What the table takes in the backend's memory.
+  size_t bytes() const {
+    return static_cast<size_t>(rows_) * static_cast<size_t>(dim_) * (bf16_ ? sizeof(uint16_t) : sizeof(float));
+  }
+  // `table`'s values rounded to bf16 (nearest even): a bf16 table's contents.
+  static std::vector<uint16_t> toBf16(std::span<const float> table) {
+    std::vector<uint16_t> out(table.size());
+    for (size_t i = 0; i < table.size(); ++i) out[i] = kmath::bf16Bits(table[i]);
+    return out;
+  }
+
+ private:
+  int32_t rows_, dim_;
+  bool bf16_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -166,8 +195,20 @@ class Backend {
   virtual void swiglu(const float* gate, const float* up, float* out, int64_t n) = 0;
 
   // dst[r, :] = src[rows[r], :] for r < num_rows; rows (host) index src's rows, width `dim`.
-  // The embedding lookup (rows = token ids) and picking the rows that need logits.
+  // Picking the rows that need logits.
   virtual void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) = 0;
+
+  // The embedding table `table` ([table.size() / dim, dim], host) for
+  // embed(): as it is (fp32), or where this backend runs bf16 projections
+  // (GemmDtype::kBfloat16) every value rounded to bf16 (nearest even) and
+  // kept in 2 bytes: half the memory, and exact for a table a bf16
+  // checkpoint held. On the CPU backend an fp32 table is the host memory
+  // itself (it must outlive the table). nullptr when the backend cannot hold
+  // it (status() says why).
+  virtual std::unique_ptr<EmbeddingTable> prepareEmbedding(std::span<const float> table, int32_t dim) = 0;
+  // The embedding lookup: dst[r, :] = row tokens[r] of `table`, as fp32, for
+  // r < n; tokens (host) are valid row indices; dst [n, table.dim()].
+  virtual void embed(const EmbeddingTable& table, const int32_t* tokens, int32_t n, float* dst) = 0;
 
   // Scatters K and V of layer `layer` into the paged cache: row r of chunk c
   // (position p = start_pos + r) goes to block block_table[p / block_size],

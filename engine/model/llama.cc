@@ -126,7 +126,7 @@ LlamaModel::LlamaModel(std::shared_ptr<const ModelWeights> weights, Backend& bac
                                       .q_norm = resident(l.q_norm),
                                       .k_norm = resident(l.k_norm)});
   }
-  embed_ = resident(weights_->embed);
+  embed_ = backend_.prepareEmbedding(weights_->embed, c.hidden_size);
   final_norm_ = resident(weights_->final_norm);
 }
 
@@ -330,7 +330,7 @@ absl::Status LlamaModel::forward(std::span<const SequenceChunk> batch, KvStorage
     }
   }
 
-  backend_.gatherRows(embed_->data(), tokens_.data(), rows, c.hidden_size, x_.data());
+  backend_.embed(*embed_, tokens_.data(), rows, x_.data());
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerResident& w = resident_[static_cast<size_t>(layer)];
     backend_.rmsNorm(x_.data(), w.attn_norm->data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);

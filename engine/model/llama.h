@@ -150,7 +150,8 @@ class LlamaModel {
     std::unique_ptr<BackendBuffer> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   };
   std::vector<LayerResident> resident_;  // [num_layers]
-  std::unique_ptr<BackendBuffer> embed_, final_norm_;
+  std::unique_ptr<EmbeddingTable> embed_;  // bf16 with bf16 projections (Backend::prepareEmbedding)
+  std::unique_ptr<BackendBuffer> final_norm_;
 
   // Per-step metadata (host) and activations (backend memory), grown on
   // demand and reused so a warmed-up model does not allocate per step.

@@ -87,7 +87,9 @@ std::string fingerprintHex(uint64_t fingerprint) {
 }
 
 uint64_t bf16Fingerprint(uint64_t checkpoint) {
-  constexpr std::string_view kDtype = "dtype=bfloat16";
+  // "embedding=bfloat16": since the embedding table is kept in bf16 too,
+  // agents of before (an fp32 table) never share KV with these.
+  constexpr std::string_view kDtype = "dtype=bfloat16;embedding=bfloat16";
   unsigned char bytes[sizeof(uint64_t) + kDtype.size()];
   for (size_t i = 0; i < sizeof(uint64_t); ++i) bytes[i] = static_cast<unsigned char>(checkpoint >> (8 * i));
   std::memcpy(bytes + sizeof(uint64_t), kDtype.data(), kDtype.size());

@@ -35,8 +35,9 @@ namespace tandem::engine {
 // The fingerprint of `checkpoint` (a file's or a pinned one) computed with
 // bf16 projections (--dtype bfloat16, GemmDtype): their KV differs from
 // fp32's, so agents of different dtypes never share KV or pair for P/D.
-// XXH3-64 of le64(checkpoint) and "dtype=bfloat16"; float32 keeps the
-// checkpoint's own fingerprint.
+// XXH3-64 of le64(checkpoint) and "dtype=bfloat16;embedding=bfloat16" (the
+// embedding table is bf16 too); float32 keeps the checkpoint's own
+// fingerprint.
 uint64_t bf16Fingerprint(uint64_t checkpoint);
 
 // The fingerprint as 16 lower-case hex digits (how logs, messages and flags spell it).

@@ -357,6 +357,30 @@ std::vector<float> widened(const std::vector<T>& pool) {
   }
 }
 
+// The embedding lookup from a bf16 table (--dtype bfloat16 keeps the
+// embedding in bf16), widened to fp32: bitwise the executor's.
+bool checkGatherRowsBf16() {
+  const char* name = "gatherRows bf16";
+  const int32_t src_rows = 100, num_rows = 64, dim = 4096;
+  const auto src = randomPool<uint16_t>(static_cast<size_t>(src_rows) * dim);
+  const auto rows = randomInts(num_rows, 0, src_rows - 1);
+  std::vector<float> cpu_dst(static_cast<size_t>(num_rows) * dim);
+  const auto config = gpu::gatherRowsLaunch(num_rows);
+  if (!runOnCpu(name, config, &gpu::gatherRowsKernel,
+                gpu::GatherRowsArgs{src.data(), rows.data(), cpu_dst.data(), num_rows, dim, true})) {
+    return false;
+  }
+  DeviceBuffer<uint16_t> d_src(src);
+  DeviceBuffer<float> d_dst(std::vector<float>(cpu_dst.size()));
+  DeviceBuffer<int32_t> d_rows(rows);
+  const gpu::GatherRowsArgs args{d_src.get(), d_rows.get(), d_dst.get(), num_rows, dim, true};
+  checkCuda(gpu::launchGatherRows(config, args, nullptr), name);
+  checkCuda(cudaDeviceSynchronize(), name);
+  const bool pass = compare(name, d_dst.download(), cpu_dst, true);
+  timeKernel(name, 1.5 * d_dst.bytes(), [&] { return gpu::launchGatherRows(config, args, nullptr); });
+  return pass;
+}
+
 // T: float, or uint16_t for a bf16 pool.
 template <typename T>
 bool checkWriteKv() {
@@ -1030,8 +1054,8 @@ int main(int argc, char** argv) {
   }
   bool all_pass = true;
   for (bool (*check)() :
-       {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkWriteKv<float>,
-        checkWriteKv<uint16_t>, checkKvChecksum, checkAttention, checkSample, checkToBf16}) {
+       {checkRmsNorm, checkRope, checkSwiglu, checkAdd, checkAddBias, checkGatherRows, checkGatherRowsBf16,
+        checkWriteKv<float>, checkWriteKv<uint16_t>, checkKvChecksum, checkAttention, checkSample, checkToBf16}) {
     all_pass = check() && all_pass;
   }
   for (uint32_t split_k : split_ks) all_pass = checkGemm(split_k) && all_pass;

@@ -282,6 +282,35 @@ void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_r
   }
 }
 
+namespace {
+// The table itself (fp32, not copied) or its bf16 values.
+class HostEmbedding final : public EmbeddingTable {
+ public:
+  HostEmbedding(std::span<const float> table, int32_t dim, bool bf16)
+      : EmbeddingTable(static_cast<int32_t>(table.size() / static_cast<size_t>(dim)), dim, bf16),
+        fp32_(bf16 ? std::span<const float>() : table),
+        bf16_(bf16 ? toBf16(table) : std::vector<uint16_t>()) {}
+  std::span<const float> fp32_;
+  std::vector<uint16_t> bf16_;
+};
+}  // namespace
+
+std::unique_ptr<EmbeddingTable> CpuBackend::prepareEmbedding(std::span<const float> table, int32_t dim) {
+  return std::make_unique<HostEmbedding>(table, dim, gemm_dtype_ == GemmDtype::kBfloat16);
+}
+
+void CpuBackend::embed(const EmbeddingTable& table, const int32_t* tokens, int32_t n, float* dst) {
+  const auto& t = static_cast<const HostEmbedding&>(table);  // only this backend's prepareEmbedding made it
+  if (!t.bf16()) return gatherRows(t.fp32_.data(), tokens, n, t.dim(), dst);
+  const ScopedTimer timer(&stats_.elementwise_time);
+  const auto dim = static_cast<size_t>(t.dim());
+  for (int32_t r = 0; r < n; ++r) {
+    const uint16_t* src = t.bf16_.data() + static_cast<size_t>(tokens[r]) * dim;
+    float* out = dst + static_cast<size_t>(r) * dim;
+    for (size_t i = 0; i < dim; ++i) out[i] = kmath::bf16Value(src[i]);
+  }
+}
+
 void CpuBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                          KvStorage& kv) {
   const ScopedTimer timer(&stats_.elementwise_time);

@@ -57,6 +57,8 @@ class CpuBackend final : public Backend {
   void addBias(float* y, const float* bias, int32_t rows, int32_t dim) override;
   void swiglu(const float* gate, const float* up, float* out, int64_t n) override;
   void gatherRows(const float* src, const int32_t* rows, int32_t num_rows, int32_t dim, float* dst) override;
+  std::unique_ptr<EmbeddingTable> prepareEmbedding(std::span<const float> table, int32_t dim) override;
+  void embed(const EmbeddingTable& table, const int32_t* tokens, int32_t n, float* dst) override;
   void writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,
                KvStorage& kv) override;
   void copyKvBlock(KvStorage& kv, BlockId src, BlockId dst) override { kv.copyBlock(src, dst); }

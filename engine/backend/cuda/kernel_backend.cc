@@ -41,6 +41,21 @@ class DeviceBuffer final : public BackendBuffer {
   bool adopted_;
 };
 
+// An embedding table in device memory: the fp32 one (residentWeight, in
+// place on the executor), or its bf16 values.
+class DeviceEmbedding final : public EmbeddingTable {
+ public:
+  DeviceEmbedding(int32_t rows, int32_t dim, std::unique_ptr<BackendBuffer> fp32)
+      : EmbeddingTable(rows, dim, false), fp32_(std::move(fp32)) {}
+  DeviceEmbedding(int32_t rows, int32_t dim, std::shared_ptr<void> bf16)
+      : EmbeddingTable(rows, dim, true), bf16_(std::move(bf16)) {}
+  const void* data() const { return fp32_ ? static_cast<const void*>(fp32_->data()) : bf16_.get(); }
+
+ private:
+  std::unique_ptr<BackendBuffer> fp32_;
+  std::shared_ptr<void> bf16_;  // released through the device
+};
+
 // The CPU backend's GEMM on the executor device's (host) memory, in its
 // stream order (hostTask).
 class CpuKernelGemm final : public KernelGemm {
@@ -623,6 +638,33 @@ void KernelBackend::gatherRows(const float* src, const int32_t* rows, int32_t nu
   const int32_t* d_rows = d_rows_.uploadOnce(*this, std::span<const int32_t>(rows, static_cast<size_t>(num_rows)));
   if (d_rows == nullptr) return;
   launch(&gpu::Device::gatherRows, gpu::gatherRowsLaunch(num_rows), gpu::GatherRowsArgs{src, d_rows, dst, num_rows, dim});
+}
+
+std::unique_ptr<EmbeddingTable> KernelBackend::prepareEmbedding(std::span<const float> table, int32_t dim) {
+  leaveGraph();  // (an allocation)
+  const auto rows = static_cast<int32_t>(table.size() / static_cast<size_t>(dim));
+  if (gemm_->dtype() != GemmDtype::kBfloat16) {
+    std::unique_ptr<BackendBuffer> fp32 = residentWeight(table);
+    if (fp32 == nullptr) return nullptr;
+    return std::make_unique<DeviceEmbedding>(rows, dim, std::move(fp32));
+  }
+  const std::vector<uint16_t> host = EmbeddingTable::toBf16(table);
+  const size_t bytes = host.size() * sizeof(uint16_t);
+  absl::StatusOr<void*> p = device_->allocate(bytes);
+  if (!ok(p.status())) return nullptr;
+  std::shared_ptr<void> keep(*p, [device = device_](void* q) { device->release(q); });
+  if (!ok(device_->upload(*p, host.data(), bytes))) return nullptr;
+  return std::make_unique<DeviceEmbedding>(rows, dim, std::move(keep));
+}
+
+void KernelBackend::embed(const EmbeddingTable& table, const int32_t* tokens, int32_t n, float* dst) {
+  const ScopedTimer t(&stats_.elementwise_time);
+  const auto& e = static_cast<const DeviceEmbedding&>(table);  // only this backend's prepareEmbedding made it
+  if (!inDeviceMemory("embed", {{"dst", dst, size(n, e.dim())}})) return;
+  const int32_t* d_rows = d_rows_.uploadOnce(*this, std::span<const int32_t>(tokens, static_cast<size_t>(n)));
+  if (d_rows == nullptr) return;
+  launch(&gpu::Device::gatherRows, gpu::gatherRowsLaunch(n),
+         gpu::GatherRowsArgs{e.data(), d_rows, dst, n, e.dim(), e.bf16()});
 }
 
 void KernelBackend::writeKv(int32_t layer, const float* k, const float* v, std::span<const ChunkDesc> chunks,

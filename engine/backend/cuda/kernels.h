@@ -169,10 +169,11 @@ TANDEM_KERNEL addBiasKernel(const AddBiasArgs a) {
 }
 
 struct GatherRowsArgs {
-  const float* src;     // [*, dim]
+  const void* src;      // [*, dim]: floats, or bf16 values (src_bf16; an embedding table) widened to fp32
   const int32_t* rows;  // [num_rows], indices into src
   float* dst;           // [num_rows, dim]
   int32_t num_rows, dim;
+  bool src_bf16 = false;
   bool operator==(const GatherRowsArgs&) const = default;  // a graph replay compares its launches
 };
 constexpr int kGatherThreads = 128;
@@ -181,9 +182,15 @@ inline LaunchConfig gatherRowsLaunch(int32_t num_rows) {
 }
 TANDEM_KERNEL gatherRowsKernel(const GatherRowsArgs a) {
   const size_t r = static_cast<size_t>(blockX());
-  const float* src = a.src + static_cast<size_t>(a.rows[r]) * static_cast<size_t>(a.dim);
+  const size_t at = static_cast<size_t>(a.rows[r]) * static_cast<size_t>(a.dim);
   float* dst = a.dst + r * static_cast<size_t>(a.dim);
-  for (int i = threadX(); i < a.dim; i += blockDimX()) dst[i] = src[i];
+  if (a.src_bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(a.src) + at;
+    for (int i = threadX(); i < a.dim; i += blockDimX()) dst[i] = kmath::bf16Value(src[i]);
+  } else {
+    const float* src = static_cast<const float*>(a.src) + at;
+    for (int i = threadX(); i < a.dim; i += blockDimX()) dst[i] = src[i];
+  }
 }
 
 // ---- KV write: one block per row --------------------------------------------

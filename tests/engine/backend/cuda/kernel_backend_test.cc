@@ -307,9 +307,13 @@ TEST_P(KernelBackendTest, Bf16ProjectionsMatchTheCpuBackendsBf16Mode) {
   const Distances d = distances(want, got, fp32);
   ASSERT_TRUE(d.same_shape);
   const double max_err = d.max_err, max_abs = d.max_abs, max_from_fp32 = d.max_from_fp32;
+  RecordProperty("max_error", std::to_string(max_err));
+  RecordProperty("max_from_fp32", std::to_string(max_from_fp32));
   // A last-bit difference from attention can flip an activation's bf16
-  // rounding (measured: 0.011 on the tiny model's logits, 0 on the other
-  // families'), so the bound is the bf16 mode's own distance from fp32.
+  // rounding (measured with the bf16 embedding table: 0.012 against 0.046
+  // on the tiny model's logits, 0.0055 against 0.030 on qwen2's, 0 on
+  // llama3's and qwen3's), so the bound is the bf16 mode's own distance
+  // from fp32.
   EXPECT_LT(max_err, 0.5 * max_from_fp32) << "max |logit| " << max_abs;
   EXPECT_GT(max_from_fp32, 1e-3 * max_abs) << "bf16 inputs should move the logits past fp32's rounding";
   const auto chunked = run(gpu, weights, tokens, 40, 7);

@@ -135,6 +135,44 @@ TEST_F(KernelsTest, SwigluBiasAddAndGatherAreBitwiseTheCpuBackends) {
   EXPECT_TRUE(sameBits(a, b));
 }
 
+// The embedding lookup: with fp32 projections the table's own values; with
+// bf16 projections (--dtype bfloat16) the table is kept in bf16 (half the
+// bytes) and each value read is its bf16 rounding, bitwise the CPU
+// backend's bf16 mode and the rounding of the fp32 value.
+TEST_F(KernelsTest, EmbeddingIsTheTablesValuesOrTheirBf16RoundingBitwiseTheCpuBackends) {
+  const int32_t dim = 72;
+  const std::vector<float> table = randomFloats(50 * dim, 51, 3.0f);
+  const std::vector<int32_t> ids = {49, 0, 7, 7, 13};
+  const auto n = static_cast<int32_t>(ids.size());
+  for (GemmDtype dtype : {GemmDtype::kFloat32, GemmDtype::kBfloat16}) {
+    const bool bf16 = dtype == GemmDtype::kBfloat16;
+    SCOPED_TRACE(gemmDtypeName(dtype));
+    CpuBackend cpu(CpuBackendOptions{.num_threads = 1, .gemm_dtype = dtype});
+    KernelBackend gpu(KernelBackendOptions{.gemm = {.gemm_dtype = dtype}});
+    const auto cpu_table = cpu.prepareEmbedding(table, dim);
+    const auto gpu_table = gpu.prepareEmbedding(table, dim);
+    ASSERT_TRUE(cpu_table && gpu_table) << gpu.status();
+    EXPECT_EQ(gpu_table->bf16(), bf16);
+    EXPECT_EQ(gpu_table->rows(), 50);
+    EXPECT_EQ(gpu_table->bytes(), table.size() * (bf16 ? 2 : 4));
+    std::vector<float> a(ids.size() * dim), b(ids.size() * dim), want(ids.size() * dim);
+    cpu.embed(*cpu_table, ids.data(), n, a.data());
+    auto out = gpu.allocate(b.size());
+    gpu.embed(*gpu_table, ids.data(), n, out->data());
+    gpu.finishKvCopies();  // synchronizes: the launch has run (the executor's memory is the host's)
+    std::memcpy(b.data(), out->data(), b.size() * sizeof(float));
+    for (size_t r = 0; r < ids.size(); ++r) {
+      for (int32_t i = 0; i < dim; ++i) {
+        const float v = table[static_cast<size_t>(ids[r]) * dim + static_cast<size_t>(i)];
+        want[r * dim + static_cast<size_t>(i)] = bf16 ? kmath::roundToBf16(v) : v;
+      }
+    }
+    EXPECT_TRUE(sameBits(a, want));
+    EXPECT_TRUE(sameBits(b, want));
+    EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+  }
+}
+
 // ---- Paged KV: write and attention ------------------------------------------
 
 struct AttentionCase {
