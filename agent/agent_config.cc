@@ -410,8 +410,8 @@ void addKvOptions(std::vector<Option>& o) {
   o.push_back(stringOption("kv-device-transport", "kv", "device_transport",
                            "prefill and decode with a KV pool in GPU memory: direct (UCX registers the pool: no "
                            "staging copy, GPUDirect RDMA; needs a UCX with CUDA support; not yet run on a GPU), "
-                           "staged (through pinned host memory; the default) or auto (direct where this UCX can, "
-                           "else staged; docs/cuda.md)",
+                           "staged (through pinned host memory) or auto (direct where this UCX has CUDA support "
+                           "and the node GPUDirect RDMA, else staged; docs/cuda.md)",
                            &AgentConfig::kv_device_transport, {"auto", "staged", "direct"}));
   o.push_back(durationOption("lease-ttl", "kv", "lease_ttl",
                              "prefill: how long computed KV stays pinned for the decode agent",

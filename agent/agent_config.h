@@ -116,9 +116,9 @@ struct AgentConfig {
   int kv_copy_threads = 2;               // decode over shared memory: threads copying a large pull
   // A KV pool in GPU memory (roles prefill and decode): "direct" registers
   // it with UCX (GPUDirect; needs a UCX with CUDA support), "staged" copies
-  // through host memory, "auto" is direct where this UCX can (docs/cuda.md).
-  // Staged by default until the direct path has run on a GPU.
-  std::string kv_device_transport = "staged";
+  // through host memory, "auto" is direct where this UCX and the node's NICs
+  // can (GPUDirect RDMA), else staged (docs/cuda.md).
+  std::string kv_device_transport = "auto";
   std::chrono::nanoseconds lease_ttl = std::chrono::seconds(30);        // prefill: KV pinned at most this long
   std::chrono::nanoseconds prefill_timeout = std::chrono::seconds(60);  // decode: the whole transfer's deadline
   double checksum_rate = 1.0;  // decode: fraction of transfers whose per-block checksums are verified

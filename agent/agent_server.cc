@@ -550,10 +550,30 @@ struct AgentServer::Impl {
   // Whether a P/D role's KV pool in device memory is registered with UCX
   // directly (--kv-device-transport): direct, or auto on a GPU (not a
   // tensor-parallel group) whose UCX reads and writes GPU memory.
-  bool kvDeviceDirect(const KvSetup& kv, bool tensor_parallel) const {
+  // auto: direct only where both hold: this UCX reads and writes GPU memory,
+  // and the node's NICs can (GPUDirect RDMA: nvidia-peermem loaded, which
+  // UCX's InfiniBand transport checks too); a UCX lists CUDA memory without
+  // the latter, and a peer on another node could then not reach the pool.
+  // Otherwise staged, and the start-up log says why.
+  bool kvDeviceDirect(const KvSetup& kv, bool tensor_parallel) {
     if (config.kv_device_transport == "direct") return true;
-    if (config.kv_device_transport == "staged" || config.device != "cuda" || tensor_parallel) return false;
-    return transport::UcxRegion::cudaMemorySupported(kv.transport);
+    if (config.kv_device_transport == "staged" || config.device != "cuda" || !isPdRole(config.role)) return false;
+    std::string why;
+    if (tensor_parallel) {
+      why = "--tensor-parallel: peers read the staging copy of every rank's KV heads";
+    } else if (!transport::UcxRegion::cudaMemorySupported(kv.transport)) {
+      why = "this UCX cannot register GPU memory (no CUDA support, e.g. Debian's)";
+    } else if (!gpuDirectRdmaOnThisNode()) {
+      why = "no GPUDirect RDMA on this node (nvidia-peermem is not loaded): a NIC could not reach GPU memory";
+    }
+    if (why.empty()) return true;
+    log.info("--kv-device-transport auto: the KV pool is staged through host memory", {{"why", why}});
+    return false;
+  }
+
+  static bool gpuDirectRdmaOnThisNode() {
+    return ::access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 ||
+           ::access("/sys/module/nvidia_peermem/version", F_OK) == 0;
   }
 
   // The engine's backend for --device. The GPU kernels run on the CPU

@@ -309,7 +309,7 @@ std::string agentConfigYaml(const PoolSpec& pool) {
   if (pool.max_num_seqs) y += strCat("  max_num_seqs: ", *pool.max_num_seqs, "\n");
   if (pool.max_model_len) y += strCat("  max_model_len: ", *pool.max_model_len, "\n");
   if (!pool.kv_cache_memory.empty()) y += strCat("  kv_cache_bytes: ", json(pool.kv_cache_memory).dump(), "\n");
-  if (pool.kv_device_transport != "staged") y += strCat("kv:\n  device_transport: ", pool.kv_device_transport, "\n");
+  if (pool.kv_device_transport != "auto") y += strCat("kv:\n  device_transport: ", pool.kv_device_transport, "\n");
   return y;
 }
 

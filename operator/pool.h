@@ -90,7 +90,7 @@ struct PoolSpec {
   // spec.network.kvDeviceTransport: auto | staged | direct, how prefill and
   // decode agents' KV pools in GPU memory reach UCX (the agents'
   // --kv-device-transport; docs/cuda.md).
-  std::string kv_device_transport = "staged";
+  std::string kv_device_transport = "auto";
 
   const RoleSpec& role(Role r) const { return r == Role::kPrefill ? prefill : r == Role::kDecode ? decode : router; }
 };

@@ -194,22 +194,21 @@ TEST(AgentConfigTest, DtypeFromFlagOrYamlAndOnlyTheKnownOnes) {
       << c.status();
 }
 
-// --kv-device-transport / kv.device_transport: staged by default (the path
-// that has run on a GPU); direct only for a prefill or decode agent's pool
-// in GPU memory and not with tensor parallelism, each refusal naming the
-// flag and why.
+// --kv-device-transport / kv.device_transport: auto by default; direct only
+// for a prefill or decode agent's pool in GPU memory and not with tensor
+// parallelism, each refusal naming the flag and why.
 TEST(AgentConfigTest, KvDeviceTransportAndWhereDirectCannotWork) {
   auto c = parse({"--model-dir", "m"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->kv_device_transport, "staged");
+  EXPECT_EQ(c->kv_device_transport, "auto");
   c = parse({"--model-dir", "m", "--device", "cuda-emulator", "--kv-device-transport", "direct"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->kv_device_transport, "direct");
   c = parse({"--config", writeFile("kv_device.yaml",
                                    "model: {dir: m}\nengine: {device: cuda}\n"
-                                   "kv: {device_transport: auto}\n")});
+                                   "kv: {device_transport: staged}\n")});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->kv_device_transport, "auto");
+  EXPECT_EQ(c->kv_device_transport, "staged");
   c = parse({"--model-dir", "m", "--kv-device-transport", "gpudirect"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(std::string(c.status().message())

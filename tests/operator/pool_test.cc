@@ -36,7 +36,7 @@ TEST(PoolTest, AbsentFieldsTakeTheSchemasDefaults) {
   // The defaults are not written: agent.yaml stays what it was before they existed.
   EXPECT_EQ(agentConfigYaml(*p).find("dtype"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_EQ(agentConfigYaml(*p).find("kv_cache_bytes"), std::string::npos) << agentConfigYaml(*p);
-  EXPECT_EQ(p->kv_device_transport, "staged");
+  EXPECT_EQ(p->kv_device_transport, "auto");
   EXPECT_EQ(agentConfigYaml(*p).find("kv:"), std::string::npos) << agentConfigYaml(*p);
   EXPECT_FALSE(p->autoscaling.enabled);
   EXPECT_TRUE(p->kv_traffic.empty());
@@ -91,11 +91,11 @@ TEST(PoolTest, KvDeviceTransportIsRenderedAndDirectNeedsOneGpuPerPod) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->kv_device_transport, "direct");
   EXPECT_NE(agentConfigYaml(*p).find("\nkv:\n  device_transport: direct\n"), std::string::npos) << agentConfigYaml(*p);
-  pool["spec"]["network"]["kvDeviceTransport"] = "auto";
+  pool["spec"]["network"]["kvDeviceTransport"] = "staged";
   pool["spec"]["decode"]["gpusPerPod"] = 8;
   p = parsePool(pool);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_NE(agentConfigYaml(*p).find("\nkv:\n  device_transport: auto\n"), std::string::npos) << agentConfigYaml(*p);
+  EXPECT_NE(agentConfigYaml(*p).find("\nkv:\n  device_transport: staged\n"), std::string::npos) << agentConfigYaml(*p);
   pool["spec"]["network"]["kvDeviceTransport"] = "direct";
   EXPECT_EQ(parsePool(pool).status().message(),
             "spec.network.kvDeviceTransport: direct needs spec.decode.gpusPerPod 1 (a KV pool in one GPU's memory; "
