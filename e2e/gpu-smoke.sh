@@ -15,12 +15,13 @@
 # and then with --dtype bfloat16 --kv-dtype bfloat16 (TANDEM_SMOKE_DTYPE and
 # TANDEM_SMOKE_KV_DTYPE pick the ones --pd-only runs). Prefill and decode run
 # with --kv-device-transport auto (TANDEM_SMOKE_KV_TRANSPORT): where the
-# agents' UCX reads GPU memory that is the direct path (UCX registers the
-# pool, no staging), and then one more float32 run is staged, so both paths
-# run; where the agents' (bundled) UCX has no CUDA support but the machine
-# has a UCX that does (find_cuda_ucx; TANDEM_SMOKE_UCX_LIBS names one), one
-# more float32 run is direct through that UCX. Each run prints the path its
-# agents took.
+# agents' UCX reads GPU memory and the node has GPUDirect RDMA
+# (nvidia-peermem) that is the direct path (UCX registers the pool, no
+# staging), and then one more float32 run is staged, so both paths run;
+# where auto stayed staged but the machine has a UCX with CUDA support
+# (find_cuda_ucx; TANDEM_SMOKE_UCX_LIBS names one), one more float32 run is
+# forced direct through that UCX. Each run prints the path its agents took
+# and, where auto stayed staged, why.
 #
 # For a machine with an NVIDIA GPU (built for compute capability 9.0:
 # H100/H200) and either the CUDA toolkit at /usr/local/cuda (or
@@ -64,7 +65,16 @@ end_run() {
 # UCX, or a RAPIDS libucx wheel. Prints it; fails when there is none.
 find_cuda_ucx() {
   local d
-  for d in ${TANDEM_SMOKE_UCX_LIBS:-} /opt/hpcx/ucx/lib /opt/ucx/lib /usr/local/ucx/lib /usr/lib/x86_64-linux-gnu \
+  if [[ -n ${TANDEM_SMOKE_UCX_LIBS:-} ]]; then  # named: that one or none
+    d=$TANDEM_SMOKE_UCX_LIBS
+    if [[ -f $d/libucp.so.0 ]] && compgen -G "$d/ucx/libuct_cuda*.so*" >/dev/null; then
+      echo "$d"
+      return 0
+    fi
+    echo "gpu-smoke: TANDEM_SMOKE_UCX_LIBS=$d has no libucp.so.0 with a ucx/libuct_cuda* module" >&2
+    return 1
+  fi
+  for d in /opt/hpcx/ucx/lib /opt/ucx/lib /usr/local/ucx/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib \
            /usr/local/lib/python3*/dist-packages/libucx/lib /usr/local/lib/python3*/site-packages/libucx/lib \
            /usr/lib/python3*/site-packages/libucx/lib /opt/*/.venv/lib/python3*/site-packages/libucx/lib; do
     if [[ -f $d/libucp.so.0 ]] && compgen -G "$d/ucx/libuct_cuda*.so*" >/dev/null; then
@@ -118,6 +128,7 @@ PY
      start decode "$device" --role decode --kv-listen 127.0.0.1:0 --checksum-rate 1 --prefill-peer "127.0.0.1:$kv_prefill" \
        --kv-device-transport "$kv_transport"; then
     PD_KV_MEMORY=$(grep -o 'kv_memory="[^"]*"' "$work/prefill.log" | head -1)  # the path taken (read by the caller)
+    PD_WHY_STAGED=$(grep -o 'the KV pool is staged through host memory.*' "$work/prefill.log" | head -1 || true)
     client || rc=1
     local verified failures failovers
     verified=$(metric "$port_decode" tandem_kv_checksum_verified_total)
@@ -277,7 +288,10 @@ if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
     TANDEM_SMOKE_DTYPE=$dtype TANDEM_SMOKE_KV_DTYPE=$dtype cuda_pd_smoke || pd_status=$?
     echo "gpu-smoke: P/D serving run (--dtype $dtype --kv-dtype $dtype) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
-    if [[ $dtype == float32 ]]; then float32_path=${PD_KV_MEMORY:-}; fi
+    if [[ $dtype == float32 ]]; then
+      float32_path=${PD_KV_MEMORY:-}
+      float32_why=${PD_WHY_STAGED:-}
+    fi
   done
   if [[ ${float32_path:-} == *"registered with UCX directly"* ]]; then  # auto went direct: the staged path too
     echo "gpu-smoke: P/D serving run with --device cuda --kv-device-transport staged"
@@ -285,7 +299,7 @@ if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
     TANDEM_SMOKE_KV_TRANSPORT=staged cuda_pd_smoke || pd_status=$?
     echo "gpu-smoke: P/D serving run (staged) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
-  elif ucx_dir=$(find_cuda_ucx); then  # the bundled UCX has no CUDA support; this machine's does
+  elif [[ -n ${float32_why:-} ]] && echo "gpu-smoke: auto stayed staged: $float32_why" && ucx_dir=$(find_cuda_ucx); then
     echo "gpu-smoke: P/D serving run with --device cuda --kv-device-transport direct through the UCX in $ucx_dir"
     pd_status=0
     TANDEM_UCX_LIBS=$ucx_dir LD_LIBRARY_PATH=$ucx_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} UCX_MODULE_DIR=$ucx_dir/ucx \
@@ -293,8 +307,8 @@ if [[ $status -ne 2 ]]; then  # 2: no CUDA device, nothing to serve on
     echo "gpu-smoke: P/D serving run (direct, $ucx_dir) exited $pd_status"
     [[ $status -ne 0 ]] || status=$pd_status
   else
-    echo "gpu-smoke: the agents' UCX cannot register GPU memory (${float32_path:-no P/D run}) and no UCX with CUDA" \
-      "support was found (TANDEM_SMOKE_UCX_LIBS names one): the direct path did not run"
+    echo "gpu-smoke: auto stayed staged (${float32_path:-no P/D run}) and no UCX with CUDA support was found" \
+      "(TANDEM_SMOKE_UCX_LIBS names one): the direct path did not run"
   fi
 fi
 exit "$status"

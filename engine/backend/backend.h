@@ -200,11 +200,12 @@ class Backend {
 
   // The embedding table `table` ([table.size() / dim, dim], host) for
   // embed(): as it is (fp32), or where this backend runs bf16 projections
-  // (GemmDtype::kBfloat16) every value rounded to bf16 (nearest even) and
-  // kept in 2 bytes: half the memory, and exact for a table a bf16
-  // checkpoint held. On the CPU backend an fp32 table is the host memory
-  // itself (it must outlive the table). nullptr when the backend cannot hold
-  // it (status() says why).
+  // (GemmDtype::kBfloat16) every value rounded to bf16 (nearest even):
+  // exact for a table a bf16 checkpoint held. A GPU backend keeps a bf16
+  // table in 2 bytes a value (half the device memory); the CPU backend
+  // reads the host table itself (it must outlive the EmbeddingTable) and
+  // rounds the rows it reads. nullptr when the backend cannot hold it
+  // (status() says why).
   virtual std::unique_ptr<EmbeddingTable> prepareEmbedding(std::span<const float> table, int32_t dim) = 0;
   // The embedding lookup: dst[r, :] = row tokens[r] of `table`, as fp32, for
   // r < n; tokens (host) are valid row indices; dst [n, table.dim()].

@@ -283,15 +283,13 @@ void CpuBackend::gatherRows(const float* src, const int32_t* rows, int32_t num_r
 }
 
 namespace {
-// The table itself (fp32, not copied) or its bf16 values.
+// The table itself (not copied): a bf16 table's values are the bf16
+// roundings of the fp32 ones, made as the rows are read.
 class HostEmbedding final : public EmbeddingTable {
  public:
   HostEmbedding(std::span<const float> table, int32_t dim, bool bf16)
-      : EmbeddingTable(static_cast<int32_t>(table.size() / static_cast<size_t>(dim)), dim, bf16),
-        fp32_(bf16 ? std::span<const float>() : table),
-        bf16_(bf16 ? toBf16(table) : std::vector<uint16_t>()) {}
+      : EmbeddingTable(static_cast<int32_t>(table.size() / static_cast<size_t>(dim)), dim, bf16), fp32_(table) {}
   std::span<const float> fp32_;
-  std::vector<uint16_t> bf16_;
 };
 }  // namespace
 
@@ -305,9 +303,9 @@ void CpuBackend::embed(const EmbeddingTable& table, const int32_t* tokens, int32
   const ScopedTimer timer(&stats_.elementwise_time);
   const auto dim = static_cast<size_t>(t.dim());
   for (int32_t r = 0; r < n; ++r) {
-    const uint16_t* src = t.bf16_.data() + static_cast<size_t>(tokens[r]) * dim;
+    const float* src = t.fp32_.data() + static_cast<size_t>(tokens[r]) * dim;
     float* out = dst + static_cast<size_t>(r) * dim;
-    for (size_t i = 0; i < dim; ++i) out[i] = kmath::bf16Value(src[i]);
+    for (size_t i = 0; i < dim; ++i) out[i] = kmath::roundToBf16(src[i]);
   }
 }
 

@@ -648,12 +648,16 @@ std::unique_ptr<EmbeddingTable> KernelBackend::prepareEmbedding(std::span<const 
     if (fp32 == nullptr) return nullptr;
     return std::make_unique<DeviceEmbedding>(rows, dim, std::move(fp32));
   }
-  const std::vector<uint16_t> host = EmbeddingTable::toBf16(table);
-  const size_t bytes = host.size() * sizeof(uint16_t);
-  absl::StatusOr<void*> p = device_->allocate(bytes);
+  absl::StatusOr<void*> p = device_->allocate(table.size() * sizeof(uint16_t));
   if (!ok(p.status())) return nullptr;
   std::shared_ptr<void> keep(*p, [device = device_](void* q) { device->release(q); });
-  if (!ok(device_->upload(*p, host.data(), bytes))) return nullptr;
+  // Rounded and uploaded a piece at a time: no host copy of the whole table.
+  constexpr size_t kPiece = size_t{1} << 22;  // values (8 MiB of bf16)
+  auto* d = static_cast<uint16_t*>(*p);
+  for (size_t at = 0; at < table.size(); at += kPiece) {
+    const std::vector<uint16_t> piece = EmbeddingTable::toBf16(table.subspan(at, std::min(kPiece, table.size() - at)));
+    if (!ok(device_->upload(d + at, piece.data(), piece.size() * sizeof(uint16_t)))) return nullptr;
+  }
   return std::make_unique<DeviceEmbedding>(rows, dim, std::move(keep));
 }
 
