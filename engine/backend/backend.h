@@ -173,6 +173,18 @@ class Backend {
   // (n, k) = (w.n(), w.k()). x and y must not overlap. m > 0.
   virtual void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) = 0;
 
+  // One input, several prepared weights of the same k: outs[i].y = x ·
+  // outs[i].wᵀ, none accumulating (the q/k/v projections, gate and up).
+  // The same results as gemm() on each; a backend that converts the input
+  // first (bf16 projections) converts it once for all of them.
+  struct GemmOut {
+    const PreparedWeight* w;
+    float* y;
+  };
+  virtual void gemmSharedInput(const float* x, std::span<const GemmOut> outs, int32_t m) {
+    for (const GemmOut& o : outs) gemm(x, *o.w, o.y, m, /*accumulate=*/false);
+  }
+
   // The same with a plain w (prepared on every call: for tests and one-off
   // products). Bitwise the same as the prepared form. m, n, k > 0.
   virtual void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) = 0;

@@ -226,9 +226,8 @@ void LlamaModel::queryKeyValue(int layer, int32_t rows) {
   const ModelConfig& c = config();
   const LayerResident& w = resident_[static_cast<size_t>(layer)];
   const LayerProjections& p = projections_[static_cast<size_t>(layer)];
-  backend_.gemm(h_.data(), *p.wq, q_.data(), rows, false);
-  backend_.gemm(h_.data(), *p.wk, k_.data(), rows, false);
-  backend_.gemm(h_.data(), *p.wv, v_.data(), rows, false);
+  const Backend::GemmOut qkv[] = {{p.wq.get(), q_.data()}, {p.wk.get(), k_.data()}, {p.wv.get(), v_.data()}};
+  backend_.gemmSharedInput(h_.data(), qkv, rows);
   if (arch_.qkv_bias) {  // Qwen2
     backend_.addBias(q_.data(), w.bq->data(), rows, c.qDim());
     backend_.addBias(k_.data(), w.bk->data(), rows, c.kvDim());
@@ -251,8 +250,8 @@ void LlamaModel::finishLayer(int layer, const float* q, float* x, std::span<cons
   backend_.attention(layer, q, chunks, kv, shape, attn_.data());
   addProjection(attn_.data(), *p.wo, x, rows);  // x += attn · Woᵀ
   backend_.rmsNorm(x, w.ffn_norm->data(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-  backend_.gemm(h_.data(), *p.w_gate, gate_.data(), rows, false);
-  backend_.gemm(h_.data(), *p.w_up, up_.data(), rows, false);
+  const Backend::GemmOut gate_up[] = {{p.w_gate.get(), gate_.data()}, {p.w_up.get(), up_.data()}};
+  backend_.gemmSharedInput(h_.data(), gate_up, rows);
   backend_.swiglu(gate_.data(), up_.data(), gate_.data(), static_cast<int64_t>(rows) * c.intermediate_size);
   addProjection(gate_.data(), *p.w_down, x, rows);  // x += swiglu · W_downᵀ
 }

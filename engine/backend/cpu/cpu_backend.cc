@@ -186,6 +186,17 @@ void CpuBackend::gemm(const float* x, const PreparedWeight& w, float* y, int32_t
   run(x, static_cast<const PackedMatrix&>(w), y, m, accumulate);  // only this backend's prepareWeight made w
 }
 
+void CpuBackend::gemmSharedInput(const float* x, std::span<const GemmOut> outs, int32_t m) {
+  if (gemm_dtype_ != GemmDtype::kBfloat16 || outs.empty()) return Backend::gemmSharedInput(x, outs, m);
+  const size_t n = static_cast<size_t>(m) * static_cast<size_t>(outs[0].w->k());
+  if (bf16_input_.size() < n) bf16_input_.resize(n);
+  for (size_t i = 0; i < n; ++i) bf16_input_[i] = kmath::roundToBf16(x[i]);
+  for (const GemmOut& o : outs) {
+    assert(o.w->k() == outs[0].w->k());
+    run(bf16_input_.data(), static_cast<const PackedMatrix&>(*o.w), o.y, m, /*accumulate=*/false);
+  }
+}
+
 void CpuBackend::gemmBf16(const uint16_t* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) {
   assert(gemm_dtype_ == GemmDtype::kBfloat16);
   const size_t n = static_cast<size_t>(m) * static_cast<size_t>(w.k());

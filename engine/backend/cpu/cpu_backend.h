@@ -45,6 +45,8 @@ class CpuBackend final : public Backend {
   void add(float* x, const float* y, int64_t n) override;
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
+  // In bf16 mode the input is rounded once for every weight.
+  void gemmSharedInput(const float* x, std::span<const GemmOut> outs, int32_t m) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   GemmDtype gemmDtype() const { return gemm_dtype_; }
   // y = x · wᵀ (+ y) with x already in bf16 (kmath::bf16Bits) and w prepared

@@ -219,22 +219,44 @@ void KernelBackend::launch(absl::Status (gpu::Device::*kernel)(const gpu::Launch
   ok((device_.get()->*kernel)(c, a));
 }
 
+const uint16_t* KernelBackend::roundGemmInput(const float* x, int32_t m, int32_t k) {
+  const int64_t count = static_cast<int64_t>(m) * k;
+  uint16_t* rounded = d_gemm_input_.reserve<uint16_t>(*this, static_cast<size_t>(count));
+  if (!status_.ok() || rounded == nullptr) return nullptr;
+  launch(&gpu::Device::toBf16, gpu::elementwiseLaunch(count), gpu::ToBf16Args{x, rounded, count});
+  return status_.ok() ? rounded : nullptr;
+}
+
+void KernelBackend::gemmSharedInput(const float* x, std::span<const GemmOut> outs, int32_t m) {
+  if (gemm_->dtype() != GemmDtype::kBfloat16 || outs.empty()) return Backend::gemmSharedInput(x, outs, m);
+  const int32_t k = outs[0].w->k();
+  if (!inDeviceMemory("gemm", {{"x", x, size(m, k)}})) return;
+  for (const GemmOut& o : outs) {
+    if (o.w->k() != k) {
+      ok(absl::InvalidArgumentError(absl::StrCat("gemmSharedInput: weights of k ", k, " and ", o.w->k())));
+      return;
+    }
+    if (!inDeviceMemory("gemm", {{"y", o.y, size(m, o.w->n())}})) return;
+  }
+  if (!status_.ok()) return;
+  const uint16_t* rounded = roundGemmInput(x, m, k);  // once for all of them
+  if (rounded == nullptr) return;
+  for (const GemmOut& o : outs) runGemm(x, o.w, nullptr, o.y, m, o.w->n(), k, /*accumulate=*/false, rounded);
+}
+
 void KernelBackend::runGemm(const float* x, const PreparedWeight* prepared, const float* w, float* y, int32_t m,
-                            int32_t n, int32_t k, bool accumulate) {
+                            int32_t n, int32_t k, bool accumulate, const uint16_t* rounded) {
   if (!status_.ok()) return;
   // Counted here, once per GEMM asked for, whether it runs now or in a graph.
   ++stats_.gemm_calls;
   stats_.gemm_flops += 2.0 * m * n * k;
   // kBfloat16: the input rounded to bf16 on the device first (a launch like
-  // any other: graphed with the step).
+  // any other: graphed with the step), unless the caller did.
   const bool bf16 = prepared != nullptr && gemm_->dtype() == GemmDtype::kBfloat16;
   const void* input = x;
   if (bf16) {
-    const int64_t count = static_cast<int64_t>(m) * k;
-    uint16_t* rounded = d_gemm_input_.reserve<uint16_t>(*this, static_cast<size_t>(count));
-    if (!status_.ok() || rounded == nullptr) return;
-    launch(&gpu::Device::toBf16, gpu::elementwiseLaunch(count), gpu::ToBf16Args{x, rounded, count});
-    input = rounded;
+    input = rounded != nullptr ? rounded : roundGemmInput(x, m, k);
+    if (input == nullptr) return;
   }
   if (graphStep() && deferred(std::make_unique<GemmCall>(input, bf16, prepared,
                                                          prepared != nullptr ? gemm_->weightData(*prepared) : nullptr,

@@ -123,6 +123,8 @@ class KernelBackend : public Backend {
   void add(float* x, const float* y, int64_t n) override;
   std::unique_ptr<PreparedWeight> prepareWeight(const float* w, int32_t n, int32_t k) override;
   void gemm(const float* x, const PreparedWeight& w, float* y, int32_t m, bool accumulate) override;
+  // With bf16 projections: one toBf16 launch for every weight.
+  void gemmSharedInput(const float* x, std::span<const GemmOut> outs, int32_t m) override;
   void gemm(const float* x, const float* w, float* y, int32_t m, int32_t n, int32_t k, bool accumulate) override;
   void rmsNorm(const float* x, const float* weight, float* out, int32_t rows, int32_t dim, float eps) override;
   void rope(float* x, int32_t rows, int32_t num_heads, int32_t head_dim, const int32_t* positions,
@@ -246,8 +248,12 @@ class KernelBackend : public Backend {
   template <typename Args>
   void launch(absl::Status (gpu::Device::*kernel)(const gpu::LaunchConfig&, const Args&), const gpu::LaunchConfig& c,
               const Args& a);
+  // `rounded`: x already rounded to bf16 on the device (gemmSharedInput);
+  // else, with bf16 projections, runGemm rounds it first.
   void runGemm(const float* x, const PreparedWeight* prepared, const float* w, float* y, int32_t m, int32_t n,
-               int32_t k, bool accumulate);
+               int32_t k, bool accumulate, const uint16_t* rounded = nullptr);
+  // x [m, k] rounded to bf16 into the GEMM input buffer (one launch); nullptr after a failure.
+  const uint16_t* roundGemmInput(const float* x, int32_t m, int32_t k);
   // True when the graph step took `call`; false: run it now.
   bool deferred(std::unique_ptr<RecordedCall> call);
   // Capturing or replaying: calls are deferred, metadata is staged.

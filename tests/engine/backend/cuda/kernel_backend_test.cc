@@ -268,6 +268,65 @@ TEST(KernelBackendBf16Test, AProjectionIsBitwiseTheCpuBackendsBf16Gemm) {
   }
 }
 
+// Projections sharing their input (q/k/v, gate/up): bitwise what separate
+// GEMMs give, on the kernels and on the CPU backend, and with bf16
+// projections the kernels round the input once (one toBf16 launch) for all
+// of them.
+TEST(KernelBackendBf16Test, ProjectionsSharingAnInputRoundItOnceAndGiveSeparateGemmsBits) {
+  struct CountingDevice : gpu::ExecutorDevice {
+    absl::Status toBf16(const gpu::LaunchConfig& c, const gpu::ToBf16Args& a) override {
+      ++rounds;
+      return ExecutorDevice::toBf16(c, a);
+    }
+    int rounds = 0;
+  };
+  const int m = 5, k = 40;
+  const int ns[] = {48, 16, 16};
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (float& f : x) f = dist(rng);
+  std::vector<std::vector<float>> ws;
+  for (int n : ns) {
+    ws.emplace_back(static_cast<size_t>(n * k));
+    for (float& f : ws.back()) f = dist(rng);
+  }
+  for (GemmDtype dtype : {GemmDtype::kFloat32, GemmDtype::kBfloat16}) {
+    SCOPED_TRACE(gemmDtypeName(dtype));
+    CpuBackend cpu(CpuBackendOptions{.gemm_dtype = dtype});
+    auto device = std::make_shared<CountingDevice>();
+    KernelBackend gpu(device, KernelBackendOptions{.gemm = {.gemm_dtype = dtype}});
+    const auto d_x = gpu.allocate(x.size());
+    std::copy(x.begin(), x.end(), d_x->data());
+    std::vector<std::unique_ptr<PreparedWeight>> cpu_w, gpu_w;
+    std::vector<std::unique_ptr<BackendBuffer>> d_y;
+    std::vector<std::vector<float>> want, cpu_shared;
+    std::vector<Backend::GemmOut> cpu_outs, gpu_outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      cpu_w.push_back(cpu.prepareWeight(ws[i].data(), ns[i], k));
+      gpu_w.push_back(gpu.prepareWeight(ws[i].data(), ns[i], k));
+      want.emplace_back(static_cast<size_t>(m * ns[i]));
+      cpu.gemm(x.data(), *cpu_w[i], want[i].data(), m, false);
+      cpu_shared.emplace_back(want[i].size(), -1.0f);
+      d_y.push_back(gpu.allocate(want[i].size()));
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      cpu_outs.push_back({cpu_w[i].get(), cpu_shared[i].data()});
+      gpu_outs.push_back({gpu_w[i].get(), d_y[i]->data()});
+    }
+    const int before = device->rounds;
+    cpu.gemmSharedInput(x.data(), cpu_outs, m);
+    gpu.gemmSharedInput(d_x->data(), gpu_outs, m);
+    gpu.finishKvCopies();  // synchronizes
+    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+    EXPECT_EQ(device->rounds - before, dtype == GemmDtype::kBfloat16 ? 1 : 0);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      EXPECT_EQ(std::memcmp(cpu_shared[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << i;
+      EXPECT_EQ(std::memcmp(d_y[i]->data(), want[i].data(), want[i].size() * sizeof(float)), 0) << i;
+    }
+  }
+}
+
 // How far `got` is from `want` and `want` from `fp32`, over every step's
 // logits, and the largest |logit| of `want`.
 struct Distances {
