@@ -548,16 +548,15 @@ struct AgentServer::Impl {
   }
 
   // Whether a P/D role's KV pool in device memory is registered with UCX
-  // directly (--kv-device-transport): direct, or auto on a GPU (not a
-  // tensor-parallel group) whose UCX reads and writes GPU memory.
-  // auto: direct only where both hold: this UCX reads and writes GPU memory,
-  // and the node's NICs can (GPUDirect RDMA: nvidia-peermem loaded, which
-  // UCX's InfiniBand transport checks too); a UCX lists CUDA memory without
-  // the latter, and a peer on another node could then not reach the pool.
-  // Otherwise staged, and the start-up log says why.
+  // directly (--kv-device-transport): direct; or auto on a GPU, one process
+  // per model, where this UCX reads and writes GPU memory and the node's
+  // NICs can (GPUDirect RDMA: nvidia-peermem loaded, which UCX's InfiniBand
+  // transport checks too; a UCX lists CUDA memory without it, and a peer on
+  // another node could then not reach the pool). Otherwise staged, and the
+  // start-up log says why.
   bool kvDeviceDirect(const KvSetup& kv, bool tensor_parallel) {
     if (config.kv_device_transport == "direct") return true;
-    if (config.kv_device_transport == "staged" || config.device != "cuda" || !isPdRole(config.role)) return false;
+    if (config.kv_device_transport == "staged" || config.device != "cuda") return false;
     std::string why;
     if (tensor_parallel) {
       why = "--tensor-parallel: peers read the staging copy of every rank's KV heads";

@@ -86,6 +86,14 @@ enum class GemmDtype { kFloat32, kBfloat16 };
 // "float32" / "bfloat16" (the agent's --dtype).
 inline const char* gemmDtypeName(GemmDtype dtype) { return dtype == GemmDtype::kBfloat16 ? "bfloat16" : "float32"; }
 
+// `values` rounded to bf16 (nearest even, kmath::bf16Bits): what a device
+// keeps of a bf16 weight or embedding table.
+inline std::vector<uint16_t> bf16Values(std::span<const float> values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = kmath::bf16Bits(values[i]);
+  return out;
+}
+
 // A weight matrix w[n, k] in a backend's own layout, made once by
 // Backend::prepareWeight (packed for the CPU GEMM; on a GPU, uploaded).
 // Immutable; usable only with the backend that made it.
@@ -135,12 +143,6 @@ class EmbeddingTable {
   // What the table takes in the backend's memory.
   size_t bytes() const {
     return static_cast<size_t>(rows_) * static_cast<size_t>(dim_) * (bf16_ ? sizeof(uint16_t) : sizeof(float));
-  }
-  // `table`'s values rounded to bf16 (nearest even): a bf16 table's contents.
-  static std::vector<uint16_t> toBf16(std::span<const float> table) {
-    std::vector<uint16_t> out(table.size());
-    for (size_t i = 0; i < table.size(); ++i) out[i] = kmath::bf16Bits(table[i]);
-    return out;
   }
 
  private:

@@ -333,8 +333,7 @@ class CublasKernelGemm final : public KernelGemm {
     const void* from = w_host;
     size_t bytes = count * sizeof(float);
     if (dtype_ == GemmDtype::kBfloat16) {
-      narrowed.resize(count);
-      for (size_t i = 0; i < count; ++i) narrowed[i] = kmath::bf16Bits(w_host[i]);
+      narrowed = bf16Values({w_host, count});
       from = narrowed.data();
       bytes = count * sizeof(uint16_t);
     }

@@ -677,7 +677,7 @@ std::unique_ptr<EmbeddingTable> KernelBackend::prepareEmbedding(std::span<const 
   constexpr size_t kPiece = size_t{1} << 22;  // values (8 MiB of bf16)
   auto* d = static_cast<uint16_t*>(*p);
   for (size_t at = 0; at < table.size(); at += kPiece) {
-    const std::vector<uint16_t> piece = EmbeddingTable::toBf16(table.subspan(at, std::min(kPiece, table.size() - at)));
+    const std::vector<uint16_t> piece = bf16Values(table.subspan(at, std::min(kPiece, table.size() - at)));
     if (!ok(device_->upload(d + at, piece.data(), piece.size() * sizeof(uint16_t)))) return nullptr;
   }
   return std::make_unique<DeviceEmbedding>(rows, dim, std::move(keep));

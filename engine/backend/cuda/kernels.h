@@ -273,7 +273,7 @@ TANDEM_KERNEL copyKvBlockKernel(const CopyKvBlockArgs a) {
 }
 
 // ---- KV block checksums --------------------------------------------------
-// XXH64 (seed 0) of layer blocks of one layer: what the P/D protocol carries
+// XXH64 (seed 0) of layer blocks: what the P/D protocol carries
 // for each layer block a prefill agent announces (kvproto::layerBlockChecksum),
 // computed where the pool is, so an agent whose pool UCX reads in device
 // memory (no staging copy) neither copies a layer to the host to announce it
